@@ -1,0 +1,1 @@
+//! Benchmark driver (filled in below).

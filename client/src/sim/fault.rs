@@ -1,0 +1,86 @@
+//! Faults the simulator can inject, parsed from `--fault` or the `x-sim-fault` request header.
+
+/// Where counts appear (`cut=N`), N is the number of content tokens sent before the fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Answer with this HTTP status and an OpenAI-shaped error body: `status=503`.
+    Status(u16),
+    /// Never send a response head: `hang`.
+    Hang,
+    /// End the stream cleanly after N tokens, without a finish reason or `[DONE]`: `cut[=N]`.
+    Cut(u32),
+    /// Break the connection after N tokens: `abort[=N]`.
+    Abort(u32),
+    /// Send one event whose data is not JSON after N tokens, then carry on: `malformed[=N]`.
+    Malformed(u32),
+    /// Send an OpenAI `error` event after N tokens and stop: `error-event[=N]`.
+    ErrorEvent(u32),
+    /// Tool-call arguments that are not valid JSON: `bad-tool-args`.
+    BadToolArgs,
+}
+
+const DEFAULT_AFTER: u32 = 2;
+
+impl Fault {
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let spec = spec.trim();
+        let (name, value) = match spec.split_once('=') {
+            Some((n, v)) => (n.trim(), Some(v.trim())),
+            None => (spec, None),
+        };
+        let count = |v: Option<&str>| -> Result<u32, String> {
+            v.map_or(Ok(DEFAULT_AFTER), |v| {
+                v.parse().map_err(|_| format!("`{v}` is not a token count in fault `{spec}`"))
+            })
+        };
+        match name {
+            "status" => {
+                let code: u16 = value
+                    .ok_or_else(|| "fault `status` needs a code, e.g. status=503".to_owned())?
+                    .parse()
+                    .map_err(|_| format!("bad status in fault `{spec}`"))?;
+                if !(400..=599).contains(&code) {
+                    return Err(format!("fault status must be 400..=599, got {code}"));
+                }
+                Ok(Self::Status(code))
+            }
+            "hang" => Ok(Self::Hang),
+            "cut" => Ok(Self::Cut(count(value)?)),
+            "abort" => Ok(Self::Abort(count(value)?)),
+            "malformed" => Ok(Self::Malformed(count(value)?)),
+            "error-event" => Ok(Self::ErrorEvent(count(value)?)),
+            "bad-tool-args" => Ok(Self::BadToolArgs),
+            other => Err(format!(
+                "unknown fault `{other}` (expected status=CODE, hang, cut[=N], abort[=N], malformed[=N], error-event[=N], bad-tool-args)"
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_fault() {
+        assert_eq!(Fault::parse("status=503"), Ok(Fault::Status(503)));
+        assert_eq!(Fault::parse("hang"), Ok(Fault::Hang));
+        assert_eq!(Fault::parse("cut"), Ok(Fault::Cut(2)));
+        assert_eq!(Fault::parse("cut=5"), Ok(Fault::Cut(5)));
+        assert_eq!(Fault::parse("abort=1"), Ok(Fault::Abort(1)));
+        assert_eq!(Fault::parse("malformed"), Ok(Fault::Malformed(2)));
+        assert_eq!(Fault::parse("error-event=0"), Ok(Fault::ErrorEvent(0)));
+        assert_eq!(Fault::parse("bad-tool-args"), Ok(Fault::BadToolArgs));
+        assert!(Fault::parse("status=200").is_err());
+        assert!(Fault::parse("explode").is_err());
+        assert!(Fault::parse("cut=x").is_err());
+    }
+}

@@ -1,0 +1,489 @@
+//! `reprise-sim`: a simulated OpenAI-compatible upstream for tests, demos and benchmarks.
+//!
+//! It answers `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings` and `/v1/models` with
+//! deterministic text (a hash of the prompt picks the words), paced like a real server: a time to
+//! first token that grows with prompt length (prefill) and a fixed inter-token latency (decode),
+//! both with optional jitter. Faults can be injected globally (`--fault`) or per request with the
+//! `x-sim-fault` header, and `GET /stats` counts what was served so tests can prove whether a
+//! gateway called upstream. It is not a model and must never be mistaken for one.
+
+mod fault;
+mod text;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use bytes::Bytes;
+use futures_util::stream;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+pub use fault::Fault;
+use text::Generation;
+
+/// Latency presets taken from public figures for different classes of serving stacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Profile {
+    /// Wafer-scale inference: ~1,000 tok/s decode, ~80 ms TTFT.
+    WaferScale,
+    /// A cloud GPU API: ~120 tok/s, ~400 ms TTFT.
+    CloudGpu,
+    /// A reasoning model: ~80 tok/s, several seconds before the first visible token.
+    Reasoning,
+    /// A local quantized model: ~60 tok/s, ~200 ms TTFT.
+    LocalQuantized,
+}
+
+impl Profile {
+    /// (base TTFT ms, inter-token latency ms, prefill tokens/s).
+    fn figures(self) -> (f64, f64, f64) {
+        match self {
+            Self::WaferScale => (80.0, 1.0, 20_000.0),
+            Self::CloudGpu => (400.0, 1000.0 / 120.0, 5_000.0),
+            Self::Reasoning => (4_000.0, 12.5, 2_000.0),
+            Self::LocalQuantized => (200.0, 1000.0 / 60.0, 500.0),
+        }
+    }
+}
+
+/// How the simulator paces and shapes its answers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    /// Time to first token before prefill is added, in ms.
+    pub ttft_ms: f64,
+    /// Inter-token latency in ms.
+    pub itl_ms: f64,
+    /// Completion tokens per answer (capped by the request's `max_tokens`).
+    pub tokens: u32,
+    /// Prefill speed: TTFT grows by prompt_tokens / this (0 turns prefill off).
+    pub prefill_tokens_per_s: f64,
+    /// Each delay is scaled by a random factor in [1 - jitter, 1 + jitter].
+    pub jitter: f64,
+    /// A fault applied to every request without an `x-sim-fault` header.
+    pub fault: Option<Fault>,
+    /// Dimensions of `/v1/embeddings` vectors when the request does not set `dimensions`.
+    pub embedding_dims: usize,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            ttft_ms: 50.0,
+            itl_ms: 5.0,
+            tokens: 32,
+            prefill_tokens_per_s: 0.0,
+            jitter: 0.0,
+            fault: None,
+            embedding_dims: 32,
+        }
+    }
+}
+
+impl SimConfig {
+    pub fn from_profile(profile: Profile) -> Self {
+        let (ttft_ms, itl_ms, prefill) = profile.figures();
+        Self {
+            ttft_ms,
+            itl_ms,
+            prefill_tokens_per_s: prefill,
+            tokens: 64,
+            ..Self::default()
+        }
+    }
+}
+
+/// Counters behind `GET /stats`.
+#[derive(Debug, Default)]
+pub struct SimStats {
+    chat: AtomicU64,
+    completions: AtomicU64,
+    embeddings: AtomicU64,
+    models: AtomicU64,
+    last_authorization: Mutex<Option<String>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Generation requests served (chat + completions + embeddings).
+    pub requests: u64,
+    pub chat_completions: u64,
+    pub completions: u64,
+    pub embeddings: u64,
+    pub models: u64,
+    /// The `Authorization` header of the last request, so tests can check what a gateway forwarded.
+    pub last_authorization: Option<String>,
+}
+
+impl SimStats {
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let chat = self.chat.load(Ordering::SeqCst);
+        let completions = self.completions.load(Ordering::SeqCst);
+        let embeddings = self.embeddings.load(Ordering::SeqCst);
+        StatsSnapshot {
+            requests: chat + completions + embeddings,
+            chat_completions: chat,
+            completions,
+            embeddings,
+            models: self.models.load(Ordering::SeqCst),
+            last_authorization: self
+                .last_authorization
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        }
+    }
+
+    fn reset(&self) {
+        for counter in [&self.chat, &self.completions, &self.embeddings, &self.models] {
+            counter.store(0, Ordering::SeqCst);
+        }
+    }
+
+    fn note_auth(&self, headers: &HeaderMap) {
+        let auth = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        *self.last_authorization.lock().unwrap_or_else(|e| e.into_inner()) = auth;
+    }
+}
+
+#[derive(Clone)]
+struct Sim {
+    config: Arc<SimConfig>,
+    stats: Arc<SimStats>,
+    ids: Arc<AtomicU64>,
+}
+
+/// The simulator's router and its counters.
+pub fn router(config: SimConfig) -> (Router, Arc<SimStats>) {
+    let stats = Arc::new(SimStats::default());
+    let sim = Sim {
+        config: Arc::new(config),
+        stats: stats.clone(),
+        ids: Arc::new(AtomicU64::new(1)),
+    };
+    let router = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(models))
+        .route("/stats", get(stats_handler))
+        .route("/stats/reset", post(stats_reset))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(sim);
+    (router, stats)
+}
+
+/// Serves the simulator until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    config: SimConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let (router, _) = router(config);
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// A simulator running in this process (for tests): its address and counters.
+pub struct SimHandle {
+    pub addr: SocketAddr,
+    pub stats: Arc<SimStats>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SimHandle {
+    /// Base URL including `/v1`, as a gateway's `--upstream-url` wants it.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts a simulator on an ephemeral loopback port.
+pub async fn spawn(config: SimConfig) -> std::io::Result<SimHandle> {
+    use axum::serve::ListenerExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (router, stats) = router(config);
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok(SimHandle { addr, stats, task })
+}
+
+async fn stats_handler(State(sim): State<Sim>) -> Json<StatsSnapshot> {
+    Json(sim.stats.snapshot())
+}
+
+async fn stats_reset(State(sim): State<Sim>) -> StatusCode {
+    sim.stats.reset();
+    StatusCode::NO_CONTENT
+}
+
+async fn models(State(sim): State<Sim>, headers: HeaderMap) -> Json<Value> {
+    sim.stats.models.fetch_add(1, Ordering::SeqCst);
+    sim.stats.note_auth(&headers);
+    Json(json!({
+        "object": "list",
+        "data": [
+            {"id": "sim-model", "object": "model", "created": 1_700_000_000, "owned_by": "reprise-sim"},
+            {"id": "sim-embedding", "object": "model", "created": 1_700_000_000, "owned_by": "reprise-sim"}
+        ]
+    }))
+}
+
+/// Per-request settings: the configuration, overridden by `x-sim-*` headers.
+struct Plan {
+    ttft: Duration,
+    itl_ms: f64,
+    jitter: f64,
+    fault: Option<Fault>,
+    tokens: u32,
+}
+
+fn header_f64(headers: &HeaderMap, name: &str) -> Option<f64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+fn plan(sim: &Sim, headers: &HeaderMap, prompt_tokens: u64) -> Result<Plan, Response> {
+    let config = &sim.config;
+    let fault = match headers.get("x-sim-fault").and_then(|v| v.to_str().ok()) {
+        Some(spec) => Some(Fault::parse(spec).map_err(|e| error_response(StatusCode::BAD_REQUEST, &e))?),
+        None => config.fault.clone(),
+    };
+    let ttft_ms = header_f64(headers, "x-sim-ttft-ms").unwrap_or(config.ttft_ms);
+    let prefill_ms = if config.prefill_tokens_per_s > 0.0 {
+        prompt_tokens as f64 * 1000.0 / config.prefill_tokens_per_s
+    } else {
+        0.0
+    };
+    let jitter = config.jitter.clamp(0.0, 1.0);
+    Ok(Plan {
+        ttft: jittered(ttft_ms + prefill_ms, jitter),
+        itl_ms: header_f64(headers, "x-sim-itl-ms").unwrap_or(config.itl_ms),
+        jitter,
+        fault,
+        tokens: header_f64(headers, "x-sim-tokens").map_or(config.tokens, |t| t as u32),
+    })
+}
+
+fn jittered(ms: f64, jitter: f64) -> Duration {
+    let factor = if jitter > 0.0 {
+        rand::rng().random_range((1.0 - jitter)..=(1.0 + jitter))
+    } else {
+        1.0
+    };
+    Duration::from_secs_f64((ms * factor).max(0.0) / 1000.0)
+}
+
+fn error_response(status: StatusCode, message: &str) -> Response {
+    let kind = if status.is_server_error() {
+        "server_error"
+    } else {
+        "invalid_request_error"
+    };
+    let mut response = (
+        status,
+        Json(json!({"error": {"message": message, "type": kind, "param": null, "code": null}})),
+    )
+        .into_response();
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, Response> {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .filter(Value::is_object)
+        .ok_or_else(|| error_response(StatusCode::BAD_REQUEST, "body must be a JSON object"))
+}
+
+/// Faults that end the request before any byte: an error status or a hang.
+async fn early_fault(plan: &Plan) -> Option<Response> {
+    match &plan.fault {
+        Some(Fault::Status(code)) => {
+            let status = StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            Some(error_response(status, "injected fault"))
+        }
+        Some(Fault::Hang) => {
+            // Long enough for any test or client timeout; the connection closing ends it.
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Some(error_response(StatusCode::GATEWAY_TIMEOUT, "hang over"))
+        }
+        _ => None,
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+async fn chat(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
+    sim.stats.chat.fetch_add(1, Ordering::SeqCst);
+    generate(sim, headers, body, Kind::Chat).await
+}
+
+async fn completions(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
+    sim.stats.completions.fetch_add(1, Ordering::SeqCst);
+    generate(sim, headers, body, Kind::Completion).await
+}
+
+async fn generate(sim: Sim, headers: HeaderMap, body: Bytes, kind: Kind) -> Response {
+    sim.stats.note_auth(&headers);
+    let request = match parse_body(&body) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let generation = match Generation::from_request(&request, kind == Kind::Chat) {
+        Ok(g) => g,
+        Err(message) => return error_response(StatusCode::BAD_REQUEST, &message),
+    };
+    let plan = match plan(&sim, &headers, generation.prompt_tokens) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    if let Some(response) = early_fault(&plan).await {
+        return response;
+    }
+    let id_number = sim.ids.fetch_add(1, Ordering::SeqCst);
+    let answer = generation.answer(plan.tokens, plan.fault.as_ref());
+    let stream = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let include_usage = request
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let ids = text::Ids {
+        id: match kind {
+            Kind::Chat => format!("chatcmpl-sim{id_number:010}"),
+            Kind::Completion => format!("cmpl-sim{id_number:010}"),
+        },
+        created: text::unix_now(),
+        model: generation.model.clone(),
+    };
+    if stream {
+        let events = answer.stream_events(&ids, kind == Kind::Chat, include_usage, plan.fault.as_ref());
+        stream_response(events, plan)
+    } else {
+        // A non-streamed answer arrives when the last token would have.
+        let decode = plan.itl_ms * f64::from(answer.token_count().saturating_sub(1));
+        tokio::time::sleep(plan.ttft + jittered(decode, plan.jitter)).await;
+        let body = answer.full_body(&ids, kind == Kind::Chat);
+        (StatusCode::OK, Json(body)).into_response()
+    }
+}
+
+/// Paces pre-built SSE events on absolute deadlines, so inter-token gaps do not drift: every event
+/// waits for the current deadline, and each token moves the deadline one inter-token latency on.
+fn stream_response(events: Vec<text::Event>, plan: Plan) -> Response {
+    let first_at = Instant::now() + plan.ttft;
+    let itl_ms = plan.itl_ms;
+    let jitter = plan.jitter;
+    let body = stream::unfold((events.into_iter(), first_at), move |(mut events, next_at)| async move {
+        let event = events.next()?;
+        tokio::time::sleep_until(next_at).await;
+        match event {
+            text::Event::Token(bytes) => {
+                let next_at = next_at + jittered(itl_ms, jitter);
+                Some((Ok(bytes), (events, next_at)))
+            }
+            text::Event::Immediate(bytes) => Some((Ok(bytes), (events, next_at))),
+            text::Event::Abort => Some((
+                Err(std::io::Error::other("injected abort")),
+                (Vec::new().into_iter(), next_at),
+            )),
+        }
+    });
+    let mut response = Response::new(Body::from_stream(body));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+async fn embeddings(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
+    sim.stats.embeddings.fetch_add(1, Ordering::SeqCst);
+    sim.stats.note_auth(&headers);
+    let request = match parse_body(&body) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let inputs: Vec<String> = match request.get("input") {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items.iter().map(|i| i.to_string()).collect(),
+        _ => return error_response(StatusCode::BAD_REQUEST, "`input` must be a string or an array"),
+    };
+    let plan = match plan(&sim, &headers, inputs.iter().map(|s| text::estimate_tokens(s)).sum()) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    if let Some(response) = early_fault(&plan).await {
+        return response;
+    }
+    tokio::time::sleep(plan.ttft).await;
+    let dims = request
+        .get("dimensions")
+        .and_then(Value::as_u64)
+        .map_or(sim.config.embedding_dims, |d| d as usize)
+        .clamp(1, 4096);
+    let base64 = request.get("encoding_format").and_then(Value::as_str) == Some("base64");
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(index, input)| {
+            let vector = text::pseudo_embedding(input, dims);
+            let embedding = if base64 {
+                let bytes: Vec<u8> = vector.iter().flat_map(|f| f.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(vector)
+            };
+            json!({"object": "embedding", "index": index, "embedding": embedding})
+        })
+        .collect();
+    let tokens: u64 = inputs.iter().map(|s| text::estimate_tokens(s)).sum();
+    Json(json!({
+        "object": "list",
+        "data": data,
+        "model": request.get("model").cloned().unwrap_or(Value::Null),
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}
+    }))
+    .into_response()
+}

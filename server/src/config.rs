@@ -1,0 +1,348 @@
+//! Gateway configuration: defaults, then a TOML file, then `REPRISE_*` environment variables, then CLI flags.
+//!
+//! Everything that can be set is validated once, at start-up, with a message naming the field; nothing
+//! downstream re-checks it. Secrets are wrapped so that `Debug` and logs never print them.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+/// A value that must never reach a log line: `Debug` and `Display` print `*****`.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself, for the one place that must send or compare it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("*****")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// The `reprise` command line.
+#[derive(Debug, Parser)]
+#[command(name = "reprise", version, about = "Reprise: an OpenAI-compatible semantic prompt cache")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway.
+    Serve(ServeArgs),
+    /// Print the effective configuration (secrets masked) and exit.
+    CheckConfig(ServeArgs),
+}
+
+/// Flags of `reprise serve`. Each is optional here so that a flag left unset falls back to the
+/// environment (clap's `env`), then to the TOML file, then to the default.
+#[derive(Debug, Args, Default, Clone)]
+pub struct ServeArgs {
+    /// TOML configuration file; its keys are the flag names with `_` for `-`.
+    #[arg(long, env = "REPRISE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, env = "REPRISE_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Upstream base URL including `/v1` [default: https://api.openai.com/v1].
+    #[arg(long, env = "REPRISE_UPSTREAM_URL")]
+    pub upstream_url: Option<String>,
+    /// API key sent upstream instead of the client's `Authorization` header.
+    #[arg(long, env = "REPRISE_UPSTREAM_API_KEY", hide_env_values = true)]
+    pub upstream_api_key: Option<String>,
+    /// Folder for the cache store [default: ./reprise-data].
+    #[arg(long, env = "REPRISE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Bearer token for `/admin/*`; without one the admin routes are disabled.
+    #[arg(long, env = "REPRISE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Log format [default: text].
+    #[arg(long, env = "REPRISE_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Largest accepted JSON request body in bytes [default: 8388608].
+    #[arg(long, env = "REPRISE_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Upstream TCP/TLS connect timeout in ms [default: 10000].
+    #[arg(long, env = "REPRISE_CONNECT_TIMEOUT_MS")]
+    pub connect_timeout_ms: Option<u64>,
+    /// Longest wait for the upstream's response head and first event, in ms [default: 600000].
+    #[arg(long, env = "REPRISE_FIRST_BYTE_TIMEOUT_MS")]
+    pub first_byte_timeout_ms: Option<u64>,
+    /// Longest silence between two upstream chunks, in ms [default: 120000].
+    #[arg(long, env = "REPRISE_IDLE_TIMEOUT_MS")]
+    pub idle_timeout_ms: Option<u64>,
+    /// How long in-flight requests may run after SIGINT/SIGTERM, in ms [default: 10000].
+    #[arg(long, env = "REPRISE_SHUTDOWN_GRACE_MS")]
+    pub shutdown_grace_ms: Option<u64>,
+    /// How many recent requests `/admin/requests` keeps [default: 1000].
+    #[arg(long, env = "REPRISE_REQUEST_LOG_SIZE")]
+    pub request_log_size: Option<usize>,
+}
+
+/// The validated configuration the gateway runs with.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub upstream_url: String,
+    pub upstream_api_key: Option<Secret>,
+    pub data_dir: PathBuf,
+    pub admin_token: Option<Secret>,
+    pub log_format: LogFormat,
+    pub max_body_bytes: usize,
+    pub connect_timeout_ms: u64,
+    pub first_byte_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub shutdown_grace_ms: u64,
+    pub request_log_size: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            upstream_url: "https://api.openai.com/v1".to_owned(),
+            upstream_api_key: None,
+            data_dir: PathBuf::from("./reprise-data"),
+            admin_token: None,
+            log_format: LogFormat::Text,
+            max_body_bytes: 8 * 1024 * 1024,
+            connect_timeout_ms: 10_000,
+            // Reasoning models can think for minutes before their first token; the official SDKs
+            // wait 600 s by default, so the gateway must not give up sooner than they would.
+            first_byte_timeout_ms: 600_000,
+            idle_timeout_ms: 120_000,
+            shutdown_grace_ms: 10_000,
+            request_log_size: 1000,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("invalid value for `{field}`: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+impl Config {
+    /// Layers the sources in order (defaults, file, environment and flags) and validates the result.
+    pub fn load(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let mut config = match &args.config {
+            Some(path) => Self::from_file(path)?,
+            None => Self::default(),
+        };
+        config.apply(args);
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })
+    }
+
+    /// Overrides every field that the flags or the environment set.
+    fn apply(&mut self, args: &ServeArgs) {
+        // Destructured so that a new flag cannot be forgotten here.
+        let ServeArgs {
+            config: _,
+            listen,
+            upstream_url,
+            upstream_api_key,
+            data_dir,
+            admin_token,
+            log_format,
+            max_body_bytes,
+            connect_timeout_ms,
+            first_byte_timeout_ms,
+            idle_timeout_ms,
+            shutdown_grace_ms,
+            request_log_size,
+        } = args.clone();
+        set(&mut self.listen, listen);
+        set(&mut self.upstream_url, upstream_url);
+        if let Some(key) = upstream_api_key {
+            self.upstream_api_key = Some(Secret::new(key));
+        }
+        set(&mut self.data_dir, data_dir);
+        if let Some(token) = admin_token {
+            self.admin_token = Some(Secret::new(token));
+        }
+        set(&mut self.log_format, log_format);
+        set(&mut self.max_body_bytes, max_body_bytes);
+        set(&mut self.connect_timeout_ms, connect_timeout_ms);
+        set(&mut self.first_byte_timeout_ms, first_byte_timeout_ms);
+        set(&mut self.idle_timeout_ms, idle_timeout_ms);
+        set(&mut self.shutdown_grace_ms, shutdown_grace_ms);
+        set(&mut self.request_log_size, request_log_size);
+    }
+
+    /// Fails fast, naming the field, on anything the gateway could not run with.
+    pub fn validate(&mut self) -> Result<(), ConfigError> {
+        let url = reqwest::Url::parse(&self.upstream_url).map_err(|e| ConfigError::Invalid {
+            field: "upstream_url",
+            reason: format!("{e} (expected e.g. https://api.openai.com/v1)"),
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(ConfigError::Invalid {
+                field: "upstream_url",
+                reason: format!("scheme must be http or https, not {}", url.scheme()),
+            });
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(ConfigError::Invalid {
+                field: "upstream_url",
+                reason: "must not carry a query or fragment".into(),
+            });
+        }
+        // Joining paths later assumes no trailing slash.
+        self.upstream_url = url.as_str().trim_end_matches('/').to_owned();
+        for (field, secret) in [
+            ("admin_token", &self.admin_token),
+            ("upstream_api_key", &self.upstream_api_key),
+        ] {
+            if secret.as_ref().is_some_and(|s| s.expose().trim().is_empty()) {
+                return Err(ConfigError::Invalid {
+                    field,
+                    reason: "must not be empty (leave it unset instead)".into(),
+                });
+            }
+        }
+        for (field, value) in [
+            ("max_body_bytes", self.max_body_bytes as u64),
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("first_byte_timeout_ms", self.first_byte_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("request_log_size", self.request_log_size as u64),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid {
+                    field,
+                    reason: "must be greater than 0".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    pub fn first_byte_timeout(&self) -> Duration {
+        Duration::from_millis(self.first_byte_timeout_ms)
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown_grace_ms)
+    }
+}
+
+fn set<T>(slot: &mut T, value: Option<T>) {
+    if let Some(value) = value {
+        *slot = value;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_file_and_defaults_fill_the_rest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("reprise.toml");
+        std::fs::write(
+            &path,
+            "upstream_url = \"http://127.0.0.1:9/v1/\"\nidle_timeout_ms = 5\nadmin_token = \"t0k\"\n",
+        )
+        .expect("write");
+        let args = ServeArgs {
+            config: Some(path),
+            idle_timeout_ms: Some(7),
+            ..ServeArgs::default()
+        };
+        let config = Config::load(&args).expect("valid");
+        assert_eq!(config.upstream_url, "http://127.0.0.1:9/v1");
+        assert_eq!(config.idle_timeout_ms, 7);
+        assert_eq!(config.admin_token, Some(Secret::new("t0k")));
+        assert_eq!(config.listen, Config::default().listen);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_field() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, "listen_adress = \"0.0.0.0:1\"\n").expect("write");
+        let err = Config::from_file(&path).expect_err("unknown key");
+        assert!(err.to_string().contains("listen_adress"), "{err}");
+
+        let args = ServeArgs {
+            upstream_url: Some("ftp://x/v1".into()),
+            ..ServeArgs::default()
+        };
+        let err = Config::load(&args).expect_err("bad scheme");
+        assert!(err.to_string().contains("upstream_url"), "{err}");
+
+        let args = ServeArgs {
+            idle_timeout_ms: Some(0),
+            ..ServeArgs::default()
+        };
+        let err = Config::load(&args).expect_err("zero");
+        assert!(err.to_string().contains("idle_timeout_ms"), "{err}");
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let secret = Secret::new("sk-very-secret");
+        assert_eq!(format!("{secret:?}"), "*****");
+        let config = Config {
+            upstream_api_key: Some(secret),
+            ..Config::default()
+        };
+        assert!(!format!("{config:?}").contains("very-secret"));
+    }
+}

@@ -1,0 +1,190 @@
+//! The gateway's one error enum and its exhaustive mapping to OpenAI-shaped responses.
+//!
+//! Every error a client can see is built here, so that status codes, `type`/`code` strings and the
+//! body shape `{"error":{"message","type","param","code"}}` stay consistent. 5xx bodies never carry
+//! internal details; those go to the log, once, when the response is built.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The client's request is malformed (bad JSON, a field of the wrong type, a missing field).
+    #[error("{message}")]
+    InvalidRequest {
+        message: String,
+        param: Option<String>,
+        code: &'static str,
+    },
+    #[error("Request body is larger than the gateway's limit of {limit} bytes.")]
+    PayloadTooLarge { limit: usize },
+    #[error("Content-Type must be application/json (got {got}).")]
+    UnsupportedMediaType { got: String },
+    /// The upstream could not be reached (DNS, connect, TLS, reset before a response).
+    #[error("The upstream at {upstream} could not be reached.")]
+    UpstreamUnreachable { upstream: String, detail: String },
+    /// The upstream accepted the request but sent no first byte in time.
+    #[error("The upstream did not respond within {timeout_ms} ms.")]
+    UpstreamTimeout { timeout_ms: u64 },
+    /// The upstream answered something that is not a valid response for this route.
+    #[error("The upstream sent an invalid response: {detail}.")]
+    UpstreamProtocol { detail: String },
+    #[error("Missing or invalid admin token. Send `Authorization: Bearer <admin token>`.")]
+    Unauthorized,
+    #[error("Admin routes are disabled: the gateway was started without an admin token.")]
+    AdminDisabled,
+    #[error("Unknown route {method} {path}.")]
+    RouteNotFound { method: String, path: String },
+    #[error("The gateway is shutting down.")]
+    ShuttingDown,
+    #[error("The gateway hit an internal error.")]
+    Internal { detail: String },
+}
+
+impl GatewayError {
+    pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
+        Self::InvalidRequest {
+            message: message.into(),
+            param: param.map(str::to_owned),
+            code: "invalid_request",
+        }
+    }
+
+    /// Status, OpenAI `type` and `code` for each variant. No wildcard arm: a new variant must be mapped.
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        match self {
+            Self::InvalidRequest { code, .. } => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", code)
+            }
+            Self::PayloadTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                "payload_too_large",
+            ),
+            Self::UnsupportedMediaType { .. } => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                "unsupported_media_type",
+            ),
+            Self::UpstreamUnreachable { .. } => {
+                (StatusCode::BAD_GATEWAY, "upstream_error", "upstream_unreachable")
+            }
+            Self::UpstreamTimeout { .. } => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_error",
+                "upstream_timeout",
+            ),
+            Self::UpstreamProtocol { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "upstream_invalid_response",
+            ),
+            Self::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "invalid_admin_token",
+            ),
+            Self::AdminDisabled => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "admin_disabled",
+            ),
+            Self::RouteNotFound { .. } => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "unknown_route",
+            ),
+            Self::ShuttingDown => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "shutting_down",
+            ),
+            Self::Internal { .. } => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "internal_error",
+            ),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
+    /// The OpenAI-shaped JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        let (_, kind, code) = self.parts();
+        let param = match self {
+            Self::InvalidRequest { param, .. } => param.clone(),
+            _ => None,
+        };
+        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
+    }
+
+    /// The same error as one SSE event, for failures after a stream has started: the official SDKs
+    /// raise an `APIError` when a `data:` event carries an `error` object.
+    pub fn sse_event(&self) -> Bytes {
+        Bytes::from(format!("data: {}\n\n", self.body()))
+    }
+
+    /// Details that belong in the log but never in a client's response.
+    fn detail(&self) -> Option<&str> {
+        match self {
+            Self::UpstreamUnreachable { detail, .. } | Self::Internal { detail } => Some(detail),
+            _ => None,
+        }
+    }
+
+    /// Logs the error once, at a level that matches whose fault it is.
+    pub fn log(&self) {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::warn!(status = status.as_u16(), detail = self.detail(), "{self}");
+        } else {
+            tracing::debug!(status = status.as_u16(), "{self}");
+        }
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        self.log();
+        let mut response = (self.status(), axum::Json(self.body())).into_response();
+        if matches!(self, Self::Unauthorized) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_openai_shape_and_hides_internal_detail() {
+        let err = GatewayError::Internal {
+            detail: "sled exploded at /secret/path".into(),
+        };
+        let body = err.body();
+        assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(body["error"]["type"], "server_error");
+        assert_eq!(body["error"]["code"], "internal_error");
+        assert!(body["error"]["param"].is_null());
+        assert!(!body.to_string().contains("/secret/path"));
+    }
+
+    #[test]
+    fn invalid_request_names_the_param() {
+        let err = GatewayError::invalid("`messages` must be an array", Some("messages"));
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(err.body()["error"]["param"], "messages");
+        let event = err.sse_event();
+        assert!(event.starts_with(b"data: {\"error\""));
+        assert!(event.ends_with(b"\n\n"));
+    }
+}

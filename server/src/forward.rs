@@ -1,0 +1,630 @@
+//! Forward, the upstream stage: send the request over a pooled connection, wait for the first event,
+//! then relay the answer to the client (streamed event by event, or as one body) while timing it.
+//!
+//! The relay never rewrites the upstream's events. It only adds one SSE comment with the timings
+//! just before `data: [DONE]`, and, when the upstream fails after the stream has begun (cut, malformed
+//! event, idle timeout), one OpenAI-shaped `error` event so that SDKs raise instead of hanging.
+
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::extract::Request;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::timeout_at;
+
+use crate::config::{Config, Secret};
+use crate::downstream::{Delivered, Delivery, Source};
+use crate::error::GatewayError;
+use crate::ingress::Ingress;
+use crate::record::{unix_ms, Completion, RequestLog, RequestRecord};
+use crate::sse::{classify, EventKind, SseFramer};
+use crate::timing::PhaseClock;
+use crate::AppState;
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and those the gateway recomputes; never forwarded either way.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+];
+
+/// The pooled HTTP client for the configured upstream.
+pub struct Upstream {
+    client: reqwest::Client,
+    base_url: String,
+    api_key: Option<Secret>,
+    first_byte_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+impl Upstream {
+    pub fn new(config: &Config) -> Result<Self, GatewayError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(256)
+            .tcp_nodelay(true)
+            // Each request is already bounded by the first-byte and idle timeouts below.
+            .build()
+            .map_err(|e| GatewayError::Internal {
+                detail: format!("building the upstream client: {e}"),
+            })?;
+        Ok(Self {
+            client,
+            base_url: config.upstream_url.clone(),
+            api_key: config.upstream_api_key.clone(),
+            first_byte_timeout: config.first_byte_timeout(),
+            idle_timeout: config.idle_timeout(),
+        })
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    fn url(&self, path: &str, query: Option<&str>) -> String {
+        match query {
+            Some(q) => format!("{}{path}?{q}", self.base_url),
+            None => format!("{}{path}", self.base_url),
+        }
+    }
+
+    /// Client headers as sent upstream: hop-by-hop and gateway controls removed, the client's
+    /// `Authorization` replaced when an upstream key is configured, compression refused so that
+    /// the relay can read the events it passes on.
+    fn outgoing_headers(&self, incoming: &HeaderMap, keep_length: bool) -> HeaderMap {
+        let mut out = HeaderMap::with_capacity(incoming.len());
+        for (name, value) in incoming {
+            let n = name.as_str();
+            if HOP_BY_HOP.contains(&n)
+                || n.starts_with("x-reprise-")
+                || n == "accept-encoding"
+                || (!keep_length && n == "content-length")
+            {
+                continue;
+            }
+            out.append(name.clone(), value.clone());
+        }
+        if let Some(key) = &self.api_key {
+            if let Ok(value) = HeaderValue::from_str(&format!("Bearer {}", key.expose())) {
+                let mut value = value;
+                value.set_sensitive(true);
+                out.insert(header::AUTHORIZATION, value);
+            }
+        }
+        out.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        out
+    }
+
+    /// Sends one request and waits for the response head, within the first-byte deadline.
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        deadline: tokio::time::Instant,
+    ) -> Result<reqwest::Response, GatewayError> {
+        match timeout_at(deadline, request.send()).await {
+            Err(_) => Err(self.timeout_error()),
+            Ok(Err(err)) if err.is_timeout() => Err(self.timeout_error()),
+            Ok(Err(err)) => Err(GatewayError::UpstreamUnreachable {
+                upstream: self.base_url.clone(),
+                detail: error_chain(&err),
+            }),
+            Ok(Ok(response)) => Ok(response),
+        }
+    }
+
+    fn timeout_error(&self) -> GatewayError {
+        GatewayError::UpstreamTimeout {
+            timeout_ms: self.first_byte_timeout.as_millis() as u64,
+        }
+    }
+}
+
+/// `reqwest` errors hide their cause (connection refused, DNS…) in the source chain.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+/// A request body of known length that notes when the client library took it for the socket:
+/// that instant ends `upstream_send` (connect or pool checkout, head and body written).
+struct TimedBody {
+    data: Option<Bytes>,
+    taken: Arc<OnceLock<Instant>>,
+}
+
+impl http_body::Body for TimedBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let data = self.data.take();
+        if data.is_some() {
+            let _ = self.taken.set(Instant::now());
+        }
+        Poll::Ready(data.map(|d| Ok(http_body::Frame::data(d))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
+
+/// What the record of a request needs besides its clock.
+struct RecordMeta {
+    id: String,
+    started_at_ms: u64,
+    method: String,
+    route: String,
+    model: Option<String>,
+    stream: bool,
+}
+
+impl RecordMeta {
+    fn finish(self, log: &RequestLog, status: u16, completion: Completion, clock: &PhaseClock) {
+        log.push(RequestRecord {
+            id: self.id,
+            started_at_ms: self.started_at_ms,
+            method: self.method,
+            route: self.route,
+            model: self.model,
+            stream: self.stream,
+            status,
+            cache: "pass".to_owned(),
+            completion,
+            phases: clock.phases(clock.delivered.unwrap_or_else(Instant::now)),
+        });
+    }
+}
+
+/// Forwards a parsed JSON request and relays the answer.
+pub async fn relay_json(state: &AppState, ingress: Ingress, request_id: String) -> Response {
+    let Ingress {
+        route,
+        headers,
+        query,
+        raw,
+        model,
+        stream,
+        mut clock,
+        body: _,
+    } = ingress;
+    let meta = RecordMeta {
+        id: request_id.clone(),
+        started_at_ms: unix_ms().saturating_sub(clock.start.elapsed().as_millis() as u64),
+        method: "POST".to_owned(),
+        route: route.name().to_owned(),
+        model: Some(model),
+        stream,
+    };
+    let upstream = &state.upstream;
+    let taken = Arc::new(OnceLock::new());
+    let body = reqwest::Body::wrap(TimedBody {
+        data: Some(raw),
+        taken: taken.clone(),
+    });
+    let request = upstream
+        .client
+        .post(upstream.url(route.upstream_path(), query.as_deref()))
+        .headers(upstream.outgoing_headers(&headers, false))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body);
+    let deadline = tokio::time::Instant::now() + upstream.first_byte_timeout;
+    let response = match upstream.send(request, deadline).await {
+        Ok(r) => r,
+        Err(err) => return fail_before_response(state, meta, clock, err, &request_id),
+    };
+    clock.upstream_head = Some(Instant::now());
+    clock.upstream_sent = taken.get().copied().or(clock.upstream_head);
+
+    let status = response.status();
+    let is_sse = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    if status.is_success() && is_sse {
+        relay_stream(state, meta, clock, response, deadline, request_id).await
+    } else {
+        relay_whole(state, meta, clock, response, request_id).await
+    }
+}
+
+/// Builds the response for an error raised before anything was sent to the client, and records it.
+fn fail_before_response(
+    state: &AppState,
+    meta: RecordMeta,
+    clock: PhaseClock,
+    err: GatewayError,
+    request_id: &str,
+) -> Response {
+    meta.finish(&state.requests, err.status().as_u16(), Completion::GatewayError, &clock);
+    let mut response = err.into_response();
+    set_request_id(response.headers_mut(), request_id);
+    response
+}
+
+fn set_request_id(headers: &mut HeaderMap, request_id: &str) {
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        headers.insert(HeaderName::from_static("x-reprise-request-id"), value);
+    }
+}
+
+/// Response headers of the upstream that the client should see.
+fn relayed_headers(upstream: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(upstream.len() + 2);
+    for (name, value) in upstream {
+        let n = name.as_str();
+        if HOP_BY_HOP.contains(&n) || n == "content-length" {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out
+}
+
+/// A non-streaming answer (or any non-2xx one): read it whole, then send it with `Server-Timing`.
+async fn relay_whole(
+    state: &AppState,
+    meta: RecordMeta,
+    mut clock: PhaseClock,
+    response: reqwest::Response,
+    request_id: String,
+) -> Response {
+    let status = response.status();
+    let mut headers = relayed_headers(response.headers());
+    let mut stream = response.bytes_stream();
+    let mut body = Vec::new();
+    let idle = state.upstream.idle_timeout;
+    loop {
+        match tokio::time::timeout(idle, stream.next()).await {
+            Ok(Some(Ok(chunk))) => {
+                let now = Instant::now();
+                clock.first_token.get_or_insert(now);
+                clock.last_token = Some(now);
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => break,
+            Ok(Some(Err(err))) => {
+                let err = GatewayError::UpstreamProtocol {
+                    detail: format!("the response body broke off ({})", error_chain(&err)),
+                };
+                return fail_before_response(state, meta, clock, err, &request_id);
+            }
+            Err(_) => {
+                let err = GatewayError::UpstreamTimeout {
+                    timeout_ms: idle.as_millis() as u64,
+                };
+                return fail_before_response(state, meta, clock, err, &request_id);
+            }
+        }
+    }
+    let now = Instant::now();
+    clock.last_upstream_byte = Some(now);
+    if clock.first_token.is_none() {
+        // An empty body still has a moment it was complete.
+        clock.first_token = Some(now);
+        clock.last_token = Some(now);
+    }
+    clock.usage_tokens = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.pointer("/usage/completion_tokens").and_then(|t| t.as_u64()));
+    let phases = clock.phases(now);
+    if let Ok(value) = HeaderValue::from_str(&phases.server_timing()) {
+        headers.insert(HeaderName::from_static("server-timing"), value);
+    }
+    set_request_id(&mut headers, &request_id);
+    let completion = if status.is_success() {
+        Completion::Complete
+    } else {
+        Completion::UpstreamError
+    };
+    let log = state.requests.clone();
+    let delivery = Delivery::new(Source::Once(Some(Bytes::from(body))), move |how| {
+        let completion = match how {
+            Delivered::Complete(at) => {
+                clock.delivered = Some(at);
+                completion
+            }
+            Delivered::Failed | Delivered::Dropped => Completion::ClientDisconnected,
+        };
+        meta.finish(&log, status.as_u16(), completion, &clock);
+    });
+    let mut out = Response::new(delivery.into_body());
+    *out.status_mut() = status;
+    *out.headers_mut() = headers;
+    out
+}
+
+/// A streamed answer: wait for its first whole event, then commit to the status and pump the rest
+/// from a tracked task, so the client's first byte leaves as soon as the upstream's first event arrives.
+async fn relay_stream(
+    state: &AppState,
+    meta: RecordMeta,
+    mut clock: PhaseClock,
+    response: reqwest::Response,
+    deadline: tokio::time::Instant,
+    request_id: String,
+) -> Response {
+    let status = response.status();
+    let mut headers = relayed_headers(response.headers());
+    let mut upstream = response.bytes_stream().boxed();
+    let mut framer = SseFramer::new();
+    // Nothing has reached the client yet, so a failure here can still be a proper HTTP error.
+    let first_events = loop {
+        let err = match timeout_at(deadline, upstream.next()).await {
+            Ok(Some(Ok(chunk))) => {
+                let events = framer.push(&chunk);
+                if events.is_empty() {
+                    continue;
+                }
+                break events;
+            }
+            Ok(Some(Err(err))) => GatewayError::UpstreamProtocol {
+                detail: format!("the stream broke off before its first event ({})", error_chain(&err)),
+            },
+            Ok(None) => GatewayError::UpstreamProtocol {
+                detail: "the stream ended before its first event".to_owned(),
+            },
+            Err(_) => state.upstream.timeout_error(),
+        };
+        return fail_before_response(state, meta, clock, err, &request_id);
+    };
+    clock.last_upstream_byte = Some(Instant::now());
+
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let (delivered_tx, delivered_rx) = oneshot::channel::<Delivered>();
+    let pump = Pump {
+        clock,
+        framer,
+        tx,
+        idle_timeout: state.upstream.idle_timeout,
+        saw_done: false,
+        saw_finish: false,
+        saw_error_event: false,
+        failure: None,
+        client_gone: false,
+    };
+    let log = state.requests.clone();
+    state.tasks.spawn(async move {
+        let (clock, completion) = pump.run(first_events, upstream, delivered_rx).await;
+        meta.finish(&log, status.as_u16(), completion, &clock);
+    });
+
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    set_request_id(&mut headers, &request_id);
+    let delivery = Delivery::new(Source::Channel(rx), move |how| {
+        let _ = delivered_tx.send(how);
+    });
+    let mut out = Response::new(delivery.into_body());
+    *out.status_mut() = status;
+    *out.headers_mut() = headers;
+    out
+}
+
+/// The task that reads the upstream stream and feeds the client's channel.
+struct Pump {
+    clock: PhaseClock,
+    framer: SseFramer,
+    tx: mpsc::Sender<Bytes>,
+    idle_timeout: Duration,
+    saw_done: bool,
+    saw_finish: bool,
+    saw_error_event: bool,
+    failure: Option<GatewayError>,
+    client_gone: bool,
+}
+
+impl Pump {
+    async fn run(
+        mut self,
+        first_events: Vec<Bytes>,
+        mut upstream: futures_util::stream::BoxStream<'static, Result<Bytes, reqwest::Error>>,
+        delivered: oneshot::Receiver<Delivered>,
+    ) -> (PhaseClock, Completion) {
+        let mut more = self.handle(first_events).await;
+        while more {
+            match tokio::time::timeout(self.idle_timeout, upstream.next()).await {
+                Ok(Some(Ok(chunk))) => {
+                    self.clock.last_upstream_byte = Some(Instant::now());
+                    let events = self.framer.push(&chunk);
+                    more = self.handle(events).await;
+                }
+                Ok(None) => break,
+                Ok(Some(Err(err))) => {
+                    self.failure = Some(GatewayError::UpstreamProtocol {
+                        detail: format!("the stream broke off ({})", error_chain(&err)),
+                    });
+                    break;
+                }
+                Err(_) => {
+                    self.failure = Some(GatewayError::UpstreamTimeout {
+                        timeout_ms: self.idle_timeout.as_millis() as u64,
+                    });
+                    break;
+                }
+            }
+        }
+        // Stop reading the upstream now: dropping it closes that request.
+        drop(upstream);
+        if !self.client_gone {
+            self.close_stream().await;
+        }
+        let completion = if self.client_gone {
+            Completion::ClientDisconnected
+        } else if self.failure.is_some() || self.saw_error_event {
+            Completion::StreamFailed
+        } else {
+            Completion::Complete
+        };
+        let Self { mut clock, tx, idle_timeout, .. } = self;
+        drop(tx);
+        let completion = match tokio::time::timeout(idle_timeout, delivered).await {
+            Ok(Ok(Delivered::Complete(at))) => {
+                clock.delivered = Some(at);
+                completion
+            }
+            _ => Completion::ClientDisconnected,
+        };
+        if let Some(first) = clock.first_token {
+            tracing::debug!(ttft_ms = ?clock.upstream_sent.map(|s| first - s), "stream relayed");
+        }
+        (clock, completion)
+    }
+
+    /// Relays events; returns false when the stream should stop being read.
+    async fn handle(&mut self, events: Vec<Bytes>) -> bool {
+        for event in events {
+            let now = Instant::now();
+            let outgoing = match classify(&event) {
+                EventKind::Chunk {
+                    tokens,
+                    finish_reason,
+                    usage,
+                } => {
+                    self.clock.tokens(now, tokens);
+                    self.saw_finish |= finish_reason.is_some();
+                    if let Some(t) = usage.and_then(|u| u.get("completion_tokens").and_then(|t| t.as_u64())) {
+                        self.clock.usage_tokens = Some(t);
+                    }
+                    event
+                }
+                EventKind::Done => {
+                    self.saw_done = true;
+                    let mut with_timing = self.clock.phases(now).sse_comment().to_vec();
+                    with_timing.extend_from_slice(&event);
+                    Bytes::from(with_timing)
+                }
+                EventKind::Error(_) => {
+                    self.saw_error_event = true;
+                    event
+                }
+                EventKind::NoData => event,
+                EventKind::Malformed(data) => {
+                    let preview: String = data.chars().take(80).collect();
+                    self.failure = Some(GatewayError::UpstreamProtocol {
+                        detail: format!("malformed stream event `{preview}`"),
+                    });
+                    return false;
+                }
+            };
+            if self.tx.send(outgoing).await.is_err() {
+                self.client_gone = true;
+                return false;
+            }
+            if self.saw_done {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Ends the client's stream: an error event if the upstream failed, else the timing comment
+    /// when the upstream ended without `[DONE]` (it was already sent before `[DONE]` otherwise).
+    async fn close_stream(&mut self) {
+        if self.failure.is_none() && !self.saw_done && !self.saw_finish && !self.saw_error_event {
+            self.failure = Some(GatewayError::UpstreamProtocol {
+                detail: "the stream ended before completion (no finish_reason and no [DONE])".to_owned(),
+            });
+        }
+        let tail = if let Some(failure) = &self.failure {
+            failure.log();
+            failure.sse_event()
+        } else if !self.saw_done {
+            let mut comment = self.clock.phases(Instant::now()).sse_comment().to_vec();
+            comment.push(b'\n');
+            Bytes::from(comment)
+        } else {
+            return;
+        };
+        if self.tx.send(tail).await.is_err() {
+            self.client_gone = true;
+        }
+    }
+}
+
+/// Any other `/v1/*` route: method, path, query, headers and body pass through as they are,
+/// streamed both ways.
+pub async fn passthrough(state: &AppState, request: Request, request_id: String) -> Response {
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let path = parts.uri.path();
+    let below_v1 = path.strip_prefix("/v1").unwrap_or(path);
+    let mut clock = PhaseClock::start(started);
+    clock.body_read = Some(started);
+    let meta = RecordMeta {
+        id: request_id.clone(),
+        started_at_ms: unix_ms(),
+        method: parts.method.to_string(),
+        route: "passthrough".to_owned(),
+        model: None,
+        stream: false,
+    };
+    let upstream = &state.upstream;
+    let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).unwrap_or(Method::GET);
+    let has_body = !(parts.method == Method::GET || parts.method == Method::HEAD);
+    let mut request = upstream
+        .client
+        .request(method, upstream.url(below_v1, parts.uri.query()))
+        .headers(upstream.outgoing_headers(&parts.headers, true));
+    if has_body {
+        request = request.body(reqwest::Body::wrap_stream(body.into_data_stream()));
+    }
+    let deadline = tokio::time::Instant::now() + upstream.first_byte_timeout;
+    let response = match upstream.send(request, deadline).await {
+        Ok(r) => r,
+        Err(err) => return fail_before_response(state, meta, clock, err, &request_id),
+    };
+    let now = Instant::now();
+    clock.upstream_head = Some(now);
+    clock.upstream_sent = Some(now);
+    let status = response.status();
+    let mut headers = relayed_headers(response.headers());
+    set_request_id(&mut headers, &request_id);
+    let log = state.requests.clone();
+    let delivery = Delivery::new(Source::Upstream(response.bytes_stream().boxed()), move |how| {
+        let completion = match how {
+            Delivered::Complete(at) => {
+                clock.delivered = Some(at);
+                clock.last_upstream_byte = Some(at);
+                if status.is_success() {
+                    Completion::Complete
+                } else {
+                    Completion::UpstreamError
+                }
+            }
+            Delivered::Failed => Completion::StreamFailed,
+            Delivered::Dropped => Completion::ClientDisconnected,
+        };
+        meta.finish(&log, status.as_u16(), completion, &clock);
+    });
+    let mut out = Response::new(delivery.into_body());
+    *out.status_mut() = status;
+    *out.headers_mut() = headers;
+    out
+}

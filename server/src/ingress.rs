@@ -1,0 +1,275 @@
+//! Ingress, the first stage: read the client's body within the size limit, check its content type,
+//! parse it, and check the few fields the gateway itself relies on.
+//!
+//! The raw bytes are kept and forwarded untouched: the gateway never drops or reorders fields it does
+//! not understand. Validation stays minimal and names the failing field (`param`), as OpenAI does.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, HeaderMap};
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use crate::error::GatewayError;
+use crate::timing::PhaseClock;
+
+/// The JSON routes the gateway understands (and, later, caches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    ChatCompletions,
+    Completions,
+    Embeddings,
+}
+
+impl Route {
+    /// Path below the upstream base URL (which already ends in `/v1`).
+    pub fn upstream_path(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "/chat/completions",
+            Self::Completions => "/completions",
+            Self::Embeddings => "/embeddings",
+        }
+    }
+
+    /// Short, stable name for logs, records and metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "chat.completions",
+            Self::Completions => "completions",
+            Self::Embeddings => "embeddings",
+        }
+    }
+}
+
+/// A parsed client request, ready for the later stages.
+#[derive(Debug)]
+pub struct Ingress {
+    pub route: Route,
+    pub headers: HeaderMap,
+    pub query: Option<String>,
+    /// The body exactly as the client sent it.
+    pub raw: Bytes,
+    pub body: Map<String, Value>,
+    pub model: String,
+    pub stream: bool,
+    pub clock: PhaseClock,
+}
+
+/// Reads and checks one JSON request. `started` is when the request reached the gateway.
+pub async fn read(
+    route: Route,
+    request: Request,
+    limit: usize,
+    started: Instant,
+) -> Result<Ingress, GatewayError> {
+    let (parts, body) = request.into_parts();
+    check_content_type(&parts.headers)?;
+    let raw = read_limited(body, &parts.headers, limit).await?;
+    let body = parse_object(&raw)?;
+    let model = required_string(&body, "model")?;
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(GatewayError::invalid("`stream` must be a boolean.", Some("stream"))),
+    };
+    check_route_fields(route, &body)?;
+    let mut clock = PhaseClock::start(started);
+    clock.body_read = Some(Instant::now());
+    Ok(Ingress {
+        route,
+        headers: parts.headers,
+        query: parts.uri.query().map(str::to_owned),
+        raw,
+        body,
+        model,
+        stream,
+        clock,
+    })
+}
+
+fn check_content_type(headers: &HeaderMap) -> Result<(), GatewayError> {
+    let value = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mime = value.split(';').next().unwrap_or("").trim();
+    if mime.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(GatewayError::UnsupportedMediaType {
+            got: if value.is_empty() {
+                "none".to_owned()
+            } else {
+                value.to_owned()
+            },
+        })
+    }
+}
+
+/// Reads the whole body, refusing early when `Content-Length` already says it is too large.
+pub async fn read_limited(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, GatewayError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(GatewayError::PayloadTooLarge { limit });
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|err| {
+        if is_length_limit(&err) {
+            GatewayError::PayloadTooLarge { limit }
+        } else {
+            GatewayError::invalid(
+                format!("Could not read the request body: {err}."),
+                None,
+            )
+        }
+    })
+}
+
+fn is_length_limit(err: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+fn parse_object(raw: &[u8]) -> Result<Map<String, Value>, GatewayError> {
+    let mut de = serde_json::Deserializer::from_slice(raw);
+    let value: Value = serde_path_to_error::deserialize(&mut de).map_err(|err| {
+        GatewayError::invalid(
+            format!(
+                "We could not parse the JSON body of your request ({}). The body must be a JSON object.",
+                err.inner()
+            ),
+            None,
+        )
+    })?;
+    de.end().map_err(|err| {
+        GatewayError::invalid(
+            format!("Trailing characters after the JSON body ({err})."),
+            None,
+        )
+    })?;
+    match value {
+        Value::Object(map) => Ok(map),
+        _ => Err(GatewayError::invalid("The request body must be a JSON object.", None)),
+    }
+}
+
+fn required_string(body: &Map<String, Value>, field: &'static str) -> Result<String, GatewayError> {
+    match body.get(field) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(Value::String(_)) | None | Some(Value::Null) => Err(GatewayError::invalid(
+            format!("You must provide a `{field}` parameter."),
+            Some(field),
+        )),
+        Some(_) => Err(GatewayError::invalid(
+            format!("`{field}` must be a string."),
+            Some(field),
+        )),
+    }
+}
+
+fn check_route_fields(route: Route, body: &Map<String, Value>) -> Result<(), GatewayError> {
+    match route {
+        Route::ChatCompletions => {
+            let Some(messages) = body.get("messages") else {
+                return Err(GatewayError::invalid(
+                    "You must provide a `messages` parameter.",
+                    Some("messages"),
+                ));
+            };
+            let Some(messages) = messages.as_array().filter(|m| !m.is_empty()) else {
+                return Err(GatewayError::invalid(
+                    "`messages` must be a non-empty array of message objects.",
+                    Some("messages"),
+                ));
+            };
+            for (i, message) in messages.iter().enumerate() {
+                let role_ok = message
+                    .get("role")
+                    .and_then(Value::as_str)
+                    .is_some_and(|r| !r.is_empty());
+                if !role_ok {
+                    return Err(GatewayError::invalid(
+                        format!("`messages[{i}]` must be an object with a string `role`."),
+                        Some(&format!("messages[{i}].role")),
+                    ));
+                }
+            }
+            Ok(())
+        }
+        Route::Completions => match body.get("prompt") {
+            Some(Value::String(_) | Value::Array(_)) => Ok(()),
+            _ => Err(GatewayError::invalid(
+                "`prompt` must be a string or an array.",
+                Some("prompt"),
+            )),
+        },
+        Route::Embeddings => match body.get("input") {
+            Some(Value::String(_) | Value::Array(_)) => Ok(()),
+            _ => Err(GatewayError::invalid(
+                "`input` must be a string or an array.",
+                Some("input"),
+            )),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::Request as HttpRequest;
+
+    fn request(content_type: Option<&str>, body: &str) -> Request {
+        let mut builder = HttpRequest::builder().method("POST").uri("/v1/chat/completions");
+        if let Some(ct) = content_type {
+            builder = builder.header(header::CONTENT_TYPE, ct);
+        }
+        builder.body(Body::from(body.to_owned())).expect("request")
+    }
+
+    async fn read_chat(ct: Option<&str>, body: &str, limit: usize) -> Result<Ingress, GatewayError> {
+        read(Route::ChatCompletions, request(ct, body), limit, Instant::now()).await
+    }
+
+    #[tokio::test]
+    async fn accepts_a_chat_request_and_keeps_raw_bytes() {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"x_unknown":1}"#;
+        let ingress = read_chat(Some("application/json; charset=utf-8"), body, 1024)
+            .await
+            .expect("valid");
+        assert_eq!(ingress.raw, body.as_bytes());
+        assert!(ingress.stream);
+        assert_eq!(ingress.model, "m");
+        assert!(ingress.clock.body_read.is_some());
+    }
+
+    #[tokio::test]
+    async fn rejects_bad_input_with_the_right_status_and_param() {
+        let ok_body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        let cases: Vec<(Option<&str>, &str, usize, u16, Option<&str>)> = vec![
+            (Some("text/plain"), ok_body, 1024, 415, None),
+            (None, ok_body, 1024, 415, None),
+            (Some("application/json"), ok_body, 10, 413, None),
+            (Some("application/json"), "{\"model\":", 1024, 400, None),
+            (Some("application/json"), "[1]", 1024, 400, None),
+            (Some("application/json"), r#"{"messages":[]}"#, 1024, 400, Some("model")),
+            (Some("application/json"), r#"{"model":"m","messages":[]}"#, 1024, 400, Some("messages")),
+            (Some("application/json"), r#"{"model":"m","messages":[{"content":"x"}]}"#, 1024, 400, Some("messages[0].role")),
+            (Some("application/json"), r#"{"model":"m","messages":[{"role":"user"}],"stream":"yes"}"#, 1024, 400, Some("stream")),
+        ];
+        for (ct, body, limit, status, param) in cases {
+            let err = read_chat(ct, body, limit).await.expect_err(body);
+            assert_eq!(err.status().as_u16(), status, "{body}: {err}");
+            assert_eq!(err.body()["error"]["param"].as_str(), param, "{body}");
+        }
+    }
+}

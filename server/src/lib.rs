@@ -1,0 +1,197 @@
+//! Reprise gateway library: an OpenAI-compatible proxy that times every latency phase of every request.
+//!
+//! A request passes these stages, one module each, in this order:
+//!
+//! 1. [`ingress`]: reads the client's body within the size limit, checks content type and the fields
+//!    the gateway relies on; writes an [`ingress::Ingress`] (raw bytes kept untouched) and starts the
+//!    [`timing::PhaseClock`].
+//! 2. [`forward`]: sends the request upstream over a pooled connection, waits for the first event
+//!    within the first-byte deadline, then relays the body or the event stream (framed by [`sse`])
+//!    while recording token arrival times.
+//! 3. [`downstream`]: hands the bytes to the client and notes when the last one was taken.
+//! 4. [`record`]: stores the request's phases in the recent-requests log read by `/admin/requests`.
+//!
+//! Around them: [`config`] (layered settings), [`error`] (the one error enum and its OpenAI-shaped
+//! responses), [`admin`] (authenticated operator routes), and [`app`]/[`run`] here.
+
+pub mod admin;
+pub mod config;
+pub mod downstream;
+pub mod error;
+pub mod forward;
+pub mod ingress;
+pub mod record;
+pub mod sse;
+pub mod timing;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::error::GatewayError;
+use crate::forward::Upstream;
+use crate::ingress::Route;
+use crate::record::RequestLog;
+
+/// Shared state of the gateway: cheap to clone, one `Arc` per part.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub upstream: Arc<Upstream>,
+    pub requests: Arc<RequestLog>,
+    /// Background work that must finish before exit (stream pumps).
+    pub tasks: TaskTracker,
+    /// Cancelled when shutdown begins.
+    pub shutdown: CancellationToken,
+}
+
+impl AppState {
+    pub fn new(config: Config) -> Result<Self, GatewayError> {
+        Ok(Self {
+            upstream: Arc::new(Upstream::new(&config)?),
+            requests: Arc::new(RequestLog::new(config.request_log_size)),
+            config: Arc::new(config),
+            tasks: TaskTracker::new(),
+            shutdown: CancellationToken::new(),
+        })
+    }
+}
+
+/// The gateway's router.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/{*rest}", any(passthrough))
+        .route("/v1", any(passthrough))
+        .route("/healthz", get(healthz))
+        .route("/admin/requests", get(admin::requests))
+        .fallback(not_found)
+        .method_not_allowed_fallback(not_found)
+        .with_state(state)
+}
+
+async fn chat_completions(State(state): State<AppState>, request: Request) -> Response {
+    proxy_json(state, Route::ChatCompletions, request).await
+}
+
+async fn completions(State(state): State<AppState>, request: Request) -> Response {
+    proxy_json(state, Route::Completions, request).await
+}
+
+async fn embeddings(State(state): State<AppState>, request: Request) -> Response {
+    proxy_json(state, Route::Embeddings, request).await
+}
+
+#[tracing::instrument(name = "request", skip_all, fields(route = route.name(), id))]
+async fn proxy_json(state: AppState, route: Route, request: Request) -> Response {
+    let started = Instant::now();
+    let request_id = state.requests.next_id();
+    tracing::Span::current().record("id", request_id.as_str());
+    match ingress::read(route, request, state.config.max_body_bytes, started).await {
+        Ok(ingress) => forward::relay_json(&state, ingress, request_id).await,
+        Err(err) => with_request_id(err.into_response(), &request_id),
+    }
+}
+
+#[tracing::instrument(name = "request", skip_all, fields(route = "passthrough", id))]
+async fn passthrough(State(state): State<AppState>, request: Request) -> Response {
+    let request_id = state.requests.next_id();
+    tracing::Span::current().record("id", request_id.as_str());
+    forward::passthrough(&state, request, request_id).await
+}
+
+fn with_request_id(mut response: Response, request_id: &str) -> Response {
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        response.headers_mut().insert("x-reprise-request-id", value);
+    }
+    response
+}
+
+async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
+    Json(json!({
+        "status": "ok",
+        "version": env!("CARGO_PKG_VERSION"),
+        "upstream": state.upstream.base_url(),
+        "mode": "pass-through",
+        "admin": state.config.admin_token.is_some(),
+    }))
+}
+
+async fn not_found(method: Method, request: Request) -> GatewayError {
+    GatewayError::RouteNotFound {
+        method: method.to_string(),
+        path: request.uri().path().to_owned(),
+    }
+}
+
+/// Serves until `shutdown` resolves, then stops accepting, lets in-flight requests finish within the
+/// configured grace period, and returns.
+pub async fn run(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let token = state.shutdown.clone();
+    let grace = state.config.shutdown_grace();
+    // Small SSE writes must leave at once, not wait on Nagle's algorithm.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let serve = axum::serve(listener, app(state.clone())).with_graceful_shutdown({
+        let token = token.clone();
+        async move {
+            shutdown.await;
+            tracing::info!("shutdown requested: no new connections, finishing in-flight requests");
+            token.cancel();
+        }
+    });
+    let bounded = async {
+        token.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        result = serve => result?,
+        () = bounded => tracing::warn!(grace_ms = grace.as_millis() as u64, "grace period over: dropping in-flight requests"),
+    }
+    state.tasks.close();
+    if tokio::time::timeout(grace, state.tasks.wait()).await.is_err() {
+        tracing::warn!("background tasks still running at exit");
+    }
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

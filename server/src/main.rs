@@ -1,0 +1,68 @@
+//! The `reprise` binary: parses the command line, sets up logging, and runs the gateway library.
+//! It must stay thin; behaviour belongs in the library where tests can reach it.
+
+use clap::Parser;
+use reprise_server::config::{Cli, Command, Config, LogFormat};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let (args, check_only) = match cli.command {
+        Command::Serve(args) => (args, false),
+        Command::CheckConfig(args) => (args, true),
+    };
+    let config = match Config::load(&args) {
+        Ok(c) => c,
+        Err(err) => {
+            eprintln!("reprise: {err}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    if check_only {
+        println!("{config:#?}");
+        return std::process::ExitCode::SUCCESS;
+    }
+    init_logging(config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("reprise: cannot start the runtime: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(config)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err}");
+            eprintln!("reprise: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let state = reprise_server::AppState::new(config.clone())?;
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        upstream = %config.upstream_url,
+        admin = config.admin_token.is_some(),
+        "reprise gateway listening"
+    );
+    reprise_server::run(listener, state, reprise_server::shutdown_signal()).await?;
+    tracing::info!("reprise stopped");
+    Ok(())
+}
+
+fn init_logging(format: LogFormat) {
+    // RUST_LOG wins; otherwise info for our crates and warnings for dependencies.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("warn,reprise=info,reprise_server=info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}

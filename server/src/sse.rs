@@ -1,0 +1,234 @@
+//! Incremental Server-Sent Events framing and classification of OpenAI stream events.
+//!
+//! The relay must forward the upstream's bytes untouched, yet it needs to know where each event ends
+//! (to insert the timing comment before `data: [DONE]`), which events carry tokens, and whether the
+//! stream finished cleanly. This module only reads; it never rewrites an event.
+
+use bytes::{Bytes, BytesMut};
+use serde_json::Value;
+
+/// Splits a byte stream into whole SSE events (each returned with its terminating blank line).
+#[derive(Debug, Default)]
+pub struct SseFramer {
+    buf: BytesMut,
+}
+
+impl SseFramer {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds one chunk; returns every event it completed, in order.
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<Bytes> {
+        self.buf.extend_from_slice(chunk);
+        let mut events = Vec::new();
+        while let Some(end) = event_end(&self.buf) {
+            events.push(self.buf.split_to(end).freeze());
+        }
+        events
+    }
+
+    /// Bytes received after the last complete event (a stream that ends here was cut mid-event).
+    pub fn remainder(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+/// Index just past the blank line ending the first complete event, if there is one.
+/// Lines may end in `\n`, `\r\n` or `\r` (the SSE spec allows all three).
+fn event_end(buf: &[u8]) -> Option<usize> {
+    let mut line_start = 0;
+    let mut i = 0;
+    while i < buf.len() {
+        let terminator_len = match buf[i] {
+            b'\n' => 1,
+            b'\r' if i + 1 < buf.len() => {
+                if buf[i + 1] == b'\n' {
+                    2
+                } else {
+                    1
+                }
+            }
+            // A trailing `\r` may be the first half of `\r\n`: wait for more bytes.
+            b'\r' => return None,
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let line_empty = i == line_start;
+        i += terminator_len;
+        if line_empty && line_start > 0 {
+            return Some(i);
+        }
+        if line_empty {
+            // Blank lines before any field do not end an event; skip them with it.
+            line_start = i;
+            continue;
+        }
+        line_start = i;
+    }
+    None
+}
+
+/// What one SSE event means to the gateway.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventKind {
+    /// `data: [DONE]`: the clean end of an OpenAI stream.
+    Done,
+    /// A JSON chunk; `tokens` counts the choices that carry content in it.
+    Chunk {
+        tokens: u32,
+        finish_reason: Option<String>,
+        usage: Option<Value>,
+    },
+    /// A JSON object with an `error` member: the upstream failed mid-stream.
+    Error(Value),
+    /// Comments, `retry:` or other events without data.
+    NoData,
+    /// Data that is neither `[DONE]` nor JSON.
+    Malformed(String),
+}
+
+/// Joined `data:` lines of an event, per the SSE spec (one leading space stripped).
+pub fn event_data(event: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(event);
+    let mut data: Option<String> = None;
+    for line in text.split(['\n', '\r']) {
+        let Some(rest) = line.strip_prefix("data") else {
+            continue;
+        };
+        let value = match rest.strip_prefix(':') {
+            Some(v) => v.strip_prefix(' ').unwrap_or(v),
+            None if rest.is_empty() => "",
+            None => continue, // a field named e.g. `database`
+        };
+        match &mut data {
+            Some(d) => {
+                d.push('\n');
+                d.push_str(value);
+            }
+            None => data = Some(value.to_owned()),
+        }
+    }
+    data
+}
+
+pub fn classify(event: &[u8]) -> EventKind {
+    let Some(data) = event_data(event) else {
+        return EventKind::NoData;
+    };
+    if data.trim() == "[DONE]" {
+        return EventKind::Done;
+    }
+    let value: Value = match serde_json::from_str(&data) {
+        Ok(v) => v,
+        Err(_) => return EventKind::Malformed(data),
+    };
+    if value.get("error").is_some_and(|e| !e.is_null()) {
+        return EventKind::Error(value);
+    }
+    if !value.is_object() {
+        return EventKind::Malformed(data);
+    }
+    let mut tokens = 0;
+    let mut finish_reason = None;
+    if let Some(choices) = value.get("choices").and_then(Value::as_array) {
+        for choice in choices {
+            if choice_has_content(choice) {
+                tokens += 1;
+            }
+            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+                finish_reason = Some(reason.to_owned());
+            }
+        }
+    }
+    let usage = value.get("usage").filter(|u| !u.is_null()).cloned();
+    EventKind::Chunk {
+        tokens,
+        finish_reason,
+        usage,
+    }
+}
+
+/// A chat delta with content, a refusal, reasoning or tool-call arguments, or a legacy completion's text.
+fn choice_has_content(choice: &Value) -> bool {
+    let non_empty = |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
+    if non_empty(choice.get("text")) {
+        return true;
+    }
+    let Some(delta) = choice.get("delta") else {
+        return false;
+    };
+    non_empty(delta.get("content"))
+        || non_empty(delta.get("refusal"))
+        || non_empty(delta.get("reasoning_content"))
+        || delta
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .is_some_and(|calls| !calls.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_events_split_across_chunks_and_line_endings() {
+        let mut framer = SseFramer::new();
+        assert!(framer.push(b"data: {\"a\"").is_empty());
+        let events = framer.push(b":1}\n\ndata: x\r\n\r\ndata: y\r");
+        assert_eq!(events.len(), 2);
+        assert_eq!(&events[0][..], b"data: {\"a\":1}\n\n");
+        assert_eq!(&events[1][..], b"data: x\r\n\r\n");
+        let events = framer.push(b"\n\r\n: comment\n\n");
+        assert_eq!(events.len(), 2);
+        assert_eq!(&events[0][..], b"data: y\r\n\r\n");
+        assert_eq!(&events[1][..], b": comment\n\n");
+        assert!(framer.remainder().is_empty());
+    }
+
+    #[test]
+    fn classifies_openai_events() {
+        let chunk = br#"data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}
+
+"#;
+        assert_eq!(
+            classify(chunk),
+            EventKind::Chunk {
+                tokens: 1,
+                finish_reason: None,
+                usage: None
+            }
+        );
+        let role_only = br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}
+
+"#;
+        assert!(matches!(classify(role_only), EventKind::Chunk { tokens: 0, .. }));
+        let last = br#"data: {"choices":[{"delta":{},"finish_reason":"stop"}]}
+
+"#;
+        assert!(
+            matches!(classify(last), EventKind::Chunk { finish_reason: Some(r), .. } if r == "stop")
+        );
+        assert_eq!(classify(b"data: [DONE]\n\n"), EventKind::Done);
+        assert!(matches!(
+            classify(b"data: {\"error\":{\"message\":\"boom\"}}\n\n"),
+            EventKind::Error(_)
+        ));
+        assert!(matches!(classify(b"data: {not json\n\n"), EventKind::Malformed(_)));
+        assert_eq!(classify(b": keep-alive\n\n"), EventKind::NoData);
+        let text = br#"data: {"choices":[{"text":"lo","index":0}]}
+
+"#;
+        assert!(matches!(classify(text), EventKind::Chunk { tokens: 1, .. }));
+    }
+
+    #[test]
+    fn multi_line_data_is_joined() {
+        assert_eq!(
+            event_data(b"event: x\ndata: {\"a\":\ndata:1}\n\n").as_deref(),
+            Some("{\"a\":\n1}")
+        );
+    }
+}

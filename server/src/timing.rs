@@ -1,0 +1,198 @@
+//! Per-request phase clock and its three renderings: `Server-Timing`, the SSE timing comment, and JSON.
+//!
+//! Phases, as a user feels them (all in milliseconds, measured on the gateway's monotonic clock):
+//! - `ingress`: reading and parsing the client's body;
+//! - `upstream_send`: connect (or pool checkout) until the request body was handed to the socket;
+//! - `ttft`: request sent until the first content token arrived (non-streaming: the first body byte);
+//! - `decode`: first to last token, with token count, inter-token latency p50/p99 and tokens/s;
+//! - `downstream`: after the last upstream byte, until the client was handed the last byte;
+//! - `total`: request arrival until the last byte left (or until the timing was rendered, for the
+//!   copies sent with the response itself).
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// Instants recorded while a request passes through. Phases are derived from these, never stored twice.
+#[derive(Debug, Clone)]
+pub struct PhaseClock {
+    pub start: Instant,
+    pub body_read: Option<Instant>,
+    pub upstream_sent: Option<Instant>,
+    pub upstream_head: Option<Instant>,
+    pub first_token: Option<Instant>,
+    pub last_token: Option<Instant>,
+    pub last_upstream_byte: Option<Instant>,
+    pub delivered: Option<Instant>,
+    /// Arrival instant of every content-bearing chunk, for inter-token latency.
+    token_times: Vec<Instant>,
+    /// Completion tokens reported by the upstream's `usage`, when it sent one.
+    pub usage_tokens: Option<u64>,
+}
+
+impl PhaseClock {
+    pub fn start(at: Instant) -> Self {
+        Self {
+            start: at,
+            body_read: None,
+            upstream_sent: None,
+            upstream_head: None,
+            first_token: None,
+            last_token: None,
+            last_upstream_byte: None,
+            delivered: None,
+            token_times: Vec::new(),
+            usage_tokens: None,
+        }
+    }
+
+    /// Records `count` content tokens that arrived together at `at`.
+    pub fn tokens(&mut self, at: Instant, count: u32) {
+        if count == 0 {
+            return;
+        }
+        self.first_token.get_or_insert(at);
+        self.last_token = Some(at);
+        for _ in 0..count {
+            self.token_times.push(at);
+        }
+    }
+
+    /// Phases as of `now` (used for copies rendered before the response is fully delivered).
+    pub fn phases(&self, now: Instant) -> Phases {
+        let ms = |from: Option<Instant>, to: Option<Instant>| match (from, to) {
+            (Some(a), Some(b)) => Some(millis(b.saturating_duration_since(a))),
+            _ => None,
+        };
+        let end = self.delivered.unwrap_or(now);
+        let sent = self.upstream_sent;
+        let gaps: Vec<f64> = self
+            .token_times
+            .windows(2)
+            .map(|w| millis(w[1].saturating_duration_since(w[0])))
+            .collect();
+        let tokens = self.token_times.len() as u64;
+        let decode_ms = ms(self.first_token, self.last_token);
+        let tokens_per_s = match decode_ms {
+            Some(d) if d > 0.0 && tokens > 1 => Some((tokens - 1) as f64 / (d / 1000.0)),
+            _ => None,
+        };
+        Phases {
+            ingress_ms: ms(Some(self.start), self.body_read),
+            upstream_send_ms: ms(self.body_read, sent),
+            ttft_ms: ms(sent, self.first_token),
+            decode_ms,
+            downstream_ms: ms(self.last_upstream_byte, Some(end)),
+            total_ms: millis(end.saturating_duration_since(self.start)),
+            tokens,
+            completion_tokens: self.usage_tokens,
+            itl_p50_ms: percentile(&gaps, 0.50),
+            itl_p99_ms: percentile(&gaps, 0.99),
+            tokens_per_s,
+        }
+    }
+}
+
+/// The phases of one request, in milliseconds. Absent phases did not happen (e.g. no upstream on a hit).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Phases {
+    pub ingress_ms: Option<f64>,
+    pub upstream_send_ms: Option<f64>,
+    pub ttft_ms: Option<f64>,
+    pub decode_ms: Option<f64>,
+    pub downstream_ms: Option<f64>,
+    pub total_ms: f64,
+    /// Content-bearing chunks seen (about one token each on OpenAI-style streams).
+    pub tokens: u64,
+    /// `usage.completion_tokens` as the upstream reported it, when it did.
+    pub completion_tokens: Option<u64>,
+    pub itl_p50_ms: Option<f64>,
+    pub itl_p99_ms: Option<f64>,
+    pub tokens_per_s: Option<f64>,
+}
+
+impl Phases {
+    /// A standard `Server-Timing` header value (`name;dur=ms`), phases that happened only.
+    pub fn server_timing(&self) -> String {
+        let mut parts = Vec::new();
+        for (name, value) in [
+            ("ingress", self.ingress_ms),
+            ("upstream_send", self.upstream_send_ms),
+            ("ttft", self.ttft_ms),
+            ("decode", self.decode_ms),
+            ("downstream", self.downstream_ms),
+            ("total", Some(self.total_ms)),
+        ] {
+            if let Some(ms) = value {
+                parts.push(format!("{name};dur={ms:.3}"));
+            }
+        }
+        parts.join(", ")
+    }
+
+    /// The SSE comment line placed just before `data: [DONE]`; SSE clients ignore comments.
+    pub fn sse_comment(&self) -> Bytes {
+        let json = serde_json::to_string(self).unwrap_or_else(|_| "{}".to_owned());
+        Bytes::from(format!(": reprise-timing {json}\n"))
+    }
+}
+
+pub fn millis(d: Duration) -> f64 {
+    // Microsecond resolution is plenty and keeps the JSON short.
+    (d.as_micros() as f64) / 1000.0
+}
+
+/// Nearest-rank percentile of unsorted samples (`q` in 0..=1); `None` for no samples.
+pub fn percentile(samples: &[f64], q: f64) -> Option<f64> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = (q * sorted.len() as f64).ceil().max(1.0) as usize;
+    Some(sorted[rank.min(sorted.len()) - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let samples: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&samples, 0.5), Some(50.0));
+        assert_eq!(percentile(&samples, 0.99), Some(99.0));
+        assert_eq!(percentile(&samples, 1.0), Some(100.0));
+        assert_eq!(percentile(&[3.0], 0.99), Some(3.0));
+        assert_eq!(percentile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn phases_follow_the_recorded_instants() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut clock = PhaseClock::start(t0);
+        clock.body_read = Some(at(1));
+        clock.upstream_sent = Some(at(3));
+        clock.tokens(at(103), 1);
+        clock.tokens(at(113), 1);
+        clock.tokens(at(133), 2);
+        clock.last_upstream_byte = Some(at(134));
+        clock.delivered = Some(at(135));
+        let p = clock.phases(at(500));
+        assert_eq!(p.ingress_ms, Some(1.0));
+        assert_eq!(p.upstream_send_ms, Some(2.0));
+        assert_eq!(p.ttft_ms, Some(100.0));
+        assert_eq!(p.decode_ms, Some(30.0));
+        assert_eq!(p.downstream_ms, Some(1.0));
+        assert_eq!(p.total_ms, 135.0);
+        assert_eq!(p.tokens, 4);
+        assert_eq!(p.itl_p50_ms, Some(10.0));
+        assert_eq!(p.itl_p99_ms, Some(20.0));
+        assert_eq!(p.tokens_per_s, Some(100.0));
+        let header = p.server_timing();
+        assert!(header.starts_with("ingress;dur=1.000, upstream_send;dur=2.000, ttft;dur=100.000"));
+        assert!(p.sse_comment().starts_with(b": reprise-timing {\"ingress_ms\":1.0"));
+    }
+}
