@@ -21,7 +21,10 @@ pub fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), GatewayErr
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .map(str::trim)
         .unwrap_or("");
     // Hashing first makes the comparison constant-time in the length as well as the content.
@@ -54,7 +57,10 @@ pub async fn requests(
     authorize(&state, &headers)?;
     let Query(query) =
         query.map_err(|e| GatewayError::invalid(format!("Invalid query: {e}."), Some("limit")))?;
-    let limit = query.limit.unwrap_or(100).clamp(1, state.config.request_log_size);
+    let limit = query
+        .limit
+        .unwrap_or(100)
+        .clamp(1, state.config.request_log_size);
     Ok(Json(RequestsPage {
         object: "list",
         data: state.requests.recent(limit),

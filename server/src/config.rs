@@ -43,7 +43,11 @@ pub enum LogFormat {
 
 /// The `reprise` command line.
 #[derive(Debug, Parser)]
-#[command(name = "reprise", version, about = "Reprise: an OpenAI-compatible semantic prompt cache")]
+#[command(
+    name = "reprise",
+    version,
+    about = "Reprise: an OpenAI-compatible semantic prompt cache"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -240,7 +244,10 @@ impl Config {
             ("admin_token", &self.admin_token),
             ("upstream_api_key", &self.upstream_api_key),
         ] {
-            if secret.as_ref().is_some_and(|s| s.expose().trim().is_empty()) {
+            if secret
+                .as_ref()
+                .is_some_and(|s| s.expose().trim().is_empty())
+            {
                 return Err(ConfigError::Invalid {
                     field,
                     reason: "must not be empty (leave it unset instead)".into(),

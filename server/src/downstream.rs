@@ -99,7 +99,10 @@ mod tests {
         let mut delivery = Delivery::new(Source::Once(Some(Bytes::from_static(b"x"))), move |d| {
             s.lock().expect("lock").push(d)
         });
-        assert_eq!(delivery.next().await.map(|r| r.ok()), Some(Some(Bytes::from_static(b"x"))));
+        assert_eq!(
+            delivery.next().await.map(|r| r.ok()),
+            Some(Some(Bytes::from_static(b"x")))
+        );
         assert!(delivery.next().await.is_none());
         drop(delivery);
         let log = seen.lock().expect("lock").clone();
@@ -109,7 +112,9 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
         let (_tx, rx) = mpsc::channel(1);
-        let delivery = Delivery::new(Source::Channel(rx), move |d| s.lock().expect("lock").push(d));
+        let delivery = Delivery::new(Source::Channel(rx), move |d| {
+            s.lock().expect("lock").push(d)
+        });
         drop(delivery);
         assert_eq!(seen.lock().expect("lock").as_slice(), &[Delivered::Dropped]);
     }

@@ -29,8 +29,13 @@ pub enum GatewayError {
     #[error("The upstream did not respond within {timeout_ms} ms.")]
     UpstreamTimeout { timeout_ms: u64 },
     /// The upstream answered something that is not a valid response for this route.
-    #[error("The upstream sent an invalid response: {detail}.")]
-    UpstreamProtocol { detail: String },
+    #[error("The upstream sent an invalid response: {reason}.")]
+    UpstreamProtocol {
+        /// A fixed phrase safe to show the client.
+        reason: &'static str,
+        /// What exactly went wrong, for the log only.
+        detail: String,
+    },
     #[error("Missing or invalid admin token. Send `Authorization: Bearer <admin token>`.")]
     Unauthorized,
     #[error("Admin routes are disabled: the gateway was started without an admin token.")]
@@ -68,9 +73,11 @@ impl GatewayError {
                 "invalid_request_error",
                 "unsupported_media_type",
             ),
-            Self::UpstreamUnreachable { .. } => {
-                (StatusCode::BAD_GATEWAY, "upstream_error", "upstream_unreachable")
-            }
+            Self::UpstreamUnreachable { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "upstream_unreachable",
+            ),
             Self::UpstreamTimeout { .. } => (
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream_error",
@@ -132,7 +139,9 @@ impl GatewayError {
     /// Details that belong in the log but never in a client's response.
     fn detail(&self) -> Option<&str> {
         match self {
-            Self::UpstreamUnreachable { detail, .. } | Self::Internal { detail } => Some(detail),
+            Self::UpstreamUnreachable { detail, .. }
+            | Self::UpstreamProtocol { detail, .. }
+            | Self::Internal { detail } => Some(detail),
             _ => None,
         }
     }

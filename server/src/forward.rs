@@ -104,7 +104,10 @@ impl Upstream {
                 out.insert(header::AUTHORIZATION, value);
             }
         }
-        out.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        out.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
         out
     }
 
@@ -263,7 +266,12 @@ fn fail_before_response(
     err: GatewayError,
     request_id: &str,
 ) -> Response {
-    meta.finish(&state.requests, err.status().as_u16(), Completion::GatewayError, &clock);
+    meta.finish(
+        &state.requests,
+        err.status().as_u16(),
+        Completion::GatewayError,
+        &clock,
+    );
     let mut response = err.into_response();
     set_request_id(response.headers_mut(), request_id);
     response
@@ -312,7 +320,8 @@ async fn relay_whole(
             Ok(None) => break,
             Ok(Some(Err(err))) => {
                 let err = GatewayError::UpstreamProtocol {
-                    detail: format!("the response body broke off ({})", error_chain(&err)),
+                    reason: "the response body broke off",
+                    detail: error_chain(&err),
                 };
                 return fail_before_response(state, meta, clock, err, &request_id);
             }
@@ -333,7 +342,10 @@ async fn relay_whole(
     }
     clock.usage_tokens = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
-        .and_then(|v| v.pointer("/usage/completion_tokens").and_then(|t| t.as_u64()));
+        .and_then(|v| {
+            v.pointer("/usage/completion_tokens")
+                .and_then(|t| t.as_u64())
+        });
     let phases = clock.phases(now);
     if let Ok(value) = HeaderValue::from_str(&phases.server_timing()) {
         headers.insert(HeaderName::from_static("server-timing"), value);
@@ -386,10 +398,12 @@ async fn relay_stream(
                 break events;
             }
             Ok(Some(Err(err))) => GatewayError::UpstreamProtocol {
-                detail: format!("the stream broke off before its first event ({})", error_chain(&err)),
+                reason: "the stream broke off before its first event",
+                detail: error_chain(&err),
             },
             Ok(None) => GatewayError::UpstreamProtocol {
-                detail: "the stream ended before its first event".to_owned(),
+                reason: "the stream ended before its first event",
+                detail: String::new(),
             },
             Err(_) => state.upstream.timeout_error(),
         };
@@ -458,7 +472,8 @@ impl Pump {
                 Ok(None) => break,
                 Ok(Some(Err(err))) => {
                     self.failure = Some(GatewayError::UpstreamProtocol {
-                        detail: format!("the stream broke off ({})", error_chain(&err)),
+                        reason: "the stream broke off",
+                        detail: error_chain(&err),
                     });
                     break;
                 }
@@ -482,7 +497,12 @@ impl Pump {
         } else {
             Completion::Complete
         };
-        let Self { mut clock, tx, idle_timeout, .. } = self;
+        let Self {
+            mut clock,
+            tx,
+            idle_timeout,
+            ..
+        } = self;
         drop(tx);
         let completion = match tokio::time::timeout(idle_timeout, delivered).await {
             Ok(Ok(Delivered::Complete(at))) => {
@@ -509,7 +529,9 @@ impl Pump {
                 } => {
                     self.clock.tokens(now, tokens);
                     self.saw_finish |= finish_reason.is_some();
-                    if let Some(t) = usage.and_then(|u| u.get("completion_tokens").and_then(|t| t.as_u64())) {
+                    if let Some(t) =
+                        usage.and_then(|u| u.get("completion_tokens").and_then(|t| t.as_u64()))
+                    {
                         self.clock.usage_tokens = Some(t);
                     }
                     event
@@ -528,7 +550,8 @@ impl Pump {
                 EventKind::Malformed(data) => {
                     let preview: String = data.chars().take(80).collect();
                     self.failure = Some(GatewayError::UpstreamProtocol {
-                        detail: format!("malformed stream event `{preview}`"),
+                        reason: "a stream event was not valid JSON",
+                        detail: format!("malformed event data `{preview}`"),
                     });
                     return false;
                 }
@@ -549,7 +572,8 @@ impl Pump {
     async fn close_stream(&mut self) {
         if self.failure.is_none() && !self.saw_done && !self.saw_finish && !self.saw_error_event {
             self.failure = Some(GatewayError::UpstreamProtocol {
-                detail: "the stream ended before completion (no finish_reason and no [DONE])".to_owned(),
+                reason: "the stream ended before completion",
+                detail: "no finish_reason and no [DONE]".to_owned(),
             });
         }
         let tail = if let Some(failure) = &self.failure {
@@ -586,7 +610,8 @@ pub async fn passthrough(state: &AppState, request: Request, request_id: String)
         stream: false,
     };
     let upstream = &state.upstream;
-    let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).unwrap_or(Method::GET);
+    let method =
+        reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).unwrap_or(Method::GET);
     let has_body = !(parts.method == Method::GET || parts.method == Method::HEAD);
     let mut request = upstream
         .client
@@ -607,22 +632,25 @@ pub async fn passthrough(state: &AppState, request: Request, request_id: String)
     let mut headers = relayed_headers(response.headers());
     set_request_id(&mut headers, &request_id);
     let log = state.requests.clone();
-    let delivery = Delivery::new(Source::Upstream(response.bytes_stream().boxed()), move |how| {
-        let completion = match how {
-            Delivered::Complete(at) => {
-                clock.delivered = Some(at);
-                clock.last_upstream_byte = Some(at);
-                if status.is_success() {
-                    Completion::Complete
-                } else {
-                    Completion::UpstreamError
+    let delivery = Delivery::new(
+        Source::Upstream(response.bytes_stream().boxed()),
+        move |how| {
+            let completion = match how {
+                Delivered::Complete(at) => {
+                    clock.delivered = Some(at);
+                    clock.last_upstream_byte = Some(at);
+                    if status.is_success() {
+                        Completion::Complete
+                    } else {
+                        Completion::UpstreamError
+                    }
                 }
-            }
-            Delivered::Failed => Completion::StreamFailed,
-            Delivered::Dropped => Completion::ClientDisconnected,
-        };
-        meta.finish(&log, status.as_u16(), completion, &clock);
-    });
+                Delivered::Failed => Completion::StreamFailed,
+                Delivered::Dropped => Completion::ClientDisconnected,
+            };
+            meta.finish(&log, status.as_u16(), completion, &clock);
+        },
+    );
     let mut out = Response::new(delivery.into_body());
     *out.status_mut() = status;
     *out.headers_mut() = headers;

@@ -72,7 +72,12 @@ pub async fn read(
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(GatewayError::invalid("`stream` must be a boolean.", Some("stream"))),
+        Some(_) => {
+            return Err(GatewayError::invalid(
+                "`stream` must be a boolean.",
+                Some("stream"),
+            ))
+        }
     };
     check_route_fields(route, &body)?;
     let mut clock = PhaseClock::start(started);
@@ -109,7 +114,11 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), GatewayError> {
 }
 
 /// Reads the whole body, refusing early when `Content-Length` already says it is too large.
-pub async fn read_limited(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, GatewayError> {
+pub async fn read_limited(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+) -> Result<Bytes, GatewayError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -121,10 +130,7 @@ pub async fn read_limited(body: Body, headers: &HeaderMap, limit: usize) -> Resu
         if is_length_limit(&err) {
             GatewayError::PayloadTooLarge { limit }
         } else {
-            GatewayError::invalid(
-                format!("Could not read the request body: {err}."),
-                None,
-            )
+            GatewayError::invalid(format!("Could not read the request body: {err}."), None)
         }
     })
 }
@@ -159,7 +165,10 @@ fn parse_object(raw: &[u8]) -> Result<Map<String, Value>, GatewayError> {
     })?;
     match value {
         Value::Object(map) => Ok(map),
-        _ => Err(GatewayError::invalid("The request body must be a JSON object.", None)),
+        _ => Err(GatewayError::invalid(
+            "The request body must be a JSON object.",
+            None,
+        )),
     }
 }
 
@@ -229,15 +238,27 @@ mod tests {
     use axum::http::Request as HttpRequest;
 
     fn request(content_type: Option<&str>, body: &str) -> Request {
-        let mut builder = HttpRequest::builder().method("POST").uri("/v1/chat/completions");
+        let mut builder = HttpRequest::builder()
+            .method("POST")
+            .uri("/v1/chat/completions");
         if let Some(ct) = content_type {
             builder = builder.header(header::CONTENT_TYPE, ct);
         }
         builder.body(Body::from(body.to_owned())).expect("request")
     }
 
-    async fn read_chat(ct: Option<&str>, body: &str, limit: usize) -> Result<Ingress, GatewayError> {
-        read(Route::ChatCompletions, request(ct, body), limit, Instant::now()).await
+    async fn read_chat(
+        ct: Option<&str>,
+        body: &str,
+        limit: usize,
+    ) -> Result<Ingress, GatewayError> {
+        read(
+            Route::ChatCompletions,
+            request(ct, body),
+            limit,
+            Instant::now(),
+        )
+        .await
     }
 
     #[tokio::test]
@@ -255,16 +276,42 @@ mod tests {
     #[tokio::test]
     async fn rejects_bad_input_with_the_right_status_and_param() {
         let ok_body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
-        let cases: Vec<(Option<&str>, &str, usize, u16, Option<&str>)> = vec![
+        // (content type, body, size limit, expected status, expected param)
+        type Case<'a> = (Option<&'a str>, &'a str, usize, u16, Option<&'a str>);
+        let cases: Vec<Case> = vec![
             (Some("text/plain"), ok_body, 1024, 415, None),
             (None, ok_body, 1024, 415, None),
             (Some("application/json"), ok_body, 10, 413, None),
             (Some("application/json"), "{\"model\":", 1024, 400, None),
             (Some("application/json"), "[1]", 1024, 400, None),
-            (Some("application/json"), r#"{"messages":[]}"#, 1024, 400, Some("model")),
-            (Some("application/json"), r#"{"model":"m","messages":[]}"#, 1024, 400, Some("messages")),
-            (Some("application/json"), r#"{"model":"m","messages":[{"content":"x"}]}"#, 1024, 400, Some("messages[0].role")),
-            (Some("application/json"), r#"{"model":"m","messages":[{"role":"user"}],"stream":"yes"}"#, 1024, 400, Some("stream")),
+            (
+                Some("application/json"),
+                r#"{"messages":[]}"#,
+                1024,
+                400,
+                Some("model"),
+            ),
+            (
+                Some("application/json"),
+                r#"{"model":"m","messages":[]}"#,
+                1024,
+                400,
+                Some("messages"),
+            ),
+            (
+                Some("application/json"),
+                r#"{"model":"m","messages":[{"content":"x"}]}"#,
+                1024,
+                400,
+                Some("messages[0].role"),
+            ),
+            (
+                Some("application/json"),
+                r#"{"model":"m","messages":[{"role":"user"}],"stream":"yes"}"#,
+                1024,
+                400,
+                Some("stream"),
+            ),
         ];
         for (ct, body, limit, status, param) in cases {
             let err = read_chat(ct, body, limit).await.expect_err(body);

@@ -168,7 +168,10 @@ pub async fn run(
         () = bounded => tracing::warn!(grace_ms = grace.as_millis() as u64, "grace period over: dropping in-flight requests"),
     }
     state.tasks.close();
-    if tokio::time::timeout(grace, state.tasks.wait()).await.is_err() {
+    if tokio::time::timeout(grace, state.tasks.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("background tasks still running at exit");
     }
     Ok(())

@@ -190,7 +190,8 @@ mod tests {
 
     #[test]
     fn classifies_openai_events() {
-        let chunk = br#"data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}
+        let chunk =
+            br#"data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}
 
 "#;
         assert_eq!(
@@ -204,7 +205,10 @@ mod tests {
         let role_only = br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}
 
 "#;
-        assert!(matches!(classify(role_only), EventKind::Chunk { tokens: 0, .. }));
+        assert!(matches!(
+            classify(role_only),
+            EventKind::Chunk { tokens: 0, .. }
+        ));
         let last = br#"data: {"choices":[{"delta":{},"finish_reason":"stop"}]}
 
 "#;
@@ -216,7 +220,10 @@ mod tests {
             classify(b"data: {\"error\":{\"message\":\"boom\"}}\n\n"),
             EventKind::Error(_)
         ));
-        assert!(matches!(classify(b"data: {not json\n\n"), EventKind::Malformed(_)));
+        assert!(matches!(
+            classify(b"data: {not json\n\n"),
+            EventKind::Malformed(_)
+        ));
         assert_eq!(classify(b": keep-alive\n\n"), EventKind::NoData);
         let text = br#"data: {"choices":[{"text":"lo","index":0}]}
 

@@ -193,6 +193,8 @@ mod tests {
         assert_eq!(p.tokens_per_s, Some(100.0));
         let header = p.server_timing();
         assert!(header.starts_with("ingress;dur=1.000, upstream_send;dur=2.000, ttft;dur=100.000"));
-        assert!(p.sse_comment().starts_with(b": reprise-timing {\"ingress_ms\":1.0"));
+        assert!(p
+            .sse_comment()
+            .starts_with(b": reprise-timing {\"ingress_ms\":1.0"));
     }
 }

@@ -6,7 +6,11 @@ use clap::Parser;
 use reprise_client::sim::{self, Fault, Profile, SimConfig};
 
 #[derive(Debug, Parser)]
-#[command(name = "reprise-sim", version, about = "A simulated OpenAI-compatible upstream for tests and benchmarks")]
+#[command(
+    name = "reprise-sim",
+    version,
+    about = "A simulated OpenAI-compatible upstream for tests and benchmarks"
+)]
 struct Args {
     /// Address to listen on.
     #[arg(long, env = "REPRISE_SIM_LISTEN", default_value = "127.0.0.1:9090")]
@@ -43,7 +47,9 @@ async fn main() -> std::process::ExitCode {
         )
         .init();
     let args = Args::parse();
-    let mut config = args.profile.map_or_else(SimConfig::default, SimConfig::from_profile);
+    let mut config = args
+        .profile
+        .map_or_else(SimConfig::default, SimConfig::from_profile);
     if let Some(v) = args.ttft_ms {
         config.ttft_ms = v;
     }

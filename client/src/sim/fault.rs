@@ -30,7 +30,8 @@ impl Fault {
         };
         let count = |v: Option<&str>| -> Result<u32, String> {
             v.map_or(Ok(DEFAULT_AFTER), |v| {
-                v.parse().map_err(|_| format!("`{v}` is not a token count in fault `{spec}`"))
+                v.parse()
+                    .map_err(|_| format!("`{v}` is not a token count in fault `{spec}`"))
             })
         };
         match name {

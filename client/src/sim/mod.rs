@@ -148,7 +148,12 @@ impl SimStats {
     }
 
     fn reset(&self) {
-        for counter in [&self.chat, &self.completions, &self.embeddings, &self.models] {
+        for counter in [
+            &self.chat,
+            &self.completions,
+            &self.embeddings,
+            &self.models,
+        ] {
             counter.store(0, Ordering::SeqCst);
         }
     }
@@ -158,7 +163,10 @@ impl SimStats {
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        *self.last_authorization.lock().unwrap_or_else(|e| e.into_inner()) = auth;
+        *self
+            .last_authorization
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = auth;
     }
 }
 
@@ -274,10 +282,10 @@ fn header_f64(headers: &HeaderMap, name: &str) -> Option<f64> {
     headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
-fn plan(sim: &Sim, headers: &HeaderMap, prompt_tokens: u64) -> Result<Plan, Response> {
+fn plan(sim: &Sim, headers: &HeaderMap, prompt_tokens: u64) -> Result<Plan, String> {
     let config = &sim.config;
     let fault = match headers.get("x-sim-fault").and_then(|v| v.to_str().ok()) {
-        Some(spec) => Some(Fault::parse(spec).map_err(|e| error_response(StatusCode::BAD_REQUEST, &e))?),
+        Some(spec) => Some(Fault::parse(spec)?),
         None => config.fault.clone(),
     };
     let ttft_ms = header_f64(headers, "x-sim-ttft-ms").unwrap_or(config.ttft_ms);
@@ -324,11 +332,11 @@ fn error_response(status: StatusCode, message: &str) -> Response {
     response
 }
 
-fn parse_body(body: &Bytes) -> Result<Value, Response> {
+fn parse_body(body: &Bytes) -> Result<Value, String> {
     serde_json::from_slice::<Value>(body)
         .ok()
         .filter(Value::is_object)
-        .ok_or_else(|| error_response(StatusCode::BAD_REQUEST, "body must be a JSON object"))
+        .ok_or_else(|| "body must be a JSON object".to_owned())
 }
 
 /// Faults that end the request before any byte: an error status or a hang.
@@ -367,7 +375,7 @@ async fn generate(sim: Sim, headers: HeaderMap, body: Bytes, kind: Kind) -> Resp
     sim.stats.note_auth(&headers);
     let request = match parse_body(&body) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(message) => return error_response(StatusCode::BAD_REQUEST, &message),
     };
     let generation = match Generation::from_request(&request, kind == Kind::Chat) {
         Ok(g) => g,
@@ -375,14 +383,17 @@ async fn generate(sim: Sim, headers: HeaderMap, body: Bytes, kind: Kind) -> Resp
     };
     let plan = match plan(&sim, &headers, generation.prompt_tokens) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(message) => return error_response(StatusCode::BAD_REQUEST, &message),
     };
     if let Some(response) = early_fault(&plan).await {
         return response;
     }
     let id_number = sim.ids.fetch_add(1, Ordering::SeqCst);
     let answer = generation.answer(plan.tokens, plan.fault.as_ref());
-    let stream = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let stream = request
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let include_usage = request
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
@@ -396,7 +407,8 @@ async fn generate(sim: Sim, headers: HeaderMap, body: Bytes, kind: Kind) -> Resp
         model: generation.model.clone(),
     };
     if stream {
-        let events = answer.stream_events(&ids, kind == Kind::Chat, include_usage, plan.fault.as_ref());
+        let events =
+            answer.stream_events(&ids, kind == Kind::Chat, include_usage, plan.fault.as_ref());
         stream_response(events, plan)
     } else {
         // A non-streamed answer arrives when the last token would have.
@@ -413,21 +425,24 @@ fn stream_response(events: Vec<text::Event>, plan: Plan) -> Response {
     let first_at = Instant::now() + plan.ttft;
     let itl_ms = plan.itl_ms;
     let jitter = plan.jitter;
-    let body = stream::unfold((events.into_iter(), first_at), move |(mut events, next_at)| async move {
-        let event = events.next()?;
-        tokio::time::sleep_until(next_at).await;
-        match event {
-            text::Event::Token(bytes) => {
-                let next_at = next_at + jittered(itl_ms, jitter);
-                Some((Ok(bytes), (events, next_at)))
+    let body = stream::unfold(
+        (events.into_iter(), first_at),
+        move |(mut events, next_at)| async move {
+            let event = events.next()?;
+            tokio::time::sleep_until(next_at).await;
+            match event {
+                text::Event::Token(bytes) => {
+                    let next_at = next_at + jittered(itl_ms, jitter);
+                    Some((Ok(bytes), (events, next_at)))
+                }
+                text::Event::Immediate(bytes) => Some((Ok(bytes), (events, next_at))),
+                text::Event::Abort => Some((
+                    Err(std::io::Error::other("injected abort")),
+                    (Vec::new().into_iter(), next_at),
+                )),
             }
-            text::Event::Immediate(bytes) => Some((Ok(bytes), (events, next_at))),
-            text::Event::Abort => Some((
-                Err(std::io::Error::other("injected abort")),
-                (Vec::new().into_iter(), next_at),
-            )),
-        }
-    });
+        },
+    );
     let mut response = Response::new(Body::from_stream(body));
     let headers = response.headers_mut();
     headers.insert(
@@ -443,16 +458,25 @@ async fn embeddings(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> 
     sim.stats.note_auth(&headers);
     let request = match parse_body(&body) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(message) => return error_response(StatusCode::BAD_REQUEST, &message),
     };
     let inputs: Vec<String> = match request.get("input") {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(items)) => items.iter().map(|i| i.to_string()).collect(),
-        _ => return error_response(StatusCode::BAD_REQUEST, "`input` must be a string or an array"),
+        _ => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "`input` must be a string or an array",
+            )
+        }
     };
-    let plan = match plan(&sim, &headers, inputs.iter().map(|s| text::estimate_tokens(s)).sum()) {
+    let plan = match plan(
+        &sim,
+        &headers,
+        inputs.iter().map(|s| text::estimate_tokens(s)).sum(),
+    ) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(message) => return error_response(StatusCode::BAD_REQUEST, &message),
     };
     if let Some(response) = early_fault(&plan).await {
         return response;

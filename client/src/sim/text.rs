@@ -39,7 +39,12 @@ pub fn pseudo_embedding(text: &str, dims: usize) -> Vec<f32> {
         .chunks(2)
         .map(|b| f32::from(u16::from_le_bytes([b[0], b[1]])) / 32768.0 - 1.0)
         .collect();
-    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(f32::EPSILON);
+    let norm = v
+        .iter()
+        .map(|x| x * x)
+        .sum::<f32>()
+        .sqrt()
+        .max(f32::EPSILON);
     v.iter_mut().for_each(|x| *x /= norm);
     v
 }
@@ -81,7 +86,11 @@ impl Generation {
             .or_else(|| request.get("max_tokens"))
             .and_then(Value::as_u64)
             .map(|t| t.min(u64::from(u32::MAX)) as u32);
-        let n = request.get("n").and_then(Value::as_u64).unwrap_or(1).clamp(1, 8) as u32;
+        let n = request
+            .get("n")
+            .and_then(Value::as_u64)
+            .unwrap_or(1)
+            .clamp(1, 8) as u32;
         Ok(Self {
             model,
             prompt_tokens: estimate_tokens(&prompt_text),
@@ -147,7 +156,11 @@ impl Generation {
 /// `tool_choice: "required"` or `{"type":"function","function":{"name":…}}` forces a call.
 fn forced_tool(request: &Value) -> Option<String> {
     let tools = request.get("tools")?.as_array()?;
-    let first = tools.first()?.pointer("/function/name")?.as_str()?.to_owned();
+    let first = tools
+        .first()?
+        .pointer("/function/name")?
+        .as_str()?
+        .to_owned();
     match request.get("tool_choice") {
         Some(Value::String(s)) if s == "required" => Some(first),
         Some(Value::Object(o)) => o
@@ -268,7 +281,11 @@ impl Answer {
         include_usage: bool,
         fault: Option<&Fault>,
     ) -> Vec<Event> {
-        let object = if chat { "chat.completion.chunk" } else { "text_completion" };
+        let object = if chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
         let chunk = |choices: Value| {
             let mut v = json!({
                 "id": ids.id,
@@ -386,26 +403,43 @@ mod tests {
         let a = generation(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}));
         let b = generation(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}));
         let c = generation(json!({"model": "m", "messages": [{"role": "user", "content": "yo"}]}));
-        let ids = Ids { id: "x".into(), created: 0, model: "m".into() };
-        let text = |g: &Generation| g.answer(16, None).full_body(&ids, true)["choices"][0]["message"]["content"].clone();
+        let ids = Ids {
+            id: "x".into(),
+            created: 0,
+            model: "m".into(),
+        };
+        let text = |g: &Generation| {
+            g.answer(16, None).full_body(&ids, true)["choices"][0]["message"]["content"].clone()
+        };
         assert_eq!(text(&a), text(&b));
         assert_ne!(text(&a), text(&c));
     }
 
     #[test]
     fn max_tokens_caps_with_length_and_faults_shape_the_stream() {
-        let g = generation(json!({"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}));
-        let ids = Ids { id: "x".into(), created: 0, model: "m".into() };
+        let g = generation(
+            json!({"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        let ids = Ids {
+            id: "x".into(),
+            created: 0,
+            model: "m".into(),
+        };
         let answer = g.answer(10, None);
         assert_eq!(answer.token_count(), 3);
-        assert_eq!(answer.full_body(&ids, true)["choices"][0]["finish_reason"], "length");
+        assert_eq!(
+            answer.full_body(&ids, true)["choices"][0]["finish_reason"],
+            "length"
+        );
         let events = answer.stream_events(&ids, true, true, None);
         // role + 3 tokens + finish + usage + [DONE]
         assert_eq!(events.len(), 7);
         let cut = answer.stream_events(&ids, true, false, Some(&Fault::Cut(1)));
         assert_eq!(cut.len(), 2);
         let err = answer.stream_events(&ids, true, false, Some(&Fault::ErrorEvent(1)));
-        assert!(matches!(err.last(), Some(Event::Immediate(b)) if b.starts_with(b"data: {\"error\"")));
+        assert!(
+            matches!(err.last(), Some(Event::Immediate(b)) if b.starts_with(b"data: {\"error\""))
+        );
     }
 
     #[test]
@@ -415,7 +449,11 @@ mod tests {
             "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}],
             "tool_choice": "required"
         }));
-        let ids = Ids { id: "x".into(), created: 0, model: "m".into() };
+        let ids = Ids {
+            id: "x".into(),
+            created: 0,
+            model: "m".into(),
+        };
         let body = g.answer(8, None).full_body(&ids, true);
         let args = body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
             .as_str()
