@@ -11,6 +11,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
+use crate::cache::CacheSettings;
+use crate::policy::{CacheMode, Defaults, Pacing};
+
 /// A value that must never reach a log line: `Debug` and `Display` print `*****`.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(transparent)]
@@ -104,6 +107,33 @@ pub struct ServeArgs {
     /// How many recent requests `/admin/requests` keeps [default: 1000].
     #[arg(long, env = "REPRISE_REQUEST_LOG_SIZE")]
     pub request_log_size: Option<usize>,
+    /// Default time to live of a cache entry, in seconds [default: 604800 = 7 days].
+    #[arg(long, env = "REPRISE_DEFAULT_TTL_S")]
+    pub default_ttl_s: Option<u64>,
+    /// Share entries across API keys (one tenant) instead of partitioning by key [default: false].
+    #[arg(long, env = "REPRISE_SHARE_ACROSS_KEYS")]
+    pub share_across_keys: Option<bool>,
+    /// Default cache mode: on, off, read-only, write-only, exact-only [default: on].
+    #[arg(long, env = "REPRISE_CACHE_MODE")]
+    pub cache_mode: Option<String>,
+    /// Default replay pacing of hits: instant, recorded, tokens-per-second=N [default: instant].
+    #[arg(long, env = "REPRISE_REPLAY")]
+    pub replay: Option<String>,
+    /// Most entries kept; the least recently used go first [default: 100000].
+    #[arg(long, env = "REPRISE_MAX_ENTRIES")]
+    pub max_entries: Option<usize>,
+    /// Most bytes of entries kept [default: 1073741824 = 1 GiB].
+    #[arg(long, env = "REPRISE_MAX_BYTES")]
+    pub max_bytes: Option<u64>,
+    /// Also store answers cut at max_tokens (`finish_reason: "length"`) [default: false].
+    #[arg(long, env = "REPRISE_CACHE_LENGTH_FINISH")]
+    pub cache_length_finish: Option<bool>,
+    /// When a client disconnects mid-stream, keep reading the upstream to cache the answer [default: true].
+    #[arg(long, env = "REPRISE_COMPLETE_ON_DISCONNECT")]
+    pub complete_on_disconnect: Option<bool>,
+    /// How long a stream may be read after its client left, in ms [default: 60000].
+    #[arg(long, env = "REPRISE_DISCONNECT_BUDGET_MS")]
+    pub disconnect_budget_ms: Option<u64>,
 }
 
 /// The validated configuration the gateway runs with.
@@ -122,6 +152,17 @@ pub struct Config {
     pub idle_timeout_ms: u64,
     pub shutdown_grace_ms: u64,
     pub request_log_size: usize,
+    pub default_ttl_s: u64,
+    pub share_across_keys: bool,
+    pub cache_mode: String,
+    pub replay: String,
+    pub max_entries: usize,
+    pub max_bytes: u64,
+    pub cache_length_finish: bool,
+    pub complete_on_disconnect: bool,
+    pub disconnect_budget_ms: u64,
+    /// How often expiry and the size caps are enforced, in ms (TOML only).
+    pub sweep_interval_ms: u64,
 }
 
 impl Default for Config {
@@ -141,6 +182,16 @@ impl Default for Config {
             idle_timeout_ms: 120_000,
             shutdown_grace_ms: 10_000,
             request_log_size: 1000,
+            default_ttl_s: 7 * 24 * 3600,
+            share_across_keys: false,
+            cache_mode: "on".to_owned(),
+            replay: "instant".to_owned(),
+            max_entries: 100_000,
+            max_bytes: 1 << 30,
+            cache_length_finish: false,
+            complete_on_disconnect: true,
+            disconnect_budget_ms: 60_000,
+            sweep_interval_ms: 1000,
         }
     }
 }
@@ -201,6 +252,15 @@ impl Config {
             idle_timeout_ms,
             shutdown_grace_ms,
             request_log_size,
+            default_ttl_s,
+            share_across_keys,
+            cache_mode,
+            replay,
+            max_entries,
+            max_bytes,
+            cache_length_finish,
+            complete_on_disconnect,
+            disconnect_budget_ms,
         } = args.clone();
         set(&mut self.listen, listen);
         set(&mut self.upstream_url, upstream_url);
@@ -218,6 +278,15 @@ impl Config {
         set(&mut self.idle_timeout_ms, idle_timeout_ms);
         set(&mut self.shutdown_grace_ms, shutdown_grace_ms);
         set(&mut self.request_log_size, request_log_size);
+        set(&mut self.default_ttl_s, default_ttl_s);
+        set(&mut self.share_across_keys, share_across_keys);
+        set(&mut self.cache_mode, cache_mode);
+        set(&mut self.replay, replay);
+        set(&mut self.max_entries, max_entries);
+        set(&mut self.max_bytes, max_bytes);
+        set(&mut self.cache_length_finish, cache_length_finish);
+        set(&mut self.complete_on_disconnect, complete_on_disconnect);
+        set(&mut self.disconnect_budget_ms, disconnect_budget_ms);
     }
 
     /// Fails fast, naming the field, on anything the gateway could not run with.
@@ -260,6 +329,10 @@ impl Config {
             ("first_byte_timeout_ms", self.first_byte_timeout_ms),
             ("idle_timeout_ms", self.idle_timeout_ms),
             ("request_log_size", self.request_log_size as u64),
+            ("default_ttl_s", self.default_ttl_s),
+            ("max_entries", self.max_entries as u64),
+            ("max_bytes", self.max_bytes),
+            ("sweep_interval_ms", self.sweep_interval_ms),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid {
@@ -268,7 +341,46 @@ impl Config {
                 });
             }
         }
+        if CacheMode::parse(&self.cache_mode).is_none() {
+            return Err(ConfigError::Invalid {
+                field: "cache_mode",
+                reason: format!(
+                    "`{}` is not one of on, off, read-only, write-only, exact-only",
+                    self.cache_mode
+                ),
+            });
+        }
+        if Pacing::parse(&self.replay).is_none() {
+            return Err(ConfigError::Invalid {
+                field: "replay",
+                reason: format!(
+                    "`{}` is not instant, recorded or tokens-per-second=N",
+                    self.replay
+                ),
+            });
+        }
         Ok(())
+    }
+
+    /// The per-request policy defaults (validated at load, so parsing cannot fail here).
+    pub fn policy_defaults(&self) -> Defaults {
+        Defaults {
+            mode: CacheMode::parse(&self.cache_mode).unwrap_or_default(),
+            ttl_s: self.default_ttl_s,
+            pacing: Pacing::parse(&self.replay).unwrap_or_default(),
+        }
+    }
+
+    pub fn cache_settings(&self) -> CacheSettings {
+        CacheSettings {
+            share_across_keys: self.share_across_keys,
+            cache_length_finish: self.cache_length_finish,
+            complete_on_disconnect: self.complete_on_disconnect,
+            disconnect_budget_ms: self.disconnect_budget_ms,
+            max_entries: self.max_entries,
+            max_bytes: self.max_bytes,
+            sweep_interval_ms: self.sweep_interval_ms,
+        }
     }
 
     pub fn connect_timeout(&self) -> Duration {

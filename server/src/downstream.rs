@@ -29,6 +29,8 @@ pub enum Source {
     Once(Option<Bytes>),
     Channel(mpsc::Receiver<Bytes>),
     Upstream(BoxStream<'static, Result<Bytes, reqwest::Error>>),
+    /// A paced replay.
+    Replay(BoxStream<'static, Bytes>),
 }
 
 type Callback = Box<dyn FnOnce(Delivered) + Send>;
@@ -65,6 +67,7 @@ impl Stream for Delivery {
             Source::Once(bytes) => Poll::Ready(bytes.take().map(Ok)),
             Source::Channel(rx) => rx.poll_recv(cx).map(|b| b.map(Ok)),
             Source::Upstream(stream) => stream.poll_next_unpin(cx),
+            Source::Replay(stream) => stream.poll_next_unpin(cx).map(|b| b.map(Ok)),
         };
         match polled {
             Poll::Ready(None) => {

@@ -17,6 +17,7 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::timeout_at;
 
+use crate::cache::Recorder;
 use crate::config::{Config, Secret};
 use crate::downstream::{Delivered, Delivery, Source};
 use crate::error::GatewayError;
@@ -179,17 +180,19 @@ impl http_body::Body for TimedBody {
 }
 
 /// What the record of a request needs besides its clock.
-struct RecordMeta {
-    id: String,
-    started_at_ms: u64,
-    method: String,
-    route: String,
-    model: Option<String>,
-    stream: bool,
+pub struct RecordMeta {
+    pub id: String,
+    pub started_at_ms: u64,
+    pub method: String,
+    pub route: String,
+    pub model: Option<String>,
+    pub stream: bool,
+    /// `x-reprise-cache` of the response (`pass` for routes that are never cached).
+    pub cache: &'static str,
 }
 
 impl RecordMeta {
-    fn finish(self, log: &RequestLog, status: u16, completion: Completion, clock: &PhaseClock) {
+    pub fn finish(self, log: &RequestLog, status: u16, completion: Completion, clock: &PhaseClock) {
         log.push(RequestRecord {
             id: self.id,
             started_at_ms: self.started_at_ms,
@@ -198,15 +201,21 @@ impl RecordMeta {
             model: self.model,
             stream: self.stream,
             status,
-            cache: "pass".to_owned(),
+            cache: self.cache.to_owned(),
             completion,
             phases: clock.phases(clock.delivered.unwrap_or_else(Instant::now)),
         });
     }
 }
 
-/// Forwards a parsed JSON request and relays the answer.
-pub async fn relay_json(state: &AppState, ingress: Ingress, request_id: String) -> Response {
+/// Forwards a parsed JSON request and relays the answer; `recorder` stores it when it ends cleanly.
+pub async fn relay_json(
+    state: &AppState,
+    ingress: Ingress,
+    request_id: String,
+    cache: &'static str,
+    recorder: Option<Recorder>,
+) -> Response {
     let Ingress {
         route,
         headers,
@@ -224,6 +233,7 @@ pub async fn relay_json(state: &AppState, ingress: Ingress, request_id: String) 
         route: route.name().to_owned(),
         model: Some(model),
         stream,
+        cache,
     };
     let upstream = &state.upstream;
     let taken = Arc::new(OnceLock::new());
@@ -240,7 +250,12 @@ pub async fn relay_json(state: &AppState, ingress: Ingress, request_id: String) 
     let deadline = tokio::time::Instant::now() + upstream.first_byte_timeout;
     let response = match upstream.send(request, deadline).await {
         Ok(r) => r,
-        Err(err) => return fail_before_response(state, meta, clock, err, &request_id),
+        Err(err) => {
+            if let Some(r) = recorder {
+                r.abandon();
+            }
+            return fail_before_response(state, meta, clock, err, &request_id);
+        }
     };
     clock.upstream_head = Some(Instant::now());
     clock.upstream_sent = taken.get().copied().or(clock.upstream_head);
@@ -251,10 +266,11 @@ pub async fn relay_json(state: &AppState, ingress: Ingress, request_id: String) 
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    let recorder = recorder.filter(|_| status == reqwest::StatusCode::OK);
     if status.is_success() && is_sse {
-        relay_stream(state, meta, clock, response, deadline, request_id).await
+        relay_stream(state, meta, clock, response, deadline, request_id, recorder).await
     } else {
-        relay_whole(state, meta, clock, response, request_id).await
+        relay_whole(state, meta, clock, response, request_id, recorder).await
     }
 }
 
@@ -266,6 +282,7 @@ fn fail_before_response(
     err: GatewayError,
     request_id: &str,
 ) -> Response {
+    let cache = meta.cache;
     meta.finish(
         &state.requests,
         err.status().as_u16(),
@@ -274,12 +291,22 @@ fn fail_before_response(
     );
     let mut response = err.into_response();
     set_request_id(response.headers_mut(), request_id);
+    set_cache_outcome(response.headers_mut(), cache);
     response
 }
 
 fn set_request_id(headers: &mut HeaderMap, request_id: &str) {
     if let Ok(value) = HeaderValue::from_str(request_id) {
         headers.insert(HeaderName::from_static("x-reprise-request-id"), value);
+    }
+}
+
+pub fn set_cache_outcome(headers: &mut HeaderMap, cache: &'static str) {
+    if cache != "pass" {
+        headers.insert(
+            HeaderName::from_static("x-reprise-cache"),
+            HeaderValue::from_static(cache),
+        );
     }
 }
 
@@ -303,6 +330,7 @@ async fn relay_whole(
     mut clock: PhaseClock,
     response: reqwest::Response,
     request_id: String,
+    recorder: Option<Recorder>,
 ) -> Response {
     let status = response.status();
     let mut headers = relayed_headers(response.headers());
@@ -323,12 +351,18 @@ async fn relay_whole(
                     reason: "the response body broke off",
                     detail: error_chain(&err),
                 };
+                if let Some(r) = recorder {
+                    r.abandon();
+                }
                 return fail_before_response(state, meta, clock, err, &request_id);
             }
             Err(_) => {
                 let err = GatewayError::UpstreamTimeout {
                     timeout_ms: idle.as_millis() as u64,
                 };
+                if let Some(r) = recorder {
+                    r.abandon();
+                }
                 return fail_before_response(state, meta, clock, err, &request_id);
             }
         }
@@ -351,6 +385,11 @@ async fn relay_whole(
         headers.insert(HeaderName::from_static("server-timing"), value);
     }
     set_request_id(&mut headers, &request_id);
+    set_cache_outcome(&mut headers, meta.cache);
+    if let Some(recorder) = recorder {
+        // The answer is complete here; whether it is stored must not depend on the client reading it.
+        recorder.finish_body(&body, phases);
+    }
     let completion = if status.is_success() {
         Completion::Complete
     } else {
@@ -382,6 +421,7 @@ async fn relay_stream(
     response: reqwest::Response,
     deadline: tokio::time::Instant,
     request_id: String,
+    recorder: Option<Recorder>,
 ) -> Response {
     let status = response.status();
     let mut headers = relayed_headers(response.headers());
@@ -407,12 +447,21 @@ async fn relay_stream(
             },
             Err(_) => state.upstream.timeout_error(),
         };
+        if let Some(r) = recorder {
+            r.abandon();
+        }
         return fail_before_response(state, meta, clock, err, &request_id);
     };
     clock.last_upstream_byte = Some(Instant::now());
 
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let (delivered_tx, delivered_rx) = oneshot::channel::<Delivered>();
+    let keep_reading = recorder
+        .as_ref()
+        .is_some_and(|r| r.cache.settings.complete_on_disconnect);
+    let disconnect_budget = recorder.as_ref().map_or(Duration::ZERO, |r| {
+        Duration::from_millis(r.cache.settings.disconnect_budget_ms)
+    });
     let pump = Pump {
         clock,
         framer,
@@ -423,8 +472,13 @@ async fn relay_stream(
         saw_error_event: false,
         failure: None,
         client_gone: false,
+        recorder,
+        keep_reading,
+        disconnect_budget,
+        gone_at: None,
     };
     let log = state.requests.clone();
+    let meta_cache = meta.cache;
     state.tasks.spawn(async move {
         let (clock, completion) = pump.run(first_events, upstream, delivered_rx).await;
         meta.finish(&log, status.as_u16(), completion, &clock);
@@ -432,6 +486,7 @@ async fn relay_stream(
 
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     set_request_id(&mut headers, &request_id);
+    set_cache_outcome(&mut headers, meta_cache);
     let delivery = Delivery::new(Source::Channel(rx), move |how| {
         let _ = delivered_tx.send(how);
     });
@@ -452,6 +507,11 @@ struct Pump {
     saw_error_event: bool,
     failure: Option<GatewayError>,
     client_gone: bool,
+    recorder: Option<Recorder>,
+    /// After the client left, keep reading (to cache the answer) for at most `disconnect_budget`.
+    keep_reading: bool,
+    disconnect_budget: Duration,
+    gone_at: Option<Instant>,
 }
 
 impl Pump {
@@ -463,7 +523,13 @@ impl Pump {
     ) -> (PhaseClock, Completion) {
         let mut more = self.handle(first_events).await;
         while more {
-            match tokio::time::timeout(self.idle_timeout, upstream.next()).await {
+            let wait = match self.gone_at {
+                Some(gone) => self
+                    .idle_timeout
+                    .min(self.disconnect_budget.saturating_sub(gone.elapsed())),
+                None => self.idle_timeout,
+            };
+            match tokio::time::timeout(wait, upstream.next()).await {
                 Ok(Some(Ok(chunk))) => {
                     self.clock.last_upstream_byte = Some(Instant::now());
                     let events = self.framer.push(&chunk);
@@ -479,7 +545,7 @@ impl Pump {
                 }
                 Err(_) => {
                     self.failure = Some(GatewayError::UpstreamTimeout {
-                        timeout_ms: self.idle_timeout.as_millis() as u64,
+                        timeout_ms: wait.as_millis() as u64,
                     });
                     break;
                 }
@@ -489,6 +555,17 @@ impl Pump {
         drop(upstream);
         if !self.client_gone {
             self.close_stream().await;
+        }
+        let clean = self.failure.is_none()
+            && !self.saw_error_event
+            && (self.saw_done || self.saw_finish)
+            && self.framer.remainder().iter().all(u8::is_ascii_whitespace);
+        if let Some(recorder) = self.recorder.take() {
+            if clean {
+                recorder.finish_stream(self.clock.phases(Instant::now()));
+            } else {
+                recorder.abandon();
+            }
         }
         let completion = if self.client_gone {
             Completion::ClientDisconnected
@@ -526,7 +603,11 @@ impl Pump {
                     tokens,
                     finish_reason,
                     usage,
+                    value,
                 } => {
+                    if let Some(recorder) = &mut self.recorder {
+                        recorder.chunk(now, &value);
+                    }
                     self.clock.tokens(now, tokens);
                     self.saw_finish |= finish_reason.is_some();
                     if let Some(t) =
@@ -556,9 +637,13 @@ impl Pump {
                     return false;
                 }
             };
-            if self.tx.send(outgoing).await.is_err() {
+            if !self.client_gone && self.tx.send(outgoing).await.is_err() {
                 self.client_gone = true;
-                return false;
+                self.gone_at = Some(Instant::now());
+                if !self.keep_reading {
+                    return false;
+                }
+                tracing::debug!("client left mid-stream; reading on to cache the answer");
             }
             if self.saw_done {
                 return false;
@@ -608,6 +693,7 @@ pub async fn passthrough(state: &AppState, request: Request, request_id: String)
         route: "passthrough".to_owned(),
         model: None,
         stream: false,
+        cache: "pass",
     };
     let upstream = &state.upstream;
     let method =

@@ -5,23 +5,36 @@
 //! 1. [`ingress`]: reads the client's body within the size limit, checks content type and the fields
 //!    the gateway relies on; writes an [`ingress::Ingress`] (raw bytes kept untouched) and starts the
 //!    [`timing::PhaseClock`].
-//! 2. [`forward`]: sends the request upstream over a pooled connection, waits for the first event
-//!    within the first-byte deadline, then relays the body or the event stream (framed by [`sse`])
-//!    while recording token arrival times.
-//! 3. [`downstream`]: hands the bytes to the client and notes when the last one was taken.
-//! 4. [`record`]: stores the request's phases in the recent-requests log read by `/admin/requests`.
+//! 2. [`policy`]: reads `Cache-Control` and `x-reprise-*` headers into a [`policy::Policy`].
+//! 3. [`key`]: canonicalizes the request into a partition and an exact [`key::CacheKey`] (blake3).
+//! 4. [`lookup`]: finds an unexpired entry in the [`store`] (through [`cache`]), or joins an identical
+//!    miss in flight, or starts one.
+//! 5. [`replay`] on a hit: renders the stored [`entry::Entry`] as a body or a paced SSE stream.
+//! 6. [`forward`] on a miss: sends the request upstream over a pooled connection, waits for the first
+//!    event within the first-byte deadline, then relays the body or the event stream (framed by
+//!    [`sse`]) while timing tokens and feeding the [`cache::Recorder`].
+//! 7. [`downstream`]: hands the bytes to the client and notes when the last one was taken.
+//! 8. [`record`]: the request's phases go to the recent-requests log; a clean miss's answer goes to
+//!    the store through the cache's writer thread, off the request path.
 //!
 //! Around them: [`config`] (layered settings), [`error`] (the one error enum and its OpenAI-shaped
 //! responses), [`admin`] (authenticated operator routes), and [`app`]/[`run`] here.
 
 pub mod admin;
+pub mod cache;
 pub mod config;
 pub mod downstream;
+pub mod entry;
 pub mod error;
 pub mod forward;
 pub mod ingress;
+pub mod key;
+pub mod lookup;
+pub mod policy;
 pub mod record;
+pub mod replay;
 pub mod sse;
+pub mod store;
 pub mod timing;
 
 use std::future::Future;
@@ -38,11 +51,13 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::cache::Cache;
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::forward::Upstream;
 use crate::ingress::Route;
 use crate::record::RequestLog;
+use crate::store::SledStore;
 
 /// Shared state of the gateway: cheap to clone, one `Arc` per part.
 #[derive(Clone)]
@@ -50,6 +65,7 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub upstream: Arc<Upstream>,
     pub requests: Arc<RequestLog>,
+    pub cache: Arc<Cache>,
     /// Background work that must finish before exit (stream pumps).
     pub tasks: TaskTracker,
     /// Cancelled when shutdown begins.
@@ -57,10 +73,15 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Opens the store in the configured data dir (running its migrations) and builds the state.
     pub fn new(config: Config) -> Result<Self, GatewayError> {
+        let store = SledStore::open(&config.data_dir).map_err(|e| GatewayError::Internal {
+            detail: format!("opening the store in {}: {e}", config.data_dir.display()),
+        })?;
         Ok(Self {
             upstream: Arc::new(Upstream::new(&config)?),
             requests: Arc::new(RequestLog::new(config.request_log_size)),
+            cache: Cache::new(Arc::new(store), config.cache_settings()),
             config: Arc::new(config),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
@@ -101,7 +122,7 @@ async fn proxy_json(state: AppState, route: Route, request: Request) -> Response
     let request_id = state.requests.next_id();
     tracing::Span::current().record("id", request_id.as_str());
     match ingress::read(route, request, state.config.max_body_bytes, started).await {
-        Ok(ingress) => forward::relay_json(&state, ingress, request_id).await,
+        Ok(ingress) => lookup::handle(&state, ingress, request_id).await,
         Err(err) => with_request_id(err.into_response(), &request_id),
     }
 }
@@ -174,6 +195,9 @@ pub async fn run(
     {
         tracing::warn!("background tasks still running at exit");
     }
+    // Pending cache writes land, and the store is flushed, before `run` returns.
+    let cache = state.cache.clone();
+    let _ = tokio::task::spawn_blocking(move || cache.close()).await;
     Ok(())
 }
 

@@ -81,6 +81,8 @@ pub enum EventKind {
         tokens: u32,
         finish_reason: Option<String>,
         usage: Option<Value>,
+        /// The parsed chunk, kept for recording.
+        value: Value,
     },
     /// A JSON object with an `error` member: the upstream failed mid-stream.
     Error(Value),
@@ -131,24 +133,30 @@ pub fn classify(event: &[u8]) -> EventKind {
     if !value.is_object() {
         return EventKind::Malformed(data);
     }
-    let mut tokens = 0;
-    let mut finish_reason = None;
-    if let Some(choices) = value.get("choices").and_then(Value::as_array) {
-        for choice in choices {
-            if choice_has_content(choice) {
-                tokens += 1;
-            }
-            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-                finish_reason = Some(reason.to_owned());
-            }
-        }
-    }
-    let usage = value.get("usage").filter(|u| !u.is_null()).cloned();
+    let finish_reason = value
+        .get("choices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("finish_reason").and_then(Value::as_str))
+        .next_back()
+        .map(str::to_owned);
     EventKind::Chunk {
-        tokens,
+        tokens: chunk_tokens(&value),
         finish_reason,
-        usage,
+        usage: value.get("usage").filter(|u| !u.is_null()).cloned(),
+        value,
     }
+}
+
+/// How many choices of a chunk carry content (about one token each on OpenAI-style streams).
+pub fn chunk_tokens(chunk: &Value) -> u32 {
+    chunk
+        .get("choices")
+        .and_then(Value::as_array)
+        .map_or(0, |choices| {
+            choices.iter().filter(|c| choice_has_content(c)).count() as u32
+        })
 }
 
 /// A chat delta with content, a refusal, reasoning or tool-call arguments, or a legacy completion's text.
@@ -194,14 +202,15 @@ mod tests {
             br#"data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}
 
 "#;
-        assert_eq!(
+        assert!(matches!(
             classify(chunk),
             EventKind::Chunk {
                 tokens: 1,
                 finish_reason: None,
-                usage: None
+                usage: None,
+                ..
             }
-        );
+        ));
         let role_only = br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}
 
 "#;

@@ -2,8 +2,10 @@
 //!
 //! Phases, as a user feels them (all in milliseconds, measured on the gateway's monotonic clock):
 //! - `ingress`: reading and parsing the client's body;
+//! - `lookup`: cache policy, key and lookup;
 //! - `upstream_send`: connect (or pool checkout) until the request body was handed to the socket;
 //! - `ttft`: request sent until the first content token arrived (non-streaming: the first body byte);
+//!   on a hit, parsed request until the first token left the gateway;
 //! - `decode`: first to last token, with token count, inter-token latency p50/p99 and tokens/s;
 //! - `downstream`: after the last upstream byte, until the client was handed the last byte;
 //! - `total`: request arrival until the last byte left (or until the timing was rendered, for the
@@ -19,6 +21,8 @@ use serde::{Deserialize, Serialize};
 pub struct PhaseClock {
     pub start: Instant,
     pub body_read: Option<Instant>,
+    /// Policy, key and cache lookup done.
+    pub looked_up: Option<Instant>,
     pub upstream_sent: Option<Instant>,
     pub upstream_head: Option<Instant>,
     pub first_token: Option<Instant>,
@@ -36,6 +40,7 @@ impl PhaseClock {
         Self {
             start: at,
             body_read: None,
+            looked_up: None,
             upstream_sent: None,
             upstream_head: None,
             first_token: None,
@@ -78,10 +83,13 @@ impl PhaseClock {
             Some(d) if d > 0.0 && tokens > 1 => Some((tokens - 1) as f64 / (d / 1000.0)),
             _ => None,
         };
+        let after_lookup = self.looked_up.or(self.body_read);
         Phases {
             ingress_ms: ms(Some(self.start), self.body_read),
-            upstream_send_ms: ms(self.body_read, sent),
-            ttft_ms: ms(sent, self.first_token),
+            lookup_ms: ms(self.body_read, self.looked_up),
+            upstream_send_ms: ms(after_lookup, sent),
+            // A hit has no upstream: its TTFT runs from the parsed request to its first token.
+            ttft_ms: ms(sent.or(self.body_read), self.first_token),
             decode_ms,
             downstream_ms: ms(self.last_upstream_byte, Some(end)),
             total_ms: millis(end.saturating_duration_since(self.start)),
@@ -98,6 +106,9 @@ impl PhaseClock {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Phases {
     pub ingress_ms: Option<f64>,
+    /// Cache policy, key and lookup (absent on routes that are not cached).
+    #[serde(default)]
+    pub lookup_ms: Option<f64>,
     pub upstream_send_ms: Option<f64>,
     pub ttft_ms: Option<f64>,
     pub decode_ms: Option<f64>,
@@ -118,6 +129,7 @@ impl Phases {
         let mut parts = Vec::new();
         for (name, value) in [
             ("ingress", self.ingress_ms),
+            ("lookup", self.lookup_ms),
             ("upstream_send", self.upstream_send_ms),
             ("ttft", self.ttft_ms),
             ("decode", self.decode_ms),

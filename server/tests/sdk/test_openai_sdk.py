@@ -73,11 +73,16 @@ def test_completions_embeddings_and_models(sim_url, gateway_url):
     assert {m.id for m in via.models.list()} >= {"sim-model"}
 
 
+def fresh_messages(tag):
+    """Messages no other test sends, so a cached answer cannot stand in for an injected fault."""
+    return [{"role": "user", "content": f"fault test {tag}"}]
+
+
 def test_upstream_and_gateway_errors_raise_the_sdk_exceptions(gateway_url):
     via = OpenAI(base_url=gateway_url, api_key="sk-test", max_retries=0)
     with pytest.raises(openai.RateLimitError):
         via.chat.completions.create(
-            model="sim-model", messages=MESSAGES, extra_headers={"x-sim-fault": "status=429"}
+            model="sim-model", messages=fresh_messages("429"), extra_headers={"x-sim-fault": "status=429"}
         )
     with pytest.raises(openai.BadRequestError) as bad:
         via.chat.completions.create(model="sim-model", messages="not a list")
@@ -85,9 +90,12 @@ def test_upstream_and_gateway_errors_raise_the_sdk_exceptions(gateway_url):
     # A stream that breaks mid-way surfaces as an APIError while iterating, not a silent end.
     with pytest.raises(openai.APIError):
         for _ in via.chat.completions.create(
-            model="sim-model", messages=MESSAGES, stream=True, extra_headers={"x-sim-fault": "cut=3"}
+            model="sim-model", messages=fresh_messages("cut"), stream=True, extra_headers={"x-sim-fault": "cut=3"}
         ):
             pass
+    # Neither failure was cached: the same requests now reach the upstream and succeed.
+    ok = via.chat.completions.with_raw_response.create(model="sim-model", messages=fresh_messages("cut"))
+    assert ok.headers["x-reprise-cache"] == "miss"
 
 
 def test_admin_requests_lists_sdk_calls(gateway_url):
@@ -98,3 +106,28 @@ def test_admin_requests_lists_sdk_calls(gateway_url):
     with urllib.request.urlopen(req) as r:
         records = json.load(r)["data"]
     assert records and all("phases" in r for r in records)
+
+
+def test_repeated_requests_are_served_from_the_cache(gateway_url):
+    via = OpenAI(base_url=gateway_url, api_key="sk-cache-test", max_retries=0)
+    messages = [{"role": "user", "content": "Cache me through the SDK"}]
+    first = via.chat.completions.with_raw_response.create(model="sim-model", messages=messages)
+    assert first.headers["x-reprise-cache"] == "miss"
+    text = first.parse().choices[0].message.content
+    import time
+
+    for _ in range(50):
+        second = via.chat.completions.with_raw_response.create(model="sim-model", messages=messages)
+        if second.headers["x-reprise-cache"] == "hit":
+            break
+        time.sleep(0.02)
+    assert second.headers["x-reprise-cache"] == "hit"
+    assert second.headers["x-reprise-entry"].startswith("e_")
+    assert second.parse().choices[0].message.content == text
+    # The streamed form of the same request is a hit too, and the SDK assembles the same text.
+    stream = via.chat.completions.create(model="sim-model", messages=messages, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
+    # Another API key is another tenant: a miss.
+    other = OpenAI(base_url=gateway_url, api_key="sk-other-tenant", max_retries=0)
+    raw = other.chat.completions.with_raw_response.create(model="sim-model", messages=messages)
+    assert raw.headers["x-reprise-cache"] == "miss"

@@ -1,109 +1,12 @@
-//! Integration tests: the real gateway on an ephemeral port in front of an in-process `reprise-sim`.
+//! Pass-through behaviour: relay fidelity, timing, faults, bad input, auth, admin and shutdown.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use reprise_client::sim::{self, SimConfig, SimHandle};
-use reprise_server::config::{Config, Secret};
-use reprise_server::AppState;
+use reprise_client::sim::{self, SimConfig};
+use reprise_server::config::Secret;
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
 
-const SIM_TTFT_MS: f64 = 60.0;
-
-struct Gateway {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Gateway {
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    /// Triggers graceful shutdown and waits for `run` to return.
-    async fn shutdown(mut self) -> std::io::Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        (&mut self.task).await.expect("gateway task")
-    }
-}
-
-async fn sim_default() -> SimHandle {
-    sim::spawn(SimConfig {
-        ttft_ms: SIM_TTFT_MS,
-        itl_ms: 2.0,
-        tokens: 8,
-        ..SimConfig::default()
-    })
-    .await
-    .expect("sim")
-}
-
-fn config_for(upstream: String) -> Config {
-    let mut config = Config {
-        upstream_url: upstream,
-        admin_token: Some(Secret::new("admin-secret")),
-        ..Config::default()
-    };
-    config.validate().expect("valid config");
-    config
-}
-
-async fn start(config: Config) -> Gateway {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let state = AppState::new(config).expect("state");
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(reprise_server::run(listener, state, async move {
-        let _ = stopped.await;
-    }));
-    Gateway {
-        addr,
-        stop: Some(stop),
-        task,
-    }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().build().expect("client")
-}
-
-fn chat_body(content: &str, stream: bool) -> Value {
-    json!({"model": "sim-model", "stream": stream, "messages": [{"role": "user", "content": content}]})
-}
-
-/// Parses an SSE body into (data payloads, comment lines).
-fn parse_sse(text: &str) -> (Vec<String>, Vec<String>) {
-    let mut data = Vec::new();
-    let mut comments = Vec::new();
-    for line in text.lines() {
-        if let Some(d) = line.strip_prefix("data: ") {
-            data.push(d.to_owned());
-        } else if let Some(c) = line.strip_prefix(':') {
-            comments.push(c.trim().to_owned());
-        }
-    }
-    (data, comments)
-}
-
-/// A chunk without the fields that differ per response (`id`, `created`).
-fn normalized(chunk: &str) -> Value {
-    let mut v: Value = serde_json::from_str(chunk).expect("json chunk");
-    if let Some(o) = v.as_object_mut() {
-        o.remove("id");
-        o.remove("created");
-    }
-    v
-}
-
-async fn stream_text(response: reqwest::Response) -> String {
-    response.text().await.expect("body")
-}
+use crate::common::*;
 
 #[tokio::test]
 async fn streamed_chat_through_gateway_matches_direct_and_carries_timing() {

@@ -1,4 +1,4 @@
-//! Process-level tests of the `reprise` binary: configuration errors, serving, and exit 0 on SIGTERM.
+//! Process-level tests of the `reprise` binary: configuration errors, serving, exit 0 on SIGTERM.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

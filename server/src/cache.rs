@@ -1,0 +1,409 @@
+//! The cache stages around the upstream: lookup (exact key, TTL, `max-age`), single flight for
+//! concurrent identical misses, and recording (clean answers only, written off the request path).
+//!
+//! Writes and hit bookkeeping go through one writer thread, so a request never waits on the disk;
+//! shutdown drains it and flushes the store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::Value;
+use tokio::sync::Notify;
+
+use crate::entry::{Entry, EntryId, RequestSummary, StoredEvent};
+use crate::ingress::Route;
+use crate::key::{CacheKey, Keys};
+use crate::policy::Policy;
+use crate::record::unix_ms;
+use crate::replay;
+use crate::store::Store;
+use crate::timing::Phases;
+
+/// Settings of the cache that do not change per request.
+#[derive(Debug, Clone)]
+pub struct CacheSettings {
+    pub share_across_keys: bool,
+    /// Store answers that stopped at `max_tokens` (`finish_reason: "length"`).
+    pub cache_length_finish: bool,
+    /// Keep reading a stream whose client went away, so the answer can still be cached.
+    pub complete_on_disconnect: bool,
+    pub disconnect_budget_ms: u64,
+    pub max_entries: usize,
+    pub max_bytes: u64,
+    pub sweep_interval_ms: u64,
+}
+
+enum WriteOp {
+    Put(Box<Entry>),
+    Touch(EntryId, u64),
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+/// A miss in progress that identical requests can join.
+pub struct Flight {
+    pub leader_streams: bool,
+    /// Chunks the leader has received so far (streamed leaders only).
+    chunks: Mutex<Vec<Value>>,
+    /// `Some(Some(entry))` once stored, `Some(None)` when the answer could not be cached.
+    done: Mutex<Option<Option<Arc<Entry>>>>,
+    changed: Notify,
+}
+
+/// What a follower reads from a flight since its last look.
+pub struct FlightUpdate {
+    pub chunks: Vec<Value>,
+    pub done: Option<Option<Arc<Entry>>>,
+}
+
+impl Flight {
+    fn new(leader_streams: bool) -> Self {
+        Self {
+            leader_streams,
+            chunks: Mutex::new(Vec::new()),
+            done: Mutex::new(None),
+            changed: Notify::new(),
+        }
+    }
+
+    pub fn push(&self, chunk: Value) {
+        lock(&self.chunks).push(chunk);
+        self.changed.notify_waiters();
+    }
+
+    /// Chunks from `from` on, and the end if there is one; waits until there is something new.
+    pub async fn next(&self, from: usize) -> FlightUpdate {
+        loop {
+            // Register interest before looking, so a push between the look and the wait is not lost.
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let chunks: Vec<Value> = lock(&self.chunks)
+                .get(from..)
+                .map(<[Value]>::to_vec)
+                .unwrap_or_default();
+            let done = lock(&self.done).clone();
+            if !chunks.is_empty() || done.is_some() {
+                return FlightUpdate { chunks, done };
+            }
+            notified.await;
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The role of a request in single flight.
+pub enum Join {
+    Leader(Arc<Flight>),
+    Follower(Arc<Flight>),
+}
+
+pub struct Cache {
+    pub store: Arc<dyn Store>,
+    pub settings: CacheSettings,
+    writer: Mutex<Option<std::sync::mpsc::Sender<WriteOp>>>,
+    writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    inflight: Mutex<HashMap<CacheKey, Arc<Flight>>>,
+}
+
+/// A found entry and how old it is.
+pub struct Hit {
+    pub entry: Arc<Entry>,
+    pub age_s: u64,
+}
+
+impl Cache {
+    pub fn new(store: Arc<dyn Store>, settings: CacheSettings) -> Arc<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<WriteOp>();
+        let writer_store = store.clone();
+        let sweep = (
+            settings.max_entries,
+            settings.max_bytes,
+            settings.sweep_interval_ms,
+        );
+        let thread = std::thread::Builder::new()
+            .name("reprise-writer".into())
+            .spawn(move || writer_loop(writer_store, rx, sweep))
+            .ok();
+        Arc::new(Self {
+            store,
+            settings,
+            writer: Mutex::new(Some(tx)),
+            writer_thread: Mutex::new(thread),
+            inflight: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn send(&self, op: WriteOp) {
+        if let Some(tx) = lock(&self.writer).as_ref() {
+            let _ = tx.send(op);
+        }
+    }
+
+    /// An unexpired entry for `key` that satisfies `max-age`, if any.
+    pub fn lookup(&self, key: &CacheKey, policy: &Policy) -> Option<Hit> {
+        let entry = match self.store.get_by_key(key) {
+            Ok(found) => found?,
+            Err(err) => {
+                // Fail open: a store error is a miss, never an error to the client.
+                tracing::warn!(error = %err, "cache lookup failed; treating as a miss");
+                return None;
+            }
+        };
+        let now = unix_ms();
+        if entry.is_expired(now) {
+            return None;
+        }
+        let age_s = now.saturating_sub(entry.created_at_ms) / 1000;
+        if policy.max_age_s.is_some_and(|max| age_s > max) {
+            return None;
+        }
+        self.send(WriteOp::Touch(entry.id, now));
+        Some(Hit {
+            entry: Arc::new(entry),
+            age_s,
+        })
+    }
+
+    /// Joins the flight for `key`, or starts one when this request will store its answer.
+    pub fn join(&self, key: CacheKey, leader_streams: bool, will_store: bool) -> Option<Join> {
+        let mut inflight = lock(&self.inflight);
+        if let Some(flight) = inflight.get(&key) {
+            return Some(Join::Follower(flight.clone()));
+        }
+        if !will_store {
+            return None;
+        }
+        let flight = Arc::new(Flight::new(leader_streams));
+        inflight.insert(key, flight.clone());
+        Some(Join::Leader(flight))
+    }
+
+    fn land(&self, key: &CacheKey, flight: &Arc<Flight>, outcome: Option<Arc<Entry>>) {
+        let mut inflight = lock(&self.inflight);
+        if inflight.get(key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
+            inflight.remove(key);
+        }
+        drop(inflight);
+        *lock(&flight.done) = Some(outcome);
+        flight.changed.notify_waiters();
+    }
+
+    /// Drains pending writes and flushes the store (shutdown).
+    pub fn close(&self) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.send(WriteOp::Flush(tx));
+        let _ = rx.recv_timeout(std::time::Duration::from_secs(30));
+        lock(&self.writer).take();
+        if let Some(thread) = lock(&self.writer_thread).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        // A cache dropped without `close` (a test, an early exit) still stops its writer, which
+        // would otherwise keep the store, and its file lock, alive.
+        lock(&self.writer).take();
+        if let Some(thread) = lock(&self.writer_thread).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn writer_loop(
+    store: Arc<dyn Store>,
+    rx: std::sync::mpsc::Receiver<WriteOp>,
+    (max_entries, max_bytes, sweep_ms): (usize, u64, u64),
+) {
+    let interval = std::time::Duration::from_millis(sweep_ms.max(10));
+    let mut last_sweep = Instant::now();
+    let mut touches: HashMap<EntryId, (u64, u64)> = HashMap::new();
+    let mut dirty = false;
+    loop {
+        let op = rx.recv_timeout(interval);
+        match op {
+            Ok(WriteOp::Put(entry)) => {
+                if let Err(err) = store.put(*entry) {
+                    tracing::warn!(error = %err, "storing a cache entry failed");
+                }
+                dirty = true;
+            }
+            Ok(WriteOp::Touch(id, at)) => {
+                let slot = touches.entry(id).or_insert((0, 0));
+                slot.0 += 1;
+                slot.1 = slot.1.max(at);
+            }
+            Ok(WriteOp::Flush(done)) => {
+                apply_touches(store.as_ref(), &mut touches);
+                if let Err(err) = store.flush() {
+                    tracing::warn!(error = %err, "flushing the store failed");
+                }
+                let _ = done.send(());
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                apply_touches(store.as_ref(), &mut touches);
+                let _ = store.flush();
+                return;
+            }
+        }
+        // Hit counts are batched; TTL expiry and caps are enforced in the same quiet moments.
+        if last_sweep.elapsed() >= interval || dirty && store.len() > max_entries {
+            apply_touches(store.as_ref(), &mut touches);
+            match store.sweep(unix_ms(), max_entries, max_bytes) {
+                Ok((expired, evicted)) if expired + evicted > 0 => {
+                    tracing::debug!(expired, evicted, "cache sweep");
+                }
+                Ok(_) => {}
+                Err(err) => tracing::warn!(error = %err, "cache sweep failed"),
+            }
+            last_sweep = Instant::now();
+            dirty = false;
+        }
+    }
+}
+
+fn apply_touches(store: &dyn Store, touches: &mut HashMap<EntryId, (u64, u64)>) {
+    for (id, (hits, at)) in touches.drain() {
+        if let Err(err) = store.touch(id, hits, at) {
+            tracing::debug!(error = %err, "recording hits failed");
+        }
+    }
+}
+
+/// Everything needed to turn a clean miss into an entry.
+pub struct Recorder {
+    pub cache: Arc<Cache>,
+    pub route: Route,
+    pub keys: Keys,
+    pub summary: RequestSummary,
+    pub ttl_s: u64,
+    pub flight: Option<Arc<Flight>>,
+    /// Chunks seen so far, with their arrival instants.
+    events: Vec<(Instant, Value)>,
+    /// Whether this answer may be stored (policy allowed it); a flight alone does not store.
+    pub store: bool,
+    landed: bool,
+}
+
+impl Recorder {
+    pub fn new(
+        cache: Arc<Cache>,
+        route: Route,
+        keys: Keys,
+        summary: RequestSummary,
+        ttl_s: u64,
+        flight: Option<Arc<Flight>>,
+        store: bool,
+    ) -> Self {
+        Self {
+            cache,
+            route,
+            keys,
+            summary,
+            ttl_s,
+            flight,
+            events: Vec::new(),
+            store,
+            landed: false,
+        }
+    }
+
+    /// Notes one stream chunk as it passes.
+    pub fn chunk(&mut self, at: Instant, chunk: &Value) {
+        if let Some(flight) = &self.flight {
+            flight.push(chunk.clone());
+        }
+        self.events.push((at, chunk.clone()));
+    }
+
+    /// The stream ended cleanly: assemble, check and store it.
+    pub fn finish_stream(mut self, phases: Phases) {
+        let first = self.events.first().map(|(at, _)| *at);
+        let events: Vec<StoredEvent> = std::mem::take(&mut self.events)
+            .into_iter()
+            .map(|(at, data)| StoredEvent {
+                offset_ms: first.map_or(0.0, |f| {
+                    crate::timing::millis(at.saturating_duration_since(f))
+                }),
+                data,
+            })
+            .collect();
+        let chunks: Vec<Value> = events.iter().map(|e| e.data.clone()).collect();
+        let body = replay::assemble(self.route, &chunks);
+        self.finish(body, events, phases);
+    }
+
+    /// A non-streamed 200 answer arrived whole.
+    pub fn finish_body(self, raw: &[u8], phases: Phases) {
+        let Ok(body) = serde_json::from_slice::<Value>(raw) else {
+            tracing::debug!("not caching: the upstream body is not JSON");
+            return self.abandon();
+        };
+        let events = if self.route == Route::Embeddings {
+            Vec::new()
+        } else {
+            replay::rechunk(self.route, &body, phases.decode_ms.unwrap_or(0.0))
+        };
+        self.finish(body, events, phases);
+    }
+
+    fn finish(mut self, body: Value, events: Vec<StoredEvent>, phases: Phases) {
+        if let Err(why) =
+            replay::check_cacheable(self.route, &body, self.cache.settings.cache_length_finish)
+        {
+            tracing::debug!(?why, "not caching this answer");
+            return self.abandon();
+        }
+        let now = unix_ms();
+        let entry = Entry {
+            id: EntryId(0),
+            key: self.keys.exact,
+            partition: self.keys.partition,
+            summary: self.summary.clone(),
+            events,
+            usage: body.get("usage").filter(|u| !u.is_null()).cloned(),
+            body,
+            phases,
+            created_at_ms: now,
+            ttl_ms: self.ttl_s.saturating_mul(1000),
+            hit_count: 0,
+            last_hit_ms: 0,
+        };
+        let entry = Arc::new(entry);
+        if self.store {
+            self.cache.send(WriteOp::Put(Box::new((*entry).clone())));
+        }
+        self.landed = true;
+        if let Some(flight) = self.flight.take() {
+            self.cache.land(&self.keys.exact, &flight, Some(entry));
+        }
+    }
+
+    /// The answer will not be stored (failed, partial, or refused by the rules).
+    pub fn abandon(mut self) {
+        self.land_failed();
+    }
+
+    fn land_failed(&mut self) {
+        if self.landed {
+            return;
+        }
+        self.landed = true;
+        if let Some(flight) = self.flight.take() {
+            self.cache.land(&self.keys.exact, &flight, None);
+        }
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        // A recorder dropped without a verdict (a panic, a cancelled task) must not strand followers.
+        self.land_failed();
+    }
+}

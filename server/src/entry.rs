@@ -1,0 +1,90 @@
+//! A cache entry: what is stored for one answered request, and what a hit replays.
+//!
+//! Both shapes of the answer are kept: the stream events (with their offsets from the first event,
+//! so `recorded` pacing can reproduce them) and the assembled non-stream body, so either kind of
+//! request can be served from either kind of miss without re-deriving one from the other on the hit path.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::key::{CacheKey, PartitionKey};
+use crate::timing::Phases;
+
+/// Store-assigned entry id, shown to clients as `x-reprise-entry`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct EntryId(pub u64);
+
+impl std::fmt::Display for EntryId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "e_{:012x}", self.0)
+    }
+}
+
+impl std::str::FromStr for EntryId {
+    type Err = ();
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let hex = s.strip_prefix("e_").ok_or(())?;
+        u64::from_str_radix(hex, 16).map(EntryId).map_err(|_| ())
+    }
+}
+
+/// What the entry answers, for listings and invalidation. Never holds a credential.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RequestSummary {
+    /// `chat.completions`, `completions` or `embeddings`.
+    pub route: String,
+    pub model: String,
+    pub namespace: Option<String>,
+    /// Hex prefix of the tenant hash (blake3 of the client's API key), or `shared`.
+    pub tenant: String,
+    /// The final user turn (chat) or prompt (completions) as canonicalized for the key.
+    pub prompt: String,
+    /// Whether the original request streamed.
+    pub stream: bool,
+}
+
+/// One stream event of the original answer: its JSON payload and when it arrived.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StoredEvent {
+    /// Milliseconds after the first event of the stream.
+    pub offset_ms: f64,
+    /// The `data:` payload (a JSON chunk), without `data: ` and the blank line.
+    pub data: Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Entry {
+    pub id: EntryId,
+    pub key: CacheKey,
+    pub partition: PartitionKey,
+    pub summary: RequestSummary,
+    /// The answer as stream chunks (without `[DONE]`); for embeddings, empty.
+    pub events: Vec<StoredEvent>,
+    /// The answer as one response body.
+    pub body: Value,
+    pub usage: Option<Value>,
+    /// Phases of the miss that produced this entry.
+    pub phases: Phases,
+    pub created_at_ms: u64,
+    pub ttl_ms: u64,
+    pub hit_count: u64,
+    pub last_hit_ms: u64,
+}
+
+impl Entry {
+    pub fn expires_at_ms(&self) -> u64 {
+        self.created_at_ms.saturating_add(self.ttl_ms)
+    }
+
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        now_ms >= self.expires_at_ms()
+    }
+
+    /// Network and prefill time the original miss spent before its first token: what a hit saves.
+    pub fn ttft_cost_ms(&self) -> Option<f64> {
+        let p = &self.phases;
+        Some(p.upstream_send_ms.unwrap_or(0.0) + p.ttft_ms?)
+    }
+}

@@ -1,0 +1,1310 @@
+//! Cache keys: a partition (everything that must match for two requests to share an answer) and an
+//! exact key (the partition plus the final user turn), each a blake3 hash of a canonical form.
+//!
+//! This stage only reads the parsed body and the caller's identity; it never changes what is
+//! forwarded upstream, and it never logs prompts.
+//!
+//! ## What goes into the keys
+//!
+//! - **Partition**: the tenant (a hash of the client's API key, or one shared tenant when keys are
+//!   configured to share the cache), the namespace, the route, the model, every request parameter
+//!   that can change the answer, and every message except the final user turn: system and developer
+//!   prompts, earlier turns, and tool calls and tool results that come after the final user turn.
+//!   The non-text parts of the final user turn (images, audio, files, its `name`) are in the
+//!   partition too, so a semantic match never crosses a different image or tool context. Fields the
+//!   gateway does not know are in the partition: an unknown field may change the answer.
+//! - **Left out**, because they do not change the answer: `user`, `stream`, `stream_options`,
+//!   `metadata`, `store`, `service_tier`, `prompt_cache_key`, `safety_identifier` (legacy
+//!   completions: `user`, `stream`, `stream_options`; embeddings: `user`).
+//! - **Exact key**: the partition plus the canonical final user turn (chat), the `prompt` (legacy
+//!   completions) or the `input` (embeddings). A chat request without any user message has an empty
+//!   final turn.
+//! - **Prompt**, the text semantic matching compares: the text of the final user turn (text parts
+//!   joined with a newline), a legacy string `prompt` as sent (an array prompt as canonical JSON),
+//!   or the canonical JSON of an embeddings `input`.
+//!
+//! ## Canonical form
+//!
+//! - Object keys are sorted by their bytes, whatever order the client sent them in.
+//! - A field that is absent and a field set to `null` are the same. A field set to its default
+//!   value is *not* the same as an absent one (`"temperature": 1` differs from no temperature),
+//!   because defaults differ between providers and models.
+//! - Integers are written as integers; a float with no fractional part and a magnitude below 2^53 is
+//!   written as that integer (`1.0` equals `1`); other floats in their shortest round-trip form.
+//! - Message text (a string `content`, and the `text` of `{"type":"text"}` content parts, in every
+//!   message including system and developer prompts) is normalized:
+//!   1. `\r\n` and a lone `\r` become `\n`;
+//!   2. trailing whitespace is removed from every line;
+//!   3. blank lines at the start and at the end of the text are removed;
+//!   4. a text left with a single line also loses its leading whitespace; in a text of several
+//!      lines the first line keeps its indentation, because indentation only means something
+//!      relative to the other lines.
+//!
+//!   Inner spacing and indentation are never touched: `a  b` differs from `a b`, and code indented
+//!   differently is a different prompt.
+//! - A content array made of exactly one `{"type":"text","text":…}` part equals the plain string.
+//! - Legacy `prompt` and `suffix` and embeddings `input` are taken byte for byte: a completion model
+//!   continues the text exactly as written, so a trailing space or newline changes the answer.
+
+use std::collections::BTreeMap;
+
+use http::header::AUTHORIZATION;
+use http::HeaderMap;
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Number, Value};
+
+use crate::error::GatewayError;
+use crate::ingress::Route;
+
+/// The exact-match key of a request.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct CacheKey(pub [u8; 32]);
+
+/// The partition of a request: tenant, namespace, route, model, output-changing parameters, system
+/// prompt and earlier turns. Semantic matching only ever compares requests of one partition.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PartitionKey(pub [u8; 32]);
+
+macro_rules! hex_debug {
+    ($t:ty) => {
+        impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                for b in &self.0[..8] {
+                    write!(f, "{b:02x}")?;
+                }
+                Ok(())
+            }
+        }
+    };
+}
+hex_debug!(CacheKey);
+hex_debug!(PartitionKey);
+
+impl CacheKey {
+    /// All 64 hex digits, for storage and admin lookups.
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+}
+
+impl PartitionKey {
+    /// All 64 hex digits, for storage and admin lookups.
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+}
+
+/// Whose cache a request may read: one per API key, or one for everybody.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tenant {
+    Shared,
+    /// blake3 of the client's credential (the empty credential for anonymous clients).
+    Key([u8; 32]),
+}
+
+impl Tenant {
+    /// blake3 of the bearer token from `Authorization` (or of the `api-key` header if there is no
+    /// `Authorization`); clients without either share one anonymous tenant, `Key(blake3(""))`.
+    /// Every client is `Shared` when `share_across_keys` is set.
+    pub fn from_headers(headers: &HeaderMap, share_across_keys: bool) -> Tenant {
+        if share_across_keys {
+            return Tenant::Shared;
+        }
+        let credential = match headers.get(AUTHORIZATION) {
+            Some(value) => bearer_token(value.as_bytes()),
+            // Azure-style clients send the key in `api-key` instead.
+            None => headers
+                .get("api-key")
+                .map_or(&b""[..], |v| v.as_bytes().trim_ascii()),
+        };
+        Tenant::Key(*blake3::hash(credential).as_bytes())
+    }
+
+    /// 16 hex digits of the hash, or `shared`: short enough for logs, never the key itself.
+    pub fn label(&self) -> String {
+        match self {
+            Tenant::Shared => "shared".to_owned(),
+            Tenant::Key(hash) => hex(&hash[..8]),
+        }
+    }
+}
+
+/// The token of `Bearer <token>`; any other scheme is hashed whole, so it still separates tenants.
+fn bearer_token(value: &[u8]) -> &[u8] {
+    let value = value.trim_ascii();
+    match value.split_at_checked(7) {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case(b"bearer ") => token.trim_ascii(),
+        _ => value,
+    }
+}
+
+/// Everything the keys are built from.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyInput<'a> {
+    pub route: Route,
+    pub body: &'a Map<String, Value>,
+    pub tenant: Tenant,
+    pub namespace: Option<&'a str>,
+}
+
+/// Both keys of a request and the text semantic matching compares.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    pub partition: PartitionKey,
+    pub exact: CacheKey,
+    pub prompt: String,
+}
+
+const PARTITION_DOMAIN: &str = "reprise.partition.v1";
+const EXACT_DOMAIN: &str = "reprise.exact.v1";
+
+/// Builds the partition key, the exact key and the prompt of one parsed request.
+///
+/// The rules are in this module's documentation. Fails (400, naming the field in `param`) only
+/// when a field the keys depend on has the wrong JSON type, such as `messages` that is not an
+/// array or a message without a string `role`.
+pub fn build(input: &KeyInput<'_>) -> Result<Keys, GatewayError> {
+    let mut partition = FieldHasher::new(PARTITION_DOMAIN);
+    match input.tenant {
+        Tenant::Shared => partition.field("tenant.shared", b""),
+        Tenant::Key(hash) => partition.field("tenant.key", &hash),
+    }
+    if let Some(namespace) = input.namespace {
+        partition.field("namespace", namespace.as_bytes());
+    }
+    partition.field("route", input.route.name().as_bytes());
+    let turn = match input.route {
+        Route::ChatCompletions => chat(input.body, &mut partition)?,
+        Route::Completions => completions(input.body, &mut partition)?,
+        Route::Embeddings => embeddings(input.body, &mut partition)?,
+    };
+    let partition = PartitionKey(partition.finish());
+
+    // The exact key hashes the partition's digest rather than repeating its fields: one place
+    // decides what the partition holds, and the exact key can never hold less.
+    let mut exact = FieldHasher::new(EXACT_DOMAIN);
+    exact.field("partition", &partition.0);
+    exact.field("turn", turn.canonical.as_bytes());
+    Ok(Keys {
+        partition,
+        exact: CacheKey(exact.finish()),
+        prompt: turn.prompt,
+    })
+}
+
+/// The part of a request that is in the exact key but not in the partition.
+struct Turn {
+    /// Canonical JSON of the final turn; empty when there is none.
+    canonical: String,
+    prompt: String,
+}
+
+/// Type of the fields that are known and deliberately left out of the keys: nothing is copied.
+type Ignored = Option<IgnoredAny>;
+
+/// The known fields of `POST /chat/completions`.
+#[derive(Deserialize)]
+struct ChatFields {
+    model: Option<Value>,
+    messages: Option<Value>,
+    audio: Option<Value>,
+    frequency_penalty: Option<Value>,
+    function_call: Option<Value>,
+    functions: Option<Value>,
+    logit_bias: Option<Value>,
+    logprobs: Option<Value>,
+    max_completion_tokens: Option<Value>,
+    max_tokens: Option<Value>,
+    metadata: Ignored,
+    modalities: Option<Value>,
+    n: Option<Value>,
+    parallel_tool_calls: Option<Value>,
+    prediction: Option<Value>,
+    presence_penalty: Option<Value>,
+    prompt_cache_key: Ignored,
+    reasoning_effort: Option<Value>,
+    response_format: Option<Value>,
+    safety_identifier: Ignored,
+    seed: Option<Value>,
+    service_tier: Ignored,
+    stop: Option<Value>,
+    store: Ignored,
+    stream: Ignored,
+    stream_options: Ignored,
+    temperature: Option<Value>,
+    tool_choice: Option<Value>,
+    tools: Option<Value>,
+    top_logprobs: Option<Value>,
+    top_p: Option<Value>,
+    user: Ignored,
+    verbosity: Option<Value>,
+    web_search_options: Option<Value>,
+    #[serde(flatten)]
+    extra: BTreeMap<String, Value>,
+}
+
+/// The known fields of the legacy `POST /completions`.
+#[derive(Deserialize)]
+struct CompletionFields {
+    model: Option<Value>,
+    prompt: Option<Value>,
+    best_of: Option<Value>,
+    echo: Option<Value>,
+    frequency_penalty: Option<Value>,
+    logit_bias: Option<Value>,
+    logprobs: Option<Value>,
+    max_tokens: Option<Value>,
+    n: Option<Value>,
+    presence_penalty: Option<Value>,
+    seed: Option<Value>,
+    stop: Option<Value>,
+    stream: Ignored,
+    stream_options: Ignored,
+    suffix: Option<Value>,
+    temperature: Option<Value>,
+    top_p: Option<Value>,
+    user: Ignored,
+    #[serde(flatten)]
+    extra: BTreeMap<String, Value>,
+}
+
+/// The known fields of `POST /embeddings`.
+#[derive(Deserialize)]
+struct EmbeddingFields {
+    model: Option<Value>,
+    input: Option<Value>,
+    dimensions: Option<Value>,
+    encoding_format: Option<Value>,
+    user: Ignored,
+    #[serde(flatten)]
+    extra: BTreeMap<String, Value>,
+}
+
+/// Writes each named field under its own name, so the tag can never drift from the variable.
+macro_rules! hash_fields {
+    ($hasher:expr; $($field:ident),+ $(,)?) => {
+        $( $hasher.json(stringify!($field), $field.as_ref()); )+
+    };
+}
+
+fn chat(body: &Map<String, Value>, partition: &mut FieldHasher) -> Result<Turn, GatewayError> {
+    let fields = ChatFields::deserialize(body).map_err(unreadable)?;
+    // No `..`: a new field must be placed either in the key or among the ignored ones.
+    let ChatFields {
+        model,
+        messages,
+        audio,
+        frequency_penalty,
+        function_call,
+        functions,
+        logit_bias,
+        logprobs,
+        max_completion_tokens,
+        max_tokens,
+        metadata: _metadata,
+        modalities,
+        n,
+        parallel_tool_calls,
+        prediction,
+        presence_penalty,
+        prompt_cache_key: _prompt_cache_key,
+        reasoning_effort,
+        response_format,
+        safety_identifier: _safety_identifier,
+        seed,
+        service_tier: _service_tier,
+        stop,
+        store: _store,
+        stream: _stream,
+        stream_options: _stream_options,
+        temperature,
+        tool_choice,
+        tools,
+        top_logprobs,
+        top_p,
+        user: _user,
+        verbosity,
+        web_search_options,
+        extra,
+    } = fields;
+    model_field(partition, model.as_ref())?;
+    hash_fields!(partition;
+        audio, frequency_penalty, function_call, functions, logit_bias, logprobs,
+        max_completion_tokens, max_tokens, modalities, n, parallel_tool_calls, prediction,
+        presence_penalty, reasoning_effort, response_format, seed, stop, temperature, tool_choice,
+        tools, top_logprobs, top_p, verbosity, web_search_options,
+    );
+    partition.extra(&extra);
+
+    let messages = match messages {
+        Some(Value::Array(messages)) => messages,
+        _ => {
+            return Err(GatewayError::invalid(
+                "`messages` must be a non-empty array of message objects.",
+                Some("messages"),
+            ))
+        }
+    };
+    let mut canonical = Vec::with_capacity(messages.len());
+    for (i, message) in messages.iter().enumerate() {
+        canonical.push(canonical_message(i, message)?);
+    }
+    let last_user = canonical
+        .iter()
+        .rposition(|m| m.get("role").and_then(Value::as_str) == Some("user"));
+    let Some(last_user) = last_user else {
+        // Nothing to match semantically: the whole conversation is context.
+        partition.field("messages.before", canonical_seq(&canonical).as_bytes());
+        return Ok(Turn {
+            canonical: String::new(),
+            prompt: String::new(),
+        });
+    };
+    // `rposition` returned an index into `canonical`, so these slices are in bounds.
+    let (before, last, after) = (
+        &canonical[..last_user],
+        &canonical[last_user],
+        &canonical[last_user + 1..],
+    );
+    // Before and after are separate fields, so moving a message across the user turn changes the
+    // partition; tool results after the user turn must never be matched against other results.
+    partition.field("messages.before", canonical_seq(before).as_bytes());
+    partition.field("messages.after", canonical_seq(after).as_bytes());
+    partition.field("turn.shape", canonical_string(&turn_shape(last)).as_bytes());
+    Ok(Turn {
+        canonical: canonical_string(&Value::Object(last.clone())),
+        prompt: turn_text(last),
+    })
+}
+
+fn completions(
+    body: &Map<String, Value>,
+    partition: &mut FieldHasher,
+) -> Result<Turn, GatewayError> {
+    let fields = CompletionFields::deserialize(body).map_err(unreadable)?;
+    let CompletionFields {
+        model,
+        prompt,
+        best_of,
+        echo,
+        frequency_penalty,
+        logit_bias,
+        logprobs,
+        max_tokens,
+        n,
+        presence_penalty,
+        seed,
+        stop,
+        stream: _stream,
+        stream_options: _stream_options,
+        suffix,
+        temperature,
+        top_p,
+        user: _user,
+        extra,
+    } = fields;
+    model_field(partition, model.as_ref())?;
+    hash_fields!(partition;
+        best_of, echo, frequency_penalty, logit_bias, logprobs, max_tokens, n, presence_penalty,
+        seed, stop, suffix, temperature, top_p,
+    );
+    partition.extra(&extra);
+    match prompt {
+        Some(Value::String(text)) => Ok(Turn {
+            canonical: canonical_string(&Value::String(text.clone())),
+            prompt: text,
+        }),
+        Some(prompt @ Value::Array(_)) => {
+            let canonical = canonical_string(&prompt);
+            Ok(Turn {
+                prompt: canonical.clone(),
+                canonical,
+            })
+        }
+        _ => Err(GatewayError::invalid(
+            "`prompt` must be a string or an array.",
+            Some("prompt"),
+        )),
+    }
+}
+
+fn embeddings(
+    body: &Map<String, Value>,
+    partition: &mut FieldHasher,
+) -> Result<Turn, GatewayError> {
+    let fields = EmbeddingFields::deserialize(body).map_err(unreadable)?;
+    let EmbeddingFields {
+        model,
+        input,
+        dimensions,
+        encoding_format,
+        user: _user,
+        extra,
+    } = fields;
+    model_field(partition, model.as_ref())?;
+    hash_fields!(partition; dimensions, encoding_format);
+    partition.extra(&extra);
+    match input {
+        // An embedding is a pure function of its input: there is nothing semantic to match, so
+        // the input is only the exact part.
+        Some(input @ (Value::String(_) | Value::Array(_))) => {
+            let canonical = canonical_string(&input);
+            Ok(Turn {
+                prompt: canonical.clone(),
+                canonical,
+            })
+        }
+        _ => Err(GatewayError::invalid(
+            "`input` must be a string or an array.",
+            Some("input"),
+        )),
+    }
+}
+
+fn model_field(partition: &mut FieldHasher, model: Option<&Value>) -> Result<(), GatewayError> {
+    match model {
+        Some(Value::String(model)) => {
+            partition.field("model", model.as_bytes());
+            Ok(())
+        }
+        _ => Err(GatewayError::invalid(
+            "`model` must be a string.",
+            Some("model"),
+        )),
+    }
+}
+
+/// All fields are `Option<Value>` or ignored, so this cannot happen for a JSON object; it is
+/// mapped rather than unwrapped because a panic would drop the connection.
+fn unreadable(err: serde_json::Error) -> GatewayError {
+    GatewayError::invalid(format!("The request body could not be read: {err}."), None)
+}
+
+/// A message with its `null` fields dropped and its text normalized.
+fn canonical_message(i: usize, message: &Value) -> Result<Map<String, Value>, GatewayError> {
+    let Some(fields) = message.as_object() else {
+        return Err(GatewayError::invalid(
+            format!("`messages[{i}]` must be an object with a string `role`."),
+            Some(&format!("messages[{i}]")),
+        ));
+    };
+    if !fields.get("role").is_some_and(Value::is_string) {
+        return Err(GatewayError::invalid(
+            format!("`messages[{i}]` must be an object with a string `role`."),
+            Some(&format!("messages[{i}].role")),
+        ));
+    }
+    let mut out = Map::new();
+    for (name, value) in fields {
+        // SDKs send `"content": null` on tool-call messages or leave it out; both mean the same.
+        if value.is_null() {
+            continue;
+        }
+        let value = if name == "content" {
+            canonical_content(i, value)?
+        } else {
+            value.clone()
+        };
+        out.insert(name.clone(), value);
+    }
+    Ok(out)
+}
+
+fn canonical_content(i: usize, content: &Value) -> Result<Value, GatewayError> {
+    let parts = match content {
+        Value::String(text) => return Ok(Value::String(normalize_text(text))),
+        Value::Array(parts) => parts,
+        _ => {
+            return Err(GatewayError::invalid(
+                format!("`messages[{i}].content` must be a string or an array of content parts."),
+                Some(&format!("messages[{i}].content")),
+            ))
+        }
+    };
+    let mut out = Vec::with_capacity(parts.len());
+    for (j, part) in parts.iter().enumerate() {
+        let Some(part) = part.as_object() else {
+            return Err(GatewayError::invalid(
+                format!("`messages[{i}].content[{j}]` must be a content part object."),
+                Some(&format!("messages[{i}].content[{j}]")),
+            ));
+        };
+        let mut part = part.clone();
+        if part.get("type").and_then(Value::as_str) == Some("text") {
+            match part.get_mut("text") {
+                Some(Value::String(text)) => *text = normalize_text(text),
+                _ => {
+                    return Err(GatewayError::invalid(
+                        format!("`messages[{i}].content[{j}].text` must be a string."),
+                        Some(&format!("messages[{i}].content[{j}].text")),
+                    ))
+                }
+            }
+        }
+        out.push(part);
+    }
+    // SDKs and frameworks send the same text either way; only a bare text part collapses, since
+    // any extra key on the part (e.g. a cache hint) might matter upstream.
+    if let [only] = out.as_slice() {
+        if only.len() == 2 && only.get("type").and_then(Value::as_str) == Some("text") {
+            if let Some(Value::String(text)) = only.get("text") {
+                return Ok(Value::String(text.clone()));
+            }
+        }
+    }
+    Ok(Value::Array(out.into_iter().map(Value::Object).collect()))
+}
+
+/// The final user turn with its text taken out: what semantic matching must not cross.
+fn turn_shape(turn: &Map<String, Value>) -> Value {
+    let mut shape = turn.clone();
+    let text_part = || {
+        let mut part = Map::new();
+        part.insert("type".to_owned(), Value::String("text".to_owned()));
+        Value::Object(part)
+    };
+    match shape.get_mut("content") {
+        // A string is one text part, so the string and array spellings keep one shape.
+        Some(content @ Value::String(_)) => *content = Value::Array(vec![text_part()]),
+        Some(Value::Array(parts)) => {
+            for part in parts.iter_mut().filter_map(Value::as_object_mut) {
+                if part.get("type").and_then(Value::as_str) == Some("text") {
+                    part.remove("text");
+                }
+            }
+        }
+        _ => {}
+    }
+    Value::Object(shape)
+}
+
+/// The final turn's text parts, already normalized, joined with a newline.
+fn turn_text(turn: &Map<String, Value>) -> String {
+    match turn.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// Normalizes message text as the module documentation describes.
+fn normalize_text(text: &str) -> String {
+    let text = text.replace("\r\n", "\n").replace('\r', "\n");
+    let lines: Vec<&str> = text.split('\n').map(str::trim_end).collect();
+    let Some(first) = lines.iter().position(|l| !l.is_empty()) else {
+        return String::new();
+    };
+    let last = lines.iter().rposition(|l| !l.is_empty()).unwrap_or(first);
+    match &lines[first..=last] {
+        // A lone line has no other line to be indented against, so its indent is noise.
+        [only] => only.trim_start().to_owned(),
+        kept => kept.join("\n"),
+    }
+}
+
+/// One blake3 hasher that only ever sees tagged, length-prefixed fields, so no two different
+/// field sequences can produce the same byte stream.
+struct FieldHasher(blake3::Hasher);
+
+impl FieldHasher {
+    fn new(domain: &str) -> Self {
+        let mut hasher = Self(blake3::Hasher::new());
+        hasher.field("domain", domain.as_bytes());
+        hasher
+    }
+
+    fn field(&mut self, name: &str, bytes: &[u8]) {
+        self.0.update(&(name.len() as u64).to_le_bytes());
+        self.0.update(name.as_bytes());
+        self.0.update(&(bytes.len() as u64).to_le_bytes());
+        self.0.update(bytes);
+    }
+
+    /// Absent and `null` both mean "not set" and write nothing.
+    fn json(&mut self, name: &str, value: Option<&Value>) {
+        if let Some(value) = value.filter(|v| !v.is_null()) {
+            self.field(name, canonical_string(value).as_bytes());
+        }
+    }
+
+    /// Unknown fields, each under a name no known field can have.
+    fn extra(&mut self, extra: &BTreeMap<String, Value>) {
+        // BTreeMap iterates in byte order of the keys, independent of serde_json's features.
+        for (name, value) in extra {
+            self.json(&format!("extra.{name}"), Some(value));
+        }
+    }
+
+    fn finish(self) -> [u8; 32] {
+        *self.0.finalize().as_bytes()
+    }
+}
+
+fn canonical_string(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn canonical_seq(messages: &[Map<String, Value>]) -> String {
+    let mut out = String::from("[");
+    for (i, message) in messages.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_object(message, &mut out);
+    }
+    out.push(']');
+    out
+}
+
+/// Compact JSON with sorted keys. Sorting here, not trusting `Map`'s order, keeps keys stable if
+/// any crate in the build turns on serde_json's `preserve_order`.
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => write_number(n, out),
+        Value::String(s) => write_string(s, out),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => write_object(map, out),
+    }
+}
+
+fn write_object(map: &Map<String, Value>, out: &mut String) {
+    let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+    entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    out.push('{');
+    for (i, (key, value)) in entries.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_string(key, out);
+        out.push(':');
+        write_canonical(value, out);
+    }
+    out.push('}');
+}
+
+/// 2^53: above it not every integer is a float, so integral floats up there keep their float form.
+const MAX_EXACT_INT: f64 = 9_007_199_254_740_992.0;
+
+fn write_number(n: &Number, out: &mut String) {
+    if let Some(i) = n.as_i64() {
+        out.push_str(&i.to_string());
+    } else if let Some(u) = n.as_u64() {
+        out.push_str(&u.to_string());
+    } else if let Some(f) = n.as_f64() {
+        if f.fract() == 0.0 && f.abs() < MAX_EXACT_INT {
+            // Exact: |f| < 2^53 fits i64, and -0.0 becomes 0.
+            out.push_str(&(f as i64).to_string());
+        } else {
+            // Display is the shortest text that parses back to the same f64.
+            out.push_str(&f.to_string());
+        }
+    } else {
+        // Only reachable with serde_json's arbitrary_precision and a number beyond f64.
+        out.push_str(&n.to_string());
+    }
+}
+
+fn write_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 0x0f)] as char);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tenant(api_key: &str) -> Tenant {
+        Tenant::Key(*blake3::hash(api_key.as_bytes()).as_bytes())
+    }
+
+    fn object(value: Value) -> Map<String, Value> {
+        match value {
+            Value::Object(map) => map,
+            other => panic!("not an object: {other}"),
+        }
+    }
+
+    fn keys_with(route: Route, body: Value, tenant: Tenant, namespace: Option<&str>) -> Keys {
+        let body = object(body);
+        build(&KeyInput {
+            route,
+            body: &body,
+            tenant,
+            namespace,
+        })
+        .expect("valid request")
+    }
+
+    fn chat_keys(body: Value) -> Keys {
+        keys_with(Route::ChatCompletions, body, tenant("sk-a"), None)
+    }
+
+    fn base() -> Value {
+        json!({
+            "model": "gpt-x",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": "What is Rust?"}
+            ],
+            "temperature": 0.2
+        })
+    }
+
+    fn with(edit: impl FnOnce(&mut Value)) -> Value {
+        let mut body = base();
+        edit(&mut body);
+        body
+    }
+
+    /// A chat body whose only message is one user turn with `content`.
+    fn user_says(content: Value) -> Value {
+        json!({"model": "m", "messages": [{"role": "user", "content": content}]})
+    }
+
+    fn assert_same(a: &Keys, b: &Keys, what: &str) {
+        assert_eq!(a.partition, b.partition, "{what}: partition");
+        assert_eq!(a.exact, b.exact, "{what}: exact");
+        assert_eq!(a.prompt, b.prompt, "{what}: prompt");
+    }
+
+    #[test]
+    fn identical_requests_have_identical_keys() {
+        let a = chat_keys(base());
+        let b = chat_keys(base());
+        assert_same(&a, &b, "identical");
+        assert_eq!(a.prompt, "What is Rust?");
+        assert_ne!(a.partition.0, a.exact.0);
+    }
+
+    #[test]
+    fn fields_that_do_not_change_the_answer_are_left_out() {
+        let a = chat_keys(base());
+        let ignored = [
+            ("user", json!("u-42")),
+            ("stream", json!(true)),
+            ("stream_options", json!({"include_usage": true})),
+            ("metadata", json!({"trace": "abc"})),
+            ("store", json!(true)),
+            ("service_tier", json!("flex")),
+            ("prompt_cache_key", json!("pck")),
+            ("safety_identifier", json!("sid")),
+        ];
+        for (field, value) in ignored {
+            let b = chat_keys(with(|b| b[field] = value));
+            assert_same(&a, &b, field);
+        }
+    }
+
+    #[test]
+    fn output_changing_chat_fields_change_the_partition() {
+        let variants: Vec<(&str, Value)> = vec![
+            ("model", with(|b| b["model"] = json!("gpt-y"))),
+            ("temperature", with(|b| b["temperature"] = json!(0.3))),
+            ("top_p", with(|b| b["top_p"] = json!(0.9))),
+            ("seed", with(|b| b["seed"] = json!(7))),
+            ("max_tokens", with(|b| b["max_tokens"] = json!(100))),
+            ("stop", with(|b| b["stop"] = json!(["\n"]))),
+            ("n", with(|b| b["n"] = json!(2))),
+            (
+                "response_format",
+                with(|b| b["response_format"] = json!({"type": "json_object"})),
+            ),
+            (
+                "tools",
+                with(|b| b["tools"] = json!([{"type": "function", "function": {"name": "f"}}])),
+            ),
+            ("tool_choice", with(|b| b["tool_choice"] = json!("none"))),
+            (
+                "logit_bias",
+                with(|b| b["logit_bias"] = json!({"50256": -100})),
+            ),
+            (
+                "system prompt",
+                with(|b| b["messages"][0]["content"] = json!("Be verbose.")),
+            ),
+            (
+                "earlier turn",
+                with(|b| b["messages"][1]["content"] = json!("Hello")),
+            ),
+            (
+                "earlier turn's name",
+                with(|b| b["messages"][1]["name"] = json!("alice")),
+            ),
+            ("unknown field", with(|b| b["x_vendor_flag"] = json!(true))),
+        ];
+        let base = chat_keys(base());
+        let mut seen = vec![base.partition];
+        for (what, body) in variants {
+            let keys = chat_keys(body);
+            assert_ne!(base.partition, keys.partition, "{what}: partition");
+            assert_ne!(base.exact, keys.exact, "{what}: exact");
+            assert_eq!(base.prompt, keys.prompt, "{what}: prompt");
+            assert!(!seen.contains(&keys.partition), "{what}: collides");
+            seen.push(keys.partition);
+        }
+    }
+
+    #[test]
+    fn tenant_namespace_and_route_change_the_partition() {
+        let body = json!({"model": "m", "prompt": "hi", "input": "hi"});
+        let route = Route::Completions;
+        let a = keys_with(route, body.clone(), tenant("sk-a"), None);
+        let cases = [
+            (
+                "tenant",
+                keys_with(route, body.clone(), tenant("sk-b"), None),
+            ),
+            (
+                "shared",
+                keys_with(route, body.clone(), Tenant::Shared, None),
+            ),
+            (
+                "namespace",
+                keys_with(route, body.clone(), tenant("sk-a"), Some("ns")),
+            ),
+            (
+                "route",
+                keys_with(Route::Embeddings, body.clone(), tenant("sk-a"), None),
+            ),
+        ];
+        for (what, b) in cases {
+            assert_ne!(a.partition, b.partition, "{what}: partition");
+            assert_ne!(a.exact, b.exact, "{what}: exact");
+        }
+        let ns1 = keys_with(route, body.clone(), tenant("sk-a"), Some("one"));
+        let ns2 = keys_with(route, body, tenant("sk-a"), Some("two"));
+        assert_ne!(ns1.partition, ns2.partition);
+    }
+
+    #[test]
+    fn a_different_final_turn_keeps_the_partition_and_changes_the_exact_key() {
+        let a = chat_keys(base());
+        let b = chat_keys(with(|b| b["messages"][3]["content"] = json!("What is Go?")));
+        assert_eq!(a.partition, b.partition);
+        assert_ne!(a.exact, b.exact);
+        assert_eq!(b.prompt, "What is Go?");
+    }
+
+    #[test]
+    fn whitespace_is_normalized_only_at_the_edges_of_lines_and_text() {
+        let keys = |text: &str| chat_keys(user_says(json!(text)));
+        let same = [
+            ("Hello  world\r\n  ", "Hello  world"),
+            ("\n\n  Hello\t\n\n", "Hello"),
+            ("a  \r\nb\t\rc", "a\nb\nc"),
+            (
+                "\n    def f():\n        pass  \n",
+                "    def f():\n        pass",
+            ),
+        ];
+        for (a, b) in same {
+            assert_same(&keys(a), &keys(b), a);
+        }
+        assert_eq!(keys("Hello  world\r\n  ").prompt, "Hello  world");
+        let different = [
+            ("Hello world", "Hello  world"),
+            ("def f():\n    pass", "def f():\n  pass"),
+            ("    a\n    b", "a\n    b"),
+            ("a\n\nb", "a\nb"),
+        ];
+        for (a, b) in different {
+            let (ka, kb) = (keys(a), keys(b));
+            assert_eq!(ka.partition, kb.partition, "{a:?}");
+            assert_ne!(ka.exact, kb.exact, "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn system_prompt_text_is_normalized_too() {
+        let a = chat_keys(base());
+        let b = chat_keys(with(|b| {
+            b["messages"][0]["content"] = json!("\r\nBe brief.   \r\n")
+        }));
+        assert_same(&a, &b, "system whitespace");
+        let c = chat_keys(with(|b| {
+            b["messages"][0]["content"] = json!([{"type": "text", "text": "Be brief."}])
+        }));
+        assert_same(&a, &c, "system as one text part");
+    }
+
+    #[test]
+    fn one_text_part_equals_a_plain_string() {
+        let plain = chat_keys(user_says(json!("hi")));
+        let part = chat_keys(user_says(json!([{"type": "text", "text": "hi  \n"}])));
+        assert_same(&plain, &part, "single text part");
+        // A part carrying anything besides type and text is not collapsed.
+        let hinted = chat_keys(user_says(
+            json!([{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]),
+        ));
+        assert_ne!(plain.exact, hinted.exact);
+    }
+
+    #[test]
+    fn non_text_parts_stay_out_of_the_prompt_but_split_the_keys() {
+        let image = |url: &str| {
+            user_says(json!([
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": "  Be short. "}
+            ]))
+        };
+        let a = chat_keys(image("https://x/a.png"));
+        let b = chat_keys(image("https://x/b.png"));
+        assert_eq!(a.prompt, "What is this?\nBe short.");
+        assert_eq!(a.prompt, b.prompt);
+        assert_ne!(a.exact, b.exact);
+        // Different images must never be matched semantically against each other.
+        assert_ne!(a.partition, b.partition);
+        let text_only = chat_keys(user_says(json!("What is this?\nBe short.")));
+        assert_ne!(a.partition, text_only.partition);
+    }
+
+    #[test]
+    fn key_order_does_not_matter() {
+        let mut first = Map::new();
+        first.insert("model".into(), json!("m"));
+        first.insert("temperature".into(), json!(0.5));
+        first.insert(
+            "messages".into(),
+            json!([{"role": "user", "content": "hi"}]),
+        );
+        let mut second = Map::new();
+        second.insert(
+            "messages".into(),
+            json!([{"content": "hi", "role": "user"}]),
+        );
+        second.insert("temperature".into(), json!(0.5));
+        second.insert("model".into(), json!("m"));
+        let a = chat_keys(Value::Object(first));
+        let b = chat_keys(Value::Object(second));
+        assert_same(&a, &b, "insertion order");
+
+        let text_a = r#"{"model":"m","response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"type":"object","properties":{"a":{"type":"string"}}}}},"messages":[{"role":"user","content":"hi"}]}"#;
+        let text_b = r#"{"messages":[{"content":"hi","role":"user"}],"response_format":{"json_schema":{"schema":{"properties":{"a":{"type":"string"}},"type":"object"},"name":"s"},"type":"json_schema"},"model":"m"}"#;
+        let parse = |t: &str| serde_json::from_str::<Value>(t).expect("json");
+        assert_same(
+            &chat_keys(parse(text_a)),
+            &chat_keys(parse(text_b)),
+            "text order",
+        );
+    }
+
+    #[test]
+    fn numbers_compare_by_value() {
+        let t = |v: Value| chat_keys(with(|b| b["temperature"] = v));
+        assert_same(&t(json!(1)), &t(json!(1.0)), "1 vs 1.0");
+        let parse = |s: &str| serde_json::from_str::<Value>(s).expect("number");
+        assert_same(&t(parse("0.50")), &t(parse("0.5")), "0.50 vs 0.5");
+        assert_same(&t(parse("-0.0")), &t(parse("0")), "-0.0 vs 0");
+        assert_ne!(t(json!(1)).partition, t(json!(1.5)).partition);
+        assert_ne!(t(json!(1)).partition, t(json!("1")).partition);
+
+        let canonical = |v: Value| canonical_string(&v);
+        assert_eq!(canonical(json!(2.0)), "2");
+        assert_eq!(canonical(json!(0.1)), "0.1");
+        assert_eq!(canonical(json!(-7)), "-7");
+        assert_eq!(canonical(json!(u64::MAX)), u64::MAX.to_string());
+        assert_eq!(canonical(json!(1e300)), 1e300_f64.to_string());
+        assert_eq!(
+            canonical(json!({"b": [1.0, null], "a": "\"\n\u{1}"})),
+            r#"{"a":"\"\n\u0001","b":[1,null]}"#
+        );
+    }
+
+    #[test]
+    fn absent_equals_null_but_not_an_explicit_default() {
+        let absent = chat_keys(base());
+        let null = chat_keys(with(|b| b["top_p"] = Value::Null));
+        assert_same(&absent, &null, "top_p null");
+        let unknown_null = chat_keys(with(|b| b["x_vendor"] = Value::Null));
+        assert_same(&absent, &unknown_null, "unknown null");
+        let tool_call = |content: Option<Value>| {
+            let mut assistant = json!({"role": "assistant", "tool_calls": [{"id": "c1"}]});
+            if let Some(content) = content {
+                assistant["content"] = content;
+            }
+            chat_keys(json!({"model": "m", "messages": [
+                {"role": "user", "content": "weather?"},
+                assistant,
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+                {"role": "user", "content": "thanks"}
+            ]}))
+        };
+        assert_same(
+            &tool_call(None),
+            &tool_call(Some(Value::Null)),
+            "content null",
+        );
+
+        let no_temperature = chat_keys(with(|b| {
+            b.as_object_mut().expect("object").remove("temperature");
+        }));
+        let default_temperature = chat_keys(with(|b| b["temperature"] = json!(1)));
+        assert_ne!(no_temperature.partition, default_temperature.partition);
+    }
+
+    #[test]
+    fn messages_after_the_last_user_turn_are_in_the_partition() {
+        let turns = |result: &str| {
+            chat_keys(json!({"model": "m", "messages": [
+                {"role": "user", "content": "weather in Paris?"},
+                {"role": "assistant", "content": null,
+                 "tool_calls": [{"id": "c1", "type": "function",
+                                 "function": {"name": "weather", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": result}
+            ]}))
+        };
+        let sunny = turns("sunny");
+        let rainy = turns("rainy");
+        assert_eq!(sunny.prompt, "weather in Paris?");
+        assert_eq!(sunny.prompt, rainy.prompt);
+        assert_ne!(sunny.partition, rainy.partition);
+        assert_ne!(sunny.exact, rainy.exact);
+
+        // The same message before or after the user turn is a different context.
+        let order = |messages: Value| chat_keys(json!({"model": "m", "messages": messages}));
+        let a =
+            order(json!([{"role": "assistant", "content": "x"}, {"role": "user", "content": "q"}]));
+        let b =
+            order(json!([{"role": "user", "content": "q"}, {"role": "assistant", "content": "x"}]));
+        assert_ne!(a.partition, b.partition);
+    }
+
+    #[test]
+    fn without_a_user_turn_everything_is_partition() {
+        let only = |text: &str| {
+            chat_keys(json!({"model": "m", "messages": [{"role": "system", "content": text}]}))
+        };
+        let a = only("one");
+        let b = only("two");
+        assert_eq!(a.prompt, "");
+        assert_ne!(a.partition, b.partition);
+        assert_ne!(a.exact, b.exact);
+    }
+
+    #[test]
+    fn legacy_completions_keys() {
+        let body = |edit: &dyn Fn(&mut Value)| {
+            let mut b = json!({"model": "m", "prompt": "Once upon a time", "max_tokens": 5});
+            edit(&mut b);
+            keys_with(Route::Completions, b, tenant("sk-a"), None)
+        };
+        let a = body(&|_| {});
+        assert_eq!(a.prompt, "Once upon a time");
+        for field in ["user", "stream", "stream_options"] {
+            assert_same(&a, &body(&|b| b[field] = json!({"x": 1})), field);
+        }
+        for (field, value) in [
+            ("suffix", json!("The end.")),
+            ("echo", json!(true)),
+            ("best_of", json!(3)),
+            ("temperature", json!(0)),
+            ("x_unknown", json!(1)),
+        ] {
+            assert_ne!(
+                a.partition,
+                body(&|b| b[field] = value.clone()).partition,
+                "{field}"
+            );
+        }
+        // Completion text is continued verbatim: a trailing space is a different prompt.
+        let spaced = body(&|b| b["prompt"] = json!("Once upon a time "));
+        assert_eq!(a.partition, spaced.partition);
+        assert_ne!(a.exact, spaced.exact);
+        let array = body(&|b| b["prompt"] = json!(["a", "b"]));
+        assert_eq!(array.prompt, r#"["a","b"]"#);
+        let lookalike = body(&|b| b["prompt"] = json!(r#"["a","b"]"#));
+        assert_ne!(array.exact, lookalike.exact);
+    }
+
+    #[test]
+    fn embeddings_keys() {
+        let body = |edit: &dyn Fn(&mut Value)| {
+            let mut b = json!({"model": "e", "input": "hello"});
+            edit(&mut b);
+            keys_with(Route::Embeddings, b, tenant("sk-a"), None)
+        };
+        let a = body(&|_| {});
+        assert_eq!(a.prompt, r#""hello""#);
+        assert_same(&a, &body(&|b| b["user"] = json!("u")), "user");
+        let other = body(&|b| b["input"] = json!("world"));
+        assert_eq!(a.partition, other.partition);
+        assert_ne!(a.exact, other.exact);
+        for (field, value) in [
+            ("dimensions", json!(256)),
+            ("encoding_format", json!("base64")),
+            ("x_unknown", json!(1)),
+        ] {
+            assert_ne!(
+                a.partition,
+                body(&|b| b[field] = value.clone()).partition,
+                "{field}"
+            );
+        }
+        let tokens = body(&|b| b["input"] = json!([[1, 2], [3]]));
+        assert_eq!(tokens.prompt, "[[1,2],[3]]");
+    }
+
+    #[test]
+    fn tenant_comes_from_the_bearer_token_or_api_key() {
+        let headers = |pairs: &[(&'static str, &str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.insert(*name, value.parse().expect("header value"));
+            }
+            map
+        };
+        let from = |pairs: &[(&'static str, &str)]| Tenant::from_headers(&headers(pairs), false);
+        let a = from(&[("authorization", "Bearer a")]);
+        let b = from(&[("authorization", "Bearer b")]);
+        assert_ne!(a, b);
+        assert_eq!(a, tenant("a"));
+        assert_eq!(a, from(&[("authorization", "bearer  a ")]));
+        assert_eq!(a, from(&[("api-key", "a")]));
+        // Authorization wins over api-key.
+        assert_eq!(a, from(&[("authorization", "Bearer a"), ("api-key", "b")]));
+        assert_eq!(from(&[]), tenant(""));
+        assert_ne!(from(&[("authorization", "Basic YTpi")]), tenant("YTpi"));
+        assert_eq!(
+            Tenant::from_headers(&headers(&[("authorization", "Bearer a")]), true),
+            Tenant::Shared
+        );
+
+        assert_eq!(Tenant::Shared.label(), "shared");
+        let label = a.label();
+        assert_eq!(label.len(), 16);
+        assert!(label
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert_eq!(label, blake3::hash(b"a").to_hex()[..16]);
+    }
+
+    #[test]
+    fn hex_forms() {
+        let keys = chat_keys(base());
+        assert_eq!(keys.exact.to_hex().len(), 64);
+        assert_eq!(
+            keys.partition.to_hex()[..16],
+            format!("{:?}", keys.partition)
+        );
+        assert_eq!(CacheKey([0xab; 32]).to_hex(), "ab".repeat(32));
+    }
+
+    #[test]
+    fn wrong_types_are_rejected_with_the_param() {
+        let cases: Vec<(Route, Value, &str)> = vec![
+            (
+                Route::ChatCompletions,
+                json!({"model": "m", "messages": "hi"}),
+                "messages",
+            ),
+            (Route::ChatCompletions, json!({"model": "m"}), "messages"),
+            (
+                Route::ChatCompletions,
+                json!({"model": 3, "messages": []}),
+                "model",
+            ),
+            (
+                Route::ChatCompletions,
+                json!({"model": "m", "messages": [{"role": "user", "content": "a"}, 5]}),
+                "messages[1]",
+            ),
+            (
+                Route::ChatCompletions,
+                json!({"model": "m", "messages": [
+                    {"role": "system", "content": "a"},
+                    {"role": "user", "content": "b"},
+                    {"role": 7, "content": "c"}
+                ]}),
+                "messages[2].role",
+            ),
+            (
+                Route::ChatCompletions,
+                json!({"model": "m", "messages": [{"content": "c"}]}),
+                "messages[0].role",
+            ),
+            (
+                Route::ChatCompletions,
+                json!({"model": "m", "messages": [{"role": "user", "content": 1}]}),
+                "messages[0].content",
+            ),
+            (
+                Route::ChatCompletions,
+                json!({"model": "m", "messages": [{"role": "user", "content": ["x"]}]}),
+                "messages[0].content[0]",
+            ),
+            (
+                Route::ChatCompletions,
+                json!({"model": "m", "messages": [{"role": "user",
+                       "content": [{"type": "text", "text": 1}]}]}),
+                "messages[0].content[0].text",
+            ),
+            (
+                Route::Completions,
+                json!({"model": "m", "prompt": 1}),
+                "prompt",
+            ),
+            (Route::Completions, json!({"model": "m"}), "prompt"),
+            (
+                Route::Embeddings,
+                json!({"model": "m", "input": {}}),
+                "input",
+            ),
+        ];
+        for (route, body, param) in cases {
+            let map = object(body.clone());
+            let err = build(&KeyInput {
+                route,
+                body: &map,
+                tenant: Tenant::Shared,
+                namespace: None,
+            })
+            .expect_err(&body.to_string());
+            assert_eq!(err.status().as_u16(), 400, "{body}");
+            assert_eq!(err.body()["error"]["param"], param, "{body}");
+        }
+    }
+}

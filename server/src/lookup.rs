@@ -1,0 +1,361 @@
+//! Lookup, the stage between the key and the upstream: serve a hit, join an identical miss already
+//! in flight, or send the request upstream with a recorder that will store a clean answer.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use crate::cache::{Flight, Join, Recorder};
+use crate::downstream::{Delivered, Delivery, Source};
+use crate::entry::{Entry, RequestSummary};
+use crate::error::GatewayError;
+use crate::forward::{self, set_cache_outcome, RecordMeta};
+use crate::ingress::{Ingress, Route};
+use crate::key::{Keys, Tenant};
+use crate::policy::{self, Pacing};
+use crate::record::{unix_ms, Completion};
+use crate::replay::{self, Fresh};
+use crate::timing::PhaseClock;
+use crate::AppState;
+
+/// Runs the cache stages for a parsed request and returns the response.
+pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) -> Response {
+    let policy = match policy::from_headers(&ingress.headers, &state.config.policy_defaults()) {
+        Ok(p) => p,
+        Err(err) => return error_response(err, &request_id),
+    };
+    let tenant = Tenant::from_headers(&ingress.headers, state.cache.settings.share_across_keys);
+    let keys = match crate::key::build(&crate::key::KeyInput {
+        route: ingress.route,
+        body: &ingress.body,
+        tenant,
+        namespace: policy.namespace.as_deref(),
+    }) {
+        Ok(k) => k,
+        Err(err) => return error_response(err, &request_id),
+    };
+    let include_usage = ingress
+        .body
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
+    // Embeddings are never streamed, whatever the body says.
+    let stream = ingress.stream && ingress.route != Route::Embeddings;
+
+    if policy.lookup {
+        if let Some(hit) = state.cache.lookup(&keys.exact, &policy) {
+            ingress.clock.looked_up = Some(Instant::now());
+            return respond_entry(
+                state,
+                &ingress,
+                &request_id,
+                &hit.entry,
+                hit.age_s,
+                "hit",
+                stream,
+                include_usage,
+                policy.pacing,
+            );
+        }
+    }
+    ingress.clock.looked_up = Some(Instant::now());
+    let summary = RequestSummary {
+        route: ingress.route.name().to_owned(),
+        model: ingress.model.clone(),
+        namespace: policy.namespace.clone(),
+        tenant: tenant.label(),
+        prompt: keys.prompt.clone(),
+        stream,
+    };
+    let mut flight = None;
+    if policy.lookup || policy.store {
+        match state.cache.join(keys.exact, stream, policy.store) {
+            Some(Join::Follower(leader)) if policy.lookup => {
+                if let Some(response) = follow(
+                    state,
+                    &ingress,
+                    &request_id,
+                    &leader,
+                    stream,
+                    include_usage,
+                    policy.pacing,
+                )
+                .await
+                {
+                    return response;
+                }
+                // The leader's answer could not be cached: go upstream like any miss.
+            }
+            Some(Join::Leader(f)) => flight = Some(f),
+            _ => {}
+        }
+    }
+    let recorder = (policy.store || flight.is_some()).then(|| {
+        Recorder::new(
+            state.cache.clone(),
+            ingress.route,
+            keys.clone(),
+            summary,
+            policy.ttl_s,
+            flight,
+            policy.store,
+        )
+    });
+    forward::relay_json(
+        state,
+        ingress,
+        request_id,
+        policy::miss_outcome(&policy),
+        recorder,
+    )
+    .await
+}
+
+fn error_response(err: GatewayError, request_id: &str) -> Response {
+    let mut response = err.into_response();
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        response.headers_mut().insert("x-reprise-request-id", v);
+    }
+    response
+}
+
+/// Waits for the leader of an identical miss. Streaming followers of a streaming leader get its
+/// chunks as they arrive; the others get the stored answer once it lands. `None` when the leader's
+/// answer could not be cached before anything was sent to this client.
+async fn follow(
+    state: &AppState,
+    ingress: &Ingress,
+    request_id: &str,
+    flight: &Arc<Flight>,
+    stream: bool,
+    include_usage: bool,
+    pacing: Pacing,
+) -> Option<Response> {
+    if !(stream && flight.leader_streams) {
+        let entry = loop {
+            let update = flight.next(usize::MAX).await;
+            if let Some(done) = update.done {
+                break done?;
+            }
+        };
+        return Some(respond_entry(
+            state,
+            ingress,
+            request_id,
+            &entry,
+            0,
+            "coalesced",
+            stream,
+            include_usage,
+            pacing,
+        ));
+    }
+    let first = flight.next(0).await;
+    if first.chunks.is_empty() && matches!(first.done, Some(None)) {
+        return None;
+    }
+    let fresh = Fresh::new(ingress.route);
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let mut clock = ingress.clock.clone();
+    let meta = meta_for(ingress, request_id, "coalesced");
+    let log = state.requests.clone();
+    let flight = flight.clone();
+    let (delivered_tx, delivered_rx) = tokio::sync::oneshot::channel::<Delivered>();
+    state.tasks.spawn(async move {
+        let mut update = first;
+        let mut seen = 0;
+        let completion = loop {
+            seen += update.chunks.len();
+            for chunk in &update.chunks {
+                let now = Instant::now();
+                clock.tokens(now, crate::sse::chunk_tokens(chunk));
+                if clock.first_token.is_none() {
+                    clock.first_token = Some(now);
+                }
+                if let Some(bytes) = replay::render_chunk(chunk, &fresh, include_usage) {
+                    if tx.send(bytes).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            match update.done {
+                Some(Some(_)) => {
+                    let mut tail = clock.phases(Instant::now()).sse_comment().to_vec();
+                    tail.extend_from_slice(b"data: [DONE]\n\n");
+                    let _ = tx.send(Bytes::from(tail)).await;
+                    break Completion::Complete;
+                }
+                Some(None) => {
+                    let err = GatewayError::UpstreamProtocol {
+                        reason: "the stream broke off",
+                        detail: "the coalesced leader's stream failed".into(),
+                    };
+                    let _ = tx.send(err.sse_event()).await;
+                    break Completion::StreamFailed;
+                }
+                None => update = flight.next(seen).await,
+            }
+        };
+        drop(tx);
+        let completion = match delivered_rx.await {
+            Ok(Delivered::Complete(at)) => {
+                clock.delivered = Some(at);
+                completion
+            }
+            _ => Completion::ClientDisconnected,
+        };
+        meta.finish(&log, 200, completion, &clock);
+    });
+    let delivery = Delivery::new(Source::Channel(rx), move |how| {
+        let _ = delivered_tx.send(how);
+    });
+    let mut response = Response::new(delivery.into_body());
+    let headers = response.headers_mut();
+    sse_headers(headers);
+    set_cache_outcome(headers, "coalesced");
+    set_id(headers, request_id);
+    Some(response)
+}
+
+fn meta_for(ingress: &Ingress, request_id: &str, cache: &'static str) -> RecordMeta {
+    RecordMeta {
+        id: request_id.to_owned(),
+        started_at_ms: unix_ms().saturating_sub(ingress.clock.start.elapsed().as_millis() as u64),
+        method: "POST".into(),
+        route: ingress.route.name().to_owned(),
+        model: Some(ingress.model.clone()),
+        stream: ingress.stream,
+        cache,
+    }
+}
+
+fn sse_headers(headers: &mut HeaderMap) {
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+}
+
+fn set_id(headers: &mut HeaderMap, request_id: &str) {
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        headers.insert("x-reprise-request-id", v);
+    }
+}
+
+fn set_header(headers: &mut HeaderMap, name: &'static str, value: String) {
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(HeaderName::from_static(name), v);
+    }
+}
+
+/// Serves a stored entry (a hit, or a coalesced request once its leader's answer landed).
+#[allow(clippy::too_many_arguments)]
+fn respond_entry(
+    state: &AppState,
+    ingress: &Ingress,
+    request_id: &str,
+    entry: &Entry,
+    age_s: u64,
+    outcome: &'static str,
+    stream: bool,
+    include_usage: bool,
+    pacing: Pacing,
+) -> Response {
+    let fresh = Fresh::new(ingress.route);
+    let mut clock: PhaseClock = ingress.clock.clone();
+    let meta = meta_for(ingress, request_id, outcome);
+    let log = state.requests.clone();
+    let (source, content_type) = if stream {
+        let events = replay::stream_events(entry, &fresh, include_usage, pacing);
+        clock.first_token = Some(Instant::now());
+        if matches!(pacing, Pacing::Instant) {
+            // One write: the whole answer leaves with the first byte.
+            let mut all =
+                Vec::with_capacity(events.iter().map(|(_, b)| b.len()).sum::<usize>() + 512);
+            for (_, bytes) in &events {
+                all.extend_from_slice(bytes);
+            }
+            let tokens: u32 = entry
+                .events
+                .iter()
+                .map(|e| crate::sse::chunk_tokens(&e.data))
+                .sum();
+            clock.tokens(clock.first_token.unwrap_or_else(Instant::now), tokens);
+            all.extend_from_slice(&clock.phases(Instant::now()).sse_comment());
+            all.extend_from_slice(b"data: [DONE]\n\n");
+            (
+                Source::Once(Some(Bytes::from(all))),
+                "text/event-stream; charset=utf-8",
+            )
+        } else {
+            let clock_at_start = clock.clone();
+            let tail = futures_util::stream::once(async move {
+                let mut tail = clock_at_start.phases(Instant::now()).sse_comment().to_vec();
+                tail.extend_from_slice(b"data: [DONE]\n\n");
+                Bytes::from(tail)
+            });
+            (
+                Source::Replay(replay::paced(events).chain(tail).boxed()),
+                "text/event-stream; charset=utf-8",
+            )
+        }
+    } else {
+        let body = replay::body(entry, &fresh);
+        clock.first_token = Some(Instant::now());
+        clock.last_token = clock.first_token;
+        (Source::Once(Some(body)), "application/json")
+    };
+    let phases = clock.phases(Instant::now());
+    let saved = entry
+        .ttft_cost_ms()
+        .map(|cost| (cost - phases.ttft_ms.unwrap_or(0.0)).max(0.0));
+    let delivery = Delivery::new(source, move |how| {
+        let completion = match how {
+            Delivered::Complete(at) => {
+                clock.delivered = Some(at);
+                Completion::Complete
+            }
+            _ => Completion::ClientDisconnected,
+        };
+        meta.finish(&log, 200, completion, &clock);
+    });
+    let mut response = Response::new(delivery.into_body());
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if stream {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    } else {
+        set_header(headers, "server-timing", phases.server_timing());
+    }
+    set_cache_outcome(headers, outcome);
+    set_id(headers, request_id);
+    set_header(headers, "x-reprise-entry", entry.id.to_string());
+    set_header(headers, "age", age_s.to_string());
+    if let Some(saved) = saved {
+        set_header(headers, "x-reprise-ttft-saved-ms", format!("{saved:.1}"));
+    }
+    response
+}
+
+/// Keys for routes that need them outside the request path (admin warm-up, tests).
+pub fn keys_for(
+    route: Route,
+    body: &serde_json::Map<String, serde_json::Value>,
+    tenant: Tenant,
+    namespace: Option<&str>,
+) -> Result<Keys, GatewayError> {
+    crate::key::build(&crate::key::KeyInput {
+        route,
+        body,
+        tenant,
+        namespace,
+    })
+}

@@ -1,0 +1,299 @@
+//! Policy, the stage after ingress: what the client allows the cache to do with this request.
+//!
+//! Read from standard `Cache-Control` directives and `x-reprise-*` headers, on top of the gateway's
+//! configured defaults. A malformed control header is a 400 naming the header: guessing what a client
+//! meant by a cache control is how wrong answers get served.
+
+use axum::http::HeaderMap;
+
+use crate::error::GatewayError;
+
+/// `x-reprise-cache-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum CacheMode {
+    /// Look up and store.
+    #[default]
+    On,
+    /// Neither look up nor store.
+    Off,
+    /// Look up, never store.
+    ReadOnly,
+    /// Never look up, store the fresh answer.
+    WriteOnly,
+    /// Look up and store, exact matches only (no semantic matching).
+    ExactOnly,
+}
+
+impl CacheMode {
+    pub fn parse(value: &str) -> Option<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "on" => Some(Self::On),
+            "off" => Some(Self::Off),
+            "read-only" => Some(Self::ReadOnly),
+            "write-only" => Some(Self::WriteOnly),
+            "exact-only" => Some(Self::ExactOnly),
+            _ => None,
+        }
+    }
+}
+
+/// How a hit is paced (`x-reprise-replay`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "kebab-case", tag = "mode", content = "value")]
+pub enum Pacing {
+    /// Everything at once.
+    #[default]
+    Instant,
+    /// The original inter-chunk timing, after a near-zero first token.
+    Recorded,
+    /// A fixed rate of content chunks per second.
+    TokensPerSecond(f64),
+}
+
+impl Pacing {
+    pub fn parse(value: &str) -> Option<Self> {
+        let value = value.trim().to_ascii_lowercase();
+        match value.as_str() {
+            "instant" => Some(Self::Instant),
+            "recorded" => Some(Self::Recorded),
+            _ => {
+                let rate: f64 = value.strip_prefix("tokens-per-second=")?.parse().ok()?;
+                (rate.is_finite() && rate > 0.0).then_some(Self::TokensPerSecond(rate))
+            }
+        }
+    }
+}
+
+/// The cache decisions for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub lookup: bool,
+    pub store: bool,
+    /// Semantic matching allowed (false for `exact-only`).
+    pub semantic: bool,
+    /// Accept only entries younger than this (`Cache-Control: max-age`).
+    pub max_age_s: Option<u64>,
+    pub ttl_s: u64,
+    pub pacing: Pacing,
+    pub namespace: Option<String>,
+    /// Why lookup was skipped while storing: reported as `refresh`.
+    pub refresh: bool,
+}
+
+/// The configured defaults a request's headers apply to.
+#[derive(Debug, Clone)]
+pub struct Defaults {
+    pub mode: CacheMode,
+    pub ttl_s: u64,
+    pub pacing: Pacing,
+}
+
+const MAX_TTL_S: u64 = 10 * 365 * 24 * 3600;
+
+fn header<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<Option<&'a str>, GatewayError> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => v.to_str().map(Some).map_err(|_| {
+            GatewayError::invalid(
+                format!("Header `{name}` must be visible ASCII."),
+                Some(name),
+            )
+        }),
+    }
+}
+
+pub fn from_headers(headers: &HeaderMap, defaults: &Defaults) -> Result<Policy, GatewayError> {
+    let mode = match header(headers, "x-reprise-cache-mode")? {
+        Some(v) => CacheMode::parse(v).ok_or_else(|| {
+            GatewayError::invalid(
+                format!("`x-reprise-cache-mode: {v}` is not one of on, off, read-only, write-only, exact-only."),
+                Some("x-reprise-cache-mode"),
+            )
+        })?,
+        None => defaults.mode,
+    };
+    let mut policy = Policy {
+        lookup: matches!(
+            mode,
+            CacheMode::On | CacheMode::ReadOnly | CacheMode::ExactOnly
+        ),
+        store: matches!(
+            mode,
+            CacheMode::On | CacheMode::WriteOnly | CacheMode::ExactOnly
+        ),
+        semantic: matches!(mode, CacheMode::On | CacheMode::ReadOnly),
+        max_age_s: None,
+        ttl_s: defaults.ttl_s,
+        pacing: defaults.pacing,
+        namespace: None,
+        refresh: mode == CacheMode::WriteOnly,
+    };
+    // HTTP semantics: unknown directives are ignored, known ones must be well-formed.
+    for value in headers.get_all("cache-control") {
+        let value = value.to_str().map_err(|_| {
+            GatewayError::invalid(
+                "`Cache-Control` must be visible ASCII.",
+                Some("cache-control"),
+            )
+        })?;
+        for directive in value.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+            let (name, arg) = match directive.split_once('=') {
+                Some((n, a)) => (
+                    n.trim().to_ascii_lowercase(),
+                    Some(a.trim().trim_matches('"')),
+                ),
+                None => (directive.to_ascii_lowercase(), None),
+            };
+            match name.as_str() {
+                "no-cache" => {
+                    if policy.lookup && policy.store {
+                        policy.refresh = true;
+                    }
+                    policy.lookup = false;
+                    policy.semantic = false;
+                }
+                "no-store" => policy.store = false,
+                "max-age" => {
+                    let age = arg.and_then(|a| a.parse::<u64>().ok()).ok_or_else(|| {
+                        GatewayError::invalid(
+                            format!(
+                                "`Cache-Control: {directive}` needs a whole number of seconds."
+                            ),
+                            Some("cache-control"),
+                        )
+                    })?;
+                    policy.max_age_s = Some(policy.max_age_s.map_or(age, |a| a.min(age)));
+                }
+                _ => {}
+            }
+        }
+    }
+    if !policy.store {
+        policy.refresh = false;
+    }
+    if let Some(v) = header(headers, "x-reprise-ttl")? {
+        policy.ttl_s = v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|t| (1..=MAX_TTL_S).contains(t))
+            .ok_or_else(|| {
+                GatewayError::invalid(
+                    format!(
+                        "`x-reprise-ttl: {v}` must be a number of seconds from 1 to {MAX_TTL_S}."
+                    ),
+                    Some("x-reprise-ttl"),
+                )
+            })?;
+    }
+    if let Some(v) = header(headers, "x-reprise-replay")? {
+        policy.pacing = Pacing::parse(v).ok_or_else(|| {
+            GatewayError::invalid(
+                format!("`x-reprise-replay: {v}` is not instant, recorded or tokens-per-second=N."),
+                Some("x-reprise-replay"),
+            )
+        })?;
+    }
+    if let Some(v) = header(headers, "x-reprise-namespace")? {
+        let v = v.trim();
+        let ok = !v.is_empty()
+            && v.len() <= 128
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:/".contains(&b));
+        if !ok {
+            return Err(GatewayError::invalid(
+                "`x-reprise-namespace` must be 1 to 128 characters of letters, digits and - _ . : /",
+                Some("x-reprise-namespace"),
+            ));
+        }
+        policy.namespace = Some(v.to_owned());
+    }
+    Ok(policy)
+}
+
+/// The value of `x-reprise-cache` for a request that went upstream.
+pub fn miss_outcome(policy: &Policy) -> &'static str {
+    if policy.refresh {
+        "refresh"
+    } else if !policy.lookup && !policy.store {
+        "bypass"
+    } else {
+        "miss"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn defaults() -> Defaults {
+        Defaults {
+            mode: CacheMode::On,
+            ttl_s: 604_800,
+            pacing: Pacing::Instant,
+        }
+    }
+
+    fn policy(pairs: &[(&'static str, &str)]) -> Result<Policy, GatewayError> {
+        let mut headers = HeaderMap::new();
+        for (k, v) in pairs {
+            headers.append(*k, HeaderValue::from_str(v).expect("value"));
+        }
+        from_headers(&headers, &defaults())
+    }
+
+    #[test]
+    fn defaults_look_up_and_store() {
+        let p = policy(&[]).expect("ok");
+        assert!(p.lookup && p.store && p.semantic && !p.refresh);
+        assert_eq!(p.ttl_s, 604_800);
+        assert_eq!(miss_outcome(&p), "miss");
+    }
+
+    #[test]
+    fn cache_control_directives() {
+        let p = policy(&[("cache-control", "no-cache")]).expect("ok");
+        assert!(!p.lookup && p.store && p.refresh);
+        assert_eq!(miss_outcome(&p), "refresh");
+        let p = policy(&[("cache-control", "no-store, max-age=30")]).expect("ok");
+        assert!(p.lookup && !p.store);
+        assert_eq!(p.max_age_s, Some(30));
+        let p = policy(&[("cache-control", "no-cache, no-store")]).expect("ok");
+        assert_eq!(miss_outcome(&p), "bypass");
+        assert!(policy(&[("cache-control", "max-age=soon")]).is_err());
+        assert!(policy(&[("cache-control", "private")]).is_ok());
+    }
+
+    #[test]
+    fn reprise_headers_and_their_errors() {
+        let p = policy(&[("x-reprise-cache-mode", "off")]).expect("ok");
+        assert_eq!(miss_outcome(&p), "bypass");
+        let p = policy(&[("x-reprise-cache-mode", "read-only")]).expect("ok");
+        assert!(p.lookup && !p.store);
+        let p = policy(&[("x-reprise-cache-mode", "write-only")]).expect("ok");
+        assert_eq!(miss_outcome(&p), "refresh");
+        let p = policy(&[("x-reprise-cache-mode", "exact-only")]).expect("ok");
+        assert!(p.lookup && p.store && !p.semantic);
+        let p = policy(&[
+            ("x-reprise-ttl", "60"),
+            ("x-reprise-replay", "tokens-per-second=50"),
+            ("x-reprise-namespace", "team-a"),
+        ])
+        .expect("ok");
+        assert_eq!((p.ttl_s, p.pacing), (60, Pacing::TokensPerSecond(50.0)));
+        assert_eq!(p.namespace.as_deref(), Some("team-a"));
+        for (name, value) in [
+            ("x-reprise-cache-mode", "sometimes"),
+            ("x-reprise-ttl", "0"),
+            ("x-reprise-ttl", "abc"),
+            ("x-reprise-replay", "fast"),
+            ("x-reprise-replay", "tokens-per-second=-1"),
+            ("x-reprise-namespace", "has space"),
+        ] {
+            let err = policy(&[(name, value)]).expect_err(value);
+            assert_eq!(err.body()["error"]["param"], name);
+        }
+    }
+}

@@ -1,0 +1,1268 @@
+//! Durable storage of cache entries (sled by default), behind the small [`Store`] trait.
+//!
+//! It holds payloads and the exact-key index only (the vector index lives elsewhere). It must never
+//! hand out a corrupt or half-written entry, and must never hold its writer lock for more than one
+//! small batch of sled writes: every put and delete shares that lock with eviction.
+//!
+//! On disk (schema version 1, laid out by `reprise-migrations`):
+//! - `entries`: entry id as u64 big-endian (so iteration is in id order) -> encoded entry;
+//! - `exact`: 32-byte [`CacheKey`] -> entry id as u64 big-endian;
+//! - `meta`: `schema_version` -> u32 big-endian.
+//!
+//! An encoded entry is `[format tag = 1][blake3 of the payload: 32 bytes][payload]`, the payload
+//! being the serde_json of the [`Entry`].
+//! An entry and its index row are written and removed in one sled transaction, which sled recovers
+//! atomically after a crash, so no index row can name a missing entry unless the entry was found
+//! corrupt and dropped; readers treat such a row as absent and remove it.
+//!
+//! Beside sled, an in-memory ledger holds the id, key, expiry, recency and size of every entry,
+//! built by one scan at open. It makes `len`/`bytes` O(1) and lets `sweep` find expired entries and
+//! sample eviction candidates without reading payloads from disk.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::convert::Infallible;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use serde::Deserialize;
+use sled::transaction::{ConflictableTransactionResult, TransactionError};
+use sled::Transactional;
+use tracing::{debug, error, info, warn};
+
+use crate::entry::{Entry, EntryId};
+use crate::key::CacheKey;
+
+use reprise_migrations::layout;
+pub use reprise_migrations::MigrationError;
+
+/// The data-directory schema version this build reads and writes.
+pub const SCHEMA_VERSION: u32 = reprise_migrations::CURRENT;
+
+/// Format tag of an encoded entry: serde_json payload with a blake3 checksum.
+const FORMAT_JSON: u8 = 1;
+const HEADER_LEN: usize = 1 + blake3::OUT_LEN;
+/// Entries compared per eviction: Redis-style approximate LRU, close to exact LRU at a fixed cost.
+const EVICTION_SAMPLE: usize = 16;
+/// Entries removed per locked step of `sweep`, so that puts wait at most one small batch.
+const SWEEP_BATCH: usize = 64;
+
+/// Our transactions never abort on their own; they only fail on storage errors.
+type TxResult<T> = ConflictableTransactionResult<T, Infallible>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("entry {id} is corrupt: {reason}")]
+    Corrupt { id: EntryId, reason: String },
+    #[error(transparent)]
+    Migration(#[from] MigrationError),
+    #[error("cannot create data directory {}: {source}", path.display())]
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot encode entry: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// Storage of cache entries. Blocking: call it on blocking threads, never inside a handler's poll.
+pub trait Store: Send + Sync + 'static {
+    fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError>;
+    /// The entry the exact-key index names for `key`.
+    fn get_by_key(&self, key: &CacheKey) -> Result<Option<Entry>, StoreError>;
+    /// Assigns `entry.id` (the incoming id is ignored) and writes the entry and its exact-key index
+    /// row atomically, replacing (and deleting) any older entry with the same key. Returns the id.
+    fn put(&self, entry: Entry) -> Result<EntryId, StoreError>;
+    /// Removes the entry and its index row atomically; false if there was no such entry.
+    fn delete(&self, id: EntryId) -> Result<bool, StoreError>;
+    /// Records hits: adds `hits` to `hit_count` and moves `last_hit_ms` forward (never back).
+    /// Meant for off the request path; a missing entry is not an error (it may have been evicted).
+    fn touch(&self, id: EntryId, hits: u64, last_hit_ms: u64) -> Result<(), StoreError>;
+    /// Entries in id order after `after` (exclusive), at most `limit`: for paginated admin listing.
+    fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError>;
+    /// Number of entries, O(1).
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Sum of the stored (encoded) entry sizes, O(1).
+    fn bytes(&self) -> u64;
+    /// Deletes entries expired at `now_ms`, then evicts by approximate LRU while over `max_entries`
+    /// or `max_bytes`. Also deletes entries that reads found corrupt. Returns (expired, evicted).
+    fn sweep(
+        &self,
+        now_ms: u64,
+        max_entries: usize,
+        max_bytes: u64,
+    ) -> Result<(usize, usize), StoreError>;
+    /// Makes every write so far durable.
+    fn flush(&self) -> Result<(), StoreError>;
+    /// Removes every entry; returns how many there were.
+    fn clear(&self) -> Result<usize, StoreError>;
+}
+
+/// The embedded store: one sled database in the data directory.
+pub struct SledStore {
+    db: sled::Db,
+    entries: sled::Tree,
+    exact: sled::Tree,
+    /// Taken by every write, so the ledger always mirrors sled; readers never take it.
+    ledger: Mutex<Ledger>,
+    /// Ids whose value failed to decode on a read. Readers must not write, so they leave the
+    /// deletion to the next sweep; a lock of its own so that they never wait for a writer.
+    quarantine: Mutex<HashSet<u64>>,
+    /// Copies of the ledger's totals, for lock-free `len`/`bytes`.
+    len: AtomicUsize,
+    bytes: AtomicU64,
+}
+
+/// Opens the sled database, waiting briefly for the lock: sled releases a closed database's file lock
+/// from its background flusher, a moment after the last handle is dropped (a restart in the same
+/// process, or a supervisor restarting the gateway at once, would otherwise fail).
+fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match sled::Config::new()
+            .path(dir)
+            .cache_capacity(128 * 1024 * 1024)
+            .open()
+        {
+            Err(sled::Error::Io(e))
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
+impl SledStore {
+    /// Opens (creating if needed) the data directory, brings its schema up to [`SCHEMA_VERSION`],
+    /// and rebuilds the ledger with one scan, dropping unreadable entries and dangling index rows.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let db = open_db(dir)?;
+        let found = reprise_migrations::migrate(&db)?;
+        if found != SCHEMA_VERSION {
+            info!(
+                from = found,
+                to = SCHEMA_VERSION,
+                "upgraded data directory schema"
+            );
+        }
+        let entries = db.open_tree(layout::ENTRIES)?;
+        let exact = db.open_tree(layout::EXACT)?;
+        let ledger = load_ledger(&entries, &exact)?;
+        info!(
+            dir = %dir.display(),
+            entries = ledger.slots.len(),
+            bytes = ledger.bytes,
+            "opened cache store"
+        );
+        Ok(Self {
+            db,
+            entries,
+            exact,
+            len: AtomicUsize::new(ledger.slots.len()),
+            bytes: AtomicU64::new(ledger.bytes),
+            ledger: Mutex::new(ledger),
+            quarantine: Mutex::new(HashSet::new()),
+        })
+    }
+
+    fn lock_ledger(&self) -> MutexGuard<'_, Ledger> {
+        // A panic while holding the lock cannot leave sled half-written (transactions), and the
+        // ledger is at worst stale by one write, which sweep tolerates: keep going.
+        self.ledger
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn lock_quarantine(&self) -> MutexGuard<'_, HashSet<u64>> {
+        self.quarantine
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Publishes the ledger's totals; called before releasing the ledger lock.
+    fn publish(&self, ledger: &Ledger) {
+        self.len.store(ledger.slots.len(), Ordering::Relaxed);
+        self.bytes.store(ledger.bytes, Ordering::Relaxed);
+    }
+
+    /// Decodes `raw`, or quarantines the id and reports it absent.
+    fn decode_or_quarantine(&self, id: EntryId, raw: &[u8]) -> Option<Entry> {
+        match decode(id, raw) {
+            Ok(entry) => Some(entry),
+            Err(e) => {
+                warn!(error = %e, "unreadable cache entry read as absent; next sweep deletes it");
+                self.lock_quarantine().insert(id.0);
+                None
+            }
+        }
+    }
+
+    /// Removes `ids` (entries and the index rows that still name them) in one transaction, then
+    /// from the ledger. Returns how many entries were actually on disk.
+    fn remove_locked(&self, ledger: &mut Ledger, ids: &[u64]) -> Result<usize, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        // The ledger knows every stored entry's key, so no payload is read to find index rows.
+        let targets: Vec<(u64, Option<CacheKey>)> = ids
+            .iter()
+            .map(|&id| (id, ledger.get(id).map(|slot| slot.key)))
+            .collect();
+        let removed = (&self.entries, &self.exact)
+            .transaction(|(entries, exact)| -> TxResult<usize> {
+                let mut removed = 0;
+                for (id, key) in &targets {
+                    let id_bytes = id.to_be_bytes();
+                    if entries.remove(&id_bytes[..])?.is_some() {
+                        removed += 1;
+                    }
+                    if let Some(key) = key {
+                        // Only if the row still names this id: a newer entry may own the key.
+                        if exact.get(key.0)?.as_deref() == Some(&id_bytes[..]) {
+                            exact.remove(&key.0[..])?;
+                        }
+                    }
+                }
+                Ok(removed)
+            })
+            .map_err(storage_error)?;
+        for &id in ids {
+            ledger.remove(id);
+        }
+        self.publish(ledger);
+        Ok(removed)
+    }
+}
+
+impl Store for SledStore {
+    fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
+        let Some(raw) = self.entries.get(id.0.to_be_bytes())? else {
+            return Ok(None);
+        };
+        Ok(self.decode_or_quarantine(id, &raw))
+    }
+
+    fn get_by_key(&self, key: &CacheKey) -> Result<Option<Entry>, StoreError> {
+        // Two rounds: a put may replace the entry between reading the row and reading the entry.
+        for _ in 0..2 {
+            let Some(row) = self.exact.get(key.0)? else {
+                return Ok(None);
+            };
+            let Some(id) = parse_id(&row) else {
+                warn!(?key, "malformed exact-key row removed");
+                let _ = self
+                    .exact
+                    .compare_and_swap(key.0, Some(&row), None::<&[u8]>)?;
+                return Ok(None);
+            };
+            let id = EntryId(id);
+            let Some(raw) = self.entries.get(id.0.to_be_bytes())? else {
+                // Ids are never reused and entry and row change together, so if the row is
+                // unchanged the entry is gone for good (dropped as corrupt): remove the row. If
+                // the row changed, a writer got there first: read again.
+                if self
+                    .exact
+                    .compare_and_swap(key.0, Some(&row), None::<&[u8]>)?
+                    .is_ok()
+                {
+                    debug!(?key, %id, "removed exact-key row naming a missing entry");
+                    return Ok(None);
+                }
+                continue;
+            };
+            return Ok(self
+                .decode_or_quarantine(id, &raw)
+                .filter(|entry| entry.key == *key));
+        }
+        Ok(None)
+    }
+
+    fn put(&self, mut entry: Entry) -> Result<EntryId, StoreError> {
+        loop {
+            // sled persists its id generator, so ids are unique across restarts and never reused;
+            // +1 keeps 0 free to mean "none" wherever an id is packed into an integer.
+            let id = self.db.generate_id()?.saturating_add(1);
+            entry.id = EntryId(id);
+            // Encode before taking the lock: every writer queues behind it.
+            let value = encode(&entry)?;
+            let slot = Slot::new(&entry, value.len());
+            let mut ledger = self.lock_ledger();
+            if ledger.get(id).is_some() {
+                // Only possible if a data directory was written with ids the generator never gave.
+                warn!(%entry.id, "generated entry id already in use; drawing another");
+                continue;
+            }
+            let id_bytes = id.to_be_bytes();
+            let replaced = (&self.entries, &self.exact)
+                .transaction(|(entries, exact)| -> TxResult<Option<u64>> {
+                    let old = exact.insert(&entry.key.0[..], &id_bytes[..])?;
+                    let old_id = old.as_deref().and_then(parse_id);
+                    if let Some(old_id) = old_id {
+                        entries.remove(&old_id.to_be_bytes()[..])?;
+                    }
+                    entries.insert(&id_bytes[..], value.as_slice())?;
+                    Ok(old_id)
+                })
+                .map_err(storage_error)?;
+            if let Some(old_id) = replaced {
+                ledger.remove(old_id);
+            }
+            ledger.insert(slot);
+            self.publish(&ledger);
+            return Ok(EntryId(id));
+        }
+    }
+
+    fn delete(&self, id: EntryId) -> Result<bool, StoreError> {
+        let mut ledger = self.lock_ledger();
+        let removed = self.remove_locked(&mut ledger, &[id.0])?;
+        drop(ledger);
+        self.lock_quarantine().remove(&id.0);
+        Ok(removed > 0)
+    }
+
+    fn touch(&self, id: EntryId, hits: u64, last_hit_ms: u64) -> Result<(), StoreError> {
+        let id_bytes = id.0.to_be_bytes();
+        // Read, update and write under the lock, so this write cannot undo a concurrent delete.
+        let mut ledger = self.lock_ledger();
+        let Some(raw) = self.entries.get(id_bytes)? else {
+            return Ok(());
+        };
+        let Some(mut entry) = self.decode_or_quarantine(id, &raw) else {
+            return Ok(());
+        };
+        entry.hit_count = entry.hit_count.saturating_add(hits);
+        // Batched touches may arrive out of order: recency only moves forward.
+        entry.last_hit_ms = entry.last_hit_ms.max(last_hit_ms);
+        let value = encode(&entry)?;
+        let slot = Slot::new(&entry, value.len());
+        self.entries.insert(id_bytes, value)?;
+        ledger.insert(slot);
+        self.publish(&ledger);
+        Ok(())
+    }
+
+    fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
+        let start = match after {
+            Some(id) => Bound::Excluded(id.0.to_be_bytes()),
+            None => Bound::Unbounded,
+        };
+        let mut out = Vec::with_capacity(limit.min(1024));
+        if limit == 0 {
+            return Ok(out);
+        }
+        for item in self.entries.range((start, Bound::Unbounded)) {
+            let (raw_id, raw) = item?;
+            // Unreadable entries are skipped: the page is shorter only if the store ran out.
+            let Some(id) = parse_id(&raw_id) else {
+                continue;
+            };
+            if let Some(entry) = self.decode_or_quarantine(EntryId(id), &raw) {
+                out.push(entry);
+                if out.len() == limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    fn sweep(
+        &self,
+        now_ms: u64,
+        max_entries: usize,
+        max_bytes: u64,
+    ) -> Result<(usize, usize), StoreError> {
+        // Each step below takes the lock for one batch at most and releases it before the next.
+        let quarantined: Vec<u64> = self.lock_quarantine().drain().collect();
+        for batch in quarantined.chunks(SWEEP_BATCH) {
+            let mut ledger = self.lock_ledger();
+            let removed = self.remove_locked(&mut ledger, batch)?;
+            if removed > 0 {
+                warn!(removed, "deleted unreadable cache entries");
+            }
+        }
+
+        let mut expired = 0;
+        loop {
+            let mut ledger = self.lock_ledger();
+            let batch = ledger.expired(now_ms, SWEEP_BATCH);
+            if batch.is_empty() {
+                break;
+            }
+            expired += self.remove_locked(&mut ledger, &batch)?;
+        }
+
+        let mut evicted = 0;
+        loop {
+            let mut ledger = self.lock_ledger();
+            let batch = ledger.eviction_victims(max_entries, max_bytes, SWEEP_BATCH);
+            if batch.is_empty() {
+                break;
+            }
+            evicted += self.remove_locked(&mut ledger, &batch)?;
+        }
+        if expired + evicted > 0 {
+            debug!(
+                expired,
+                evicted,
+                len = self.len(),
+                bytes = self.bytes(),
+                "swept cache store"
+            );
+        }
+        Ok((expired, evicted))
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn clear(&self) -> Result<usize, StoreError> {
+        let mut ledger = self.lock_ledger();
+        let count = ledger.slots.len();
+        // Entries first: a crash in between leaves index rows naming nothing, which reads treat as
+        // absent and remove; the other order would leave entries no key can reach.
+        self.entries.clear()?;
+        self.exact.clear()?;
+        *ledger = Ledger::new();
+        self.publish(&ledger);
+        drop(ledger);
+        self.lock_quarantine().clear();
+        Ok(count)
+    }
+}
+
+impl Drop for SledStore {
+    fn drop(&mut self) {
+        // sled flushes when its last handle goes, but says nothing if that fails: say it here.
+        if let Err(e) = self.db.flush() {
+            error!(error = %e, "cache store: final flush failed; recent entries may be lost");
+        }
+    }
+}
+
+fn storage_error(e: TransactionError<Infallible>) -> StoreError {
+    match e {
+        TransactionError::Storage(e) => StoreError::Sled(e),
+        TransactionError::Abort(never) => match never {},
+    }
+}
+
+fn parse_id(raw: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(raw.try_into().ok()?))
+}
+
+fn encode(entry: &Entry) -> Result<Vec<u8>, StoreError> {
+    let payload = serde_json::to_vec(entry)?;
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.push(FORMAT_JSON);
+    out.extend_from_slice(blake3::hash(&payload).as_bytes());
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+/// The checked payload of an encoded entry.
+fn payload(id: EntryId, raw: &[u8]) -> Result<&[u8], StoreError> {
+    let corrupt = |reason: &str| StoreError::Corrupt {
+        id,
+        reason: reason.to_owned(),
+    };
+    if raw.len() < HEADER_LEN {
+        return Err(corrupt("shorter than its header"));
+    }
+    let (header, payload) = raw.split_at(HEADER_LEN);
+    if header[0] != FORMAT_JSON {
+        return Err(corrupt(&format!("unknown format tag {}", header[0])));
+    }
+    if blake3::hash(payload).as_bytes() != &header[1..] {
+        return Err(corrupt("checksum mismatch"));
+    }
+    Ok(payload)
+}
+
+fn decode(id: EntryId, raw: &[u8]) -> Result<Entry, StoreError> {
+    let entry: Entry =
+        serde_json::from_slice(payload(id, raw)?).map_err(|e| StoreError::Corrupt {
+            id,
+            reason: e.to_string(),
+        })?;
+    if entry.id != id {
+        return Err(StoreError::Corrupt {
+            id,
+            reason: format!("payload names entry {}", entry.id),
+        });
+    }
+    Ok(entry)
+}
+
+/// The fields the ledger needs, parsed without building the events and body.
+#[derive(Deserialize)]
+struct EntryHead {
+    id: EntryId,
+    key: CacheKey,
+    created_at_ms: u64,
+    ttl_ms: u64,
+    last_hit_ms: u64,
+}
+
+/// Scans both trees once: a ledger of every readable entry; unreadable entries and index rows that
+/// do not name a readable entry of their key are deleted.
+fn load_ledger(entries: &sled::Tree, exact: &sled::Tree) -> Result<Ledger, StoreError> {
+    let mut ledger = Ledger::new();
+    let mut unreadable = Vec::new();
+    for item in entries.iter() {
+        let (raw_id, raw) = item?;
+        let head =
+            parse_id(&raw_id)
+                .ok_or_else(|| StoreError::Corrupt {
+                    id: EntryId(0),
+                    reason: format!("entry key is {} bytes, expected 8", raw_id.len()),
+                })
+                .and_then(|id| {
+                    let head: EntryHead = serde_json::from_slice(payload(EntryId(id), &raw)?)
+                        .map_err(|e| StoreError::Corrupt {
+                            id: EntryId(id),
+                            reason: e.to_string(),
+                        })?;
+                    if head.id.0 != id {
+                        return Err(StoreError::Corrupt {
+                            id: EntryId(id),
+                            reason: format!("payload names entry {}", head.id),
+                        });
+                    }
+                    Ok(head)
+                });
+        match head {
+            Ok(head) => ledger.insert(Slot {
+                id: head.id.0,
+                key: head.key,
+                expires_at_ms: head.created_at_ms.saturating_add(head.ttl_ms),
+                recency_ms: head.last_hit_ms.max(head.created_at_ms),
+                size: raw.len() as u64,
+            }),
+            Err(e) => {
+                warn!(error = %e, "deleting unreadable cache entry");
+                unreadable.push(raw_id);
+            }
+        }
+    }
+    for raw_id in unreadable {
+        entries.remove(raw_id)?;
+    }
+    let mut dangling = 0usize;
+    for item in exact.iter() {
+        let (raw_key, row) = item?;
+        let names_its_entry = parse_id(&row)
+            .and_then(|id| ledger.get(id))
+            .is_some_and(|slot| slot.key.0[..] == raw_key[..]);
+        if !names_its_entry {
+            exact.remove(raw_key)?;
+            dangling += 1;
+        }
+    }
+    if dangling > 0 {
+        warn!(dangling, "deleted exact-key rows naming no readable entry");
+    }
+    Ok(ledger)
+}
+
+/// What the store needs to know about one entry without reading it.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    id: u64,
+    key: CacheKey,
+    expires_at_ms: u64,
+    /// max(last_hit_ms, created_at_ms): the LRU age.
+    recency_ms: u64,
+    /// Encoded size on disk.
+    size: u64,
+}
+
+impl Slot {
+    fn new(entry: &Entry, size: usize) -> Self {
+        Self {
+            id: entry.id.0,
+            key: entry.key,
+            expires_at_ms: entry.expires_at_ms(),
+            recency_ms: entry.last_hit_ms.max(entry.created_at_ms),
+            size: size as u64,
+        }
+    }
+}
+
+/// In-memory mirror of the `entries` tree. A dense vector so eviction can sample uniformly, an id
+/// map into it, and an expiry-ordered set so expired entries are found without a scan.
+struct Ledger {
+    slots: Vec<Slot>,
+    position: HashMap<u64, usize>,
+    by_expiry: BTreeSet<(u64, u64)>,
+    bytes: u64,
+    rng: u64,
+}
+
+impl Ledger {
+    fn new() -> Self {
+        // Any nonzero seed will do: sampling needs spread, not unpredictability.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Self {
+            slots: Vec::new(),
+            position: HashMap::new(),
+            by_expiry: BTreeSet::new(),
+            bytes: 0,
+            rng: nanos | 1,
+        }
+    }
+
+    fn get(&self, id: u64) -> Option<&Slot> {
+        self.position.get(&id).map(|&i| &self.slots[i])
+    }
+
+    /// Inserts or replaces the slot of `slot.id`.
+    fn insert(&mut self, slot: Slot) {
+        self.remove(slot.id);
+        self.position.insert(slot.id, self.slots.len());
+        self.by_expiry.insert((slot.expires_at_ms, slot.id));
+        self.bytes = self.bytes.saturating_add(slot.size);
+        self.slots.push(slot);
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Slot> {
+        let index = self.position.remove(&id)?;
+        let slot = self.slots.swap_remove(index);
+        if let Some(moved) = self.slots.get(index) {
+            self.position.insert(moved.id, index);
+        }
+        self.by_expiry.remove(&(slot.expires_at_ms, id));
+        self.bytes = self.bytes.saturating_sub(slot.size);
+        Some(slot)
+    }
+
+    /// Up to `limit` ids expired at `now_ms`, soonest-expired first.
+    fn expired(&self, now_ms: u64, limit: usize) -> Vec<u64> {
+        self.by_expiry
+            .iter()
+            .take_while(|(expires_at, _)| *expires_at <= now_ms)
+            .take(limit)
+            .map(|&(_, id)| id)
+            .collect()
+    }
+
+    /// Up to `limit` ids to evict so that the store fits `max_entries` and `max_bytes`, each the
+    /// least recently used of a sample of the entries not already chosen.
+    fn eviction_victims(&mut self, max_entries: usize, max_bytes: u64, limit: usize) -> Vec<u64> {
+        let mut chosen: HashSet<usize> = HashSet::new();
+        let (mut len, mut bytes) = (self.slots.len(), self.bytes);
+        while (len > max_entries || bytes > max_bytes) && chosen.len() < limit {
+            let Some(index) = self.oldest_of_sample(&chosen) else {
+                break;
+            };
+            chosen.insert(index);
+            len -= 1;
+            bytes = bytes.saturating_sub(self.slots[index].size);
+        }
+        chosen.into_iter().map(|i| self.slots[i].id).collect()
+    }
+
+    /// The least recent of [`EVICTION_SAMPLE`] distinct slots outside `chosen` (all of them when
+    /// that few remain, which makes small stores exact LRU). Ties go to the older id.
+    fn oldest_of_sample(&mut self, chosen: &HashSet<usize>) -> Option<usize> {
+        let n = self.slots.len();
+        let age = |slots: &[Slot], i: usize| (slots[i].recency_ms, slots[i].id);
+        if n.saturating_sub(chosen.len()) <= EVICTION_SAMPLE {
+            return (0..n)
+                .filter(|i| !chosen.contains(i))
+                .min_by_key(|&i| age(&self.slots, i));
+        }
+        let mut sample: HashSet<usize> = HashSet::with_capacity(EVICTION_SAMPLE);
+        // Random draws first; the rare shortfall (draws landing on chosen or repeated slots) is
+        // topped up by walking on from a random slot, so the sample is always full.
+        for _ in 0..EVICTION_SAMPLE * 4 {
+            let i = (self.next_random() % n as u64) as usize;
+            if !chosen.contains(&i) {
+                sample.insert(i);
+                if sample.len() == EVICTION_SAMPLE {
+                    break;
+                }
+            }
+        }
+        let start = (self.next_random() % n as u64) as usize;
+        for i in (0..n).map(|k| (start + k) % n) {
+            if sample.len() == EVICTION_SAMPLE {
+                break;
+            }
+            if !chosen.contains(&i) {
+                sample.insert(i);
+            }
+        }
+        sample.into_iter().min_by_key(|&i| age(&self.slots, i))
+    }
+
+    /// xorshift64*: fast and dependency-free; statistical quality is ample for sampling.
+    fn next_random(&mut self) -> u64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::{RequestSummary, StoredEvent};
+    use crate::key::PartitionKey;
+    use crate::timing::Phases;
+    use serde_json::json;
+
+    fn key(n: u64) -> CacheKey {
+        CacheKey(*blake3::hash(&n.to_le_bytes()).as_bytes())
+    }
+
+    fn entry(n: u64, created_at_ms: u64, ttl_ms: u64) -> Entry {
+        Entry {
+            id: EntryId(999_999),
+            key: key(n),
+            partition: PartitionKey([1; 32]),
+            summary: RequestSummary {
+                route: "chat.completions".into(),
+                model: "sim-1".into(),
+                namespace: None,
+                tenant: "shared".into(),
+                prompt: format!("question {n}"),
+                stream: true,
+            },
+            events: vec![StoredEvent {
+                offset_ms: 0.0,
+                data: json!({"choices": [{"delta": {"content": format!("answer {n}")}}]}),
+            }],
+            body: json!({"choices": [{"message": {"content": format!("answer {n}")}}]}),
+            usage: Some(json!({"completion_tokens": 2})),
+            phases: Phases {
+                ttft_ms: Some(120.0),
+                total_ms: 150.0,
+                ..Phases::default()
+            },
+            created_at_ms,
+            ttl_ms,
+            hit_count: 0,
+            last_hit_ms: 0,
+        }
+    }
+
+    fn open(dir: &Path) -> SledStore {
+        SledStore::open(dir).expect("open store")
+    }
+
+    /// The counters agree with what is on disk, and every index row names an entry of its key.
+    fn assert_consistent(store: &SledStore) {
+        let mut len = 0;
+        let mut bytes = 0;
+        for item in store.entries.iter() {
+            let (_, raw) = item.expect("iter");
+            len += 1;
+            bytes += raw.len() as u64;
+        }
+        assert_eq!(store.len(), len, "len counter");
+        assert_eq!(store.bytes(), bytes, "bytes counter");
+        for item in store.exact.iter() {
+            let (raw_key, row) = item.expect("iter");
+            let id = parse_id(&row).expect("8-byte row");
+            let entry = store
+                .get(EntryId(id))
+                .expect("get")
+                .expect("row names an entry");
+            assert_eq!(entry.key.0[..], raw_key[..]);
+        }
+    }
+
+    #[test]
+    fn put_then_get_and_get_by_key_roundtrip() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        let original = entry(1, 1_000, 60_000);
+        let id = store.put(original.clone()).expect("put");
+        assert_ne!(id.0, 0);
+        assert_ne!(id, original.id, "incoming id is ignored");
+
+        let expected = Entry { id, ..original };
+        assert_eq!(store.get(id).expect("get"), Some(expected.clone()));
+        assert_eq!(store.get_by_key(&key(1)).expect("by key"), Some(expected));
+        assert_eq!(store.get_by_key(&key(2)).expect("by key"), None);
+        assert_eq!(store.get(EntryId(id.0 + 1000)).expect("get"), None);
+        assert_eq!(store.len(), 1);
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn put_with_same_key_replaces_the_older_entry() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        let first = store.put(entry(1, 1_000, 60_000)).expect("put");
+        let mut newer = entry(1, 2_000, 60_000);
+        newer.body = json!({"newer": true});
+        let second = store.put(newer).expect("put");
+
+        assert_ne!(first, second);
+        assert_eq!(store.get(first).expect("get"), None, "old entry deleted");
+        let by_key = store.get_by_key(&key(1)).expect("by key").expect("present");
+        assert_eq!(by_key.id, second);
+        assert_eq!(by_key.body, json!({"newer": true}));
+        assert_eq!(store.len(), 1);
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn delete_removes_entry_and_index_row() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        let id = store.put(entry(1, 1_000, 60_000)).expect("put");
+        let kept = store.put(entry(2, 1_000, 60_000)).expect("put");
+
+        assert!(store.delete(id).expect("delete"));
+        assert!(!store.delete(id).expect("delete again"), "already gone");
+        assert_eq!(store.get(id).expect("get"), None);
+        assert_eq!(store.get_by_key(&key(1)).expect("by key"), None);
+        assert!(
+            store.exact.get(key(1).0).expect("row").is_none(),
+            "index row removed"
+        );
+        assert_eq!(store.get(kept).expect("get").map(|e| e.id), Some(kept));
+        assert_eq!(store.len(), 1);
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn touch_adds_hits_and_moves_last_hit_forward() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        let id = store.put(entry(1, 1_000, 60_000)).expect("put");
+        store.touch(id, 2, 5_000).expect("touch");
+        store.touch(id, 3, 4_000).expect("touch out of order");
+
+        let touched = store.get(id).expect("get").expect("present");
+        assert_eq!(touched.hit_count, 5);
+        assert_eq!(
+            touched.last_hit_ms, 5_000,
+            "an older batch does not move it back"
+        );
+        // Touching an evicted entry is not an error.
+        store
+            .touch(EntryId(id.0 + 1000), 1, 6_000)
+            .expect("touch missing");
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn list_paginates_in_id_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        let ids: Vec<EntryId> = (0..25)
+            .map(|n| store.put(entry(n, 1_000, 60_000)).expect("put"))
+            .collect();
+
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let page = store.list(after, 10).expect("list");
+            assert!(page.len() <= 10);
+            if page.is_empty() {
+                break;
+            }
+            after = page.last().map(|e| e.id);
+            seen.extend(page.into_iter().map(|e| e.id));
+        }
+        assert_eq!(seen, ids, "every entry once, in id order");
+        assert_eq!(store.list(Some(ids[19]), 10).expect("list").len(), 5);
+        assert!(store.list(None, 0).expect("list").is_empty());
+    }
+
+    #[test]
+    fn sweep_removes_expired_entries() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        for n in 0..10u64 {
+            // Even entries expire at 2_000, odd ones at 100_000.
+            let ttl = if n.is_multiple_of(2) { 1_000 } else { 99_000 };
+            store.put(entry(n, 1_000, ttl)).expect("put");
+        }
+        assert_eq!(store.sweep(1_999, 100, u64::MAX).expect("sweep"), (0, 0));
+        assert_eq!(store.sweep(2_000, 100, u64::MAX).expect("sweep"), (5, 0));
+        assert_eq!(store.len(), 5);
+        for n in 0..10 {
+            let present = store.get_by_key(&key(n)).expect("by key").is_some();
+            assert_eq!(present, !n.is_multiple_of(2), "entry {n}");
+        }
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn sweep_evicts_to_max_entries_keeping_recent_hits() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        let ids: Vec<EntryId> = (0..30)
+            .map(|n| store.put(entry(n, 1_000 + n, 1_000_000)).expect("put"))
+            .collect();
+        // Five entries scattered through the id range were hit recently.
+        let recent = [ids[0], ids[7], ids[13], ids[21], ids[29]];
+        for id in recent {
+            store.touch(id, 1, 50_000).expect("touch");
+        }
+
+        let (expired, evicted) = store.sweep(10_000, 10, u64::MAX).expect("sweep");
+        assert_eq!((expired, evicted), (0, 20));
+        assert_eq!(store.len(), 10);
+        // A sample of 16 always holds an entry that was not hit, so a hit one is never the oldest.
+        for id in recent {
+            assert!(store.get(id).expect("get").is_some(), "{id} was evicted");
+        }
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn sweep_evicts_to_max_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        for n in 0..30 {
+            store.put(entry(n, 1_000 + n, 1_000_000)).expect("put");
+        }
+        let cap = store.bytes() / 3;
+        let (_, evicted) = store.sweep(10_000, usize::MAX, cap).expect("sweep");
+        assert!(evicted >= 20, "evicted {evicted}");
+        assert!(store.bytes() <= cap, "{} > {cap}", store.bytes());
+        assert!(store.len() < 30);
+        assert_consistent(&store);
+
+        // Caps of zero empty the store.
+        store.sweep(10_000, 0, u64::MAX).expect("sweep");
+        assert_eq!((store.len(), store.bytes()), (0, 0));
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn corrupt_value_reads_as_absent_and_sweep_deletes_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        let garbage = store.put(entry(1, 1_000, 60_000)).expect("put");
+        let flipped = store.put(entry(2, 1_000, 60_000)).expect("put");
+        let good = store.put(entry(3, 1_000, 60_000)).expect("put");
+
+        // Garbage bytes, and a well-formed value with one payload byte flipped.
+        store
+            .entries
+            .insert(garbage.0.to_be_bytes(), &b"\x00not an entry"[..])
+            .expect("insert");
+        let mut raw = store
+            .entries
+            .get(flipped.0.to_be_bytes())
+            .expect("get")
+            .expect("present")
+            .to_vec();
+        let last = raw.len() - 2;
+        raw[last] ^= 0x01;
+        store
+            .entries
+            .insert(flipped.0.to_be_bytes(), raw)
+            .expect("insert");
+
+        assert_eq!(store.get(garbage).expect("get"), None);
+        assert_eq!(store.get_by_key(&key(2)).expect("by key"), None);
+        let listed: Vec<EntryId> = store
+            .list(None, 10)
+            .expect("list")
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(listed, vec![good]);
+
+        store.sweep(2_000, 100, u64::MAX).expect("sweep");
+        assert_eq!(store.len(), 1);
+        assert!(store.exact.get(key(1).0).expect("row").is_none());
+        assert!(store.exact.get(key(2).0).expect("row").is_none());
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn index_row_naming_a_missing_entry_reads_as_absent_and_is_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        store
+            .exact
+            .insert(key(9).0, &12_345u64.to_be_bytes()[..])
+            .expect("insert");
+        assert_eq!(store.get_by_key(&key(9)).expect("by key"), None);
+        assert!(store.exact.get(key(9).0).expect("row").is_none());
+    }
+
+    #[test]
+    fn reopen_keeps_entries_len_and_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ids, bytes) = {
+            let store = open(dir.path());
+            let ids: Vec<EntryId> = (0..5)
+                .map(|n| store.put(entry(n, 1_000, 60_000)).expect("put"))
+                .collect();
+            store.touch(ids[2], 4, 3_000).expect("touch");
+            store.flush().expect("flush");
+            (ids, store.bytes())
+        };
+        let store = open(dir.path());
+        assert_eq!(store.len(), 5);
+        assert_eq!(store.bytes(), bytes);
+        assert_eq!(
+            store.get(ids[2]).expect("get").map(|e| e.hit_count),
+            Some(4)
+        );
+        assert_eq!(
+            store.get_by_key(&key(4)).expect("by key").map(|e| e.id),
+            Some(ids[4])
+        );
+        // New ids keep increasing after a restart.
+        let next = store.put(entry(9, 1_000, 60_000)).expect("put");
+        assert!(ids.iter().all(|id| *id < next));
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn concurrent_writers_keep_index_and_counters_exact() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let concrete = std::sync::Arc::new(open(dir.path()));
+        // Used as the server will: shared behind the trait object.
+        let store: std::sync::Arc<dyn Store> = concrete.clone();
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let store = &store;
+                scope.spawn(move || {
+                    for i in 0..100u64 {
+                        // Threads share keys, so puts keep replacing each other's entries.
+                        let id = store.put(entry(i % 20, 1_000 + i, 60_000)).expect("put");
+                        match (t + i) % 4 {
+                            0 => drop(store.delete(id).expect("delete")),
+                            1 => store.touch(id, 1, 9_000 + i).expect("touch"),
+                            _ => drop(store.get_by_key(&key(i % 20)).expect("by key")),
+                        }
+                    }
+                });
+            }
+            scope.spawn(|| {
+                for _ in 0..20 {
+                    store.sweep(2_000, 12, u64::MAX).expect("sweep");
+                }
+            });
+        });
+        assert!(store.len() <= 20, "one entry per key at most");
+        assert_consistent(&concrete);
+        for e in store.list(None, 100).expect("list") {
+            let by_key = store.get_by_key(&e.key).expect("by key");
+            assert_eq!(
+                by_key.map(|f| f.id),
+                Some(e.id),
+                "every entry reachable by its key"
+            );
+        }
+    }
+
+    #[test]
+    fn clear_removes_everything() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        for n in 0..7 {
+            store.put(entry(n, 1_000, 60_000)).expect("put");
+        }
+        assert_eq!(store.clear().expect("clear"), 7);
+        assert_eq!((store.len(), store.bytes()), (0, 0));
+        assert!(store.exact.is_empty());
+        assert_eq!(store.get_by_key(&key(3)).expect("by key"), None);
+    }
+
+    #[test]
+    fn newer_schema_version_refuses_to_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let db = sled::open(dir.path()).expect("sled");
+            let meta = db.open_tree(reprise_migrations::META_TREE).expect("meta");
+            meta.insert(
+                reprise_migrations::VERSION_KEY,
+                &(SCHEMA_VERSION + 1).to_be_bytes()[..],
+            )
+            .expect("stamp");
+            db.flush().expect("flush");
+        }
+        let err = SledStore::open(dir.path())
+            .err()
+            .expect("a newer data directory must not open");
+        assert!(matches!(
+            err,
+            StoreError::Migration(MigrationError::Newer { .. })
+        ));
+        assert!(err.to_string().contains("newer Reprise"), "{err}");
+    }
+
+    /// An entry as version 1 wrote it, spelled out rather than produced by today's encoder.
+    #[test]
+    fn opens_a_v1_data_dir() {
+        let key = [0xab; 32];
+        let key_json: Vec<String> = key.iter().map(u8::to_string).collect();
+        let payload = format!(
+            r#"{{"id":7,"key":[{k}],"partition":[{k}],
+            "summary":{{"route":"chat.completions","model":"sim-1","namespace":"docs","tenant":"shared",
+                "prompt":"What is sled?","stream":true}},
+            "events":[{{"offset_ms":0.0,"data":{{"choices":[{{"delta":{{"content":"An embedded database."}}}}]}}}}],
+            "body":{{"choices":[{{"message":{{"content":"An embedded database."}}}}]}},
+            "usage":{{"completion_tokens":4}},
+            "phases":{{"ingress_ms":0.2,"upstream_send_ms":1.5,"ttft_ms":80.0,"decode_ms":20.0,
+                "downstream_ms":0.1,"total_ms":102.0,"tokens":4,"completion_tokens":4,
+                "itl_p50_ms":6.0,"itl_p99_ms":8.0,"tokens_per_s":150.0}},
+            "created_at_ms":1000,"ttl_ms":60000,"hit_count":3,"last_hit_ms":2000}}"#,
+            k = key_json.join(",")
+        );
+        let mut value = vec![1u8];
+        value.extend_from_slice(blake3::hash(payload.as_bytes()).as_bytes());
+        value.extend_from_slice(payload.as_bytes());
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        reprise_migrations::fixtures::write_v1_data_dir(dir.path(), &[(7, key, value.clone())])
+            .expect("write v1 dir");
+
+        let store = open(dir.path());
+        let old = store
+            .get_by_key(&CacheKey(key))
+            .expect("by key")
+            .expect("the v1 entry");
+        assert_eq!(old.id, EntryId(7));
+        assert_eq!(old.summary.namespace.as_deref(), Some("docs"));
+        assert_eq!(old.events.len(), 1);
+        assert_eq!(old.hit_count, 3);
+        assert_eq!(old.ttft_cost_ms(), Some(81.5));
+        assert_eq!((store.len(), store.bytes()), (1, value.len() as u64));
+        // The id generator was carried over: a new entry cannot collide with the old one.
+        assert!(store.put(entry(42, 3_000, 60_000)).expect("put") > EntryId(7));
+        assert_consistent(&store);
+    }
+
+    /// Environment variable that turns [`crash_child_writer`] into the child of the crash test.
+    const CRASH_DIR_ENV: &str = "REPRISE_STORE_CRASH_DIR";
+    /// Entries the child writes and flushes before it signals the parent.
+    const DURABLE: u64 = 50;
+
+    /// The child half of `kill_9_leaves_no_dangling_index_row`, run in a separate process.
+    #[test]
+    #[ignore = "run by kill_9_leaves_no_dangling_index_row in a child process"]
+    fn crash_child_writer() {
+        let Some(dir) = std::env::var_os(CRASH_DIR_ENV) else {
+            return;
+        };
+        let dir = PathBuf::from(dir);
+        let store = open(&dir);
+        for n in 0..DURABLE {
+            store.put(entry(n, 1_000, 60_000)).expect("put");
+        }
+        store.flush().expect("flush");
+        std::fs::write(dir.join("ready"), b"").expect("signal");
+        // Replace, delete and touch until killed, bounded in case the parent is gone.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut n = DURABLE;
+        while std::time::Instant::now() < deadline {
+            let id = store
+                .put(entry(DURABLE + n % 40, 1_000 + n, 60_000))
+                .expect("put");
+            if n.is_multiple_of(3) {
+                store.delete(id).expect("delete");
+            } else {
+                store.touch(id, 1, 5_000 + n).expect("touch");
+            }
+            n += 1;
+        }
+    }
+
+    #[test]
+    fn kill_9_leaves_no_dangling_index_row() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let test_name = module_path!()
+            .split_once("::")
+            .map_or("tests", |(_, rest)| rest)
+            .to_owned()
+            + "::crash_child_writer";
+        let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                test_name.as_str(),
+                "--exact",
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env(CRASH_DIR_ENV, dir.path())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn child");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !dir.path().join("ready").exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "child never got ready"
+            );
+            assert!(
+                child.try_wait().expect("poll child").is_none(),
+                "child exited early"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // Let it write for a while, past sled's periodic flush, then SIGKILL it mid-write.
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        child.kill().expect("kill child");
+        child.wait().expect("reap child");
+
+        // Check the raw trees before `open` gets a chance to repair anything.
+        {
+            let db = sled::open(dir.path()).expect("reopen raw");
+            let entries = db.open_tree(layout::ENTRIES).expect("entries");
+            let exact = db.open_tree(layout::EXACT).expect("exact");
+            for item in exact.iter() {
+                let (raw_key, row) = item.expect("iter");
+                let id = parse_id(&row).expect("8-byte row");
+                let raw = entries
+                    .get(id.to_be_bytes())
+                    .expect("get")
+                    .expect("index row names a stored entry");
+                let entry = decode(EntryId(id), &raw).expect("entry decodes");
+                assert_eq!(entry.key.0[..], raw_key[..]);
+            }
+            for item in entries.iter() {
+                let (raw_id, raw) = item.expect("iter");
+                let id = parse_id(&raw_id).expect("8-byte id");
+                decode(EntryId(id), &raw).expect("no half-written entry");
+            }
+        }
+        let store = open(dir.path());
+        for n in 0..DURABLE {
+            assert!(
+                store.get_by_key(&key(n)).expect("by key").is_some(),
+                "flushed entry {n} lost"
+            );
+        }
+        assert_consistent(&store);
+    }
+}

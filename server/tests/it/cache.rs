@@ -1,0 +1,532 @@
+//! Exact-match cache behaviour end to end: hits, keys that must not collide, what is never stored,
+//! persistence, TTL and max-age, single flight, eviction and disconnects.
+
+use std::time::Duration;
+
+use reprise_client::sim::{self, SimConfig};
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+async fn post(gw: &Gateway, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut request = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth("sk-tenant-a")
+        .json(body);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    request.send().await.expect("send")
+}
+
+fn outcome(response: &reqwest::Response) -> String {
+    response
+        .headers()
+        .get("x-reprise-cache")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_owned()
+}
+
+/// The answer text of a streamed or non-streamed response.
+async fn content(response: reqwest::Response, stream: bool) -> String {
+    if stream {
+        let text = stream_text(response).await;
+        let (data, _) = parse_sse(&text);
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{text}");
+        data.iter()
+            .filter(|d| *d != "[DONE]")
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter_map(|v| {
+                v.pointer("/choices/0/delta/content")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .collect()
+    } else {
+        let body: Value = response.json().await.expect("json");
+        body.pointer("/choices/0/message/content")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    }
+}
+
+fn upstream_calls(sim: &sim::SimHandle) -> u64 {
+    sim.stats.snapshot().chat_completions
+}
+
+/// Writes are off the request path: wait until the store has `n` entries.
+async fn wait_for_entries(gw: &Gateway, n: usize) {
+    for _ in 0..200 {
+        if gw.state.cache.store.len() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "store never reached {n} entries (has {})",
+        gw.state.cache.store.len()
+    );
+}
+
+#[tokio::test]
+async fn identical_requests_hit_and_either_shape_serves_the_other() {
+    let sim = sim_default().await;
+    let gw = start(config_for(sim.base_url())).await;
+    for (first_stream, second_stream, text) in [
+        (true, true, "q1"),
+        (true, false, "q2"),
+        (false, true, "q3"),
+        (false, false, "q4"),
+    ] {
+        let before = upstream_calls(&sim);
+        let body = |stream| chat_body(text, stream);
+        let miss = post(&gw, &body(first_stream), &[]).await;
+        assert_eq!(outcome(&miss), "miss");
+        let original = content(miss, first_stream).await;
+        wait_for_entries(&gw, 1).await;
+        let hit = post(&gw, &body(second_stream), &[]).await;
+        assert_eq!(outcome(&hit), "hit", "{text}");
+        let entry = hit.headers()["x-reprise-entry"]
+            .to_str()
+            .expect("entry")
+            .to_owned();
+        assert!(entry.starts_with("e_"));
+        assert!(hit.headers().contains_key("age"));
+        let saved: f64 = hit.headers()["x-reprise-ttft-saved-ms"]
+            .to_str()
+            .expect("h")
+            .parse()
+            .expect("num");
+        assert!(
+            saved >= SIM_TTFT_MS * 0.5,
+            "a hit saves about the simulator's TTFT, got {saved}"
+        );
+        assert_eq!(content(hit, second_stream).await, original, "{text}");
+        assert_eq!(
+            upstream_calls(&sim) - before,
+            1,
+            "{text}: upstream called once"
+        );
+    }
+}
+
+#[tokio::test]
+async fn hits_get_fresh_ids_and_usage_as_asked() {
+    let sim = sim_default().await;
+    let gw = start(config_for(sim.base_url())).await;
+    let body = json!({"model": "sim-model", "stream": true, "stream_options": {"include_usage": true},
+        "messages": [{"role": "user", "content": "usage please"}]});
+    let first = stream_text(post(&gw, &body, &[]).await).await;
+    wait_for_entries(&gw, 1).await;
+    let second = stream_text(post(&gw, &body, &[]).await).await;
+    let id = |text: &str| -> String {
+        let (data, _) = parse_sse(text);
+        let v: Value = serde_json::from_str(&data[0]).expect("json");
+        v["id"].as_str().expect("id").to_owned()
+    };
+    assert_ne!(id(&first), id(&second));
+    assert!(
+        second.contains("\"completion_tokens\":8"),
+        "FIRST {first}\nSECOND {second}"
+    );
+    // The same entry without include_usage: no usage chunk at all.
+    let plain = json!({"model": "sim-model", "stream": true, "messages": [{"role": "user", "content": "usage please"}]});
+    let response = post(&gw, &plain, &[]).await;
+    assert_eq!(outcome(&response), "hit");
+    let text = stream_text(response).await;
+    let (data, _) = parse_sse(&text);
+    assert!(!data.iter().any(|d| d.contains("usage")), "{text}");
+}
+
+#[tokio::test]
+async fn requests_that_differ_in_what_shapes_the_answer_never_share_an_entry() {
+    let sim = sim_default().await;
+    let gw = start(config_for(sim.base_url())).await;
+    let base = json!({"model": "sim-model", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "First question"},
+        {"role": "assistant", "content": "First answer"},
+        {"role": "user", "content": "What is a cache?"}
+    ]});
+    let miss = post(&gw, &base, &[]).await;
+    assert_eq!(outcome(&miss), "miss");
+    content(miss, false).await;
+    wait_for_entries(&gw, 1).await;
+    // Whitespace at the ends of the final turn does not matter.
+    let mut same = base.clone();
+    same["messages"][3]["content"] = json!("  What is a cache?\r\n");
+    assert_eq!(outcome(&post(&gw, &same, &[]).await), "hit");
+
+    let mut variants: Vec<(&str, Value)> = Vec::new();
+    let mut v = base.clone();
+    v["messages"][0]["content"] = json!("Be verbose.");
+    variants.push(("system prompt", v));
+    let mut v = base.clone();
+    v["messages"][2]["content"] = json!("Another answer");
+    variants.push(("earlier turn", v));
+    let mut v = base.clone();
+    v["temperature"] = json!(0.2);
+    variants.push(("temperature", v));
+    let mut v = base.clone();
+    v["tools"] = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    variants.push(("tools", v.clone()));
+    v["tool_choice"] = json!("none");
+    variants.push(("tool_choice", v));
+    let mut v = base.clone();
+    v["model"] = json!("sim-model-2");
+    variants.push(("model", v));
+    for (what, body) in variants {
+        let response = post(&gw, &body, &[]).await;
+        assert_eq!(outcome(&response), "miss", "different {what} must miss");
+        content(response, false).await;
+    }
+    // Another API key is another tenant.
+    let other = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth("sk-tenant-b")
+        .json(&base)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(outcome(&other), "miss", "another API key must miss");
+    // A namespace separates entries too.
+    assert_eq!(
+        outcome(&post(&gw, &base, &[("x-reprise-namespace", "team-b")]).await),
+        "miss"
+    );
+}
+
+#[tokio::test]
+async fn failed_partial_and_refused_answers_are_never_stored() {
+    let sim = sim_default().await;
+    let gw = start(config_for(sim.base_url())).await;
+    // (what, request, headers of the first attempt)
+    type Case<'a> = (&'a str, Value, Vec<(&'a str, &'a str)>);
+    let cases: Vec<Case> = vec![
+        (
+            "upstream 500",
+            chat_body("s1", false),
+            vec![("x-sim-fault", "status=500")],
+        ),
+        (
+            "cut stream",
+            chat_body("s2", true),
+            vec![("x-sim-fault", "cut=3")],
+        ),
+        (
+            "aborted stream",
+            chat_body("s3", true),
+            vec![("x-sim-fault", "abort=3")],
+        ),
+        (
+            "malformed event",
+            chat_body("s4", true),
+            vec![("x-sim-fault", "malformed=2")],
+        ),
+        (
+            "error event",
+            chat_body("s5", true),
+            vec![("x-sim-fault", "error-event=2")],
+        ),
+        (
+            "finish_reason length",
+            json!({"model": "sim-model", "max_tokens": 3, "messages": [{"role": "user", "content": "s6"}]}),
+            vec![],
+        ),
+        (
+            "invalid tool arguments",
+            json!({"model": "sim-model", "stream": true, "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}],
+            "messages": [{"role": "user", "content": "s7"}]}),
+            vec![("x-sim-fault", "bad-tool-args")],
+        ),
+        (
+            "client said no-store",
+            chat_body("s8", false),
+            vec![("cache-control", "no-store")],
+        ),
+        (
+            "cache mode off",
+            chat_body("s9", true),
+            vec![("x-reprise-cache-mode", "off")],
+        ),
+        (
+            "cache mode read-only",
+            chat_body("s10", false),
+            vec![("x-reprise-cache-mode", "read-only")],
+        ),
+    ];
+    for (what, body, headers) in cases {
+        let stream = body["stream"].as_bool().unwrap_or(false);
+        let first = post(&gw, &body, &headers).await;
+        let _ = first.bytes().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let before = upstream_calls(&sim);
+        let again = post(&gw, &body, &[]).await;
+        assert_ne!(outcome(&again), "hit", "{what} must not have been stored");
+        let _ = content(again, stream).await;
+        assert_eq!(
+            upstream_calls(&sim) - before,
+            1,
+            "{what}: went upstream again"
+        );
+    }
+    // The one stored answer above is the clean retry of each case (a tool call with valid JSON and
+    // the length-capped answer excluded), never the failed one.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for id in 0..gw.state.cache.store.len() as u64 + 20 {
+        if let Ok(Some(entry)) = gw.state.cache.store.get(reprise_server::entry::EntryId(id)) {
+            let reason = entry
+                .body
+                .pointer("/choices/0/finish_reason")
+                .and_then(Value::as_str);
+            assert!(
+                matches!(reason, Some("stop" | "tool_calls")),
+                "stored {reason:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn length_answers_are_stored_when_configured() {
+    let sim = sim_default().await;
+    let mut config = config_for(sim.base_url());
+    config.cache_length_finish = true;
+    let gw = start(config).await;
+    let body = json!({"model": "sim-model", "max_tokens": 3, "messages": [{"role": "user", "content": "len"}]});
+    content(post(&gw, &body, &[]).await, false).await;
+    wait_for_entries(&gw, 1).await;
+    assert_eq!(outcome(&post(&gw, &body, &[]).await), "hit");
+}
+
+#[tokio::test]
+async fn request_controls_refresh_bypass_ttl_and_max_age() {
+    let sim = sim_default().await;
+    let gw = start(config_for(sim.base_url())).await;
+    let body = chat_body("controls", false);
+    content(post(&gw, &body, &[("x-reprise-ttl", "1")]).await, false).await;
+    wait_for_entries(&gw, 1).await;
+    assert_eq!(outcome(&post(&gw, &body, &[]).await), "hit");
+    assert_eq!(
+        outcome(&post(&gw, &body, &[("x-reprise-cache-mode", "off")]).await),
+        "bypass"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Expired after its one-second TTL.
+    let expired = post(&gw, &body, &[]).await;
+    assert_eq!(outcome(&expired), "miss");
+    content(expired, false).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(outcome(&post(&gw, &body, &[]).await), "hit");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // One second old: too old for max-age=0, fine without it.
+    let strict = post(&gw, &body, &[("cache-control", "max-age=0")]).await;
+    assert_eq!(outcome(&strict), "miss");
+    content(strict, false).await;
+    let before = upstream_calls(&sim);
+    let refreshed = post(&gw, &body, &[("cache-control", "no-cache")]).await;
+    assert_eq!(outcome(&refreshed), "refresh");
+    content(refreshed, false).await;
+    assert_eq!(upstream_calls(&sim) - before, 1);
+    // Bad control values are the client's error, with the header named.
+    let bad = post(&gw, &body, &[("x-reprise-ttl", "soon")]).await;
+    assert_eq!(bad.status(), 400);
+    let err: Value = bad.json().await.expect("json");
+    assert_eq!(err["error"]["param"], "x-reprise-ttl");
+}
+
+#[tokio::test]
+async fn entries_survive_a_restart_on_the_same_data_dir() {
+    let sim = sim_default().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gw = start(config_in(sim.base_url(), dir.path().to_owned())).await;
+    let body = chat_body("persist me", true);
+    let original = content(post(&gw, &body, &[]).await, true).await;
+    wait_for_entries(&gw, 1).await;
+    let store = std::sync::Arc::downgrade(&gw.state.cache.store);
+    gw.shutdown().await.expect("shutdown");
+    assert!(store.upgrade().is_none(), "shutdown releases the store");
+    let gw = start(config_in(sim.base_url(), dir.path().to_owned())).await;
+    let before = upstream_calls(&sim);
+    let hit = post(&gw, &body, &[]).await;
+    assert_eq!(outcome(&hit), "hit");
+    assert_eq!(content(hit, true).await, original);
+    assert_eq!(upstream_calls(&sim), before);
+}
+
+#[tokio::test]
+async fn concurrent_identical_requests_make_one_upstream_call() {
+    let sim = sim::spawn(SimConfig {
+        ttft_ms: 300.0,
+        itl_ms: 5.0,
+        tokens: 10,
+        ..SimConfig::default()
+    })
+    .await
+    .expect("sim");
+    let gw = start(config_for(sim.base_url())).await;
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let url = gw.url("/v1/chat/completions");
+        let stream = i % 2 == 0;
+        tasks.push(tokio::spawn(async move {
+            let response = client()
+                .post(url)
+                .bearer_auth("sk-tenant-a")
+                .json(&chat_body("everyone at once", stream))
+                .send()
+                .await
+                .expect("send");
+            let o = outcome(&response);
+            (o, content(response, stream).await)
+        }));
+    }
+    let mut outcomes = Vec::new();
+    let mut texts = Vec::new();
+    for t in tasks {
+        let (o, text) = t.await.expect("task");
+        outcomes.push(o);
+        texts.push(text);
+    }
+    assert_eq!(
+        sim.stats.snapshot().chat_completions,
+        1,
+        "outcomes: {outcomes:?}"
+    );
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "miss").count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes.iter().filter(|o| *o == "coalesced").count() >= 10,
+        "{outcomes:?}"
+    );
+    assert!(texts.iter().all(|t| t == &texts[0] && !t.is_empty()));
+}
+
+#[tokio::test]
+async fn eviction_keeps_the_store_under_its_caps() {
+    let sim = sim::spawn(SimConfig {
+        ttft_ms: 1.0,
+        itl_ms: 0.0,
+        tokens: 8,
+        ..SimConfig::default()
+    })
+    .await
+    .expect("sim");
+    let mut config = config_for(sim.base_url());
+    config.max_entries = 5;
+    config.sweep_interval_ms = 20;
+    let gw = start(config).await;
+    for i in 0..15 {
+        content(
+            post(&gw, &chat_body(&format!("evict {i}"), false), &[]).await,
+            false,
+        )
+        .await;
+    }
+    let mut len = usize::MAX;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        len = gw.state.cache.store.len();
+        if len <= 5 {
+            break;
+        }
+    }
+    assert!(len <= 5, "store holds {len} entries, cap is 5");
+    // The most recent answer is still there.
+    assert_eq!(
+        outcome(&post(&gw, &chat_body("evict 14", false), &[]).await),
+        "hit"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_whose_client_left_is_still_cached() {
+    let sim = sim::spawn(SimConfig {
+        ttft_ms: 20.0,
+        itl_ms: 20.0,
+        tokens: 15,
+        ..SimConfig::default()
+    })
+    .await
+    .expect("sim");
+    let gw = start(config_for(sim.base_url())).await;
+    let body = chat_body("leaving early", true);
+    let mut response = post(&gw, &body, &[]).await;
+    // Read the first bytes, then hang up.
+    let _ = response.chunk().await.expect("first chunk");
+    drop(response);
+    wait_for_entries(&gw, 1).await;
+    let before = upstream_calls(&sim);
+    let hit = post(&gw, &body, &[]).await;
+    assert_eq!(outcome(&hit), "hit");
+    assert!(!content(hit, true).await.is_empty());
+    assert_eq!(upstream_calls(&sim), before);
+}
+
+#[tokio::test]
+async fn recorded_pacing_replays_the_original_rhythm() {
+    let sim = sim::spawn(SimConfig {
+        ttft_ms: 20.0,
+        itl_ms: 15.0,
+        tokens: 10,
+        ..SimConfig::default()
+    })
+    .await
+    .expect("sim");
+    let gw = start(config_for(sim.base_url())).await;
+    let body = chat_body("pace me", true);
+    content(post(&gw, &body, &[]).await, true).await;
+    wait_for_entries(&gw, 1).await;
+    let started = std::time::Instant::now();
+    let hit = post(&gw, &body, &[("x-reprise-replay", "recorded")]).await;
+    assert_eq!(outcome(&hit), "hit");
+    content(hit, true).await;
+    // Nine gaps of 15 ms were recorded; a replay that ignored them would end at once.
+    assert!(
+        started.elapsed() >= Duration::from_millis(90),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn embeddings_and_legacy_completions_are_cached_too() {
+    let sim = sim_default().await;
+    let gw = start(config_for(sim.base_url())).await;
+    for (path, body) in [
+        (
+            "/v1/embeddings",
+            json!({"model": "sim-embedding", "input": ["a", "b"]}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "sim-model", "prompt": "Once upon"}),
+        ),
+    ] {
+        let send = || {
+            client()
+                .post(gw.url(path))
+                .bearer_auth("sk-a")
+                .json(&body)
+                .send()
+        };
+        let first = send().await.expect("send");
+        assert_eq!(outcome(&first), "miss");
+        let first: Value = first.json().await.expect("json");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let second = send().await.expect("send");
+        assert_eq!(outcome(&second), "hit", "{path}");
+        let second: Value = second.json().await.expect("json");
+        assert_eq!(first.get("data"), second.get("data"));
+        assert_eq!(
+            first.pointer("/choices/0/text"),
+            second.pointer("/choices/0/text")
+        );
+    }
+}

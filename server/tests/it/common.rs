@@ -1,0 +1,125 @@
+//! Shared harness: an in-process gateway on an ephemeral port in front of an in-process `reprise-sim`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use reprise_client::sim::{self, SimConfig, SimHandle};
+use reprise_server::config::{Config, Secret};
+use reprise_server::AppState;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+pub const SIM_TTFT_MS: f64 = 60.0;
+
+pub struct Gateway {
+    pub addr: SocketAddr,
+    pub state: AppState,
+    /// Keeps a temporary data dir alive as long as the gateway.
+    _data: Option<tempfile::TempDir>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Gateway {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Triggers graceful shutdown and waits for `run` to return.
+    pub async fn shutdown(mut self) -> std::io::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.expect("gateway task")
+    }
+}
+
+pub async fn sim_default() -> SimHandle {
+    sim::spawn(SimConfig {
+        ttft_ms: SIM_TTFT_MS,
+        itl_ms: 2.0,
+        tokens: 8,
+        ..SimConfig::default()
+    })
+    .await
+    .expect("sim")
+}
+
+pub fn config_for(upstream: String) -> Config {
+    let mut config = Config {
+        upstream_url: upstream,
+        admin_token: Some(Secret::new("admin-secret")),
+        ..Config::default()
+    };
+    config.validate().expect("valid config");
+    config
+}
+
+/// Starts a gateway; a config still on the default data dir gets a temporary one instead.
+pub async fn start(mut config: Config) -> Gateway {
+    let mut data = None;
+    if config.data_dir == Config::default().data_dir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        config.data_dir = dir.path().to_owned();
+        data = Some(dir);
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let state = AppState::new(config).expect("state");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(reprise_server::run(listener, state.clone(), async move {
+        let _ = stopped.await;
+    }));
+    Gateway {
+        addr,
+        state,
+        _data: data,
+        stop: Some(stop),
+        task,
+    }
+}
+
+/// A config in front of `upstream` that keeps its store in `dir`.
+pub fn config_in(upstream: String, dir: PathBuf) -> Config {
+    let mut config = config_for(upstream);
+    config.data_dir = dir;
+    config
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().build().expect("client")
+}
+
+pub fn chat_body(content: &str, stream: bool) -> Value {
+    json!({"model": "sim-model", "stream": stream, "messages": [{"role": "user", "content": content}]})
+}
+
+/// Parses an SSE body into (data payloads, comment lines).
+pub fn parse_sse(text: &str) -> (Vec<String>, Vec<String>) {
+    let mut data = Vec::new();
+    let mut comments = Vec::new();
+    for line in text.lines() {
+        if let Some(d) = line.strip_prefix("data: ") {
+            data.push(d.to_owned());
+        } else if let Some(c) = line.strip_prefix(':') {
+            comments.push(c.trim().to_owned());
+        }
+    }
+    (data, comments)
+}
+
+/// A chunk without the fields that differ per response (`id`, `created`).
+pub fn normalized(chunk: &str) -> Value {
+    let mut v: Value = serde_json::from_str(chunk).expect("json chunk");
+    if let Some(o) = v.as_object_mut() {
+        o.remove("id");
+        o.remove("created");
+    }
+    v
+}
+
+pub async fn stream_text(response: reqwest::Response) -> String {
+    response.text().await.expect("body")
+}
