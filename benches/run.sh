@@ -2,7 +2,7 @@
 # End-to-end benchmark scenarios: release builds of reprise-sim and the gateway, measured with
 # `reprise-client bench` side by side in one run; writes benches/results/<date>.md.
 #
-# Usage: benches/run.sh [--requests N] [--profile NAME]
+# Usage: benches/run.sh [--requests N]   (N: requests per target in the overhead scenarios, default 500)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,17 +14,15 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-echo "==> release build"
+echo "==> release build" >&2
 cargo build --release --bins --quiet
 bin=target/release
-sim_port=19090
-gw_port=19080
-data_dir=$(mktemp -d)
+work=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$data_dir"
+  rm -rf "$work"
 }
 trap cleanup EXIT
 
@@ -37,14 +35,28 @@ wait_for() {
   exit 1
 }
 
+# start_pair NAME SIM_PORT GW_PORT SIM_FLAGS...: a simulator and a gateway in front of it.
+start_pair() {
+  local name=$1 sim_port=$2 gw_port=$3
+  shift 3
+  "$bin/reprise-sim" --listen 127.0.0.1:"$sim_port" "$@" >/dev/null 2>&1 &
+  pids+=($!)
+  "$bin/reprise" serve --listen 127.0.0.1:"$gw_port" --upstream-url http://127.0.0.1:"$sim_port"/v1 \
+    --data-dir "$work/$name" >/dev/null 2>&1 &
+  pids+=($!)
+  wait_for http://127.0.0.1:"$sim_port"/healthz
+  wait_for http://127.0.0.1:"$gw_port"/healthz
+}
+
 # A fixed TTFT with no jitter: whatever differs between direct and gateway is the gateway.
-"$bin/reprise-sim" --listen 127.0.0.1:$sim_port --ttft-ms 50 --itl-ms 2 --tokens 32 >/dev/null 2>&1 &
-pids+=($!)
-"$bin/reprise" serve --listen 127.0.0.1:$gw_port --upstream-url http://127.0.0.1:$sim_port/v1 \
-  --data-dir "$data_dir" >/dev/null 2>&1 &
-pids+=($!)
-wait_for http://127.0.0.1:$sim_port/healthz
-wait_for http://127.0.0.1:$gw_port/healthz
+start_pair fixed 19090 19080 --ttft-ms 50 --itl-ms 2 --tokens 32
+# The cloud-GPU profile (~400 ms TTFT, ~120 tok/s, prefill by prompt length) with 10% jitter.
+start_pair cloud 19091 19081 --profile cloud-gpu --jitter 0.1
+
+bench() { "$bin/reprise-client" bench "$@" 2>/dev/null; }
+fixed_gw=http://127.0.0.1:19080/v1
+fixed_sim=http://127.0.0.1:19090/v1
+cloud_gw=http://127.0.0.1:19081/v1
 
 mkdir -p benches/results
 out=benches/results/$(date -u +%Y-%m-%d).md
@@ -52,31 +64,56 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 {
   echo "# Reprise benchmark results, $(date -u +%Y-%m-%dT%H:%MZ)"
   echo
-  echo "Machine: $(nproc) cores ($cpu), $(free -g | awk '/Mem:/{print $2}') GiB RAM. Release builds, loopback."
-  echo "Upstream: reprise-sim --ttft-ms 50 --itl-ms 2 --tokens 32 (no jitter)."
+  echo "Machine: $(nproc) cores ($cpu), $(free -g | awk '/Mem:/{print $2}') GiB RAM. Release builds; client,"
+  echo "gateway and simulator share the machine and talk over loopback. Times in ms, client-side."
   echo
-  echo "## Miss overhead: gateway vs direct upstream, streaming, concurrency 1, $requests requests each"
+  echo "## 1. Miss overhead: gateway vs direct upstream"
   echo
-  echo "Each prompt is sent to both, back to back in alternating order; the paired difference is the"
-  echo "gateway's added time to first token (client-side)."
+  echo "Upstream: reprise-sim --ttft-ms 50 --itl-ms 2 --tokens 32 (no jitter). Every prompt is new (all"
+  echo "misses) and is sent to both URLs back to back, in alternating order; the paired difference is the"
+  echo "time to first token the gateway adds."
+  for mode in stream no-stream; do
+    for c in 1 8; do
+      flags=(--requests "$requests" --concurrency "$c" --warmup 20)
+      [ "$mode" = no-stream ] && flags+=(--no-stream)
+      echo
+      echo "### $mode, concurrency $c, $requests requests each"
+      echo
+      echo '```'
+      bench --url "$fixed_gw" --compare "$fixed_sim" "${flags[@]}"
+      echo '```'
+    done
+  done
   echo
-  echo '```'
-  "$bin/reprise-client" bench --url http://127.0.0.1:$gw_port/v1 --compare http://127.0.0.1:$sim_port/v1 \
-    --requests "$requests" --concurrency 1 --warmup 20
-  echo '```'
+  echo "## 2. Exact-hit TTFT vs miss TTFT (cloud-GPU profile)"
   echo
-  echo "## Miss overhead, non-streaming"
+  echo "Upstream: reprise-sim --profile cloud-gpu --jitter 0.1. 60 distinct prompts sent twice (concurrency 2):"
+  echo "the first pass misses, the second is served from the cache."
+  for mode in stream no-stream; do
+    flags=(--unique-prompts 60 --requests 120 --concurrency 2 --warmup 0)
+    [ "$mode" = no-stream ] && flags+=(--no-stream --model sim-model-nostream)
+    echo
+    echo "### $mode"
+    echo
+    echo '```'
+    bench --url "$cloud_gw" "${flags[@]}"
+    echo '```'
+  done
   echo
-  echo '```'
-  "$bin/reprise-client" bench --url http://127.0.0.1:$gw_port/v1 --compare http://127.0.0.1:$sim_port/v1 \
-    --requests "$requests" --concurrency 1 --warmup 20 --no-stream
-  echo '```'
+  echo "## 3. Exact-hit throughput"
   echo
-  echo "## Miss overhead at concurrency 8, streaming"
-  echo
-  echo '```'
-  "$bin/reprise-client" bench --url http://127.0.0.1:$gw_port/v1 --compare http://127.0.0.1:$sim_port/v1 \
-    --requests "$requests" --concurrency 8 --warmup 20
-  echo '```'
+  echo "50 prompts cached first (warm-up), then 4,000 requests that all hit, closed loop."
+  for mode in stream no-stream; do
+    for c in 1 8 32; do
+      flags=(--unique-prompts 50 --warmup 50 --requests 4000 --concurrency "$c" --model "hits-$mode")
+      [ "$mode" = no-stream ] && flags+=(--no-stream)
+      echo
+      echo "### $mode, concurrency $c"
+      echo
+      echo '```'
+      bench --url "$fixed_gw" "${flags[@]}"
+      echo '```'
+    done
+  done
 } | tee "$out"
-echo "==> wrote $out"
+echo "==> wrote $out" >&2

@@ -30,6 +30,9 @@ pub struct BenchConfig {
     pub run_id: String,
     /// Upper bound on the whole run.
     pub max_duration: Duration,
+    /// Cycle over this many distinct prompts (request i sends prompt i mod N), so later passes can
+    /// be served from a cache; `None`: every request is a new prompt.
+    pub unique_prompts: Option<usize>,
 }
 
 /// One measured request.
@@ -76,12 +79,23 @@ impl Percentiles {
     }
 }
 
+/// Latency of the requests of one cache outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutcomeSummary {
+    pub count: usize,
+    pub ttft_ms: Option<Percentiles>,
+    pub total_ms: Option<Percentiles>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct TargetSummary {
     pub url: String,
     pub requests: usize,
     pub errors: usize,
     pub outcomes: BTreeMap<String, usize>,
+    pub by_outcome: BTreeMap<String, OutcomeSummary>,
+    /// Miss TTFT p50 divided by hit TTFT p50, when both were seen.
+    pub hit_speedup_p50: Option<f64>,
     pub ttft_ms: Option<Percentiles>,
     pub total_ms: Option<Percentiles>,
     pub requests_per_s: f64,
@@ -117,11 +131,41 @@ pub fn summarize(config: &BenchConfig, samples: &[Sample], wall: Duration) -> Re
             }
             let ttft: Vec<f64> = ok.iter().filter_map(|s| s.ttft_ms).collect();
             let total: Vec<f64> = ok.iter().map(|s| s.total_ms).collect();
+            let by_outcome: BTreeMap<String, OutcomeSummary> = outcomes
+                .iter()
+                .map(|(outcome, count)| {
+                    let of: Vec<&Sample> = ok
+                        .iter()
+                        .filter(|s| &s.outcome == outcome)
+                        .map(|s| **s)
+                        .collect();
+                    let ttft: Vec<f64> = of.iter().filter_map(|s| s.ttft_ms).collect();
+                    let total: Vec<f64> = of.iter().map(|s| s.total_ms).collect();
+                    let summary = OutcomeSummary {
+                        count: *count,
+                        ttft_ms: Percentiles::of(&ttft),
+                        total_ms: Percentiles::of(&total),
+                    };
+                    (outcome.clone(), summary)
+                })
+                .collect();
+            let p50 = |o: &str| {
+                by_outcome
+                    .get(o)
+                    .and_then(|s| s.ttft_ms.as_ref())
+                    .map(|p| p.p50)
+            };
+            let hit_speedup_p50 = match (p50("miss"), p50("hit")) {
+                (Some(miss), Some(hit)) if hit > 0.0 => Some(miss / hit),
+                _ => None,
+            };
             TargetSummary {
                 url: url.clone(),
                 requests: mine.len(),
                 errors: mine.len() - ok.len(),
                 outcomes,
+                by_outcome,
+                hit_speedup_p50,
                 ttft_ms: Percentiles::of(&ttft),
                 total_ms: Percentiles::of(&total),
                 requests_per_s: ok.len() as f64 / wall.as_secs_f64().max(1e-9),
@@ -158,6 +202,7 @@ pub fn summarize(config: &BenchConfig, samples: &[Sample], wall: Duration) -> Re
 }
 
 fn prompt(config: &BenchConfig, index: usize) -> Value {
+    let index = config.unique_prompts.map_or(index, |n| index % n.max(1));
     json!({
         "model": config.model,
         "stream": config.stream,
@@ -271,8 +316,15 @@ pub async fn run(config: BenchConfig, progress: impl Fn(usize) + Send + Sync + '
         .unwrap_or_default();
     // Warm-up: open connections and let any lazy start-up happen off the record.
     for i in 0..config.warmup {
+        // With a fixed prompt set the warm-up walks it (priming a cache); otherwise it uses
+        // prompts the measured requests never send.
+        let index = if config.unique_prompts.is_some() {
+            i
+        } else {
+            usize::MAX - i
+        };
         for t in 0..config.targets.len() {
-            let _ = measure(&client, &config, t, usize::MAX - i).await;
+            let _ = measure(&client, &config, t, index).await;
         }
     }
     let config = Arc::new(config);
@@ -336,8 +388,21 @@ pub fn render(report: &Report) -> String {
             fmt(&t.total_ms),
             t.requests_per_s
         ));
-        let outcomes: Vec<String> = t.outcomes.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        out.push_str(&format!("{:<40} outcomes: {}\n", "", outcomes.join(" ")));
+        for (outcome, o) in &t.by_outcome {
+            out.push_str(&format!(
+                "{:<40} {:>6} {:>6} {} {}\n",
+                format!("  {outcome}"),
+                o.count,
+                "",
+                fmt(&o.ttft_ms),
+                fmt(&o.total_ms),
+            ));
+        }
+        if let Some(x) = t.hit_speedup_p50 {
+            out.push_str(&format!(
+                "  hit TTFT speed-up (miss p50 / hit p50): {x:.0}x\n"
+            ));
+        }
     }
     if let Some(c) = &report.comparison {
         if let Some(d) = &c.paired_ttft_diff_ms {
@@ -383,6 +448,7 @@ mod tests {
             warmup: 0,
             run_id: "t".into(),
             max_duration: Duration::from_secs(1),
+            unique_prompts: None,
         };
         let mut samples = Vec::new();
         for i in 0..4 {
@@ -396,6 +462,14 @@ mod tests {
         assert_eq!(report.targets[0].requests, 5);
         assert_eq!(report.targets[0].errors, 1);
         assert_eq!(report.targets[0].outcomes.get("miss"), Some(&4));
+        assert_eq!(report.targets[0].by_outcome["miss"].count, 4);
+        assert_eq!(
+            report.targets[1].by_outcome["none"]
+                .ttft_ms
+                .as_ref()
+                .map(|p| p.p50),
+            Some(101.0)
+        );
         let ttft = report.targets[0].ttft_ms.clone().expect("ttft");
         assert_eq!((ttft.p50, ttft.p99), (102.0, 104.0));
         assert_eq!(report.targets[0].requests_per_s, 2.0);
@@ -417,5 +491,47 @@ mod tests {
         ));
         assert!(!has_content(b"[DONE]"));
         assert!(has_content(br#"{"choices":[{"text":"x"}]}"#));
+    }
+}
+
+#[cfg(test)]
+mod outcome_tests {
+    use super::*;
+
+    #[test]
+    fn hit_speedup_is_miss_p50_over_hit_p50() {
+        let config = BenchConfig {
+            targets: vec!["a".into()],
+            api_key: String::new(),
+            model: "m".into(),
+            requests: 4,
+            concurrency: 1,
+            stream: true,
+            warmup: 0,
+            run_id: "t".into(),
+            max_duration: Duration::from_secs(1),
+            unique_prompts: Some(2),
+        };
+        let mk = |index, ttft, outcome: &str| Sample {
+            target: 0,
+            index,
+            status: 200,
+            outcome: outcome.into(),
+            ttft_ms: Some(ttft),
+            total_ms: ttft,
+            tokens: 1,
+            error: None,
+        };
+        let samples = vec![
+            mk(0, 400.0, "miss"),
+            mk(1, 400.0, "miss"),
+            mk(2, 0.5, "hit"),
+            mk(3, 0.5, "hit"),
+        ];
+        let report = summarize(&config, &samples, Duration::from_secs(1));
+        assert_eq!(report.targets[0].hit_speedup_p50, Some(800.0));
+        // Request 3 sends prompt 1 again.
+        assert_eq!(prompt(&config, 3), prompt(&config, 1));
+        assert_ne!(prompt(&config, 2), prompt(&config, 1));
     }
 }

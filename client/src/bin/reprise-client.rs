@@ -55,6 +55,9 @@ struct BenchArgs {
     /// Stop after this many seconds even if requests remain.
     #[arg(long, default_value_t = 300)]
     max_seconds: u64,
+    /// Cycle over this many distinct prompts, so that repeats can be served from a cache.
+    #[arg(long)]
+    unique_prompts: Option<usize>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -79,6 +82,7 @@ async fn main() -> std::process::ExitCode {
                 warmup: args.warmup,
                 run_id: format!("{:x}", std::process::id() ^ (reprise_now() as u32)),
                 max_duration: Duration::from_secs(args.max_seconds),
+                unique_prompts: args.unique_prompts,
             };
             let total = config.requests;
             let quiet = args.json;

@@ -4,6 +4,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use reprise_client::sim::{self, SimConfig};
+use reprise_server::ingress::Route;
+use reprise_server::replay::check_cacheable;
+use reprise_server::store::{SledStore, Store};
 
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -36,6 +39,120 @@ fn environment_variables_configure_and_secrets_stay_masked() {
     assert!(stdout.contains("http://127.0.0.1:1/v1"), "{stdout}");
     assert!(stdout.contains("1234"), "{stdout}");
     assert!(!stdout.contains("very-secret-token"), "{stdout}");
+}
+
+/// Starts the `reprise` binary and waits until it answers `/healthz`.
+async fn spawn_gateway(upstream: &str, data_dir: &std::path::Path) -> (std::process::Child, u16) {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_reprise"))
+        .arg("serve")
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--upstream-url", upstream])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let health = format!("http://127.0.0.1:{port}/healthz");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !reqwest::get(&health)
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(Instant::now() < deadline, "gateway did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (child, port)
+}
+
+fn chat(prompt: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({"model": "m", "stream": stream, "messages": [{"role": "user", "content": prompt}]})
+}
+
+#[tokio::test]
+async fn sigkill_while_writing_leaves_only_complete_entries() {
+    let sim = sim::spawn(SimConfig {
+        ttft_ms: 1.0,
+        itl_ms: 0.2,
+        tokens: 16,
+        ..SimConfig::default()
+    })
+    .await
+    .expect("sim");
+    let data_dir = tempfile::tempdir().expect("tempdir");
+    let (mut child, port) = spawn_gateway(&sim.base_url(), data_dir.path()).await;
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    // Eight writers send distinct prompts until the process dies under them.
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let url = url.clone();
+        writers.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            for i in 0..10_000 {
+                let body = chat(&format!("kill test {w} {i}"), i % 2 == 0);
+                match client.post(&url).json(&body).send().await {
+                    Ok(r) => {
+                        let _ = r.bytes().await;
+                    }
+                    Err(_) => return i,
+                }
+            }
+            10_000
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let killed = Command::new("kill")
+        .args(["-KILL", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let _ = child.wait();
+    let mut sent = 0;
+    for w in writers {
+        sent += w.await.expect("writer");
+    }
+    assert!(
+        sent > 16,
+        "the gateway was under load when killed ({sent} requests)"
+    );
+
+    // Every entry that can be read is whole: a finished answer, reachable through its key.
+    let store = SledStore::open(data_dir.path()).expect("reopen after SIGKILL");
+    let entries = store.list(None, 100_000).expect("list");
+    for entry in &entries {
+        let route = if entry.summary.route == Route::Completions.name() {
+            Route::Completions
+        } else {
+            Route::ChatCompletions
+        };
+        assert_eq!(
+            check_cacheable(route, &entry.body, false),
+            Ok(()),
+            "{entry:?}"
+        );
+        assert!(!entry.events.is_empty());
+        let by_key = store.get_by_key(&entry.key).expect("get").expect("indexed");
+        assert_eq!(by_key.id, entry.id);
+    }
+    let survivor = entries.last().map(|e| e.summary.prompt.clone());
+    drop(store);
+
+    // And the gateway starts on that data dir and serves what survived.
+    let (mut child, port) = spawn_gateway(&sim.base_url(), data_dir.path()).await;
+    if let Some(prompt) = survivor {
+        let response = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .json(&chat(&prompt, false))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.headers()["x-reprise-cache"], "hit");
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
 }
 
 #[tokio::test]
