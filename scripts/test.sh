@@ -14,3 +14,10 @@ cargo test --workspace
 
 echo "==> OpenAI SDK tests (Python)"
 REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/sdk
+
+echo "==> OpenAI SDK tests (Node)"
+(
+  cd server/tests/sdk/node
+  npm ci --no-audit --no-fund --silent
+  REPRISE_BIN_DIR="$OLDPWD/target/debug" node --test
+)
