@@ -35,27 +35,31 @@ wait_for() {
   exit 1
 }
 
-# start_pair NAME SIM_PORT GW_PORT SIM_FLAGS...: a simulator and a gateway in front of it.
+# start_pair NAME SIM_PORT GW_PORT SEMANTIC SIM_FLAGS...: a simulator and a gateway in front of it.
 start_pair() {
-  local name=$1 sim_port=$2 gw_port=$3
-  shift 3
+  local name=$1 sim_port=$2 gw_port=$3 semantic=$4
+  shift 4
   "$bin/reprise-sim" --listen 127.0.0.1:"$sim_port" "$@" >/dev/null 2>&1 &
   pids+=($!)
   "$bin/reprise" serve --listen 127.0.0.1:"$gw_port" --upstream-url http://127.0.0.1:"$sim_port"/v1 \
-    --data-dir "$work/$name" >/dev/null 2>&1 &
+    --data-dir "$work/$name" --semantic "$semantic" >/dev/null 2>&1 &
   pids+=($!)
   wait_for http://127.0.0.1:"$sim_port"/healthz
   wait_for http://127.0.0.1:"$gw_port"/healthz
 }
 
 # A fixed TTFT with no jitter: whatever differs between direct and gateway is the gateway.
-start_pair fixed 19090 19080 --ttft-ms 50 --itl-ms 2 --tokens 32
+# Exact-only (no embedding on misses) and with semantic matching on, each with its own simulator.
+start_pair fixed 19090 19080 false --ttft-ms 50 --itl-ms 2 --tokens 32
+start_pair fixed-semantic 19092 19082 true --ttft-ms 50 --itl-ms 2 --tokens 32
 # The cloud-GPU profile (~400 ms TTFT, ~120 tok/s, prefill by prompt length) with 10% jitter.
-start_pair cloud 19091 19081 --profile cloud-gpu --jitter 0.1
+start_pair cloud 19091 19081 true --profile cloud-gpu --jitter 0.1
 
 bench() { "$bin/reprise-client" bench "$@" 2>/dev/null; }
 fixed_gw=http://127.0.0.1:19080/v1
 fixed_sim=http://127.0.0.1:19090/v1
+semantic_gw=http://127.0.0.1:19082/v1
+semantic_sim=http://127.0.0.1:19092/v1
 cloud_gw=http://127.0.0.1:19081/v1
 
 mkdir -p benches/results
@@ -71,7 +75,8 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
   echo
   echo "Upstream: reprise-sim --ttft-ms 50 --itl-ms 2 --tokens 32 (no jitter). Every prompt is new (all"
   echo "misses) and is sent to both URLs back to back, in alternating order; the paired difference is the"
-  echo "time to first token the gateway adds."
+  echo "time to first token the gateway adds. This gateway runs exact-only (--semantic false): section 1b"
+  echo "shows what embedding the prompt adds to a miss when semantic matching is on."
   for mode in stream no-stream; do
     for c in 1 8; do
       flags=(--requests "$requests" --concurrency "$c" --warmup 20)
@@ -84,6 +89,12 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
       echo '```'
     done
   done
+  echo
+  echo "## 1b. Miss overhead with semantic matching on (the prompt is embedded before going upstream)"
+  echo
+  echo '```'
+  bench --url "$semantic_gw" --compare "$semantic_sim" --requests "$requests" --concurrency 1 --warmup 20
+  echo '```'
   echo
   echo "## 2. Exact-hit TTFT vs miss TTFT (cloud-GPU profile)"
   echo
@@ -100,7 +111,17 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
     echo '```'
   done
   echo
-  echo "## 3. Exact-hit throughput"
+  echo "## 3. Semantic-hit TTFT vs miss TTFT (cloud-GPU profile)"
+  echo
+  echo "benches/workloads/paraphrases.txt: 30 questions (misses), then a paraphrase of each, concurrency 1."
+  echo "A paraphrase that scores below the 0.90 threshold is a miss and is counted as one."
+  echo
+  echo '```'
+  bench --url "$cloud_gw" --prompts-file benches/workloads/paraphrases.txt --requests 60 --concurrency 1 \
+    --warmup 0 --model sim-model-semantic
+  echo '```'
+  echo
+  echo "## 4. Exact-hit throughput"
   echo
   echo "50 prompts cached first (warm-up), then 4,000 requests that all hit, closed loop."
   for mode in stream no-stream; do

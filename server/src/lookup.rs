@@ -47,6 +47,16 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
         .unwrap_or(false);
     // Embeddings are never streamed, whatever the body says.
     let stream = ingress.stream && ingress.route != Route::Embeddings;
+    // A client may ask for stricter matching than the operator's floor, never for looser.
+    let floor = state.config.threshold_floor(policy.namespace.as_deref());
+    if let Some(t) = policy.threshold.filter(|t| *t < floor) {
+        let err = GatewayError::invalid(
+            format!("`x-reprise-threshold: {t}` is below the configured floor of {floor}; a request may only raise it."),
+            Some("x-reprise-threshold"),
+        );
+        return error_response(err, &request_id);
+    }
+    let threshold = policy.threshold.unwrap_or(floor);
 
     if policy.lookup {
         if let Some(hit) = state.cache.lookup(&keys.exact, &policy) {
@@ -62,6 +72,53 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
                 include_usage,
                 policy.pacing,
             );
+        }
+    }
+    // Semantic stage: embed for a search (lookup allowed) and/or to store the vector with the answer.
+    let mut nearest = None;
+    let mut vector = None;
+    if let Some(semantic) = state
+        .semantic
+        .as_ref()
+        .filter(|_| ingress.route != Route::Embeddings)
+    {
+        let search = policy.lookup && policy.semantic;
+        if search || policy.store {
+            let outcome = semantic
+                .lookup(
+                    &state.cache.store,
+                    &keys,
+                    threshold,
+                    search,
+                    policy.max_age_s,
+                )
+                .await;
+            ingress.clock.embed_ms = outcome.embed_ms;
+            ingress.clock.search_ms = outcome.search_ms;
+            nearest = outcome.nearest;
+            vector = outcome.vector;
+            if let Some((entry, similarity)) = outcome.hit {
+                ingress.clock.looked_up = Some(Instant::now());
+                state.cache.note_hit(entry.id);
+                let age_s = unix_ms().saturating_sub(entry.created_at_ms) / 1000;
+                let mut response = respond_entry(
+                    state,
+                    &ingress,
+                    &request_id,
+                    &entry,
+                    age_s,
+                    "semantic-hit",
+                    stream,
+                    include_usage,
+                    policy.pacing,
+                );
+                set_header(
+                    response.headers_mut(),
+                    "x-reprise-similarity",
+                    format!("{similarity:.4}"),
+                );
+                return response;
+            }
         }
     }
     ingress.clock.looked_up = Some(Instant::now());
@@ -97,7 +154,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
         }
     }
     let recorder = (policy.store || flight.is_some()).then(|| {
-        Recorder::new(
+        let mut r = Recorder::new(
             state.cache.clone(),
             ingress.route,
             keys.clone(),
@@ -105,16 +162,27 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
             policy.ttl_s,
             flight,
             policy.store,
-        )
+        );
+        r.vector = vector;
+        r
     });
-    forward::relay_json(
+    let mut response = forward::relay_json(
         state,
         ingress,
         request_id,
         policy::miss_outcome(&policy),
         recorder,
     )
-    .await
+    .await;
+    if let Some(nearest) = nearest {
+        // What the best candidate scored, so thresholds can be tuned from real traffic.
+        set_header(
+            response.headers_mut(),
+            "x-reprise-nearest",
+            format!("{nearest:.4}"),
+        );
+    }
+    response
 }
 
 fn error_response(err: GatewayError, request_id: &str) -> Response {

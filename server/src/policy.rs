@@ -79,6 +79,9 @@ pub struct Policy {
     pub namespace: Option<String>,
     /// Why lookup was skipped while storing: reported as `refresh`.
     pub refresh: bool,
+    /// `x-reprise-threshold`: a stricter similarity for this request (checked against the floor
+    /// by the lookup, which knows the namespace's floor).
+    pub threshold: Option<f32>,
 }
 
 /// The configured defaults a request's headers apply to.
@@ -128,6 +131,7 @@ pub fn from_headers(headers: &HeaderMap, defaults: &Defaults) -> Result<Policy, 
         pacing: defaults.pacing,
         namespace: None,
         refresh: mode == CacheMode::WriteOnly,
+        threshold: None,
     };
     // HTTP semantics: unknown directives are ignored, known ones must be well-formed.
     for value in headers.get_all("cache-control") {
@@ -194,6 +198,20 @@ pub fn from_headers(headers: &HeaderMap, defaults: &Defaults) -> Result<Policy, 
                 Some("x-reprise-replay"),
             )
         })?;
+    }
+    if let Some(v) = header(headers, "x-reprise-threshold")? {
+        let t = v
+            .trim()
+            .parse::<f32>()
+            .ok()
+            .filter(|t| (0.0..=1.0).contains(t))
+            .ok_or_else(|| {
+                GatewayError::invalid(
+                    format!("`x-reprise-threshold: {v}` must be a similarity between 0 and 1."),
+                    Some("x-reprise-threshold"),
+                )
+            })?;
+        policy.threshold = Some(t);
     }
     if let Some(v) = header(headers, "x-reprise-namespace")? {
         let v = v.trim();
@@ -291,6 +309,8 @@ mod tests {
             ("x-reprise-replay", "fast"),
             ("x-reprise-replay", "tokens-per-second=-1"),
             ("x-reprise-namespace", "has space"),
+            ("x-reprise-threshold", "1.5"),
+            ("x-reprise-threshold", "high"),
         ] {
             let err = policy(&[(name, value)]).expect_err(value);
             assert_eq!(err.body()["error"]["param"], name);

@@ -771,6 +771,7 @@ mod tests {
             ttl_ms,
             hit_count: 0,
             last_hit_ms: 0,
+            vector: None,
         }
     }
 

@@ -2,7 +2,8 @@
 //!
 //! Phases, as a user feels them (all in milliseconds, measured on the gateway's monotonic clock):
 //! - `ingress`: reading and parsing the client's body;
-//! - `lookup`: cache policy, key and lookup;
+//! - `lookup`: cache policy, key and exact lookup;
+//! - `embed`, `search`: embedding the prompt and searching the vector index (semantic matching);
 //! - `upstream_send`: connect (or pool checkout) until the request body was handed to the socket;
 //! - `ttft`: request sent until the first content token arrived (non-streaming: the first body byte);
 //!   on a hit, parsed request until the first token left the gateway;
@@ -33,6 +34,9 @@ pub struct PhaseClock {
     token_times: Vec<Instant>,
     /// Completion tokens reported by the upstream's `usage`, when it sent one.
     pub usage_tokens: Option<u64>,
+    /// Time spent embedding the prompt and searching the vector index (inside the lookup).
+    pub embed_ms: Option<f64>,
+    pub search_ms: Option<f64>,
 }
 
 impl PhaseClock {
@@ -49,6 +53,8 @@ impl PhaseClock {
             delivered: None,
             token_times: Vec::new(),
             usage_tokens: None,
+            embed_ms: None,
+            search_ms: None,
         }
     }
 
@@ -86,7 +92,12 @@ impl PhaseClock {
         let after_lookup = self.looked_up.or(self.body_read);
         Phases {
             ingress_ms: ms(Some(self.start), self.body_read),
-            lookup_ms: ms(self.body_read, self.looked_up),
+            // The exact lookup alone: embedding and search are reported on their own.
+            lookup_ms: ms(self.body_read, self.looked_up).map(|total| {
+                (total - self.embed_ms.unwrap_or(0.0) - self.search_ms.unwrap_or(0.0)).max(0.0)
+            }),
+            embed_ms: self.embed_ms,
+            search_ms: self.search_ms,
             upstream_send_ms: ms(after_lookup, sent),
             // A hit has no upstream: its TTFT runs from the parsed request to its first token.
             ttft_ms: ms(sent.or(self.body_read), self.first_token),
@@ -106,9 +117,15 @@ impl PhaseClock {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Phases {
     pub ingress_ms: Option<f64>,
-    /// Cache policy, key and lookup (absent on routes that are not cached).
+    /// Cache policy, key and exact lookup (absent on routes that are not cached).
     #[serde(default)]
     pub lookup_ms: Option<f64>,
+    /// Embedding the final user turn with the local model (semantic matching).
+    #[serde(default)]
+    pub embed_ms: Option<f64>,
+    /// Searching the request's partition in the vector index.
+    #[serde(default)]
+    pub search_ms: Option<f64>,
     pub upstream_send_ms: Option<f64>,
     pub ttft_ms: Option<f64>,
     pub decode_ms: Option<f64>,
@@ -130,6 +147,8 @@ impl Phases {
         for (name, value) in [
             ("ingress", self.ingress_ms),
             ("lookup", self.lookup_ms),
+            ("embed", self.embed_ms),
+            ("search", self.search_ms),
             ("upstream_send", self.upstream_send_ms),
             ("ttft", self.ttft_ms),
             ("decode", self.decode_ms),

@@ -58,6 +58,9 @@ struct BenchArgs {
     /// Cycle over this many distinct prompts, so that repeats can be served from a cache.
     #[arg(long)]
     unique_prompts: Option<usize>,
+    /// Send these prompts, one per line, in order (cycled).
+    #[arg(long)]
+    prompts_file: Option<std::path::PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -72,6 +75,22 @@ async fn main() -> std::process::ExitCode {
             if let Some(second) = args.compare {
                 targets.push(second.trim_end_matches('/').to_owned());
             }
+            let prompts = match &args.prompts_file {
+                Some(path) => match std::fs::read_to_string(path) {
+                    Ok(text) => Some(std::sync::Arc::new(
+                        text.lines()
+                            .map(str::trim)
+                            .filter(|l| !l.is_empty())
+                            .map(str::to_owned)
+                            .collect::<Vec<_>>(),
+                    )),
+                    Err(err) => {
+                        eprintln!("reprise-client: cannot read {}: {err}", path.display());
+                        return std::process::ExitCode::from(2);
+                    }
+                },
+                None => None,
+            };
             let config = BenchConfig {
                 targets,
                 api_key: args.api_key,
@@ -83,6 +102,7 @@ async fn main() -> std::process::ExitCode {
                 run_id: format!("{:x}", std::process::id() ^ (reprise_now() as u32)),
                 max_duration: Duration::from_secs(args.max_seconds),
                 unique_prompts: args.unique_prompts,
+                prompts,
             };
             let total = config.requests;
             let quiet = args.json;

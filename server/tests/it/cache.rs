@@ -74,18 +74,22 @@ async fn wait_for_entries(gw: &Gateway, n: usize) {
 async fn identical_requests_hit_and_either_shape_serves_the_other() {
     let sim = sim_default().await;
     let gw = start(config_for(sim.base_url())).await;
-    for (first_stream, second_stream, text) in [
+    for (stored, first_stream, second_stream, text) in [
         (true, true, "q1"),
         (true, false, "q2"),
         (false, true, "q3"),
         (false, false, "q4"),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, (a, b, t))| (i + 1, a, b, t))
+    {
         let before = upstream_calls(&sim);
         let body = |stream| chat_body(text, stream);
         let miss = post(&gw, &body(first_stream), &[]).await;
         assert_eq!(outcome(&miss), "miss");
         let original = content(miss, first_stream).await;
-        wait_for_entries(&gw, 1).await;
+        wait_for_entries(&gw, stored).await;
         let hit = post(&gw, &body(second_stream), &[]).await;
         assert_eq!(outcome(&hit), "hit", "{text}");
         let entry = hit.headers()["x-reprise-entry"]

@@ -5,3 +5,4 @@ mod cache;
 mod common;
 mod gateway;
 mod process;
+mod semantic;

@@ -1,0 +1,1076 @@
+//! Embed stage: turns a prompt into a unit vector with a local ONNX model; it must never run model work
+//! on a tokio worker and never make a request wait past its deadline (a late vector is worth less than
+//! falling back to exact matching).
+//!
+//! Callers send `(texts, reply, deadline)` jobs over a channel to one dedicated `std::thread`. The thread
+//! blocks for the first job, gathers more until `max_batch` texts or `max_wait` after the first arrival,
+//! drops jobs whose deadline already passed or whose caller has gone, runs one model call for the rest,
+//! and answers each job through its oneshot. The model sits behind [`EmbedModel`], so tests can drive
+//! batching, deadlines and failures with a fake in milliseconds; [`FastembedModel`] is the real one
+//! (fastembed over ONNX Runtime, loaded from the `.so` that `scripts/provision-models.sh` provides).
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+/// The file, inside a model directory, that says how to run the model in it.
+pub const MODEL_SPEC_FILE: &str = "reprise-model.toml";
+
+/// How many recent batches [`Embedder::recent_batches`] remembers.
+const RECENT_BATCHES: usize = 128;
+
+/// How the server runs the model in a directory, read from its [`MODEL_SPEC_FILE`].
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// Length of the vectors the model produces; checked against a real output at load.
+    pub dimension: usize,
+    /// `"mean"` or `"cls"`: how token vectors become one sentence vector.
+    pub pooling: String,
+    /// Whether vectors are L2-normalized; fastembed always does it, so only `true` is accepted.
+    pub normalize: bool,
+    /// Tokens kept per text; longer texts are truncated.
+    pub max_length: usize,
+}
+
+impl ModelSpec {
+    /// Reads and validates `<model_dir>/reprise-model.toml`.
+    pub fn read(model_dir: &Path) -> Result<ModelSpec, EmbedError> {
+        let path = model_dir.join(MODEL_SPEC_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            EmbedError::Load(format!(
+                "cannot read {}: {e} (run scripts/provision-models.sh)",
+                path.display()
+            ))
+        })?;
+        let spec: ModelSpec = toml::from_str(&text)
+            .map_err(|e| EmbedError::Load(format!("invalid {}: {e}", path.display())))?;
+        spec.validate()
+            .map_err(|e| EmbedError::Load(format!("invalid {}: {e}", path.display())))?;
+        Ok(spec)
+    }
+
+    /// Fails fast with the name of the first field that cannot work.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.dimension == 0 {
+            return Err("`dimension` must be at least 1".into());
+        }
+        if self.max_length == 0 {
+            return Err("`max_length` must be at least 1".into());
+        }
+        if !self.normalize {
+            // fastembed L2-normalizes every output; accepting `false` would silently lie.
+            return Err(
+                "`normalize = false` is not supported (vectors are always L2-normalized)".into(),
+            );
+        }
+        self.fastembed_pooling().map(|_| ())
+    }
+
+    fn fastembed_pooling(&self) -> Result<fastembed::Pooling, String> {
+        match self.pooling.as_str() {
+            "mean" => Ok(fastembed::Pooling::Mean),
+            "cls" => Ok(fastembed::Pooling::Cls),
+            other => Err(format!(
+                "`pooling` must be \"mean\" or \"cls\", not {other:?}"
+            )),
+        }
+    }
+}
+
+/// Settings of the embed stage.
+#[derive(Debug, Clone)]
+pub struct EmbedConfig {
+    /// Directory holding `model.onnx`, the tokenizer files and `reprise-model.toml`.
+    pub model_dir: PathBuf,
+    /// The ONNX Runtime shared library to load.
+    pub ort_lib: PathBuf,
+    /// How long [`Embedder::embed`] may take, queueing included, before it gives up.
+    pub deadline: Duration,
+    /// Most texts in one model call.
+    pub max_batch: usize,
+    /// How long the worker waits after a batch's first arrival for company.
+    pub max_wait: Duration,
+    /// ONNX Runtime intra-op threads (the worker thread counts as one of them).
+    pub threads: usize,
+}
+
+impl Default for EmbedConfig {
+    fn default() -> Self {
+        let (model_dir, ort_lib) = default_paths();
+        EmbedConfig {
+            model_dir,
+            ort_lib,
+            deadline: Duration::from_millis(250),
+            max_batch: 32,
+            max_wait: Duration::from_millis(2),
+            threads: 2,
+        }
+    }
+}
+
+impl EmbedConfig {
+    /// Fails fast with the name of the field that cannot work.
+    pub fn validate(&self) -> Result<(), EmbedError> {
+        let bad = |msg: &str| Err(EmbedError::Load(msg.to_owned()));
+        if self.deadline.is_zero() {
+            return bad("embed `deadline` must be above zero");
+        }
+        if self.max_batch == 0 {
+            return bad("embed `max_batch` must be at least 1");
+        }
+        if self.threads == 0 {
+            return bad("embed `threads` must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// Where provisioned files live by default, relative to the working directory.
+pub fn default_paths() -> (PathBuf, PathBuf) {
+    let lib = format!(
+        "{}onnxruntime{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    (
+        PathBuf::from("models/all-MiniLM-L6-v2"),
+        PathBuf::from("models/onnxruntime").join(lib),
+    )
+}
+
+/// Why no vector came back.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EmbedError {
+    #[error("embedding model failed to load: {0}")]
+    Load(String),
+    #[error("embedding deadline passed")]
+    Timeout,
+    #[error("embedding failed: {0}")]
+    Failed(String),
+    #[error("embedding worker has stopped")]
+    Closed,
+}
+
+/// Counters of the embed stage, for the admin API and metrics.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct EmbedStats {
+    /// Texts callers asked for (`embed` counts 1, `embed_many` counts its texts).
+    pub requests: u64,
+    /// Model calls made.
+    pub batches: u64,
+    /// Texts that went through the model.
+    pub batched_items: u64,
+    /// `embed` calls that ended in [`EmbedError::Timeout`].
+    pub timeouts: u64,
+    /// Calls that ended in [`EmbedError::Failed`] or [`EmbedError::Closed`].
+    pub failures: u64,
+    /// Largest batch so far.
+    pub max_batch_seen: u64,
+}
+
+/// One model call, for latency histograms.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct BatchSample {
+    pub size: usize,
+    pub millis: f64,
+}
+
+/// A model that turns texts into vectors; the seam that lets tests replace ONNX with a fake.
+///
+/// It runs only on the embed worker thread, hence `&mut self` and `Send` without `Sync`.
+pub trait EmbedModel: Send {
+    /// One vector of [`EmbedModel::dimension`] floats per text, in order.
+    fn embed(&mut self, texts: &[String]) -> Result<Vec<Vec<f32>>, String>;
+    fn dimension(&self) -> usize;
+}
+
+/// The real model: fastembed's ONNX text embedding with the pooling from `reprise-model.toml`.
+pub struct FastembedModel {
+    inner: fastembed::TextEmbedding,
+    dimension: usize,
+}
+
+impl FastembedModel {
+    /// Loads ONNX Runtime (once per process), the tokenizer and the model, then checks the output width.
+    /// Blocking: reads ~90 MB and builds the ONNX session.
+    pub fn load(config: &EmbedConfig) -> Result<FastembedModel, EmbedError> {
+        // ort and fastembed have `expect`s on odd dylibs; a bad install must be an error, not a crash.
+        catch_unwind(AssertUnwindSafe(|| Self::load_inner(config))).unwrap_or_else(|panic| {
+            Err(EmbedError::Load(format!(
+                "panicked while loading: {}",
+                panic_message(panic.as_ref())
+            )))
+        })
+    }
+
+    fn load_inner(config: &EmbedConfig) -> Result<FastembedModel, EmbedError> {
+        config.validate()?;
+        let spec = ModelSpec::read(&config.model_dir)?;
+        let pooling = spec.fastembed_pooling().map_err(EmbedError::Load)?;
+        let read = |name: &str| {
+            let path = config.model_dir.join(name);
+            std::fs::read(&path).map_err(|e| {
+                EmbedError::Load(format!(
+                    "cannot read {}: {e} (run scripts/provision-models.sh)",
+                    path.display()
+                ))
+            })
+        };
+        let tokenizer = fastembed::TokenizerFiles {
+            tokenizer_file: read("tokenizer.json")?,
+            config_file: read("config.json")?,
+            special_tokens_map_file: read("special_tokens_map.json")?,
+            tokenizer_config_file: read("tokenizer_config.json")?,
+        };
+        // fastembed's default pooling is CLS, which is wrong for sentence-transformers models such as
+        // MiniLM; the spec file is the authority.
+        let model = fastembed::UserDefinedEmbeddingModel::new(read("model.onnx")?, tokenizer)
+            .with_pooling(pooling)
+            .with_quantization(fastembed::QuantizationMode::None);
+        let options = fastembed::InitOptionsUserDefined::new()
+            .with_environment(ort_environment(&config.ort_lib)?)
+            .with_max_length(spec.max_length)
+            .with_intra_threads(config.threads)
+            // ONNX Runtime's pool threads spin after each run by default; with a small core count that
+            // spinning steals the CPU the tokio workers need between batches, for no gain here.
+            .with_session_config("session.intra_op.allow_spinning", "0");
+        let inner = fastembed::TextEmbedding::try_new_from_user_defined(model, options)
+            .map_err(|e| EmbedError::Load(format!("{}: {e}", config.model_dir.display())))?;
+        let mut model = FastembedModel {
+            inner,
+            dimension: spec.dimension,
+        };
+        // One real call proves the spec matches the model and warms the session (the first run is slow).
+        let probe = model
+            .embed(&["warm-up".to_owned()])
+            .map_err(EmbedError::Load)?;
+        let width = probe.first().map_or(0, Vec::len);
+        if width != spec.dimension {
+            return Err(EmbedError::Load(format!(
+                "{} says dimension = {}, but the model produces {width}",
+                config.model_dir.join(MODEL_SPEC_FILE).display(),
+                spec.dimension
+            )));
+        }
+        Ok(model)
+    }
+}
+
+impl EmbedModel for FastembedModel {
+    fn embed(&mut self, texts: &[String]) -> Result<Vec<Vec<f32>>, String> {
+        // One ONNX run for the whole batch: the worker already sized it.
+        self.inner
+            .embed(texts, Some(texts.len().max(1)))
+            .map_err(|e| e.to_string())
+    }
+
+    fn dimension(&self) -> usize {
+        self.dimension
+    }
+}
+
+/// The process's ONNX Runtime environment. ort allows building only one per process, ever (even after
+/// the first is dropped), so it is built once and shared by every model loaded later.
+fn ort_environment(lib: &Path) -> Result<ort::environment::Environment, EmbedError> {
+    static ENVIRONMENT: Mutex<Option<ort::environment::Environment>> = Mutex::new(None);
+    let mut slot = ENVIRONMENT.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(env) = slot.as_ref() {
+        return Ok(env.clone());
+    }
+    // ort resolves a relative path against the executable's directory first; we mean the working dir.
+    let lib = std::path::absolute(lib).unwrap_or_else(|_| lib.to_path_buf());
+    if !lib.is_file() {
+        return Err(EmbedError::Load(format!(
+            "ONNX Runtime library not found at {} (run scripts/provision-models.sh)",
+            lib.display()
+        )));
+    }
+    let env = ort::init_from(&lib)
+        .map_err(|e| EmbedError::Load(format!("ONNX Runtime: {e}")))?
+        .with_name("reprise-embed")
+        .with_telemetry(false)
+        .build()
+        .map_err(|e| EmbedError::Load(format!("ONNX Runtime environment: {e}")))?;
+    *slot = Some(env.clone());
+    Ok(env)
+}
+
+type Reply = Result<Vec<Vec<f32>>, EmbedError>;
+
+/// One caller's texts on their way to the worker.
+struct Job {
+    texts: Vec<String>,
+    /// `None` for admin/warm-up work that may wait as long as it takes.
+    deadline: Option<Instant>,
+    enqueued_at: Instant,
+    reply: oneshot::Sender<Reply>,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    batches: AtomicU64,
+    batched_items: AtomicU64,
+    timeouts: AtomicU64,
+    failures: AtomicU64,
+    max_batch_seen: AtomicU64,
+    recent: Mutex<VecDeque<BatchSample>>,
+}
+
+/// The embed stage: a handle to the worker thread. Shared as `Arc<Embedder>`.
+pub struct Embedder {
+    /// `None` only during drop, so the worker sees the channel close before we join it.
+    jobs: Option<Sender<Job>>,
+    worker: Option<JoinHandle<()>>,
+    counters: Arc<Counters>,
+    dimension: usize,
+    deadline: Duration,
+    max_batch: usize,
+}
+
+impl std::fmt::Debug for Embedder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Embedder")
+            .field("dimension", &self.dimension)
+            .field("deadline", &self.deadline)
+            .field("max_batch", &self.max_batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Embedder {
+    /// Loads the model once (blocking; call at start-up, e.g. inside `spawn_blocking`).
+    pub fn load(config: &EmbedConfig) -> Result<Embedder, EmbedError> {
+        let started = Instant::now();
+        let model = FastembedModel::load(config)?;
+        tracing::info!(
+            model_dir = %config.model_dir.display(),
+            dimension = model.dimension(),
+            threads = config.threads,
+            load_ms = started.elapsed().as_millis() as u64,
+            "embedding model loaded"
+        );
+        Embedder::with_model(Box::new(model), config)
+    }
+
+    /// Starts the worker thread around any model; `model_dir` and `ort_lib` of `config` are unused.
+    pub fn with_model(
+        model: Box<dyn EmbedModel>,
+        config: &EmbedConfig,
+    ) -> Result<Embedder, EmbedError> {
+        config.validate()?;
+        let (jobs, rx) = mpsc::channel();
+        let counters = Arc::new(Counters::default());
+        let dimension = model.dimension();
+        let worker = Worker {
+            model,
+            jobs: rx,
+            max_batch: config.max_batch,
+            max_wait: config.max_wait,
+            dimension,
+            counters: Arc::clone(&counters),
+        };
+        let worker = std::thread::Builder::new()
+            .name("reprise-embed".into())
+            .spawn(move || worker.run())
+            .map_err(|e| EmbedError::Load(format!("cannot start the embed thread: {e}")))?;
+        Ok(Embedder {
+            jobs: Some(jobs),
+            worker: Some(worker),
+            counters,
+            dimension,
+            deadline: config.deadline,
+            max_batch: config.max_batch,
+        })
+    }
+
+    pub fn dimension(&self) -> usize {
+        self.dimension
+    }
+
+    /// Embeds one text with dynamic micro-batching: concurrent callers are embedded together by the
+    /// worker thread (never on tokio workers). Fails with `Timeout` when the deadline passes (the caller
+    /// falls back to exact matching). Never panics. Needs a tokio runtime with timers enabled.
+    pub async fn embed(&self, text: &str) -> Result<Vec<f32>, EmbedError> {
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + self.deadline;
+        let outcome = match self.submit(vec![text.to_owned()], Some(deadline)) {
+            Err(e) => Err(e),
+            Ok(reply) => {
+                match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), reply).await
+                {
+                    Err(_elapsed) => Err(EmbedError::Timeout),
+                    Ok(Err(_worker_gone)) => Err(EmbedError::Closed),
+                    Ok(Ok(reply)) => reply,
+                }
+            }
+        };
+        let outcome = outcome.and_then(|mut vectors| {
+            vectors
+                .pop()
+                .ok_or_else(|| EmbedError::Failed("the model returned no vector".into()))
+        });
+        self.count(outcome)
+    }
+
+    /// Batch embedding for admin/warm-up paths (still through the worker thread), no deadline.
+    ///
+    /// Texts go in chunks of `max_batch`, one after the other, so live `embed` calls get a turn between
+    /// chunks instead of queueing behind the whole list.
+    pub async fn embed_many(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.counters
+            .requests
+            .fetch_add(texts.len() as u64, Ordering::Relaxed);
+        let mut vectors = Vec::with_capacity(texts.len());
+        let mut rest = texts;
+        while !rest.is_empty() {
+            let tail = rest.split_off(rest.len().min(self.max_batch));
+            let chunk = std::mem::replace(&mut rest, tail);
+            let outcome = match self.submit(chunk, None) {
+                Err(e) => Err(e),
+                Ok(reply) => reply.await.unwrap_or(Err(EmbedError::Closed)),
+            };
+            vectors.extend(self.count(outcome)?);
+        }
+        Ok(vectors)
+    }
+
+    pub fn stats(&self) -> EmbedStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        EmbedStats {
+            requests: get(&c.requests),
+            batches: get(&c.batches),
+            batched_items: get(&c.batched_items),
+            timeouts: get(&c.timeouts),
+            failures: get(&c.failures),
+            max_batch_seen: get(&c.max_batch_seen),
+        }
+    }
+
+    /// Size and model time of the last model calls, oldest first.
+    pub fn recent_batches(&self) -> Vec<BatchSample> {
+        let recent = self
+            .counters
+            .recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        recent.iter().copied().collect()
+    }
+
+    fn submit(
+        &self,
+        texts: Vec<String>,
+        deadline: Option<Instant>,
+    ) -> Result<oneshot::Receiver<Reply>, EmbedError> {
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            texts,
+            deadline,
+            enqueued_at: Instant::now(),
+            reply,
+        };
+        let jobs = self.jobs.as_ref().ok_or(EmbedError::Closed)?;
+        jobs.send(job).map_err(|_| EmbedError::Closed)?;
+        Ok(rx)
+    }
+
+    /// Counts an outcome where the caller sees it, so each call is counted exactly once whether the
+    /// worker or the caller's timer noticed the deadline.
+    fn count<T>(&self, outcome: Result<T, EmbedError>) -> Result<T, EmbedError> {
+        match &outcome {
+            Ok(_) | Err(EmbedError::Load(_)) => {}
+            Err(EmbedError::Timeout) => {
+                self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(EmbedError::Failed(_) | EmbedError::Closed) => {
+                self.counters.failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        outcome
+    }
+}
+
+impl Drop for Embedder {
+    /// Closes the channel and joins the worker. Blocks for at most the model call in progress: no
+    /// caller can be waiting (they borrow `self`), so queued jobs are all abandoned and skipped.
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(worker) = self.worker.take() {
+            if worker.join().is_err() {
+                tracing::error!("embed worker thread panicked");
+            }
+        }
+    }
+}
+
+/// The dedicated thread that owns the model.
+struct Worker {
+    model: Box<dyn EmbedModel>,
+    jobs: Receiver<Job>,
+    max_batch: usize,
+    max_wait: Duration,
+    dimension: usize,
+    counters: Arc<Counters>,
+}
+
+impl Worker {
+    fn run(mut self) {
+        // A job that would have overflowed the previous batch starts the next one.
+        let mut carry = None;
+        while let Some(batch) = self.gather(&mut carry) {
+            self.serve(batch);
+        }
+    }
+
+    /// Blocks for a first live job, then takes whatever arrives until `max_batch` texts or `max_wait`
+    /// after that first job was sent. Jobs already queued are taken even when the window has closed:
+    /// that costs no waiting. `None` once every sender is gone.
+    fn gather(&self, carry: &mut Option<Job>) -> Option<Vec<Job>> {
+        let first = loop {
+            let job = match carry.take() {
+                Some(job) => job,
+                None => self.jobs.recv().ok()?,
+            };
+            if let Some(job) = admit(job, Instant::now()) {
+                break job;
+            }
+        };
+        let window_end = first.enqueued_at + self.max_wait;
+        let mut items = first.texts.len();
+        let mut batch = vec![first];
+        while items < self.max_batch {
+            let now = Instant::now();
+            let next = if now < window_end {
+                match self.jobs.recv_timeout(window_end - now) {
+                    Ok(job) => job,
+                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                match self.jobs.try_recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            };
+            let Some(job) = admit(next, Instant::now()) else {
+                continue;
+            };
+            if items + job.texts.len() > self.max_batch {
+                *carry = Some(job);
+                break;
+            }
+            items += job.texts.len();
+            batch.push(job);
+        }
+        Some(batch)
+    }
+
+    /// Runs one model call for the live jobs of `batch` and answers each of them.
+    fn serve(&mut self, batch: Vec<Job>) {
+        // The gathering window may have let a deadline pass; check again right before the model.
+        let now = Instant::now();
+        let mut jobs: Vec<Job> = batch.into_iter().filter_map(|j| admit(j, now)).collect();
+        if jobs.is_empty() {
+            return;
+        }
+        let sizes: Vec<usize> = jobs.iter().map(|j| j.texts.len()).collect();
+        let texts: Vec<String> = jobs
+            .iter_mut()
+            .flat_map(|j| std::mem::take(&mut j.texts))
+            .collect();
+
+        let started = Instant::now();
+        let result = match catch_unwind(AssertUnwindSafe(|| self.model.embed(&texts))) {
+            Ok(result) => result.and_then(|v| check_output(v, texts.len(), self.dimension)),
+            Err(panic) => Err(format!(
+                "the model panicked: {}",
+                panic_message(panic.as_ref())
+            )),
+        };
+        self.record(texts.len(), started.elapsed());
+
+        match result {
+            Ok(vectors) => {
+                let mut vectors = vectors.into_iter();
+                for (job, size) in jobs.into_iter().zip(sizes) {
+                    // A caller that gave up meanwhile just drops its receiver; nothing to do.
+                    let _ = job.reply.send(Ok(vectors.by_ref().take(size).collect()));
+                }
+            }
+            Err(message) => {
+                tracing::warn!(size = texts.len(), error = %message, "embedding batch failed");
+                for job in jobs {
+                    let _ = job.reply.send(Err(EmbedError::Failed(message.clone())));
+                }
+            }
+        }
+    }
+
+    fn record(&self, size: usize, took: Duration) {
+        let c = &self.counters;
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        c.batched_items.fetch_add(size as u64, Ordering::Relaxed);
+        c.max_batch_seen.fetch_max(size as u64, Ordering::Relaxed);
+        let mut recent = c.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        if recent.len() == RECENT_BATCHES {
+            recent.pop_front();
+        }
+        recent.push_back(BatchSample {
+            size,
+            millis: took.as_secs_f64() * 1e3,
+        });
+    }
+}
+
+/// Keeps a job worth running: its caller still listens and its deadline has not passed. An expired job
+/// is told `Timeout` (its caller counts it); an abandoned one is dropped silently.
+fn admit(job: Job, now: Instant) -> Option<Job> {
+    if job.reply.is_closed() {
+        return None;
+    }
+    match job.deadline {
+        Some(deadline) if deadline <= now => {
+            let _ = job.reply.send(Err(EmbedError::Timeout));
+            None
+        }
+        _ => Some(job),
+    }
+}
+
+/// Refuses a model answer that does not line up with the texts, rather than hand out wrong vectors.
+fn check_output(
+    vectors: Vec<Vec<f32>>,
+    texts: usize,
+    dimension: usize,
+) -> Result<Vec<Vec<f32>>, String> {
+    if vectors.len() != texts {
+        return Err(format!(
+            "the model returned {} vectors for {texts} texts",
+            vectors.len()
+        ));
+    }
+    if let Some(bad) = vectors.iter().find(|v| v.len() != dimension) {
+        return Err(format!(
+            "the model returned a vector of {} floats, expected {dimension}",
+            bad.len()
+        ));
+    }
+    Ok(vectors)
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::OnceLock;
+    use tokio::task::JoinSet;
+
+    /// A fake model: sleeps per batch, answers `[n; dim]` for text `"n"` so a test can check routing.
+    struct Fake {
+        sleep: Duration,
+        fail: bool,
+        dimension: usize,
+        dropped: Arc<AtomicBool>,
+    }
+
+    impl Fake {
+        fn new(sleep_ms: u64) -> Fake {
+            Fake {
+                sleep: Duration::from_millis(sleep_ms),
+                fail: false,
+                dimension: 4,
+                dropped: Arc::new(AtomicBool::new(false)),
+            }
+        }
+    }
+
+    impl EmbedModel for Fake {
+        fn embed(&mut self, texts: &[String]) -> Result<Vec<Vec<f32>>, String> {
+            std::thread::sleep(self.sleep);
+            if self.fail {
+                return Err("fake failure".into());
+            }
+            texts
+                .iter()
+                .map(|t| match t.as_str() {
+                    "boom" => panic!("fake panic"),
+                    "short" => Ok(vec![0.0]),
+                    t => Ok(vec![t.parse::<f32>().unwrap_or(-1.0); self.dimension]),
+                })
+                .collect()
+        }
+
+        fn dimension(&self) -> usize {
+            self.dimension
+        }
+    }
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            self.dropped.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn config(deadline_ms: u64, max_wait_ms: u64) -> EmbedConfig {
+        EmbedConfig {
+            deadline: Duration::from_millis(deadline_ms),
+            max_wait: Duration::from_millis(max_wait_ms),
+            ..EmbedConfig::default()
+        }
+    }
+
+    #[test]
+    fn embedder_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Embedder>();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_calls_share_batches_and_get_their_own_vectors() {
+        let embedder = Arc::new(
+            Embedder::with_model(Box::new(Fake::new(30)), &config(10_000, 5))
+                .expect("start embedder"),
+        );
+        let mut calls = JoinSet::new();
+        for n in 0..16 {
+            let embedder = Arc::clone(&embedder);
+            calls.spawn(async move { (n, embedder.embed(&n.to_string()).await) });
+        }
+        while let Some(joined) = calls.join_next().await {
+            let (n, vector) = joined.expect("task");
+            assert_eq!(vector.expect("embedding"), vec![n as f32; 4]);
+        }
+        let stats = embedder.stats();
+        assert_eq!(stats.requests, 16);
+        assert_eq!(stats.batched_items, 16);
+        assert!(stats.batches < 16, "no batching: {stats:?}");
+        assert!(stats.max_batch_seen > 1, "no batching: {stats:?}");
+        assert_eq!(embedder.recent_batches().len() as u64, stats.batches);
+    }
+
+    #[tokio::test]
+    async fn max_batch_caps_every_model_call() {
+        let cfg = EmbedConfig {
+            max_batch: 3,
+            ..config(10_000, 50)
+        };
+        let embedder = Embedder::with_model(Box::new(Fake::new(1)), &cfg).expect("start embedder");
+        let texts: Vec<String> = (0..10).map(|n| n.to_string()).collect();
+        let vectors = embedder.embed_many(texts).await.expect("embeddings");
+        let firsts: Vec<f32> = vectors.iter().map(|v| v[0]).collect();
+        assert_eq!(firsts, (0..10).map(|n| n as f32).collect::<Vec<_>>());
+        let sizes: Vec<usize> = embedder.recent_batches().iter().map(|b| b.size).collect();
+        assert_eq!(sizes, vec![3, 3, 3, 1]);
+        assert!(embedder
+            .embed_many(Vec::new())
+            .await
+            .expect("empty")
+            .is_empty());
+    }
+
+    #[tokio::test]
+    async fn slow_model_times_out_and_expired_jobs_are_skipped() {
+        let embedder = Arc::new(
+            Embedder::with_model(Box::new(Fake::new(200)), &config(50, 1)).expect("start embedder"),
+        );
+        let first = {
+            let embedder = Arc::clone(&embedder);
+            tokio::spawn(async move { embedder.embed("1").await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Queued behind the first call's 200 ms batch: its 50 ms deadline passes in the queue.
+        let second = embedder.embed("2").await;
+        assert!(matches!(second, Err(EmbedError::Timeout)), "{second:?}");
+        let first = first.await.expect("task");
+        assert!(matches!(first, Err(EmbedError::Timeout)), "{first:?}");
+        // No deadline: waits for the first batch, then runs alone because the second job expired.
+        embedder
+            .embed_many(vec!["3".into()])
+            .await
+            .expect("no deadline");
+        let stats = embedder.stats();
+        assert_eq!(stats.timeouts, 2, "{stats:?}");
+        assert_eq!(stats.batches, 2, "{stats:?}");
+        assert_eq!(
+            stats.batched_items, 2,
+            "the expired job must not run: {stats:?}"
+        );
+    }
+
+    #[test]
+    fn admit_answers_an_expired_job_with_timeout() {
+        let (reply, mut rx) = oneshot::channel();
+        let now = Instant::now();
+        let job = Job {
+            texts: vec!["1".into()],
+            deadline: Some(now),
+            enqueued_at: now,
+            reply,
+        };
+        assert!(admit(job, now).is_none());
+        assert!(matches!(rx.try_recv(), Ok(Err(EmbedError::Timeout))));
+    }
+
+    #[tokio::test]
+    async fn model_errors_and_panics_fail_the_call_but_not_the_worker() {
+        let mut failing = Fake::new(0);
+        failing.fail = true;
+        let embedder = Embedder::with_model(Box::new(failing), &config(1_000, 0)).expect("start");
+        let result = embedder.embed("1").await;
+        assert!(
+            matches!(&result, Err(EmbedError::Failed(m)) if m.contains("fake failure")),
+            "{result:?}"
+        );
+        assert_eq!(embedder.stats().failures, 1);
+
+        let embedder =
+            Embedder::with_model(Box::new(Fake::new(0)), &config(1_000, 0)).expect("start");
+        let result = embedder.embed("boom").await;
+        assert!(matches!(result, Err(EmbedError::Failed(_))), "{result:?}");
+        let result = embedder.embed("short").await;
+        assert!(matches!(result, Err(EmbedError::Failed(_))), "{result:?}");
+        assert_eq!(
+            embedder.embed("7").await.expect("worker survives"),
+            vec![7.0; 4]
+        );
+        assert_eq!(embedder.stats().failures, 2);
+    }
+
+    #[test]
+    fn drop_stops_the_worker_and_releases_the_model() {
+        let fake = Fake::new(0);
+        let dropped = Arc::clone(&fake.dropped);
+        let embedder = Embedder::with_model(Box::new(fake), &config(1_000, 0)).expect("start");
+        drop(embedder);
+        assert!(dropped.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn config_and_spec_errors_name_the_field_or_file() {
+        let bad = EmbedConfig {
+            max_batch: 0,
+            ..EmbedConfig::default()
+        };
+        let err = Embedder::with_model(Box::new(Fake::new(0)), &bad).expect_err("max_batch 0");
+        assert!(err.to_string().contains("max_batch"), "{err}");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let err = ModelSpec::read(dir.path()).expect_err("no spec file");
+        assert!(err.to_string().contains(MODEL_SPEC_FILE), "{err}");
+
+        let spec = "dimension = 384\npooling = \"max\"\nnormalize = true\nmax_length = 256\n";
+        std::fs::write(dir.path().join(MODEL_SPEC_FILE), spec).expect("write spec");
+        let err = ModelSpec::read(dir.path()).expect_err("bad pooling");
+        assert!(err.to_string().contains("pooling"), "{err}");
+
+        let err = Embedder::load(&EmbedConfig {
+            model_dir: dir.path().join("missing"),
+            ..EmbedConfig::default()
+        })
+        .expect_err("no model dir");
+        assert!(matches!(err, EmbedError::Load(_)), "{err}");
+    }
+
+    // ---- real model ----
+
+    /// `(model_dir, ort_lib)`, or `None` to skip. On CI missing files fail the test instead.
+    fn real_paths() -> Option<(PathBuf, PathBuf)> {
+        let root = std::env::var_os("REPRISE_MODELS_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models")));
+        let model_dir = root.join("all-MiniLM-L6-v2");
+        let ort_lib = root
+            .join("onnxruntime")
+            .join(default_paths().1.file_name()?);
+        let present = model_dir.join("model.onnx").is_file()
+            && model_dir.join(MODEL_SPEC_FILE).is_file()
+            && ort_lib.is_file();
+        if present {
+            return Some((model_dir, ort_lib));
+        }
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "model files missing under {}: run scripts/provision-models.sh",
+            root.display()
+        );
+        eprintln!(
+            "skipping: model files missing under {} (run scripts/provision-models.sh)",
+            root.display()
+        );
+        None
+    }
+
+    /// One real embedder for all tests in this binary: loading takes a while and tests run in parallel.
+    /// The deadline is generous because debug builds tokenize slowly and tests share two cores.
+    fn real_embedder() -> Option<Arc<Embedder>> {
+        static REAL: OnceLock<Arc<Embedder>> = OnceLock::new();
+        let (model_dir, ort_lib) = real_paths()?;
+        Some(Arc::clone(REAL.get_or_init(|| {
+            let config = EmbedConfig {
+                model_dir,
+                ort_lib,
+                deadline: Duration::from_secs(30),
+                ..EmbedConfig::default()
+            };
+            Arc::new(Embedder::load(&config).expect("load the real model"))
+        })))
+    }
+
+    async fn real() -> Option<Arc<Embedder>> {
+        tokio::task::spawn_blocking(real_embedder)
+            .await
+            .expect("load task")
+    }
+
+    fn cosine(a: &[f32], b: &[f32]) -> f32 {
+        let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+        let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        dot / (norm(a) * norm(b))
+    }
+
+    #[tokio::test]
+    async fn real_model_gives_unit_vectors_that_rank_paraphrases_close() {
+        let Some(embedder) = real().await else { return };
+        assert_eq!(embedder.dimension(), 384);
+        let reset = embedder
+            .embed("how do I reset my password")
+            .await
+            .expect("embed");
+        let forgot = embedder
+            .embed("I forgot my password, how can I reset it")
+            .await
+            .expect("embed");
+        let france = embedder
+            .embed("what is the capital of France")
+            .await
+            .expect("embed");
+        for v in [&reset, &forgot, &france] {
+            assert_eq!(v.len(), 384);
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-4, "norm {norm}");
+        }
+        let close = cosine(&reset, &forgot);
+        let far = cosine(&reset, &france);
+        eprintln!("cosine paraphrase = {close:.4}, unrelated = {far:.4}");
+        assert!(close > 0.8, "paraphrase cosine {close}");
+        assert!(far < 0.3, "unrelated cosine {far}");
+    }
+
+    #[tokio::test]
+    async fn real_model_gives_the_same_vector_alone_and_in_a_padded_batch() {
+        let Some(embedder) = real().await else { return };
+        let text = "how do I reset my password";
+        let alone = embedder.embed(text).await.expect("embed");
+        // Texts of different lengths, so the batch is padded around our text.
+        let mut batch: Vec<String> = vec![
+            "hi".into(),
+            "a much longer sentence about the weather in the mountains this weekend".into(),
+            "what is the capital of France".into(),
+            text.into(),
+            "x".into(),
+            "translate 'good morning' into German, Spanish and Italian please".into(),
+            "".into(),
+            "rust async channels".into(),
+        ];
+        let position = 3;
+        let vectors = embedder
+            .embed_many(std::mem::take(&mut batch))
+            .await
+            .expect("batch");
+        assert_eq!(vectors.len(), 8);
+        let diff = alone
+            .iter()
+            .zip(&vectors[position])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!("max abs diff alone vs batch of 8 = {diff:e}");
+        assert!(diff < 1e-4, "max abs diff {diff}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn real_model_serves_concurrent_callers() {
+        let Some(embedder) = real().await else { return };
+        let texts: Vec<String> = (0..12).map(|n| format!("question number {n}")).collect();
+        let expected = embedder.embed_many(texts.clone()).await.expect("batch");
+        let mut calls = JoinSet::new();
+        for (n, text) in texts.into_iter().enumerate() {
+            let embedder = Arc::clone(&embedder);
+            calls.spawn(async move { (n, embedder.embed(&text).await) });
+        }
+        while let Some(joined) = calls.join_next().await {
+            let (n, vector) = joined.expect("task");
+            let vector = vector.expect("embed");
+            assert!(
+                cosine(&vector, &expected[n]) > 0.9999,
+                "text {n} got another vector"
+            );
+        }
+    }
+
+    /// Prints single-text latency and batched throughput; run with
+    /// `cargo test --release -- --ignored --nocapture embed_speed`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "measurement, not a test"]
+    async fn embed_speed() {
+        let Some((model_dir, ort_lib)) = real_paths() else {
+            return;
+        };
+        for threads in [1, 2] {
+            let config = EmbedConfig {
+                model_dir: model_dir.clone(),
+                ort_lib: ort_lib.clone(),
+                deadline: Duration::from_secs(30),
+                threads,
+                ..EmbedConfig::default()
+            };
+            let embedder = tokio::task::spawn_blocking(move || Embedder::load(&config))
+                .await
+                .expect("load task")
+                .expect("load");
+            let prompt = "How do I reset my password if I no longer have access to my email?";
+            let mut took = Vec::new();
+            for _ in 0..50 {
+                let started = Instant::now();
+                embedder.embed(prompt).await.expect("embed");
+                took.push(started.elapsed().as_secs_f64() * 1e3);
+            }
+            took.sort_by(f64::total_cmp);
+            eprintln!(
+                "threads={threads} single embed(): p50 {:.2} ms, p90 {:.2} ms, min {:.2} ms",
+                took[25], took[45], took[0]
+            );
+            for size in [1usize, 8, 32] {
+                let texts: Vec<String> = (0..size).map(|n| format!("{prompt} ({n})")).collect();
+                let rounds = 96 / size;
+                let started = Instant::now();
+                for _ in 0..rounds {
+                    embedder.embed_many(texts.clone()).await.expect("batch");
+                }
+                let secs = started.elapsed().as_secs_f64();
+                eprintln!(
+                    "threads={threads} batch {size:>2}: {:.1} texts/s, {:.2} ms per batch",
+                    (rounds * size) as f64 / secs,
+                    secs * 1e3 / rounds as f64
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! Semantic matching, the stage after an exact miss: embed the final user turn with the local model,
+//! search the request's partition in the vector index, and serve the best live entry whose
+//! similarity clears the threshold.
+//!
+//! It fails open: a late or failed embedding, or a missing model, turns the request into an exact-only
+//! lookup, counted and logged, never an error for the client.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::embed::{EmbedConfig, EmbedError, Embedder};
+use crate::entry::{Entry, EntryId};
+use crate::index::{HnswIndex, IndexConfig, VectorIndex};
+use crate::key::Keys;
+use crate::record::unix_ms;
+use crate::store::Store;
+
+/// How many neighbours a lookup considers: the best may be a tombstone the index has not seen yet.
+const CANDIDATES: usize = 4;
+
+/// The embedder and the index, present only when the model loaded.
+pub struct Semantic {
+    pub embedder: Arc<Embedder>,
+    pub index: Arc<HnswIndex>,
+    index_dir: PathBuf,
+    /// Requests that fell back to exact matching (embedding late or failed).
+    pub fallbacks: AtomicU64,
+    /// Closing this stops the maintenance thread.
+    stop_tx: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    maintenance: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// Whether semantic matching runs, and why not when it does not (for logs and `/healthz`).
+pub enum Status {
+    Ready(Arc<Semantic>),
+    Disabled(String),
+}
+
+/// What the semantic stage found for one request.
+#[derive(Default)]
+pub struct Outcome {
+    /// A live entry of the partition at or above the threshold, with its similarity.
+    pub hit: Option<(Entry, f32)>,
+    /// Similarity of the best candidate in the partition (`x-reprise-nearest`).
+    pub nearest: Option<f32>,
+    /// The request's embedding, stored with its answer on a miss.
+    pub vector: Option<Vec<f32>>,
+    pub embed_ms: Option<f64>,
+    pub search_ms: Option<f64>,
+}
+
+impl Semantic {
+    /// Loads the model and the index (from its dump in the data dir when it matches the store,
+    /// otherwise rebuilt from the vectors stored with the entries).
+    pub fn start(config: &Config, store: &dyn Store) -> Status {
+        if !config.semantic {
+            return Status::Disabled("semantic matching is turned off (semantic = false)".into());
+        }
+        let embed_config = EmbedConfig {
+            model_dir: config.model_dir.clone(),
+            ort_lib: config.ort_lib.clone(),
+            deadline: Duration::from_millis(config.embed_deadline_ms),
+            max_batch: config.embed_max_batch,
+            max_wait: Duration::from_millis(config.embed_max_wait_ms),
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        };
+        let embedder = match Embedder::load(&embed_config) {
+            Ok(e) => Arc::new(e),
+            Err(err) => {
+                return Status::Disabled(format!(
+                    "the embedding model could not be loaded from {} (ORT library {}): {err}. Run scripts/provision-models.sh or set --model-dir/--ort-lib",
+                    config.model_dir.display(),
+                    config.ort_lib.display()
+                ))
+            }
+        };
+        let index_dir = config.data_dir.join("index");
+        let index = load_or_rebuild(&index_dir, embedder.dimension(), store);
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+        let semantic = Arc::new(Self {
+            embedder,
+            index: Arc::new(index),
+            index_dir,
+            fallbacks: AtomicU64::new(0),
+            stop_tx: Mutex::new(Some(stop_tx)),
+            maintenance: Mutex::new(None),
+        });
+        let every = Duration::from_secs(config.index_save_interval_s);
+        let weak = Arc::downgrade(&semantic);
+        let thread = std::thread::Builder::new()
+            .name("reprise-index".into())
+            .spawn(move || maintain(weak, stop_rx, every))
+            .ok();
+        *lock(&semantic.maintenance) = thread;
+        Status::Ready(semantic)
+    }
+
+    /// Stops the maintenance thread and saves the index (shutdown).
+    pub fn stop(&self) {
+        lock(&self.stop_tx).take();
+        if let Some(thread) = lock(&self.maintenance).take() {
+            let _ = thread.join();
+        }
+        self.save();
+    }
+
+    /// Embeds `keys.prompt` and, when `search` is set, looks for a live entry of the same partition
+    /// at or above `threshold` (that is also younger than `max_age_s`).
+    pub async fn lookup(
+        self: &Arc<Self>,
+        store: &Arc<dyn Store>,
+        keys: &Keys,
+        threshold: f32,
+        search: bool,
+        max_age_s: Option<u64>,
+    ) -> Outcome {
+        let mut outcome = Outcome::default();
+        if keys.prompt.trim().is_empty() {
+            return outcome;
+        }
+        let started = std::time::Instant::now();
+        let vector = match self.embedder.embed(&keys.prompt).await {
+            Ok(v) => v,
+            Err(err) => {
+                self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                match err {
+                    EmbedError::Timeout => tracing::warn!(
+                        "embedding missed its deadline; exact matching only for this request"
+                    ),
+                    other => {
+                        tracing::warn!(error = %other, "embedding failed; exact matching only for this request")
+                    }
+                }
+                return outcome;
+            }
+        };
+        outcome.embed_ms = Some(crate::timing::millis(started.elapsed()));
+        if search {
+            let searched = std::time::Instant::now();
+            let (this, store, partition, query) =
+                (self.clone(), store.clone(), keys.partition, vector.clone());
+            // The graph walk is CPU work: keep it off the async workers.
+            let found = tokio::task::spawn_blocking(move || {
+                this.best_live(&*store, &partition.0, &query, threshold, max_age_s)
+            })
+            .await
+            .unwrap_or_default();
+            outcome.search_ms = Some(crate::timing::millis(searched.elapsed()));
+            outcome.nearest = found.0;
+            outcome.hit = found.1;
+        }
+        outcome.vector = Some(vector);
+        outcome
+    }
+
+    /// Best neighbour's similarity, and the best live entry at or above the threshold. Entries that
+    /// are gone or expired are tombstoned in the index on the way, so they are never served.
+    fn best_live(
+        &self,
+        store: &dyn Store,
+        partition: &[u8; 32],
+        query: &[f32],
+        threshold: f32,
+        max_age_s: Option<u64>,
+    ) -> (Option<f32>, Option<(Entry, f32)>) {
+        let neighbors = self.index.search(partition, query, CANDIDATES);
+        let now = unix_ms();
+        let mut nearest = None;
+        for n in neighbors {
+            let entry = match store.get(EntryId(n.id)) {
+                Ok(Some(e)) if !e.is_expired(now) && &e.partition.0 == partition => e,
+                Ok(_) => {
+                    self.index.remove(n.id);
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            nearest.get_or_insert(n.similarity);
+            if n.similarity < threshold {
+                break;
+            }
+            let age_s = now.saturating_sub(entry.created_at_ms) / 1000;
+            if max_age_s.is_some_and(|max| age_s > max) {
+                continue;
+            }
+            return (nearest, Some((entry, n.similarity)));
+        }
+        (nearest, None)
+    }
+
+    /// Saves the index dump (periodically and at shutdown).
+    pub fn save(&self) {
+        if let Err(err) = self.index.save(&self.index_dir) {
+            tracing::warn!(error = %err, dir = %self.index_dir.display(), "saving the vector index failed");
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Rebuilds the graph when tombstones pile up, and saves it every `save_every`, until stopped.
+/// Holds only a weak reference, so a dropped gateway does not stay alive for its maintenance.
+fn maintain(
+    weak: std::sync::Weak<Semantic>,
+    stop: std::sync::mpsc::Receiver<()>,
+    save_every: Duration,
+) {
+    let tick = Duration::from_secs(5).min(save_every);
+    let mut last_save = std::time::Instant::now();
+    loop {
+        match stop.recv_timeout(tick) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        let Some(semantic) = weak.upgrade() else {
+            return;
+        };
+        if semantic.index.maybe_rebuild() {
+            tracing::info!(
+                vectors = semantic.index.len(),
+                "vector index rebuilt without its tombstones"
+            );
+        }
+        if last_save.elapsed() >= save_every {
+            semantic.save();
+            last_save = std::time::Instant::now();
+        }
+    }
+}
+
+fn index_config(dimension: usize) -> IndexConfig {
+    IndexConfig::new(dimension)
+}
+
+/// Every (id, partition, vector) the store holds, for a rebuild.
+fn stored_vectors(store: &dyn Store) -> Vec<(u64, [u8; 32], Vec<f32>)> {
+    let mut items = Vec::new();
+    let mut after = None;
+    loop {
+        let page = match store.list(after, 1000) {
+            Ok(p) => p,
+            Err(err) => {
+                tracing::warn!(error = %err, "reading stored vectors failed");
+                break;
+            }
+        };
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        for entry in page {
+            if let Some(vector) = entry.vector {
+                items.push((entry.id.0, entry.partition.0, vector));
+            }
+        }
+    }
+    items
+}
+
+fn load_or_rebuild(dir: &Path, dimension: usize, store: &dyn Store) -> HnswIndex {
+    let started = std::time::Instant::now();
+    let items = stored_vectors(store);
+    let expected: BTreeSet<u64> = items.iter().map(|(id, _, _)| *id).collect();
+    match HnswIndex::load(dir, index_config(dimension), &expected) {
+        Ok(index) => {
+            tracing::info!(
+                vectors = index.len(),
+                ms = started.elapsed().as_millis() as u64,
+                "vector index loaded from its dump"
+            );
+            index
+        }
+        Err(reason) => {
+            let count = items.len();
+            let index = HnswIndex::build(index_config(dimension), items);
+            tracing::info!(vectors = count, %reason, ms = started.elapsed().as_millis() as u64, "vector index rebuilt from the store");
+            index
+        }
+    }
+}

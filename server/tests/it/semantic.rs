@@ -1,0 +1,317 @@
+//! Semantic matching with the real MiniLM model: paraphrases hit, unrelated prompts and other
+//! partitions miss, thresholds only go up, the index survives restarts, and failures fall back to
+//! exact matching. These tests need the provisioned model (`scripts/provision-models.sh`); without
+//! it they skip locally and fail in CI.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+const QUESTION: &str = "how do I reset my password";
+const PARAPHRASE: &str = "I forgot my password, how can I reset it";
+const UNRELATED: &str = "what is the capital of France";
+
+/// The provisioned model folder, or `None` (skip) when it is missing outside CI.
+fn models() -> Option<PathBuf> {
+    let dir = std::env::var_os("REPRISE_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models")));
+    if dir.join("all-MiniLM-L6-v2/model.onnx").exists() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "the embedding model is missing from {}: run scripts/provision-models.sh",
+        dir.display()
+    );
+    eprintln!(
+        "skipping: no embedding model in {} (run scripts/provision-models.sh)",
+        dir.display()
+    );
+    None
+}
+
+fn semantic_config(upstream: String, models: &std::path::Path) -> reprise_server::config::Config {
+    let mut config = config_for(upstream);
+    config.model_dir = models.join("all-MiniLM-L6-v2");
+    config.ort_lib = models.join("onnxruntime/libonnxruntime.so");
+    // Generous: the test machine is small and busy; the fallback test sets its own.
+    config.embed_deadline_ms = 5_000;
+    config
+}
+
+async fn ask(gw: &Gateway, key: &str, content: &str, extra: &[(&str, &str)]) -> reqwest::Response {
+    ask_body(gw, key, &chat_body(content, false), extra).await
+}
+
+async fn ask_body(
+    gw: &Gateway,
+    key: &str,
+    body: &Value,
+    extra: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut request = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(body);
+    for (k, v) in extra {
+        request = request.header(*k, *v);
+    }
+    request.send().await.expect("send")
+}
+
+fn header(response: &reqwest::Response, name: &str) -> Option<String> {
+    response
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// Stores the answer to `content` and waits until the index has it.
+async fn seed(gw: &Gateway, key: &str, content: &str) -> String {
+    let before = gw.state.semantic.as_ref().map_or(0, |s| {
+        reprise_server::index::VectorIndex::len(s.index.as_ref())
+    });
+    let response = ask(gw, key, content, &[]).await;
+    assert_eq!(
+        header(&response, "x-reprise-cache").as_deref(),
+        Some("miss")
+    );
+    let body: Value = response.json().await.expect("json");
+    for _ in 0..300 {
+        let now = gw.state.semantic.as_ref().map_or(0, |s| {
+            reprise_server::index::VectorIndex::len(s.index.as_ref())
+        });
+        if now > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    body["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_paraphrase_is_a_semantic_hit_and_an_unrelated_prompt_is_not() {
+    let Some(models) = models() else { return };
+    let sim = sim_default().await;
+    let gw = start(semantic_config(sim.base_url(), &models)).await;
+    assert!(gw.state.semantic.is_some(), "model loaded");
+    let original = seed(&gw, "sk-a", QUESTION).await;
+    let calls = sim.stats.snapshot().chat_completions;
+
+    let hit = ask(&gw, "sk-a", PARAPHRASE, &[]).await;
+    assert_eq!(
+        header(&hit, "x-reprise-cache").as_deref(),
+        Some("semantic-hit")
+    );
+    let similarity: f64 = header(&hit, "x-reprise-similarity")
+        .expect("similarity")
+        .parse()
+        .expect("num");
+    assert!((0.9..=1.0).contains(&similarity), "{similarity}");
+    let timing = header(&hit, "server-timing").expect("timing");
+    assert!(
+        timing.contains("embed;dur=") && timing.contains("search;dur="),
+        "{timing}"
+    );
+    let body: Value = hit.json().await.expect("json");
+    assert_eq!(body["choices"][0]["message"]["content"], original.as_str());
+    assert_eq!(
+        sim.stats.snapshot().chat_completions,
+        calls,
+        "upstream not called"
+    );
+
+    let miss = ask(&gw, "sk-a", UNRELATED, &[]).await;
+    assert_eq!(header(&miss, "x-reprise-cache").as_deref(), Some("miss"));
+    let nearest: f64 = header(&miss, "x-reprise-nearest")
+        .expect("nearest")
+        .parse()
+        .expect("num");
+    assert!(nearest < 0.5, "unrelated prompt scored {nearest}");
+
+    // exact-only mode never serves the paraphrase.
+    let exact_only = ask(
+        &gw,
+        "sk-a",
+        PARAPHRASE,
+        &[("x-reprise-cache-mode", "exact-only")],
+    )
+    .await;
+    assert_eq!(
+        header(&exact_only, "x-reprise-cache").as_deref(),
+        Some("miss")
+    );
+}
+
+#[tokio::test]
+async fn other_tenants_models_and_system_prompts_never_match() {
+    let Some(models) = models() else { return };
+    let sim = sim_default().await;
+    let gw = start(semantic_config(sim.base_url(), &models)).await;
+    seed(&gw, "sk-a", QUESTION).await;
+    assert_eq!(
+        header(&ask(&gw, "sk-b", PARAPHRASE, &[]).await, "x-reprise-cache").as_deref(),
+        Some("miss")
+    );
+    let other_model =
+        json!({"model": "another-model", "messages": [{"role": "user", "content": PARAPHRASE}]});
+    assert_eq!(
+        header(
+            &ask_body(&gw, "sk-a", &other_model, &[]).await,
+            "x-reprise-cache"
+        )
+        .as_deref(),
+        Some("miss")
+    );
+    let with_system = json!({"model": "sim-model", "messages": [
+        {"role": "system", "content": "Answer in French."},
+        {"role": "user", "content": PARAPHRASE}
+    ]});
+    assert_eq!(
+        header(
+            &ask_body(&gw, "sk-a", &with_system, &[]).await,
+            "x-reprise-cache"
+        )
+        .as_deref(),
+        Some("miss")
+    );
+}
+
+#[tokio::test]
+async fn a_request_may_raise_the_threshold_but_never_lower_it() {
+    let Some(models) = models() else { return };
+    let sim = sim_default().await;
+    let gw = start(semantic_config(sim.base_url(), &models)).await;
+    seed(&gw, "sk-a", QUESTION).await;
+    let strict = ask(&gw, "sk-a", PARAPHRASE, &[("x-reprise-threshold", "0.99")]).await;
+    assert_eq!(header(&strict, "x-reprise-cache").as_deref(), Some("miss"));
+    let lowered = ask(&gw, "sk-a", UNRELATED, &[("x-reprise-threshold", "0.05")]).await;
+    assert_eq!(lowered.status(), 400);
+    let err: Value = lowered.json().await.expect("json");
+    assert_eq!(err["error"]["param"], "x-reprise-threshold");
+}
+
+#[tokio::test]
+async fn semantic_hits_survive_restarts_with_and_without_the_index_dump() {
+    let Some(models) = models() else { return };
+    let sim = sim_default().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = || {
+        let mut c = semantic_config(sim.base_url(), &models);
+        c.data_dir = dir.path().to_owned();
+        c
+    };
+    let gw = start(config()).await;
+    seed(&gw, "sk-a", QUESTION).await;
+    gw.shutdown().await.expect("shutdown");
+    assert!(
+        dir.path().join("index").exists(),
+        "index dumped at shutdown"
+    );
+
+    for delete_dump in [false, true] {
+        if delete_dump {
+            std::fs::remove_dir_all(dir.path().join("index")).expect("delete dump");
+        }
+        let gw = start(config()).await;
+        let hit = ask(&gw, "sk-a", PARAPHRASE, &[]).await;
+        assert_eq!(
+            header(&hit, "x-reprise-cache").as_deref(),
+            Some("semantic-hit"),
+            "after restart (dump deleted: {delete_dump})"
+        );
+        gw.shutdown().await.expect("shutdown");
+    }
+}
+
+#[tokio::test]
+async fn deleted_and_expired_entries_are_never_served() {
+    let Some(models) = models() else { return };
+    let sim = sim_default().await;
+    let gw = start(semantic_config(sim.base_url(), &models)).await;
+    // Expired: a one-second TTL.
+    let response = ask(&gw, "sk-a", QUESTION, &[("x-reprise-ttl", "1")]).await;
+    let _ = response.bytes().await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        header(&ask(&gw, "sk-a", PARAPHRASE, &[]).await, "x-reprise-cache").as_deref(),
+        Some("miss")
+    );
+    // Deleted: remove the entry behind the index's back.
+    let gw2 = start(semantic_config(sim.base_url(), &models)).await;
+    seed(&gw2, "sk-a", QUESTION).await;
+    let entry = gw2
+        .state
+        .cache
+        .store
+        .list(None, 10)
+        .expect("list")
+        .pop()
+        .expect("entry");
+    assert!(gw2.state.cache.store.delete(entry.id).expect("delete"));
+    assert_eq!(
+        header(&ask(&gw2, "sk-a", PARAPHRASE, &[]).await, "x-reprise-cache").as_deref(),
+        Some("miss")
+    );
+}
+
+#[tokio::test]
+async fn embedding_failures_fall_back_to_exact_matching() {
+    let Some(models) = models() else { return };
+    let sim = sim_default().await;
+    let mut config = semantic_config(sim.base_url(), &models);
+    // No embedding finishes in a microsecond-scale deadline: every request falls back.
+    config.embed_deadline_ms = 1;
+    let gw = start(config).await;
+    let first = ask(&gw, "sk-a", QUESTION, &[]).await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(header(&first, "x-reprise-cache").as_deref(), Some("miss"));
+    let _ = first.bytes().await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        header(&ask(&gw, "sk-a", QUESTION, &[]).await, "x-reprise-cache").as_deref(),
+        Some("hit")
+    );
+    let health: Value = client()
+        .get(gw.url("/healthz"))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert!(
+        health["semantic"]["fallbacks"].as_u64().expect("fallbacks") >= 1,
+        "{health}"
+    );
+
+    // A model that cannot be loaded: the gateway starts in exact-only mode and says so.
+    let mut broken = semantic_config(sim.base_url(), &models);
+    broken.model_dir = models.join("no-such-model");
+    let gw = start(broken).await;
+    let health: Value = client()
+        .get(gw.url("/healthz"))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(health["mode"], "exact-only");
+    assert_eq!(health["semantic"]["status"], "disabled");
+    assert!(
+        health["semantic"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("no-such-model")),
+        "{health}"
+    );
+    assert_eq!(ask(&gw, "sk-a", QUESTION, &[]).await.status(), 200);
+}
