@@ -446,10 +446,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn percentiles_and_paired_differences() {
-        let config = BenchConfig {
-            targets: vec!["a".into(), "b".into()],
+    pub(super) fn test_config(targets: &[&str], unique_prompts: Option<usize>) -> BenchConfig {
+        BenchConfig {
+            targets: targets.iter().map(|t| (*t).to_owned()).collect(),
             api_key: String::new(),
             model: "m".into(),
             requests: 4,
@@ -458,9 +457,14 @@ mod tests {
             warmup: 0,
             run_id: "t".into(),
             max_duration: Duration::from_secs(1),
-            unique_prompts: None,
+            unique_prompts,
             prompts: None,
-        };
+        }
+    }
+
+    #[test]
+    fn percentiles_and_paired_differences() {
+        let config = test_config(&["a", "b"], None);
         let mut samples = Vec::new();
         for i in 0..4 {
             samples.push(sample(0, i, 101.0 + i as f64, "miss"));
@@ -511,19 +515,7 @@ mod outcome_tests {
 
     #[test]
     fn hit_speedup_is_miss_p50_over_hit_p50() {
-        let config = BenchConfig {
-            targets: vec!["a".into()],
-            api_key: String::new(),
-            model: "m".into(),
-            requests: 4,
-            concurrency: 1,
-            stream: true,
-            warmup: 0,
-            run_id: "t".into(),
-            max_duration: Duration::from_secs(1),
-            unique_prompts: Some(2),
-            prompts: None,
-        };
+        let config = super::tests::test_config(&["a"], Some(2));
         let mk = |index, ttft, outcome: &str| Sample {
             target: 0,
             index,

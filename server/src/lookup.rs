@@ -16,7 +16,7 @@ use crate::entry::{Entry, RequestSummary};
 use crate::error::GatewayError;
 use crate::forward::{self, set_cache_outcome, RecordMeta};
 use crate::ingress::{Ingress, Route};
-use crate::key::{Keys, Tenant};
+use crate::key::Tenant;
 use crate::policy::{self, Pacing};
 use crate::record::{unix_ms, Completion};
 use crate::replay::{self, Fresh};
@@ -411,19 +411,4 @@ fn respond_entry(
         set_header(headers, "x-reprise-ttft-saved-ms", format!("{saved:.1}"));
     }
     response
-}
-
-/// Keys for routes that need them outside the request path (admin warm-up, tests).
-pub fn keys_for(
-    route: Route,
-    body: &serde_json::Map<String, serde_json::Value>,
-    tenant: Tenant,
-    namespace: Option<&str>,
-) -> Result<Keys, GatewayError> {
-    crate::key::build(&crate::key::KeyInput {
-        route,
-        body,
-        tenant,
-        namespace,
-    })
 }
