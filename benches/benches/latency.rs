@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use reprise_server::config::Config;
 use reprise_server::embed::{EmbedConfig, Embedder};
 use reprise_server::entry::{Entry, EntryId, RequestSummary};
-use reprise_server::index::{HnswIndex, IndexConfig, VectorIndex};
+use reprise_server::index::{HnswIndex, VectorIndex};
 use reprise_server::key::{CacheKey, PartitionKey};
 use reprise_server::semantic::{Semantic, Status};
 use reprise_server::store::{SledStore, Store};
@@ -126,7 +126,7 @@ fn search() {
             })
             .collect();
         let built = Instant::now();
-        let index = HnswIndex::build(IndexConfig::new(DIM), items.clone());
+        let index = HnswIndex::build(reprise_server::semantic::index_config(DIM), items.clone());
         println!(
             "{:<52} {:>8.1} s",
             format!("build {size} vectors"),

@@ -213,6 +213,8 @@ fn maintain(
 ) {
     let tick = Duration::from_secs(5).min(save_every);
     let mut last_save = std::time::Instant::now();
+    // A dump of a large index is hundreds of MB: write one only when something changed.
+    let mut saved_shape = None;
     loop {
         match stop.recv_timeout(tick) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -227,15 +229,24 @@ fn maintain(
                 "vector index rebuilt without its tombstones"
             );
         }
-        if last_save.elapsed() >= save_every {
+        let shape = (semantic.index.len(), semantic.index.tombstones());
+        if last_save.elapsed() >= save_every && saved_shape != Some(shape) {
             semantic.save();
+            saved_shape = Some(shape);
             last_save = std::time::Instant::now();
         }
     }
 }
 
-fn index_config(dimension: usize) -> IndexConfig {
-    IndexConfig::new(dimension)
+/// The index settings the gateway runs with (also used by the benches).
+pub fn index_config(dimension: usize) -> IndexConfig {
+    IndexConfig {
+        // Measured at 100k vectors: ef 64 gave recall@1 0.94-0.98, ef 128 gave 0.99-1.0 at ~3 ms p50.
+        ef_search: 128,
+        // An exact scan of 10k vectors (~0.5 ms) beats the graph and is always exact.
+        brute_force_below: 10_000,
+        ..IndexConfig::new(dimension)
+    }
 }
 
 /// Every (id, partition, vector) the store holds, for a rebuild.
