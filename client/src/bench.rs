@@ -216,10 +216,106 @@ fn prompt(config: &BenchConfig, index: usize) -> Value {
     json!({
         "model": config.model,
         "stream": config.stream,
-        "messages": [
-            {"role": "user", "content": format!("Benchmark {} request {index}: explain prompt caching.", config.run_id)}
-        ]
+        "messages": [{"role": "user", "content": generated_prompt(&config.run_id, index)}]
     })
+}
+
+const WORDS: &[&str] = &[
+    "harbor",
+    "violin",
+    "glacier",
+    "tax",
+    "recipe",
+    "quantum",
+    "garden",
+    "invoice",
+    "volcano",
+    "sonnet",
+    "kernel",
+    "mortgage",
+    "penguin",
+    "telescope",
+    "allergy",
+    "bicycle",
+    "copper",
+    "election",
+    "fossil",
+    "guitar",
+    "hurricane",
+    "insulin",
+    "jazz",
+    "kayak",
+    "lumber",
+    "marathon",
+    "neuron",
+    "orchid",
+    "passport",
+    "quarry",
+    "rhubarb",
+    "satellite",
+    "tariff",
+    "umbrella",
+    "vaccine",
+    "walrus",
+    "xylophone",
+    "yeast",
+    "zeppelin",
+    "algebra",
+    "bakery",
+    "cathedral",
+    "dolphin",
+    "espresso",
+    "falcon",
+    "granite",
+    "hammock",
+    "igloo",
+    "jackal",
+    "ketchup",
+    "lantern",
+    "magnet",
+    "nebula",
+    "oyster",
+    "pyramid",
+    "quilt",
+    "robot",
+    "saffron",
+    "tornado",
+    "unicorn",
+    "velvet",
+    "whisky",
+    "yoga",
+    "zucchini",
+    "antenna",
+    "blizzard",
+    "cactus",
+    "diesel",
+    "emerald",
+    "firewall",
+    "gazelle",
+    "helium",
+    "iceberg",
+    "jigsaw",
+    "koala",
+    "lemonade",
+    "meteor",
+    "nutmeg",
+];
+
+/// A prompt of its own for every index: ten words drawn by a hash, so generated prompts are far
+/// apart in meaning and a semantic cache cannot serve one for another (a shared template would).
+fn generated_prompt(run_id: &str, index: usize) -> String {
+    let mut reader = blake3::Hasher::new()
+        .update(run_id.as_bytes())
+        .update(&index.to_le_bytes())
+        .finalize_xof();
+    let words: Vec<&str> = (0..10)
+        .map(|_| {
+            let mut b = [0u8; 2];
+            reader.fill(&mut b);
+            WORDS[usize::from(u16::from_le_bytes(b)) % WORDS.len()]
+        })
+        .collect();
+    format!("Tell me about {} ({run_id}-{index}).", words.join(" "))
 }
 
 /// Sends one request and measures it from the client's side.
