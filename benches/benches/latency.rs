@@ -214,11 +214,17 @@ fn startup() {
                 return;
             }
         };
+        let serving = started.elapsed();
+        // A rebuild runs in the background: the gateway serves (exact matches) before it ends.
+        while semantic.index.is_building() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let elapsed = started.elapsed();
         println!(
-            "{:<52} {:>8.1} s  ({} vectors)",
-            format!("start, {label}"),
+            "{:<52} {:>8.1} s  (serving after {:.1} s; {} vectors)",
+            format!("index ready, {label}"),
             elapsed.as_secs_f64(),
+            serving.as_secs_f64(),
             semantic.index.len()
         );
         // Stopping saves the dump the second start loads.
@@ -232,7 +238,16 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    embedding(&runtime);
-    search();
-    startup();
+    // REPRISE_BENCH_ONLY=embedding|search|startup runs one part.
+    let only = std::env::var("REPRISE_BENCH_ONLY").unwrap_or_default();
+    let wants = |part: &str| only.is_empty() || only == part;
+    if wants("embedding") {
+        embedding(&runtime);
+    }
+    if wants("search") {
+        search();
+    }
+    if wants("startup") {
+        startup();
+    }
 }

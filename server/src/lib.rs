@@ -176,6 +176,8 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
             "dimension": s.embedder.dimension(),
             "vectors": s.index.len(),
             "tombstones": s.index.tombstones(),
+            // A rebuild from the stored vectors runs in the background after some starts.
+            "index_rebuilding": s.index.is_building(),
             // f32 → f64 would print 0.8999999761581421 for 0.9.
             "threshold": (f64::from(state.config.similarity_threshold) * 1e4).round() / 1e4,
             "fallbacks": s.fallbacks.load(std::sync::atomic::Ordering::Relaxed),

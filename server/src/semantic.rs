@@ -25,7 +25,7 @@ const CANDIDATES: usize = 4;
 /// The embedder and the index, present only when the model loaded.
 pub struct Semantic {
     pub embedder: Arc<Embedder>,
-    pub index: Arc<HnswIndex>,
+    pub index: Arc<LiveIndex>,
     index_dir: PathBuf,
     /// Requests that fell back to exact matching (embedding late or failed).
     pub fallbacks: AtomicU64,
@@ -83,7 +83,7 @@ impl Semantic {
         let (stop_tx, stop_rx) = std::sync::mpsc::channel();
         let semantic = Arc::new(Self {
             embedder,
-            index: Arc::new(index),
+            index,
             index_dir,
             fallbacks: AtomicU64::new(0),
             stop_tx: Mutex::new(Some(stop_tx)),
@@ -192,9 +192,13 @@ impl Semantic {
         (nearest, None)
     }
 
-    /// Saves the index dump (periodically and at shutdown).
+    /// Saves the index dump (periodically and at shutdown); not while a rebuild is still running,
+    /// when the graph is incomplete.
     pub fn save(&self) {
-        if let Err(err) = self.index.save(&self.index_dir) {
+        if self.index.is_building() {
+            return;
+        }
+        if let Err(err) = self.index.current().save(&self.index_dir) {
             tracing::warn!(error = %err, dir = %self.index_dir.display(), "saving the vector index failed");
         }
     }
@@ -223,7 +227,7 @@ fn maintain(
         let Some(semantic) = weak.upgrade() else {
             return;
         };
-        if semantic.index.maybe_rebuild() {
+        if !semantic.index.is_building() && semantic.index.current().maybe_rebuild() {
             tracing::info!(
                 vectors = semantic.index.len(),
                 "vector index rebuilt without its tombstones"
@@ -272,24 +276,168 @@ fn stored_vectors(store: &dyn Store) -> Vec<(u64, [u8; 32], Vec<f32>)> {
     items
 }
 
-fn load_or_rebuild(dir: &Path, dimension: usize, store: &dyn Store) -> HnswIndex {
+/// Loads the dump when it matches the store. Otherwise the gateway starts with an empty index and
+/// rebuilds it from the stored vectors on a background thread (minutes at 100k entries), serving
+/// exact matches, and new entries, in the meantime.
+fn load_or_rebuild(dir: &Path, dimension: usize, store: &dyn Store) -> Arc<LiveIndex> {
     let started = std::time::Instant::now();
     let items = stored_vectors(store);
     let expected: BTreeSet<u64> = items.iter().map(|(id, _, _)| *id).collect();
-    match HnswIndex::load(dir, index_config(dimension), &expected) {
+    let reason = match HnswIndex::load(dir, index_config(dimension), &expected) {
         Ok(index) => {
             tracing::info!(
                 vectors = index.len(),
                 ms = started.elapsed().as_millis() as u64,
                 "vector index loaded from its dump"
             );
-            index
+            return LiveIndex::ready(index);
         }
-        Err(reason) => {
-            let count = items.len();
-            let index = HnswIndex::build(index_config(dimension), items);
-            tracing::info!(vectors = count, %reason, ms = started.elapsed().as_millis() as u64, "vector index rebuilt from the store");
-            index
+        Err(reason) => reason,
+    };
+    if items.is_empty() {
+        return LiveIndex::ready(HnswIndex::new(index_config(dimension)));
+    }
+    let live = LiveIndex::building(HnswIndex::new(index_config(dimension)));
+    let count = items.len();
+    tracing::warn!(vectors = count, %reason, "rebuilding the vector index in the background; semantic hits resume when it is done");
+    let target = live.clone();
+    let spawned = std::thread::Builder::new()
+        .name("reprise-index-build".into())
+        .spawn(move || {
+            let built = HnswIndex::build(index_config(dimension), items);
+            target.finish(built);
+            tracing::info!(
+                vectors = count,
+                ms = started.elapsed().as_millis() as u64,
+                "vector index rebuilt from the store"
+            );
+        });
+    if spawned.is_err() {
+        tracing::error!("could not start the index rebuild thread");
+    }
+    live
+}
+
+/// A change made while a rebuild runs, replayed into the rebuilt index before it replaces the old.
+enum Change {
+    Insert(u64, [u8; 32], Vec<f32>),
+    Remove(u64),
+}
+
+/// The index the gateway searches: swappable, so a rebuild can run while requests are served.
+pub struct LiveIndex {
+    slot: std::sync::RwLock<Arc<HnswIndex>>,
+    /// `Some` while a background rebuild runs: the changes made since it started.
+    pending: Mutex<Option<Vec<Change>>>,
+}
+
+impl LiveIndex {
+    fn ready(index: HnswIndex) -> Arc<Self> {
+        Arc::new(Self {
+            slot: std::sync::RwLock::new(Arc::new(index)),
+            pending: Mutex::new(None),
+        })
+    }
+
+    fn building(empty: HnswIndex) -> Arc<Self> {
+        Arc::new(Self {
+            slot: std::sync::RwLock::new(Arc::new(empty)),
+            pending: Mutex::new(Some(Vec::new())),
+        })
+    }
+
+    /// The index in service now.
+    pub fn current(&self) -> Arc<HnswIndex> {
+        self.slot.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether a background rebuild is still running.
+    pub fn is_building(&self) -> bool {
+        lock(&self.pending).is_some()
+    }
+
+    /// Replays the changes made meanwhile into `built` and puts it in service. The pending lock is
+    /// held throughout, so no insert or removal can fall between the replay and the swap.
+    fn finish(&self, built: HnswIndex) {
+        let mut pending = lock(&self.pending);
+        for change in pending.take().unwrap_or_default() {
+            match change {
+                Change::Insert(id, partition, vector) => built.insert(id, partition, &vector),
+                Change::Remove(id) => built.remove(id),
+            }
         }
+        *self.slot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(built);
+    }
+}
+
+impl VectorIndex for LiveIndex {
+    fn insert(&self, id: u64, partition: [u8; 32], vector: &[f32]) {
+        let mut pending = lock(&self.pending);
+        self.current().insert(id, partition, vector);
+        if let Some(changes) = pending.as_mut() {
+            changes.push(Change::Insert(id, partition, vector.to_vec()));
+        }
+    }
+
+    fn remove(&self, id: u64) {
+        let mut pending = lock(&self.pending);
+        self.current().remove(id);
+        if let Some(changes) = pending.as_mut() {
+            changes.push(Change::Remove(id));
+        }
+    }
+
+    fn search(&self, partition: &[u8; 32], query: &[f32], k: usize) -> Vec<crate::index::Neighbor> {
+        self.current().search(partition, query, k)
+    }
+
+    fn len(&self) -> usize {
+        self.current().len()
+    }
+
+    fn tombstones(&self) -> usize {
+        self.current().tombstones()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(seed: u32) -> Vec<f32> {
+        let mut v: Vec<f32> = (0..8)
+            .map(|i| ((seed * 31 + i * 7) % 13) as f32 - 6.0)
+            .collect();
+        let n = v
+            .iter()
+            .map(|x| x * x)
+            .sum::<f32>()
+            .sqrt()
+            .max(f32::EPSILON);
+        v.iter_mut().for_each(|x| *x /= n);
+        v
+    }
+
+    #[test]
+    fn changes_made_during_a_rebuild_survive_the_swap() {
+        let config = || IndexConfig::new(8);
+        let live = LiveIndex::building(HnswIndex::new(config()));
+        assert!(live.is_building());
+        // Served while the rebuild runs: a new entry, and a removal of a rebuilt one.
+        live.insert(100, [1; 32], &unit(100));
+        live.remove(2);
+        let rebuilt = HnswIndex::build(
+            config(),
+            (1..=3).map(|i| (i, [1; 32], unit(i as u32))).collect(),
+        );
+        live.finish(rebuilt);
+        assert!(!live.is_building());
+        let ids: BTreeSet<u64> = live
+            .search(&[1; 32], &unit(100), 10)
+            .into_iter()
+            .map(|n| n.id)
+            .collect();
+        assert_eq!(ids, BTreeSet::from([1, 3, 100]));
+        assert_eq!(live.len(), 3);
     }
 }

@@ -222,6 +222,18 @@ async fn semantic_hits_survive_restarts_with_and_without_the_index_dump() {
             std::fs::remove_dir_all(dir.path().join("index")).expect("delete dump");
         }
         let gw = start(config()).await;
+        // Without a dump the index is rebuilt in the background; wait for it.
+        for _ in 0..500 {
+            if !gw
+                .state
+                .semantic
+                .as_ref()
+                .is_some_and(|s| s.index.is_building())
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let hit = ask(&gw, "sk-a", PARAPHRASE, &[]).await;
         assert_eq!(
             header(&hit, "x-reprise-cache").as_deref(),
