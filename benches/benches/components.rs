@@ -1,0 +1,178 @@
+//! Criterion benches of the hot components on the request path, with fixed inputs and seeds:
+//! key canonicalization and hashing, store get/put, rendering a replayed entry as SSE, and vector
+//! index search (exact partition scan and graph) at 10k vectors.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use reprise_server::entry::{Entry, EntryId, RequestSummary};
+use reprise_server::index::{HnswIndex, VectorIndex};
+use reprise_server::ingress::Route;
+use reprise_server::key::{build, CacheKey, KeyInput, PartitionKey, Tenant};
+use reprise_server::policy::Pacing;
+use reprise_server::replay::{self, Fresh};
+use reprise_server::store::{SledStore, Store};
+use reprise_server::timing::Phases;
+use serde_json::{json, Map, Value};
+
+fn chat_body(turns: usize) -> Map<String, Value> {
+    let mut messages =
+        vec![json!({"role": "system", "content": "You are a helpful assistant. Answer briefly."})];
+    for i in 0..turns {
+        messages.push(
+            json!({"role": "user", "content": format!("Question number {i} about caching?")}),
+        );
+        messages.push(
+            json!({"role": "assistant", "content": format!("Answer number {i}, kept short.")}),
+        );
+    }
+    messages.push(json!({"role": "user", "content": "And how do I reset my password?"}));
+    let body = json!({
+        "model": "gpt-4o-mini", "temperature": 0.2, "max_tokens": 256, "stream": true,
+        "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}],
+        "messages": messages
+    });
+    match body {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    }
+}
+
+fn keys(c: &mut Criterion) {
+    let mut group = c.benchmark_group("key");
+    for turns in [0usize, 10] {
+        let body = chat_body(turns);
+        group.bench_function(format!("canonicalize+blake3/{turns}turns"), |b| {
+            b.iter(|| {
+                let input = KeyInput {
+                    route: Route::ChatCompletions,
+                    body: black_box(&body),
+                    tenant: Tenant::Key([7; 32]),
+                    namespace: None,
+                };
+                build(&input).map(|k| k.exact)
+            })
+        });
+    }
+    group.finish();
+}
+
+fn entry(i: u64, tokens: usize) -> Entry {
+    let chunks: Vec<Value> = (0..tokens)
+        .map(|t| json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": format!(" word{t}")}, "finish_reason": null}]}))
+        .chain(std::iter::once(json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})))
+        .collect();
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&i.to_le_bytes());
+    Entry {
+        id: EntryId(0),
+        key: CacheKey(key),
+        partition: PartitionKey([1; 32]),
+        summary: RequestSummary {
+            route: "chat.completions".into(),
+            model: "m".into(),
+            namespace: None,
+            tenant: "t".into(),
+            prompt: "p".into(),
+            stream: true,
+        },
+        body: replay::assemble(Route::ChatCompletions, &chunks),
+        events: chunks
+            .into_iter()
+            .enumerate()
+            .map(|(n, data)| reprise_server::entry::StoredEvent {
+                offset_ms: n as f64,
+                data,
+            })
+            .collect(),
+        usage: None,
+        phases: Phases::default(),
+        created_at_ms: 0,
+        ttl_ms: u64::MAX / 2,
+        hit_count: 0,
+        last_hit_ms: 0,
+        vector: None,
+    }
+}
+
+fn store(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("store");
+    for i in 0..1000 {
+        store.put(entry(i, 64)).expect("put");
+    }
+    let probe = entry(500, 64).key;
+    let mut group = c.benchmark_group("store");
+    group.bench_function("get_by_key/64tok", |b| {
+        b.iter(|| store.get_by_key(black_box(&probe)))
+    });
+    let mut next = 10_000u64;
+    group.bench_function("put/64tok", |b| {
+        b.iter_batched(
+            || {
+                next += 1;
+                entry(next, 64)
+            },
+            |e| store.put(e),
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+fn replay_encode(c: &mut Criterion) {
+    let mut group = c.benchmark_group("replay");
+    for tokens in [64usize, 512] {
+        let e = entry(1, tokens);
+        let fresh = Fresh::new(Route::ChatCompletions);
+        group.bench_function(format!("sse_events/{tokens}tok"), |b| {
+            b.iter(|| replay::stream_events(black_box(&e), &fresh, false, Pacing::Instant))
+        });
+        group.bench_function(format!("body/{tokens}tok"), |b| {
+            b.iter(|| replay::body(black_box(&e), &fresh))
+        });
+    }
+    group.finish();
+}
+
+fn unit(rng: &mut StdRng) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..384).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.iter_mut().for_each(|x| *x /= n);
+    v
+}
+
+fn index(c: &mut Criterion) {
+    let mut rng = StdRng::seed_from_u64(3);
+    // Partition 0 is large (graph search with a filter); partition 1 is small (exact scan).
+    let items: Vec<(u64, [u8; 32], Vec<f32>)> = (0..10_000u64)
+        .map(|i| {
+            (
+                i + 1,
+                if i < 9_000 { [0; 32] } else { [1; 32] },
+                unit(&mut rng),
+            )
+        })
+        .collect();
+    let mut config = reprise_server::semantic::index_config(384);
+    // Force the graph for the large partition so both paths are measured.
+    config.brute_force_below = 2_000;
+    let idx = HnswIndex::build(config, items.clone());
+    let query = items[42].2.clone();
+    let small_query = items[9_500].2.clone();
+    let mut group = c.benchmark_group("index");
+    group.bench_function("search/10k/graph-partition-9k", |b| {
+        b.iter(|| idx.search(&[0; 32], black_box(&query), 4))
+    });
+    group.bench_function("search/10k/exact-partition-1k", |b| {
+        b.iter(|| idx.search(&[1; 32], black_box(&small_query), 4))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, keys, store, replay_encode, index);
+criterion_main!(benches);
