@@ -98,6 +98,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
             nearest = outcome.nearest;
             vector = outcome.vector;
             if let Some((entry, similarity)) = outcome.hit {
+                let entry = Arc::new(entry);
                 ingress.clock.looked_up = Some(Instant::now());
                 state.cache.note_hit(entry.id);
                 let age_s = unix_ms().saturating_sub(entry.created_at_ms) / 1000;
@@ -329,7 +330,7 @@ fn respond_entry(
     state: &AppState,
     ingress: &Ingress,
     request_id: &str,
-    entry: &Entry,
+    entry: &Arc<Entry>,
     age_s: u64,
     outcome: &'static str,
     stream: bool,
@@ -344,24 +345,29 @@ fn respond_entry(
         let events = replay::stream_events(entry, &fresh, include_usage, pacing);
         clock.first_token = Some(Instant::now());
         if matches!(pacing, Pacing::Instant) {
-            // One write: the whole answer leaves with the first byte.
-            let mut all =
-                Vec::with_capacity(events.iter().map(|(_, b)| b.len()).sum::<usize>() + 512);
-            for (_, bytes) in &events {
-                all.extend_from_slice(bytes);
-            }
+            // The first token leaves before the rest of a long answer is rendered: the head goes
+            // out, the task yields once so the server flushes it, then the rest follows.
             let tokens: u32 = entry
                 .events
                 .iter()
                 .map(|e| crate::sse::chunk_tokens(&e.data))
                 .sum();
             clock.tokens(clock.first_token.unwrap_or_else(Instant::now), tokens);
-            all.extend_from_slice(&clock.phases(Instant::now()).sse_comment());
-            all.extend_from_slice(b"data: [DONE]\n\n");
-            (
-                Source::Once(Some(Bytes::from(all))),
-                "text/event-stream; charset=utf-8",
-            )
+            let split = replay::head_len(entry);
+            let head = Bytes::from(replay::render_range(entry, &fresh, include_usage, 0, split));
+            let (entry, clock_at_head) = (entry.clone(), clock.clone());
+            let rest = async move {
+                tokio::task::yield_now().await;
+                let mut rest =
+                    replay::render_range(&entry, &fresh, include_usage, split, entry.events.len());
+                rest.extend_from_slice(&clock_at_head.phases(Instant::now()).sse_comment());
+                rest.extend_from_slice(b"data: [DONE]\n\n");
+                Bytes::from(rest)
+            };
+            let body = futures_util::stream::once(std::future::ready(head))
+                .chain(futures_util::stream::once(rest))
+                .boxed();
+            (Source::Replay(body), "text/event-stream; charset=utf-8")
         } else {
             let clock_at_start = clock.clone();
             let tail = futures_util::stream::once(async move {

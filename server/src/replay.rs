@@ -129,6 +129,44 @@ pub fn stream_events(
     out
 }
 
+/// For instant replay: how many stored events go out first (up to and including the first one with
+/// content), so the first token leaves before the rest of a long answer is rendered.
+pub fn head_len(entry: &Entry) -> usize {
+    entry
+        .events
+        .iter()
+        .position(|e| crate::sse::chunk_tokens(&e.data) > 0)
+        .map_or(entry.events.len(), |p| p + 1)
+}
+
+/// Renders stored events `from..to` for an instant replay, with the synthesized usage chunk after
+/// the last one when the client asked for usage and the stream recorded none.
+pub fn render_range(
+    entry: &Entry,
+    fresh: &Fresh,
+    include_usage: bool,
+    from: usize,
+    to: usize,
+) -> Vec<u8> {
+    let events = entry.events.get(from..to).unwrap_or_default();
+    let mut out = Vec::with_capacity(events.len() * 160 + 256);
+    for event in events {
+        if let Some(bytes) = render_chunk(&event.data, fresh, include_usage) {
+            out.extend_from_slice(&bytes);
+        }
+    }
+    let at_end = to >= entry.events.len();
+    if at_end && include_usage && !entry.events.iter().any(|e| is_usage_chunk(&e.data)) {
+        if let Some(usage) = &entry.usage {
+            let mut chunk = template_chunk(entry, fresh);
+            chunk["choices"] = json!([]);
+            chunk["usage"] = usage.clone();
+            out.extend_from_slice(format!("data: {chunk}\n\n").as_bytes());
+        }
+    }
+    out
+}
+
 fn template_chunk(entry: &Entry, fresh: &Fresh) -> Value {
     let object = if entry.summary.route == Route::Completions.name() {
         "text_completion"
@@ -517,6 +555,66 @@ mod tests {
             check_cacheable(Route::ChatCompletions, &json!({"choices": []}), false),
             Err(Uncacheable::NoChoices)
         );
+    }
+
+    #[test]
+    fn instant_head_and_rest_render_the_same_stream_as_the_paced_path() {
+        let body = assemble(Route::ChatCompletions, &chunks());
+        let entry = Entry {
+            id: crate::entry::EntryId(1),
+            key: crate::key::CacheKey([0; 32]),
+            partition: crate::key::PartitionKey([0; 32]),
+            summary: crate::entry::RequestSummary {
+                route: Route::ChatCompletions.name().into(),
+                model: "m".into(),
+                namespace: None,
+                tenant: "t".into(),
+                prompt: "p".into(),
+                stream: true,
+            },
+            events: chunks()[..4]
+                .iter()
+                .map(|c| StoredEvent {
+                    offset_ms: 0.0,
+                    data: c.clone(),
+                })
+                .collect(),
+            usage: body.get("usage").cloned(),
+            body,
+            phases: crate::timing::Phases::default(),
+            created_at_ms: 0,
+            ttl_ms: 1,
+            hit_count: 0,
+            last_hit_ms: 0,
+            vector: None,
+        };
+        let fresh = Fresh {
+            id: "x".into(),
+            created: 2,
+        };
+        // Role chunk and first content chunk go first.
+        assert_eq!(head_len(&entry), 2);
+        for include_usage in [false, true] {
+            let split = head_len(&entry);
+            let mut lazy = render_range(&entry, &fresh, include_usage, 0, split);
+            lazy.extend(render_range(
+                &entry,
+                &fresh,
+                include_usage,
+                split,
+                entry.events.len(),
+            ));
+            let paced: Vec<u8> = stream_events(&entry, &fresh, include_usage, Pacing::Instant)
+                .into_iter()
+                .flat_map(|(_, b)| b.to_vec())
+                .collect();
+            assert_eq!(lazy, paced);
+            // Usage recorded only in the assembled body is synthesized when asked for.
+            assert_eq!(
+                String::from_utf8_lossy(&lazy).contains("completion_tokens"),
+                include_usage
+            );
+        }
     }
 
     #[test]
