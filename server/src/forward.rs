@@ -295,7 +295,8 @@ fn fail_before_response(
     response
 }
 
-fn set_request_id(headers: &mut HeaderMap, request_id: &str) {
+/// Sets `x-reprise-request-id`, the key of the request's record in `/admin/requests`.
+pub fn set_request_id(headers: &mut HeaderMap, request_id: &str) {
     if let Ok(value) = HeaderValue::from_str(request_id) {
         headers.insert(HeaderName::from_static("x-reprise-request-id"), value);
     }

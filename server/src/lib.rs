@@ -46,8 +46,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method};
-use axum::response::{IntoResponse, Response};
+use axum::http::Method;
+use axum::response::Response;
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use serde_json::json;
@@ -150,7 +150,7 @@ async fn proxy_json(state: AppState, route: Route, request: Request) -> Response
     tracing::Span::current().record("id", request_id.as_str());
     match ingress::read(route, request, state.config.max_body_bytes, started).await {
         Ok(ingress) => lookup::handle(&state, ingress, request_id).await,
-        Err(err) => with_request_id(err.into_response(), &request_id),
+        Err(err) => lookup::error_response(err, &request_id),
     }
 }
 
@@ -159,13 +159,6 @@ async fn passthrough(State(state): State<AppState>, request: Request) -> Respons
     let request_id = state.requests.next_id();
     tracing::Span::current().record("id", request_id.as_str());
     forward::passthrough(&state, request, request_id).await
-}
-
-fn with_request_id(mut response: Response, request_id: &str) -> Response {
-    if let Ok(value) = HeaderValue::from_str(request_id) {
-        response.headers_mut().insert("x-reprise-request-id", value);
-    }
-    response
 }
 
 async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {

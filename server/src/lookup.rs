@@ -14,7 +14,7 @@ use crate::cache::{Flight, Join, Recorder};
 use crate::downstream::{Delivered, Delivery, Source};
 use crate::entry::{Entry, RequestSummary};
 use crate::error::GatewayError;
-use crate::forward::{self, set_cache_outcome, RecordMeta};
+use crate::forward::{self, set_cache_outcome, set_request_id, RecordMeta};
 use crate::ingress::{Ingress, Route};
 use crate::key::Tenant;
 use crate::policy::{self, Pacing};
@@ -186,11 +186,10 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
     response
 }
 
-fn error_response(err: GatewayError, request_id: &str) -> Response {
+/// An error response that still names its request.
+pub fn error_response(err: GatewayError, request_id: &str) -> Response {
     let mut response = err.into_response();
-    if let Ok(v) = HeaderValue::from_str(request_id) {
-        response.headers_mut().insert("x-reprise-request-id", v);
-    }
+    set_request_id(response.headers_mut(), request_id);
     response
 }
 
@@ -288,7 +287,7 @@ async fn follow(
     let headers = response.headers_mut();
     sse_headers(headers);
     set_cache_outcome(headers, "coalesced");
-    set_id(headers, request_id);
+    set_request_id(headers, request_id);
     Some(response)
 }
 
@@ -310,12 +309,6 @@ fn sse_headers(headers: &mut HeaderMap) {
         HeaderValue::from_static("text/event-stream; charset=utf-8"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-}
-
-fn set_id(headers: &mut HeaderMap, request_id: &str) {
-    if let Ok(v) = HeaderValue::from_str(request_id) {
-        headers.insert("x-reprise-request-id", v);
-    }
 }
 
 fn set_header(headers: &mut HeaderMap, name: &'static str, value: String) {
@@ -410,7 +403,7 @@ fn respond_entry(
         set_header(headers, "server-timing", phases.server_timing());
     }
     set_cache_outcome(headers, outcome);
-    set_id(headers, request_id);
+    set_request_id(headers, request_id);
     set_header(headers, "x-reprise-entry", entry.id.to_string());
     set_header(headers, "age", age_s.to_string());
     if let Some(saved) = saved {
