@@ -166,7 +166,7 @@ impl Cache {
         if entry.is_expired(now) {
             return None;
         }
-        let age_s = now.saturating_sub(entry.created_at_ms) / 1000;
+        let age_s = entry.age_s(now);
         if policy.max_age_s.is_some_and(|max| age_s > max) {
             return None;
         }

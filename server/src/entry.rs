@@ -122,6 +122,11 @@ impl Entry {
         now_ms >= self.expires_at_ms()
     }
 
+    /// Whole seconds since the entry was stored (the `age` header, `Cache-Control: max-age`).
+    pub fn age_s(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.created_at_ms) / 1000
+    }
+
     /// Network and prefill time the original miss spent before its first token: what a hit saves.
     pub fn ttft_cost_ms(&self) -> Option<f64> {
         let p = &self.phases;

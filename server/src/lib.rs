@@ -72,6 +72,8 @@ pub struct AppState {
     pub upstream: Arc<Upstream>,
     pub requests: Arc<RequestLog>,
     pub cache: Arc<Cache>,
+    /// Per-request cache defaults, parsed from the configuration once.
+    pub policy_defaults: Arc<policy::Defaults>,
     /// Embedder and vector index; `None` in exact-only mode (see `semantic_disabled`).
     pub semantic: Option<Arc<Semantic>>,
     /// Why semantic matching is off, when it is.
@@ -107,6 +109,7 @@ impl AppState {
             upstream: Arc::new(Upstream::new(&config)?),
             requests: Arc::new(RequestLog::new(config.request_log_size)),
             cache: Cache::new(store, index, config.cache_settings()),
+            policy_defaults: Arc::new(config.policy_defaults()),
             semantic,
             semantic_disabled,
             config: Arc::new(config),

@@ -25,7 +25,7 @@ use crate::AppState;
 
 /// Runs the cache stages for a parsed request and returns the response.
 pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) -> Response {
-    let policy = match policy::from_headers(&ingress.headers, &state.config.policy_defaults()) {
+    let policy = match policy::from_headers(&ingress.headers, &state.policy_defaults) {
         Ok(p) => p,
         Err(err) => return error_response(err, &request_id),
     };
@@ -101,7 +101,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
                 let entry = Arc::new(entry);
                 ingress.clock.looked_up = Some(Instant::now());
                 state.cache.note_hit(entry.id);
-                let age_s = unix_ms().saturating_sub(entry.created_at_ms) / 1000;
+                let age_s = entry.age_s(unix_ms());
                 let mut response = respond_entry(
                     state,
                     &ingress,

@@ -118,15 +118,21 @@ pub fn stream_events(
         out.push((offset, bytes));
     }
     if include_usage && !saw_usage {
-        if let Some(usage) = &entry.usage {
-            // Streams recorded without usage still have the usage of the assembled answer.
-            let mut chunk = template_chunk(entry, fresh);
-            chunk["choices"] = json!([]);
-            chunk["usage"] = usage.clone();
-            out.push((last_offset, Bytes::from(format!("data: {chunk}\n\n"))));
+        if let Some(chunk) = synthesized_usage(entry, fresh) {
+            out.push((last_offset, chunk));
         }
     }
     out
+}
+
+/// The usage-only chunk for a client that asked for usage when the stream recorded none: the
+/// assembled answer still has the upstream's usage.
+fn synthesized_usage(entry: &Entry, fresh: &Fresh) -> Option<Bytes> {
+    let usage = entry.usage.as_ref()?;
+    let mut chunk = template_chunk(entry, fresh);
+    chunk["choices"] = json!([]);
+    chunk["usage"] = usage.clone();
+    Some(Bytes::from(format!("data: {chunk}\n\n")))
 }
 
 /// For instant replay: how many stored events go out first (up to and including the first one with
@@ -157,11 +163,8 @@ pub fn render_range(
     }
     let at_end = to >= entry.events.len();
     if at_end && include_usage && !entry.events.iter().any(|e| is_usage_chunk(&e.data)) {
-        if let Some(usage) = &entry.usage {
-            let mut chunk = template_chunk(entry, fresh);
-            chunk["choices"] = json!([]);
-            chunk["usage"] = usage.clone();
-            out.extend_from_slice(format!("data: {chunk}\n\n").as_bytes());
+        if let Some(chunk) = synthesized_usage(entry, fresh) {
+            out.extend_from_slice(&chunk);
         }
     }
     out

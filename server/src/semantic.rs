@@ -183,7 +183,7 @@ impl Semantic {
             if n.similarity < threshold {
                 break;
             }
-            let age_s = now.saturating_sub(entry.created_at_ms) / 1000;
+            let age_s = entry.age_s(now);
             if max_age_s.is_some_and(|max| age_s > max) {
                 continue;
             }
