@@ -96,6 +96,8 @@ fn entry(i: u64, tokens: usize) -> Entry {
         hit_count: 0,
         last_hit_ms: 0,
         vector: None,
+        hit_history: Vec::new(),
+        warmed: false,
     }
 }
 

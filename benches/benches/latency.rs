@@ -190,6 +190,8 @@ fn startup() {
             hit_count: 0,
             last_hit_ms: 0,
             vector: Some(unit(&mut rng)),
+            hit_history: Vec::new(),
+            warmed: false,
         };
         store.put(entry).expect("put");
     }

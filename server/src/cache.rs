@@ -11,7 +11,7 @@ use std::time::Instant;
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use crate::entry::{Entry, EntryId, RequestSummary, StoredEvent};
+use crate::entry::{Entry, EntryId, HitEvent, RequestSummary, StoredEvent};
 use crate::index::VectorIndex;
 use crate::ingress::Route;
 use crate::key::{CacheKey, Keys};
@@ -37,7 +37,7 @@ pub struct CacheSettings {
 
 enum WriteOp {
     Put(Box<Entry>),
-    Touch(EntryId, u64),
+    Touch(EntryId, HitEvent),
     Flush(std::sync::mpsc::Sender<()>),
 }
 
@@ -170,16 +170,15 @@ impl Cache {
         if policy.max_age_s.is_some_and(|max| age_s > max) {
             return None;
         }
-        self.note_hit(entry.id);
         Some(Hit {
             entry: Arc::new(entry),
             age_s,
         })
     }
 
-    /// Counts a hit on an entry (batched by the writer thread).
-    pub fn note_hit(&self, id: EntryId) {
-        self.send(WriteOp::Touch(id, unix_ms()));
+    /// Records a hit on an entry (batched by the writer thread).
+    pub fn note_hit(&self, id: EntryId, hit: HitEvent) {
+        self.send(WriteOp::Touch(id, hit));
     }
 
     /// Joins the flight for `key`, or starts one when this request will store its answer.
@@ -237,7 +236,7 @@ fn writer_loop(
 ) {
     let interval = std::time::Duration::from_millis(sweep_ms.max(10));
     let mut last_sweep = Instant::now();
-    let mut touches: HashMap<EntryId, (u64, u64)> = HashMap::new();
+    let mut touches: HashMap<EntryId, Vec<HitEvent>> = HashMap::new();
     let mut dirty = false;
     loop {
         let op = rx.recv_timeout(interval);
@@ -255,11 +254,7 @@ fn writer_loop(
                 }
                 dirty = true;
             }
-            Ok(WriteOp::Touch(id, at)) => {
-                let slot = touches.entry(id).or_insert((0, 0));
-                slot.0 += 1;
-                slot.1 = slot.1.max(at);
-            }
+            Ok(WriteOp::Touch(id, hit)) => touches.entry(id).or_default().push(hit),
             Ok(WriteOp::Flush(done)) => {
                 apply_touches(store.as_ref(), &mut touches);
                 if let Err(err) = store.flush() {
@@ -290,9 +285,9 @@ fn writer_loop(
     }
 }
 
-fn apply_touches(store: &dyn Store, touches: &mut HashMap<EntryId, (u64, u64)>) {
-    for (id, (hits, at)) in touches.drain() {
-        if let Err(err) = store.touch(id, hits, at) {
+fn apply_touches(store: &dyn Store, touches: &mut HashMap<EntryId, Vec<HitEvent>>) {
+    for (id, hits) in touches.drain() {
+        if let Err(err) = store.touch(id, &hits) {
             tracing::debug!(error = %err, "recording hits failed");
         }
     }
@@ -400,6 +395,8 @@ impl Recorder {
             hit_count: 0,
             last_hit_ms: 0,
             vector: self.vector.take(),
+            hit_history: Vec::new(),
+            warmed: false,
         };
         let entry = Arc::new(entry);
         if self.store {

@@ -323,7 +323,12 @@ struct Counters {
     failures: AtomicU64,
     max_batch_seen: AtomicU64,
     recent: Mutex<VecDeque<BatchSample>>,
+    /// Told of every model call (the metrics histograms).
+    observer: std::sync::OnceLock<BatchObserver>,
 }
+
+/// Called with the size and model time of every batch.
+pub type BatchObserver = Box<dyn Fn(usize, Duration) + Send + Sync>;
 
 /// The embed stage: a handle to the worker thread. Shared as `Arc<Embedder>`.
 pub struct Embedder {
@@ -441,6 +446,11 @@ impl Embedder {
             vectors.extend(self.count(outcome)?);
         }
         Ok(vectors)
+    }
+
+    /// Sets the function told of every model call; only the first call takes effect.
+    pub fn observe_batches(&self, observer: BatchObserver) {
+        let _ = self.counters.observer.set(observer);
     }
 
     pub fn stats(&self) -> EmbedStats {
@@ -616,6 +626,9 @@ impl Worker {
 
     fn record(&self, size: usize, took: Duration) {
         let c = &self.counters;
+        if let Some(observe) = c.observer.get() {
+            observe(size, took);
+        }
         c.batches.fetch_add(1, Ordering::Relaxed);
         c.batched_items.fetch_add(size as u64, Ordering::Relaxed);
         c.max_batch_seen.fetch_max(size as u64, Ordering::Relaxed);

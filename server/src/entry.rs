@@ -75,6 +75,38 @@ pub struct Entry {
     /// stored without one (embedding late or off, embeddings route).
     #[serde(default, skip_serializing_if = "Option::is_none", with = "vector_b64")]
     pub vector: Option<Vec<f32>>,
+    /// The latest hits served from this entry, oldest first, at most [`HIT_HISTORY`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hit_history: Vec<HitEvent>,
+    /// Pre-loaded through `POST /admin/entries` rather than recorded from an upstream answer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warmed: bool,
+}
+
+/// How many hits an entry remembers for `GET /admin/entries/{id}`.
+pub const HIT_HISTORY: usize = 32;
+
+/// How a hit found its entry.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HitKind {
+    Hit,
+    SemanticHit,
+    Coalesced,
+}
+
+/// One request served from an entry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
+pub struct HitEvent {
+    pub at_ms: u64,
+    pub kind: HitKind,
+    /// Similarity of the request's prompt to the entry's (semantic hits only).
+    pub similarity: Option<f32>,
+    pub request_id: String,
+    /// Time to first token of the hit.
+    pub ttft_ms: Option<f64>,
+    /// The stored miss's network and prefill time, less the hit's TTFT.
+    pub ttft_saved_ms: Option<f64>,
 }
 
 /// Vectors as base64 of little-endian f32: a third of the size of a JSON number array, and exact.

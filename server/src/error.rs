@@ -42,6 +42,15 @@ pub enum GatewayError {
     AdminDisabled,
     #[error("Unknown route {method} {path}.")]
     RouteNotFound { method: String, path: String },
+    #[error("No cache entry {id}.")]
+    EntryNotFound { id: String },
+    /// An admin operation needs the embedding model, and the gateway runs exact-only.
+    #[error("{what} needs semantic matching, and this gateway runs exact-only: {why}")]
+    SemanticDisabled {
+        what: &'static str,
+        why: String,
+        param: &'static str,
+    },
     #[error("The gateway is shutting down.")]
     ShuttingDown,
     #[error("The gateway hit an internal error.")]
@@ -103,6 +112,16 @@ impl GatewayError {
                 "invalid_request_error",
                 "unknown_route",
             ),
+            Self::EntryNotFound { .. } => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "entry_not_found",
+            ),
+            Self::SemanticDisabled { .. } => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "semantic_disabled",
+            ),
             Self::ShuttingDown => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
@@ -125,6 +144,8 @@ impl GatewayError {
         let (_, kind, code) = self.parts();
         let param = match self {
             Self::InvalidRequest { param, .. } => param.clone(),
+            Self::SemanticDisabled { param, .. } => Some((*param).to_owned()),
+            Self::EntryNotFound { .. } => Some("id".to_owned()),
             _ => None,
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})

@@ -20,6 +20,7 @@ use tokio::time::timeout_at;
 use crate::cache::Recorder;
 use crate::config::{Config, Secret};
 use crate::downstream::{Delivered, Delivery, Source};
+use crate::entry::EntryId;
 use crate::error::GatewayError;
 use crate::ingress::Ingress;
 use crate::record::{unix_ms, Completion, RequestLog, RequestRecord};
@@ -189,6 +190,15 @@ pub struct RecordMeta {
     pub stream: bool,
     /// `x-reprise-cache` of the response (`pass` for routes that are never cached).
     pub cache: &'static str,
+    /// Set when an entry served the request.
+    pub served: Option<Served>,
+}
+
+/// What a hit adds to its record.
+pub struct Served {
+    pub entry: EntryId,
+    pub similarity: Option<f32>,
+    pub ttft_saved_ms: Option<f64>,
 }
 
 impl RecordMeta {
@@ -204,6 +214,9 @@ impl RecordMeta {
             cache: self.cache.to_owned(),
             completion,
             phases: clock.phases(clock.delivered.unwrap_or_else(Instant::now)),
+            entry: self.served.as_ref().map(|s| s.entry.to_string()),
+            similarity: self.served.as_ref().and_then(|s| s.similarity),
+            ttft_saved_ms: self.served.as_ref().and_then(|s| s.ttft_saved_ms),
         });
     }
 }
@@ -234,6 +247,7 @@ pub async fn relay_json(
         model: Some(model),
         stream,
         cache,
+        served: None,
     };
     let upstream = &state.upstream;
     let taken = Arc::new(OnceLock::new());
@@ -695,6 +709,7 @@ pub async fn passthrough(state: &AppState, request: Request, request_id: String)
         model: None,
         stream: false,
         cache: "pass",
+        served: None,
     };
     let upstream = &state.upstream;
     let method =

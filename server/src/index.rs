@@ -61,6 +61,10 @@ pub trait VectorIndex: Send + Sync {
     fn remove(&self, id: VectorId);
     /// Best `k` neighbours among live ids of `partition` only, most similar first.
     fn search(&self, partition: &PartitionTag, query: &[f32], k: usize) -> Vec<Neighbor>;
+    /// Exact scan of every live vector, across partitions: at most `k` at or above
+    /// `min_similarity`, most similar first. For operators (admin search and invalidation), not the
+    /// request path.
+    fn scan_all(&self, query: &[f32], min_similarity: f32, k: usize) -> Vec<Neighbor>;
     /// Live vectors.
     fn len(&self) -> usize;
     /// Graph points that no longer stand for a live vector (removed or replaced ids).
@@ -774,6 +778,23 @@ impl VectorIndex for HnswIndex {
         state.scan(rows, &query, k)
     }
 
+    fn scan_all(&self, query: &[f32], min_similarity: f32, k: usize) -> Vec<Neighbor> {
+        let Some(query) = normalized(query, self.config.dimension) else {
+            return Vec::new();
+        };
+        if k == 0 {
+            return Vec::new();
+        }
+        let state = read(&self.state);
+        let found = state
+            .partitions
+            .values()
+            .flat_map(|rows| state.scan(rows, &query, k))
+            .filter(|n| n.similarity >= min_similarity)
+            .collect();
+        top_k(found, k)
+    }
+
     fn len(&self) -> usize {
         read(&self.state).live.len()
     }
@@ -1170,6 +1191,31 @@ mod tests {
             0.0,
             "NaN must not reach hnsw_rs"
         );
+    }
+
+    #[test]
+    fn scan_all_crosses_partitions_and_honours_the_floor() {
+        let dimension = 16;
+        let mut rng = StdRng::seed_from_u64(9);
+        let index = HnswIndex::new(small_config(dimension));
+        let items: Vec<_> = (0..300u64)
+            .map(|id| (id, tag((id % 7) as u8), unit(&mut rng, dimension)))
+            .collect();
+        for (id, p, v) in &items {
+            index.insert(*id, *p, v);
+        }
+        index.remove(5);
+        let query = items[5].2.clone();
+        let all = index.scan_all(&query, -1.0, 300);
+        assert_eq!(all.len(), 299, "every live vector, removed ones excluded");
+        assert!(all.windows(2).all(|w| w[0].similarity >= w[1].similarity));
+        let close = index.scan_all(&items[12].2, 0.999, 10);
+        assert_eq!(close.iter().map(|n| n.id).collect::<Vec<_>>(), [12]);
+        let floor = 0.3;
+        let above = index.scan_all(&query, floor, 1000);
+        let expected = all.iter().filter(|n| n.similarity >= floor).count();
+        assert_eq!(above.len(), expected);
+        assert_eq!(index.scan_all(&query, -1.0, 3).len(), 3);
     }
 
     /// 20k vectors in other partitions, a 3-vector partition and a 5k-vector partition.

@@ -172,7 +172,10 @@ fn parse_object(raw: &[u8]) -> Result<Map<String, Value>, GatewayError> {
     }
 }
 
-fn required_string(body: &Map<String, Value>, field: &'static str) -> Result<String, GatewayError> {
+pub(crate) fn required_string(
+    body: &Map<String, Value>,
+    field: &'static str,
+) -> Result<String, GatewayError> {
     match body.get(field) {
         Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
         Some(Value::String(_)) | None | Some(Value::Null) => Err(GatewayError::invalid(
@@ -186,7 +189,10 @@ fn required_string(body: &Map<String, Value>, field: &'static str) -> Result<Str
     }
 }
 
-fn check_route_fields(route: Route, body: &Map<String, Value>) -> Result<(), GatewayError> {
+pub(crate) fn check_route_fields(
+    route: Route,
+    body: &Map<String, Value>,
+) -> Result<(), GatewayError> {
     match route {
         Route::ChatCompletions => {
             let Some(messages) = body.get("messages") else {

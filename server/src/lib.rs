@@ -32,12 +32,14 @@ pub mod forward;
 pub mod index;
 pub mod ingress;
 pub mod key;
+pub mod live;
 pub mod lookup;
 pub mod policy;
 pub mod record;
 pub mod replay;
 pub mod semantic;
 pub mod sse;
+pub mod stats;
 pub mod store;
 pub mod timing;
 
@@ -72,8 +74,8 @@ pub struct AppState {
     pub upstream: Arc<Upstream>,
     pub requests: Arc<RequestLog>,
     pub cache: Arc<Cache>,
-    /// Per-request cache defaults, parsed from the configuration once.
-    pub policy_defaults: Arc<policy::Defaults>,
+    /// The settings operators can change while serving (thresholds, TTL, pacing, cache mode).
+    pub live: Arc<live::Live>,
     /// Embedder and vector index; `None` in exact-only mode (see `semantic_disabled`).
     pub semantic: Option<Arc<Semantic>>,
     /// Why semantic matching is off, when it is.
@@ -105,11 +107,15 @@ impl AppState {
         let index = semantic
             .as_ref()
             .map(|s| s.index.clone() as Arc<dyn VectorIndex>);
+        let requests = Arc::new(RequestLog::new(config.request_log_size));
+        if let Some(s) = &semantic {
+            s.embedder.observe_batches(requests.stats.embed_observer());
+        }
         Ok(Self {
             upstream: Arc::new(Upstream::new(&config)?),
-            requests: Arc::new(RequestLog::new(config.request_log_size)),
+            requests,
             cache: Cache::new(store, index, config.cache_settings()),
-            policy_defaults: Arc::new(config.policy_defaults()),
+            live: Arc::new(live::Live::new(config.clone())),
             semantic,
             semantic_disabled,
             config: Arc::new(config),
@@ -128,7 +134,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/{*rest}", any(passthrough))
         .route("/v1", any(passthrough))
         .route("/healthz", get(healthz))
-        .route("/admin/requests", get(admin::requests))
+        .merge(admin::routes(state.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(not_found)
         .with_state(state)
@@ -175,7 +181,7 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
             // A rebuild from the stored vectors runs in the background after some starts.
             "index_rebuilding": s.index.is_building(),
             // f32 → f64 would print 0.8999999761581421 for 0.9.
-            "threshold": (f64::from(state.config.similarity_threshold) * 1e4).round() / 1e4,
+            "threshold": (f64::from(state.live.current().config.similarity_threshold) * 1e4).round() / 1e4,
             "fallbacks": s.fallbacks.load(std::sync::atomic::Ordering::Relaxed),
         }),
         (None, why) => json!({"status": "disabled", "detail": why.as_deref()}),

@@ -12,9 +12,9 @@ use tokio::sync::mpsc;
 
 use crate::cache::{Flight, Join, Recorder};
 use crate::downstream::{Delivered, Delivery, Source};
-use crate::entry::{Entry, RequestSummary};
+use crate::entry::{Entry, HitEvent, HitKind, RequestSummary};
 use crate::error::GatewayError;
-use crate::forward::{self, set_cache_outcome, set_request_id, RecordMeta};
+use crate::forward::{self, set_cache_outcome, set_request_id, RecordMeta, Served};
 use crate::ingress::{Ingress, Route};
 use crate::key::Tenant;
 use crate::policy::{self, Pacing};
@@ -25,7 +25,8 @@ use crate::AppState;
 
 /// Runs the cache stages for a parsed request and returns the response.
 pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) -> Response {
-    let policy = match policy::from_headers(&ingress.headers, &state.policy_defaults) {
+    let live = state.live.current();
+    let policy = match policy::from_headers(&ingress.headers, &live.defaults) {
         Ok(p) => p,
         Err(err) => return error_response(err, &request_id),
     };
@@ -48,7 +49,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
     // Embeddings are never streamed, whatever the body says.
     let stream = ingress.stream && ingress.route != Route::Embeddings;
     // A client may ask for stricter matching than the operator's floor, never for looser.
-    let floor = state.config.threshold_floor(policy.namespace.as_deref());
+    let floor = live.threshold_floor(policy.namespace.as_deref());
     if let Some(t) = policy.threshold.filter(|t| *t < floor) {
         let err = GatewayError::invalid(
             format!("`x-reprise-threshold: {t}` is below the configured floor of {floor}; a request may only raise it."),
@@ -67,7 +68,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
                 &request_id,
                 &hit.entry,
                 hit.age_s,
-                "hit",
+                Found::Exact,
                 stream,
                 include_usage,
                 policy.pacing,
@@ -100,7 +101,6 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
             if let Some((entry, similarity)) = outcome.hit {
                 let entry = Arc::new(entry);
                 ingress.clock.looked_up = Some(Instant::now());
-                state.cache.note_hit(entry.id);
                 let age_s = entry.age_s(unix_ms());
                 let mut response = respond_entry(
                     state,
@@ -108,7 +108,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
                     &request_id,
                     &entry,
                     age_s,
-                    "semantic-hit",
+                    Found::Similar(similarity),
                     stream,
                     include_usage,
                     policy.pacing,
@@ -218,7 +218,7 @@ async fn follow(
             request_id,
             &entry,
             0,
-            "coalesced",
+            Found::Coalesced,
             stream,
             include_usage,
             pacing,
@@ -231,8 +231,9 @@ async fn follow(
     let fresh = Fresh::new(ingress.route);
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let mut clock = ingress.clock.clone();
-    let meta = meta_for(ingress, request_id, "coalesced");
+    let mut meta = meta_for(ingress, request_id, "coalesced");
     let log = state.requests.clone();
+    let cache = state.cache.clone();
     let flight = flight.clone();
     let (delivered_tx, delivered_rx) = tokio::sync::oneshot::channel::<Delivered>();
     state.tasks.spawn(async move {
@@ -253,7 +254,24 @@ async fn follow(
                 }
             }
             match update.done {
-                Some(Some(_)) => {
+                Some(Some(entry)) => {
+                    // A follower that joined mid-flight saved only part of the prefill: no claim.
+                    meta.served = Some(Served {
+                        entry: entry.id,
+                        similarity: None,
+                        ttft_saved_ms: None,
+                    });
+                    cache.note_hit(
+                        entry.id,
+                        HitEvent {
+                            at_ms: unix_ms(),
+                            kind: HitKind::Coalesced,
+                            similarity: None,
+                            request_id: meta.id.clone(),
+                            ttft_ms: clock.phases(Instant::now()).ttft_ms,
+                            ttft_saved_ms: None,
+                        },
+                    );
                     let mut tail = clock.phases(Instant::now()).sse_comment().to_vec();
                     tail.extend_from_slice(b"data: [DONE]\n\n");
                     let _ = tx.send(Bytes::from(tail)).await;
@@ -300,6 +318,7 @@ fn meta_for(ingress: &Ingress, request_id: &str, cache: &'static str) -> RecordM
         model: Some(ingress.model.clone()),
         stream: ingress.stream,
         cache,
+        served: None,
     }
 }
 
@@ -317,7 +336,16 @@ fn set_header(headers: &mut HeaderMap, name: &'static str, value: String) {
     }
 }
 
-/// Serves a stored entry (a hit, or a coalesced request once its leader's answer landed).
+/// How a request came to be served from an entry.
+#[derive(Clone, Copy)]
+enum Found {
+    Exact,
+    Similar(f32),
+    /// An identical miss in flight landed.
+    Coalesced,
+}
+
+/// Serves a stored entry: a hit, or a coalesced request once its leader's answer landed.
 #[allow(clippy::too_many_arguments)]
 fn respond_entry(
     state: &AppState,
@@ -325,14 +353,19 @@ fn respond_entry(
     request_id: &str,
     entry: &Arc<Entry>,
     age_s: u64,
-    outcome: &'static str,
+    found: Found,
     stream: bool,
     include_usage: bool,
     pacing: Pacing,
 ) -> Response {
+    let (kind, outcome, similarity) = match found {
+        Found::Exact => (HitKind::Hit, "hit", None),
+        Found::Similar(s) => (HitKind::SemanticHit, "semantic-hit", Some(s)),
+        Found::Coalesced => (HitKind::Coalesced, "coalesced", None),
+    };
     let fresh = Fresh::new(ingress.route);
     let mut clock: PhaseClock = ingress.clock.clone();
-    let meta = meta_for(ingress, request_id, outcome);
+    let mut meta = meta_for(ingress, request_id, outcome);
     let log = state.requests.clone();
     let (source, content_type) = if stream {
         let events = replay::stream_events(entry, &fresh, include_usage, pacing);
@@ -383,6 +416,22 @@ fn respond_entry(
     let saved = entry
         .ttft_cost_ms()
         .map(|cost| (cost - phases.ttft_ms.unwrap_or(0.0)).max(0.0));
+    meta.served = Some(Served {
+        entry: entry.id,
+        similarity,
+        ttft_saved_ms: saved,
+    });
+    state.cache.note_hit(
+        entry.id,
+        HitEvent {
+            at_ms: unix_ms(),
+            kind,
+            similarity,
+            request_id: request_id.to_owned(),
+            ttft_ms: phases.ttft_ms,
+            ttft_saved_ms: saved,
+        },
+    );
     let delivery = Delivery::new(source, move |how| {
         let completion = match how {
             Delivered::Complete(at) => {

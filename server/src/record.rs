@@ -10,10 +10,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::stats::Stats;
 use crate::timing::Phases;
 
 /// How a request ended, from the client's point of view.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Completion {
     /// The whole response reached the client.
@@ -28,7 +29,7 @@ pub enum Completion {
     ClientDisconnected,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct RequestRecord {
     pub id: String,
     /// Unix time in milliseconds when the request arrived.
@@ -42,10 +43,21 @@ pub struct RequestRecord {
     pub cache: String,
     pub completion: Completion,
     pub phases: Phases,
+    /// The entry that served a hit (or a coalesced request).
+    #[serde(default)]
+    pub entry: Option<String>,
+    /// Similarity of a semantic hit.
+    #[serde(default)]
+    pub similarity: Option<f32>,
+    /// Network and prefill time of the stored miss, less this hit's TTFT.
+    #[serde(default)]
+    pub ttft_saved_ms: Option<f64>,
 }
 
-/// A bounded ring of recent requests; the oldest is dropped when full.
+/// A bounded ring of recent requests (the oldest is dropped when full), and the counters every
+/// finished request adds to.
 pub struct RequestLog {
+    pub stats: Stats,
     capacity: usize,
     records: Mutex<VecDeque<RequestRecord>>,
     next_id: AtomicU64,
@@ -63,6 +75,7 @@ impl RequestLog {
             seed.as_bytes()[3],
         ]);
         Self {
+            stats: Stats::new(),
             capacity,
             records: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
             next_id: AtomicU64::new(1),
@@ -77,6 +90,7 @@ impl RequestLog {
     }
 
     pub fn push(&self, record: RequestRecord) {
+        self.stats.observe(&record);
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
         if records.len() == self.capacity {
             records.pop_front();
@@ -114,6 +128,9 @@ mod tests {
             cache: "pass".into(),
             completion: Completion::Complete,
             phases: Phases::default(),
+            entry: None,
+            similarity: None,
+            ttft_saved_ms: None,
         }
     }
 

@@ -590,6 +590,8 @@ mod tests {
             hit_count: 0,
             last_hit_ms: 0,
             vector: None,
+            hit_history: Vec::new(),
+            warmed: false,
         };
         let fresh = Fresh {
             id: "x".into(),

@@ -391,6 +391,15 @@ impl VectorIndex for LiveIndex {
         self.current().search(partition, query, k)
     }
 
+    fn scan_all(
+        &self,
+        query: &[f32],
+        min_similarity: f32,
+        k: usize,
+    ) -> Vec<crate::index::Neighbor> {
+        self.current().scan_all(query, min_similarity, k)
+    }
+
     fn len(&self) -> usize {
         self.current().len()
     }

@@ -31,7 +31,7 @@ use sled::transaction::{ConflictableTransactionResult, TransactionError};
 use sled::Transactional;
 use tracing::{debug, error, info, warn};
 
-use crate::entry::{Entry, EntryId};
+use crate::entry::{Entry, EntryId, HitEvent, HIT_HISTORY};
 use crate::key::CacheKey;
 
 use reprise_migrations::layout;
@@ -78,11 +78,16 @@ pub trait Store: Send + Sync + 'static {
     fn put(&self, entry: Entry) -> Result<EntryId, StoreError>;
     /// Removes the entry and its index row atomically; false if there was no such entry.
     fn delete(&self, id: EntryId) -> Result<bool, StoreError>;
-    /// Records hits: adds `hits` to `hit_count` and moves `last_hit_ms` forward (never back).
-    /// Meant for off the request path; a missing entry is not an error (it may have been evicted).
-    fn touch(&self, id: EntryId, hits: u64, last_hit_ms: u64) -> Result<(), StoreError>;
+    /// Records hits: adds them to `hit_count` and the bounded `hit_history`, and moves `last_hit_ms`
+    /// forward (never back). Meant for off the request path; a missing entry is not an error (it
+    /// may have been evicted).
+    fn touch(&self, id: EntryId, hits: &[HitEvent]) -> Result<(), StoreError>;
+    /// Entries newest first, with ids below `before` (exclusive), at most `limit`: admin listing.
+    fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError>;
     /// Entries in id order after `after` (exclusive), at most `limit`: for paginated admin listing.
     fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError>;
+    /// Every stored entry id, without decoding the entries.
+    fn ids(&self) -> Result<Vec<EntryId>, StoreError>;
     /// Number of entries, O(1).
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
@@ -334,7 +339,10 @@ impl Store for SledStore {
         Ok(removed > 0)
     }
 
-    fn touch(&self, id: EntryId, hits: u64, last_hit_ms: u64) -> Result<(), StoreError> {
+    fn touch(&self, id: EntryId, hits: &[HitEvent]) -> Result<(), StoreError> {
+        let Some(last_hit_ms) = hits.iter().map(|h| h.at_ms).max() else {
+            return Ok(());
+        };
         let id_bytes = id.0.to_be_bytes();
         // Read, update and write under the lock, so this write cannot undo a concurrent delete.
         let mut ledger = self.lock_ledger();
@@ -344,9 +352,13 @@ impl Store for SledStore {
         let Some(mut entry) = self.decode_or_quarantine(id, &raw) else {
             return Ok(());
         };
-        entry.hit_count = entry.hit_count.saturating_add(hits);
+        entry.hit_count = entry.hit_count.saturating_add(hits.len() as u64);
         // Batched touches may arrive out of order: recency only moves forward.
         entry.last_hit_ms = entry.last_hit_ms.max(last_hit_ms);
+        entry.hit_history.extend_from_slice(hits);
+        entry.hit_history.sort_by_key(|h| h.at_ms);
+        let excess = entry.hit_history.len().saturating_sub(HIT_HISTORY);
+        entry.hit_history.drain(..excess);
         let value = encode(&entry)?;
         let slot = Slot::new(&entry, value.len());
         self.entries.insert(id_bytes, value)?;
@@ -375,6 +387,40 @@ impl Store for SledStore {
                 if out.len() == limit {
                     break;
                 }
+            }
+        }
+        Ok(out)
+    }
+
+    fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
+        let end = match before {
+            Some(id) => Bound::Excluded(id.0.to_be_bytes()),
+            None => Bound::Unbounded,
+        };
+        let mut out = Vec::with_capacity(limit.min(1024));
+        if limit == 0 {
+            return Ok(out);
+        }
+        for item in self.entries.range((Bound::Unbounded, end)).rev() {
+            let (raw_id, raw) = item?;
+            let Some(id) = parse_id(&raw_id) else {
+                continue;
+            };
+            if let Some(entry) = self.decode_or_quarantine(EntryId(id), &raw) {
+                out.push(entry);
+                if out.len() == limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
+        let mut out = Vec::with_capacity(self.len());
+        for key in self.entries.iter().keys() {
+            if let Some(id) = parse_id(&key?) {
+                out.push(EntryId(id));
             }
         }
         Ok(out)
@@ -743,6 +789,20 @@ mod tests {
         CacheKey(*blake3::hash(&n.to_le_bytes()).as_bytes())
     }
 
+    /// `n` exact hits at `at_ms`.
+    fn hits(n: usize, at_ms: u64) -> Vec<HitEvent> {
+        (0..n)
+            .map(|i| HitEvent {
+                at_ms,
+                kind: crate::entry::HitKind::Hit,
+                similarity: None,
+                request_id: format!("req_{i}"),
+                ttft_ms: Some(0.5),
+                ttft_saved_ms: Some(100.0),
+            })
+            .collect()
+    }
+
     fn entry(n: u64, created_at_ms: u64, ttl_ms: u64) -> Entry {
         Entry {
             id: EntryId(999_999),
@@ -772,6 +832,8 @@ mod tests {
             hit_count: 0,
             last_hit_ms: 0,
             vector: None,
+            hit_history: Vec::new(),
+            warmed: false,
         }
     }
 
@@ -862,8 +924,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = open(dir.path());
         let id = store.put(entry(1, 1_000, 60_000)).expect("put");
-        store.touch(id, 2, 5_000).expect("touch");
-        store.touch(id, 3, 4_000).expect("touch out of order");
+        store.touch(id, &hits(2, 5_000)).expect("touch");
+        store
+            .touch(id, &hits(3, 4_000))
+            .expect("touch out of order");
 
         let touched = store.get(id).expect("get").expect("present");
         assert_eq!(touched.hit_count, 5);
@@ -873,7 +937,7 @@ mod tests {
         );
         // Touching an evicted entry is not an error.
         store
-            .touch(EntryId(id.0 + 1000), 1, 6_000)
+            .touch(EntryId(id.0 + 1000), &hits(1, 6_000))
             .expect("touch missing");
         assert_consistent(&store);
     }
@@ -900,6 +964,40 @@ mod tests {
         assert_eq!(seen, ids, "every entry once, in id order");
         assert_eq!(store.list(Some(ids[19]), 10).expect("list").len(), 5);
         assert!(store.list(None, 0).expect("list").is_empty());
+
+        let mut newest = Vec::new();
+        let mut before = None;
+        loop {
+            let page = store.list_newest(before, 10).expect("list newest");
+            if page.is_empty() {
+                break;
+            }
+            before = page.last().map(|e| e.id);
+            newest.extend(page.into_iter().map(|e| e.id));
+        }
+        let mut reversed = ids.clone();
+        reversed.reverse();
+        assert_eq!(newest, reversed, "every entry once, newest first");
+        assert_eq!(store.ids().expect("ids"), ids);
+    }
+
+    #[test]
+    fn hit_history_keeps_the_latest_in_time_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        let id = store.put(entry(1, 1_000, 60_000)).expect("put");
+        store.touch(id, &hits(HIT_HISTORY, 9_000)).expect("touch");
+        store.touch(id, &hits(3, 2_000)).expect("touch older batch");
+        store.touch(id, &hits(2, 10_000)).expect("touch");
+        let e = store.get(id).expect("get").expect("present");
+        assert_eq!(e.hit_count, HIT_HISTORY as u64 + 5);
+        assert_eq!(e.hit_history.len(), HIT_HISTORY);
+        assert!(e.hit_history.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+        assert_eq!(e.hit_history.last().map(|h| h.at_ms), Some(10_000));
+        assert!(
+            e.hit_history.iter().all(|h| h.at_ms >= 9_000),
+            "the oldest hits are the ones dropped"
+        );
     }
 
     #[test]
@@ -931,7 +1029,7 @@ mod tests {
         // Five entries scattered through the id range were hit recently.
         let recent = [ids[0], ids[7], ids[13], ids[21], ids[29]];
         for id in recent {
-            store.touch(id, 1, 50_000).expect("touch");
+            store.touch(id, &hits(1, 50_000)).expect("touch");
         }
 
         let (expired, evicted) = store.sweep(10_000, 10, u64::MAX).expect("sweep");
@@ -1027,7 +1125,7 @@ mod tests {
             let ids: Vec<EntryId> = (0..5)
                 .map(|n| store.put(entry(n, 1_000, 60_000)).expect("put"))
                 .collect();
-            store.touch(ids[2], 4, 3_000).expect("touch");
+            store.touch(ids[2], &hits(4, 3_000)).expect("touch");
             store.flush().expect("flush");
             (ids, store.bytes())
         };
@@ -1063,7 +1161,7 @@ mod tests {
                         let id = store.put(entry(i % 20, 1_000 + i, 60_000)).expect("put");
                         match (t + i) % 4 {
                             0 => drop(store.delete(id).expect("delete")),
-                            1 => store.touch(id, 1, 9_000 + i).expect("touch"),
+                            1 => store.touch(id, &hits(1, 9_000 + i)).expect("touch"),
                             _ => drop(store.get_by_key(&key(i % 20)).expect("by key")),
                         }
                     }
@@ -1194,7 +1292,7 @@ mod tests {
             if n.is_multiple_of(3) {
                 store.delete(id).expect("delete");
             } else {
-                store.touch(id, 1, 5_000 + n).expect("touch");
+                store.touch(id, &hits(1, 5_000 + n)).expect("touch");
             }
             n += 1;
         }

@@ -114,7 +114,7 @@ impl PhaseClock {
 }
 
 /// The phases of one request, in milliseconds. Absent phases did not happen (e.g. no upstream on a hit).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Phases {
     pub ingress_ms: Option<f64>,
     /// Cache policy, key and exact lookup (absent on routes that are not cached).

@@ -1,0 +1,376 @@
+//! Operator routes under `/admin` and `/metrics`: authentication, statistics, the live settings, the
+//! OpenAPI document and the dashboard page; the entry routes live in [`entries`] and [`warm`].
+//!
+//! Without a configured token every admin route answers 404 (disabled, never open); a missing or
+//! wrong token answers 401. Tokens are compared in constant time. Handlers are thin: blocking store
+//! and index work runs on blocking threads.
+
+pub mod entries;
+pub mod warm;
+
+use std::collections::BTreeMap;
+
+use axum::body::Body;
+use axum::extract::{FromRequest, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use subtle::ConstantTimeEq;
+use utoipa::{IntoParams, OpenApi, ToSchema};
+
+use crate::error::GatewayError;
+use crate::live::{ConfigPatch, LiveConfig};
+use crate::record::RequestRecord;
+use crate::stats::{
+    latency_by_outcome, Gauges, OutcomeLatency, Rates, RequestCounts, Timeline, TtftHistogram,
+    TtftSaved, UpstreamErrors,
+};
+use crate::AppState;
+
+/// The dashboard: one self-contained page, no external assets (many deployments are offline).
+const DASHBOARD: &str = include_str!("../../assets/dashboard.html");
+
+/// The admin routes, every one behind the bearer token (the dashboard shell aside: it holds no
+/// data and asks for the token itself).
+pub fn routes(state: AppState) -> Router<AppState> {
+    let protected = Router::new()
+        .route("/admin/stats", get(stats))
+        .route("/admin/entries", get(entries::list).post(warm::warm))
+        .route(
+            "/admin/entries/{id}",
+            get(entries::show).delete(entries::delete),
+        )
+        .route(
+            "/admin/invalidate",
+            axum::routing::post(entries::invalidate),
+        )
+        .route("/admin/flush", axum::routing::post(entries::flush))
+        .route("/admin/config", get(config).patch(patch_config))
+        .route("/admin/requests", get(requests))
+        .route("/admin/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(state, require_admin));
+    protected.route("/admin/ui", get(dashboard))
+}
+
+async fn require_admin(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Result<Response, GatewayError> {
+    authorize(&state, request.headers())?;
+    Ok(next.run(request).await)
+}
+
+/// Checks `Authorization: Bearer <admin token>`.
+pub fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), GatewayError> {
+    let Some(expected) = &state.config.admin_token else {
+        return Err(GatewayError::AdminDisabled);
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .unwrap_or("");
+    // Hashing first makes the comparison constant-time in the length as well as the content.
+    let a = blake3::hash(presented.as_bytes());
+    let b = blake3::hash(expected.expose().as_bytes());
+    if bool::from(a.as_bytes().ct_eq(b.as_bytes())) && !presented.is_empty() {
+        Ok(())
+    } else {
+        Err(GatewayError::Unauthorized)
+    }
+}
+
+/// A JSON body for admin routes: serde's rejections become OpenAI-shaped 400s naming the field.
+pub struct AdminJson<T>(pub T);
+
+/// Admin bodies (warm files) may be much larger than a chat request.
+pub const ADMIN_MAX_BODY: usize = 64 * 1024 * 1024;
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for AdminJson<T> {
+    type Rejection = GatewayError;
+
+    async fn from_request(request: Request, _: &S) -> Result<Self, Self::Rejection> {
+        let (parts, body) = request.into_parts();
+        let raw = crate::ingress::read_limited(body, &parts.headers, ADMIN_MAX_BODY).await?;
+        parse_json(&raw).map(AdminJson)
+    }
+}
+
+/// Parses `raw` as `T`, naming the failing field in the error.
+pub fn parse_json<T: DeserializeOwned>(raw: &[u8]) -> Result<T, GatewayError> {
+    let mut de = serde_json::Deserializer::from_slice(raw);
+    serde_path_to_error::deserialize(&mut de).map_err(|err| {
+        let path = err.path().to_string();
+        let param = (path != ".").then_some(path);
+        GatewayError::invalid(
+            format!("Invalid JSON body: {}.", err.inner()),
+            param.as_deref(),
+        )
+    })
+}
+
+/// Store size.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StoreStats {
+    pub entries: u64,
+    pub bytes: u64,
+}
+
+/// Vector index size; `null` in exact-only mode.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct IndexStats {
+    pub vectors: u64,
+    pub tombstones: u64,
+    /// A rebuild from the stored vectors runs in the background.
+    pub rebuilding: bool,
+}
+
+/// The embedding model's work; `null` in exact-only mode.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EmbeddingStats {
+    /// Requests that fell back to exact matching (embedding late or failed).
+    pub fallbacks: u64,
+    pub batches: u64,
+    pub texts: u64,
+    pub mean_batch_size: Option<f64>,
+    /// Model time per batch over the last batches.
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+}
+
+/// Phase percentiles of the recent requests, per cache outcome.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LatencyWindow {
+    /// How many recent requests the percentiles cover (the request log's size).
+    pub window: usize,
+    pub by_outcome: BTreeMap<String, OutcomeLatency>,
+}
+
+/// `GET /admin/stats`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StatsBody {
+    pub object: String,
+    pub version: String,
+    pub uptime_s: f64,
+    /// `semantic` or `exact-only`.
+    pub mode: String,
+    pub store: StoreStats,
+    pub index: Option<IndexStats>,
+    pub requests: RequestCounts,
+    pub rates: Rates,
+    pub ttft_saved_ms: TtftSaved,
+    pub embedding: Option<EmbeddingStats>,
+    pub upstream_errors: UpstreamErrors,
+    pub latency: LatencyWindow,
+    pub ttft_histogram: TtftHistogram,
+    pub timeline: Timeline,
+}
+
+/// Counts, rates, latency by outcome and prefill time saved.
+#[utoipa::path(get, path = "/admin/stats", tag = "admin",
+    responses((status = 200, body = StatsBody), (status = 401, description = "Missing or wrong admin token")),
+    security(("admin_token" = [])))]
+pub async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
+    let totals = state.requests.stats.totals();
+    let recent = state.requests.recent(usize::MAX);
+    let embedding = state.semantic.as_ref().map(|s| {
+        let e = s.embedder.stats();
+        let millis: Vec<f64> = s
+            .embedder
+            .recent_batches()
+            .iter()
+            .map(|b| b.millis)
+            .collect();
+        EmbeddingStats {
+            fallbacks: s.fallbacks.load(std::sync::atomic::Ordering::Relaxed),
+            batches: e.batches,
+            texts: e.batched_items,
+            mean_batch_size: (e.batches > 0).then(|| e.batched_items as f64 / e.batches as f64),
+            p50_ms: crate::timing::percentile(&millis, 0.50),
+            p99_ms: crate::timing::percentile(&millis, 0.99),
+        }
+    });
+    Json(StatsBody {
+        object: "reprise.stats".to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        uptime_s: state.requests.stats.uptime_s(),
+        mode: mode(&state).to_owned(),
+        store: StoreStats {
+            entries: state.cache.store.len() as u64,
+            bytes: state.cache.store.bytes(),
+        },
+        index: state.semantic.as_ref().map(|s| {
+            use crate::index::VectorIndex;
+            IndexStats {
+                vectors: s.index.len() as u64,
+                tombstones: s.index.tombstones() as u64,
+                rebuilding: s.index.is_building(),
+            }
+        }),
+        requests: totals.requests,
+        rates: totals.rates,
+        ttft_saved_ms: totals.ttft_saved_ms,
+        embedding,
+        upstream_errors: totals.upstream_errors,
+        latency: LatencyWindow {
+            window: state.config.request_log_size,
+            by_outcome: latency_by_outcome(&recent),
+        },
+        ttft_histogram: totals.ttft_histogram,
+        timeline: totals.timeline,
+    })
+}
+
+fn mode(state: &AppState) -> &'static str {
+    if state.semantic.is_some() {
+        "semantic"
+    } else {
+        "exact-only"
+    }
+}
+
+/// Prometheus text format.
+#[utoipa::path(get, path = "/metrics", tag = "admin",
+    responses((status = 200, description = "Prometheus text exposition format", content_type = "text/plain")),
+    security(("admin_token" = [])))]
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    use crate::index::VectorIndex;
+    let gauges = Gauges {
+        entries: state.cache.store.len() as u64,
+        store_bytes: state.cache.store.bytes(),
+        index_vectors: state.semantic.as_ref().map_or(0, |s| s.index.len() as u64),
+        index_tombstones: state
+            .semantic
+            .as_ref()
+            .map_or(0, |s| s.index.tombstones() as u64),
+        embed_fallbacks: state.semantic.as_ref().map_or(0, |s| {
+            s.fallbacks.load(std::sync::atomic::Ordering::Relaxed)
+        }),
+    };
+    let text = state.requests.stats.render_prometheus(&gauges);
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct RequestsQuery {
+    /// How many, newest first (default 100, at most the request log's size).
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RequestsPage {
+    pub object: String,
+    pub data: Vec<RequestRecord>,
+}
+
+/// The most recent requests with their phases, newest first.
+#[utoipa::path(get, path = "/admin/requests", tag = "admin", params(RequestsQuery),
+    responses((status = 200, body = RequestsPage)), security(("admin_token" = [])))]
+pub async fn requests(
+    State(state): State<AppState>,
+    query: Result<Query<RequestsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<RequestsPage>, GatewayError> {
+    let Query(query) =
+        query.map_err(|e| GatewayError::invalid(format!("Invalid query: {e}."), Some("limit")))?;
+    let limit = query
+        .limit
+        .unwrap_or(100)
+        .clamp(1, state.config.request_log_size);
+    Ok(Json(RequestsPage {
+        object: "list".to_owned(),
+        data: state.requests.recent(limit),
+    }))
+}
+
+/// The settings that can change while the gateway serves.
+#[utoipa::path(get, path = "/admin/config", tag = "admin",
+    responses((status = 200, body = LiveConfig)), security(("admin_token" = [])))]
+pub async fn config(State(state): State<AppState>) -> Json<LiveConfig> {
+    Json(state.live.current().view())
+}
+
+/// Changes live settings (validated; nothing changes on error; logged). Lasts until restart.
+#[utoipa::path(patch, path = "/admin/config", tag = "admin", request_body = ConfigPatch,
+    responses((status = 200, body = LiveConfig), (status = 400, description = "Invalid value; names the field")),
+    security(("admin_token" = [])))]
+pub async fn patch_config(
+    State(state): State<AppState>,
+    AdminJson(patch): AdminJson<ConfigPatch>,
+) -> Result<Json<LiveConfig>, GatewayError> {
+    Ok(Json(state.live.apply(patch)?.view()))
+}
+
+/// This document.
+#[utoipa::path(get, path = "/admin/openapi.json", tag = "admin",
+    responses((status = 200, description = "OpenAPI 3.1 document")), security(("admin_token" = [])))]
+pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
+
+/// The dashboard page (no data inside: its script asks for the token and calls the routes above).
+pub async fn dashboard(State(state): State<AppState>) -> Result<Response, GatewayError> {
+    if state.config.admin_token.is_none() {
+        return Err(GatewayError::AdminDisabled);
+    }
+    let mut response = Response::new(Body::from(DASHBOARD));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    // The page runs only its own inline code and talks only to this gateway.
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; connect-src 'self'; frame-ancestors 'none'",
+        ),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    *response.status_mut() = StatusCode::OK;
+    Ok(response)
+}
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "admin_token",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The admin API's OpenAPI document, generated from the handlers and types above, so it cannot
+/// drift from the code.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Reprise admin API", description = "Operator routes of the Reprise gateway. Every route needs `Authorization: Bearer <admin token>`."),
+    paths(
+        stats, metrics, requests, config, patch_config, openapi,
+        entries::list, entries::show, entries::delete, entries::invalidate, entries::flush,
+        warm::warm,
+    ),
+    modifiers(&BearerAuth),
+    tags((name = "admin", description = "Cache statistics, entries and settings"))
+)]
+pub struct ApiDoc;

@@ -1,0 +1,404 @@
+//! `POST /admin/entries`: pre-loads (warms) the cache from prompt/response pairs, as JSON or JSON Lines.
+//!
+//! Each item becomes an entry keyed exactly as the same request from an app would be (the same
+//! key builder, tenant and namespace rules), with its prompt embedded for semantic matching. The
+//! batch is validated whole before anything is stored: one bad item stores nothing. Warmed entries
+//! make no claim of prefill time saved, because no upstream was ever timed for them.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use utoipa::ToSchema;
+
+use crate::entry::{Entry, EntryId, RequestSummary};
+use crate::error::GatewayError;
+use crate::index::VectorIndex;
+use crate::ingress::Route;
+use crate::key::{KeyInput, Keys, Tenant};
+use crate::record::unix_ms;
+use crate::timing::Phases;
+use crate::AppState;
+
+/// Longest TTL a warmed entry may ask for (as `x-reprise-ttl`).
+const MAX_TTL_S: u64 = 10 * 365 * 24 * 3600;
+
+/// One prompt/response pair to pre-load.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WarmItem {
+    /// Required unless `request` names it.
+    pub model: Option<String>,
+    /// The user's prompt (one user message, or the completions prompt).
+    pub prompt: Option<String>,
+    /// A whole chat conversation, as `messages` of a request.
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub messages: Option<Vec<Value>>,
+    /// A whole OpenAI request body, as the app sends it (sampling parameters and all).
+    #[schema(value_type = Option<Object>)]
+    pub request: Option<Map<String, Value>>,
+    /// The answer to replay.
+    pub response: String,
+    /// `chat.completions` (default) or `completions`.
+    pub route: Option<String>,
+    /// As the `x-reprise-namespace` header.
+    pub namespace: Option<String>,
+    /// The client key the entry belongs to (hashed, never stored). Required when the gateway keeps
+    /// tenants apart (`share_across_keys` off); `""` is the anonymous client.
+    pub api_key: Option<String>,
+    /// Time to live; the live default when absent.
+    pub ttl_s: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum WarmBody {
+    Wrapped { entries: Vec<Value> },
+    Many(Vec<Value>),
+    One(Map<String, Value>),
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WarmedEntry {
+    pub id: String,
+    pub prompt: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Warmed {
+    pub object: String,
+    pub created: usize,
+    pub data: Vec<WarmedEntry>,
+}
+
+/// Whether a content type means JSON Lines.
+fn is_json_lines(content_type: &str) -> bool {
+    let mime = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    matches!(
+        mime.as_str(),
+        "application/x-ndjson"
+            | "application/ndjson"
+            | "application/jsonl"
+            | "application/json-lines"
+            | "application/x-jsonlines"
+    )
+}
+
+/// Splits a body into items, each with the label errors name it by (`entries[3]` or `line 4`).
+fn split_items(raw: &[u8], json_lines: bool) -> Result<Vec<(String, Value)>, GatewayError> {
+    if json_lines {
+        let text = std::str::from_utf8(raw)
+            .map_err(|_| GatewayError::invalid("The JSON Lines body is not UTF-8.", None))?;
+        let mut items = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let value = serde_json::from_str(line).map_err(|e| {
+                GatewayError::invalid(format!("line {}: not valid JSON: {e}.", n + 1), None)
+            })?;
+            items.push((format!("line {}", n + 1), value));
+        }
+        return Ok(items);
+    }
+    let body: WarmBody = serde_json::from_slice(raw).map_err(|e| {
+        GatewayError::invalid(
+            format!("The body must be an item, an array of items or {{\"entries\": [...]}}: {e}."),
+            None,
+        )
+    })?;
+    Ok(match body {
+        WarmBody::Wrapped { entries } | WarmBody::Many(entries) => entries
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| (format!("entries[{i}]"), v))
+            .collect(),
+        WarmBody::One(one) => vec![("entries[0]".to_owned(), Value::Object(one))],
+    })
+}
+
+/// A validated item, ready to store.
+struct Prepared {
+    route: Route,
+    keys: Keys,
+    summary: RequestSummary,
+    body: Value,
+    ttl_s: u64,
+}
+
+/// Prefixes an item's label to an error, and its field path to the param.
+fn in_item(label: &str, err: GatewayError) -> GatewayError {
+    match err {
+        GatewayError::InvalidRequest { message, param, .. } => {
+            let prefix = label.replace("line ", "lines[").replace(' ', "");
+            let prefix = if label.starts_with("line ") {
+                format!("{prefix}]")
+            } else {
+                prefix
+            };
+            let param = param.map_or(prefix.clone(), |p| format!("{prefix}.{p}"));
+            GatewayError::invalid(format!("{label}: {message}"), Some(&param))
+        }
+        other => other,
+    }
+}
+
+fn prepare(state: &AppState, value: Value, default_ttl_s: u64) -> Result<Prepared, GatewayError> {
+    let item: WarmItem = super::parse_json(&serde_json::to_vec(&value).unwrap_or_default())?;
+    let WarmItem {
+        model,
+        prompt,
+        messages,
+        request,
+        response,
+        route,
+        namespace,
+        api_key,
+        ttl_s,
+    } = item;
+    let route = match route.as_deref() {
+        None | Some("chat.completions") | Some("chat") => Route::ChatCompletions,
+        Some("completions") => Route::Completions,
+        Some(other) => {
+            return Err(GatewayError::invalid(
+                format!("`route` must be chat.completions or completions, not `{other}`."),
+                Some("route"),
+            ))
+        }
+    };
+    let given = [prompt.is_some(), messages.is_some(), request.is_some()];
+    if given.iter().filter(|g| **g).count() != 1 {
+        return Err(GatewayError::invalid(
+            "Give exactly one of `prompt`, `messages` or `request`.",
+            Some("prompt"),
+        ));
+    }
+    let mut body = match (request, messages, prompt) {
+        (Some(request), _, _) => request,
+        (None, Some(messages), _) => {
+            if route != Route::ChatCompletions {
+                return Err(GatewayError::invalid(
+                    "`messages` is for chat.completions; use `prompt` for completions.",
+                    Some("messages"),
+                ));
+            }
+            Map::from_iter([("messages".to_owned(), Value::Array(messages))])
+        }
+        (None, None, Some(prompt)) => match route {
+            Route::Completions => Map::from_iter([("prompt".to_owned(), Value::String(prompt))]),
+            _ => Map::from_iter([(
+                "messages".to_owned(),
+                json!([{"role": "user", "content": prompt}]),
+            )]),
+        },
+        (None, None, None) => Map::new(),
+    };
+    if let Some(model) = model {
+        body.insert("model".to_owned(), Value::String(model));
+    }
+    let model = crate::ingress::required_string(&body, "model")?;
+    crate::ingress::check_route_fields(route, &body)?;
+    if response.is_empty() {
+        return Err(GatewayError::invalid(
+            "`response` must not be empty.",
+            Some("response"),
+        ));
+    }
+    let ttl_s = ttl_s.unwrap_or(default_ttl_s);
+    if !(1..=MAX_TTL_S).contains(&ttl_s) {
+        return Err(GatewayError::invalid(
+            format!("`ttl_s` must be from 1 to {MAX_TTL_S}."),
+            Some("ttl_s"),
+        ));
+    }
+    let tenant = if state.cache.settings.share_across_keys {
+        Tenant::Shared
+    } else {
+        let Some(key) = api_key else {
+            return Err(GatewayError::invalid(
+                "This gateway keeps each API key's cache apart (share_across_keys is off): give the `api_key` the app will send (\"\" for clients without one).",
+                Some("api_key"),
+            ));
+        };
+        Tenant::Key(*blake3::hash(key.trim().as_bytes()).as_bytes())
+    };
+    let keys = crate::key::build(&KeyInput {
+        route,
+        body: &body,
+        tenant,
+        namespace: namespace.as_deref(),
+    })?;
+    let now_s = unix_ms() / 1000;
+    let answer = match route {
+        Route::Completions => json!({
+            "id": format!("cmpl-warm-{now_s}"), "object": "text_completion", "created": now_s,
+            "model": model,
+            "choices": [{"index": 0, "text": response, "logprobs": null, "finish_reason": "stop"}],
+        }),
+        _ => json!({
+            "id": format!("chatcmpl-warm-{now_s}"), "object": "chat.completion", "created": now_s,
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": response, "refusal": null},
+                         "logprobs": null, "finish_reason": "stop"}],
+        }),
+    };
+    let summary = RequestSummary {
+        route: route.name().to_owned(),
+        model,
+        namespace,
+        tenant: tenant.label(),
+        prompt: keys.prompt.clone(),
+        stream: false,
+    };
+    Ok(Prepared {
+        route,
+        keys,
+        summary,
+        body: answer,
+        ttl_s,
+    })
+}
+
+/// Pre-loads entries from prompt/response pairs (JSON, or JSON Lines by content type).
+#[utoipa::path(post, path = "/admin/entries", tag = "admin",
+    request_body(content = Vec<WarmItem>, description = "An item, an array of items, `{\"entries\": [...]}`, or JSON Lines (application/x-ndjson)"),
+    responses((status = 201, body = Warmed), (status = 400, description = "An invalid item; names it, and nothing was stored")),
+    security(("admin_token" = [])))]
+pub async fn warm(
+    State(state): State<AppState>,
+    request: Request,
+) -> Result<(StatusCode, Json<Warmed>), GatewayError> {
+    let (parts, body) = request.into_parts();
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    let json_lines = is_json_lines(content_type);
+    let raw = crate::ingress::read_limited(body, &parts.headers, super::ADMIN_MAX_BODY).await?;
+    let items = split_items(&raw, json_lines)?;
+    if items.is_empty() {
+        return Err(GatewayError::invalid("No entries to warm.", None));
+    }
+    let default_ttl_s = state.live.current().config.default_ttl_s;
+    let prepared: Vec<Prepared> = items
+        .into_iter()
+        .map(|(label, value)| prepare(&state, value, default_ttl_s).map_err(|e| in_item(&label, e)))
+        .collect::<Result<_, _>>()?;
+    // Vectors in one batched call; a failed embedding leaves the entries exact-match only.
+    let vectors: Vec<Option<Vec<f32>>> = match &state.semantic {
+        Some(semantic) => {
+            let texts = prepared.iter().map(|p| p.keys.prompt.clone()).collect();
+            match semantic.embedder.embed_many(texts).await {
+                Ok(v) => v.into_iter().map(Some).collect(),
+                Err(err) => {
+                    tracing::warn!(error = %err, "embedding warmed prompts failed; they match exactly only");
+                    vec![None; prepared.len()]
+                }
+            }
+        }
+        None => vec![None; prepared.len()],
+    };
+    let store = state.cache.store.clone();
+    let index: Option<Arc<dyn VectorIndex>> = state.cache.index.clone();
+    let data = tokio::task::spawn_blocking(move || {
+        let now = unix_ms();
+        let mut data = Vec::with_capacity(prepared.len());
+        for (p, vector) in prepared.into_iter().zip(vectors) {
+            let vector = vector.filter(|v| !v.is_empty() && !p.keys.prompt.trim().is_empty());
+            let events = crate::replay::rechunk(p.route, &p.body, 0.0);
+            let entry = Entry {
+                id: EntryId(0),
+                key: p.keys.exact,
+                partition: p.keys.partition,
+                summary: p.summary,
+                events,
+                usage: None,
+                body: p.body,
+                phases: Phases::default(),
+                created_at_ms: now,
+                ttl_ms: p.ttl_s.saturating_mul(1000),
+                hit_count: 0,
+                last_hit_ms: 0,
+                vector: vector.clone(),
+                hit_history: Vec::new(),
+                warmed: true,
+            };
+            let prompt = entry.summary.prompt.clone();
+            // Stored now, not through the writer queue: after the 201 the entry is served.
+            let id = store.put(entry).map_err(|e| GatewayError::Internal {
+                detail: format!("storing a warmed entry: {e}"),
+            })?;
+            if let (Some(index), Some(vector)) = (&index, vector) {
+                index.insert(id.0, p.keys.partition.0, &vector);
+            }
+            data.push(WarmedEntry {
+                id: id.to_string(),
+                prompt,
+            });
+        }
+        Ok::<_, GatewayError>(data)
+    })
+    .await
+    .map_err(|e| GatewayError::Internal {
+        detail: format!("warm task failed: {e}"),
+    })??;
+    tracing::info!(created = data.len(), "admin warm");
+    Ok((
+        StatusCode::CREATED,
+        Json(Warmed {
+            object: "list".to_owned(),
+            created: data.len(),
+            data,
+        }),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_lines_are_told_by_content_type() {
+        assert!(is_json_lines("application/x-ndjson"));
+        assert!(is_json_lines("application/jsonl; charset=utf-8"));
+        assert!(!is_json_lines("application/json"));
+    }
+
+    #[test]
+    fn items_are_split_and_labelled() {
+        let lines = split_items(b"{\"a\":1}\n\n{\"b\":2}\n", true).expect("lines");
+        assert_eq!(
+            lines.iter().map(|(l, _)| l.as_str()).collect::<Vec<_>>(),
+            ["line 1", "line 3"]
+        );
+        let err = split_items(b"{\"a\":1}\nnot json\n", true).expect_err("bad line");
+        assert!(err.to_string().starts_with("line 2:"), "{err}");
+        for body in [
+            &b"{\"response\":\"x\"}"[..],
+            b"[{\"response\":\"x\"}]",
+            b"{\"entries\":[{\"response\":\"x\"}]}",
+        ] {
+            let items = split_items(body, false).expect("json");
+            assert_eq!(items.len(), 1);
+            assert_eq!(items[0].0, "entries[0]");
+        }
+    }
+
+    #[test]
+    fn item_errors_name_the_item_and_field() {
+        let err = in_item("entries[3]", GatewayError::invalid("bad", Some("response")));
+        assert_eq!(err.body()["error"]["param"], "entries[3].response");
+        let err = in_item("line 4", GatewayError::invalid("bad", None));
+        assert_eq!(err.body()["error"]["param"], "lines[4]");
+        assert!(err.to_string().starts_with("line 4: "));
+    }
+}

@@ -1,0 +1,662 @@
+//! Operator statistics: every finished request is counted here (by route and cache outcome, with its
+//! phases and the prefill time a hit saved), for `GET /admin/stats` and the Prometheus text at
+//! `GET /metrics`.
+//!
+//! Labels stay low-cardinality: route, cache outcome, phase and error kind only, never a prompt, a
+//! key, a model or a tenant. Percentiles in `/admin/stats` are exact over the recent-requests window;
+//! counters and histograms cover the whole life of the process.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::record::{unix_ms, Completion, RequestRecord};
+use crate::timing::{percentile, Phases};
+
+/// The cache outcomes latency is broken down by (those that return an answer).
+pub const SERVED_OUTCOMES: [&str; 4] = ["miss", "hit", "semantic-hit", "coalesced"];
+/// Upper bounds (ms) of the TTFT histogram buckets; one more bucket counts what lies above.
+pub const TTFT_BOUNDS_MS: [f64; 13] = [
+    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
+];
+/// Phase-duration buckets (seconds) for Prometheus: 0.1 ms to 30 s.
+const PHASE_BUCKETS_S: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 30.0,
+];
+/// Width and count of the hit-rate timeline buckets (ten minutes in all).
+const TIMELINE_BUCKET_MS: u64 = 10_000;
+const TIMELINE_BUCKETS: usize = 60;
+
+/// Counters and histograms of the whole process, plus the Prometheus registry they live in.
+pub struct Stats {
+    started: Instant,
+    counts: Mutex<Counts>,
+    registry: Registry,
+    requests: IntCounterVec,
+    upstream_errors: IntCounterVec,
+    ttft: HistogramVec,
+    total: HistogramVec,
+    phases: HistogramVec,
+    ttft_saved: prometheus::Counter,
+    embed_batch_size: Histogram,
+    embed_batch_seconds: Histogram,
+    embed_fallbacks: IntCounter,
+    /// Set at scrape time from the store and the index.
+    entries: IntGauge,
+    store_bytes: IntGauge,
+    index_vectors: IntGauge,
+    index_tombstones: IntGauge,
+}
+
+#[derive(Default)]
+struct Counts {
+    by_cache: BTreeMap<String, u64>,
+    total: u64,
+    errors: u64,
+    upstream_errors: BTreeMap<&'static str, u64>,
+    ttft_saved_ms: f64,
+    ttft_saved_hits: u64,
+    /// TTFT bucket counts by served outcome (index `i` counts TTFT <= `TTFT_BOUNDS_MS[i]`, the
+    /// last counts the rest).
+    ttft_buckets: BTreeMap<&'static str, [u64; TTFT_BOUNDS_MS.len() + 1]>,
+    timeline: VecDeque<TimelineBucket>,
+}
+
+/// Requests by outcome within one timeline bucket.
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct TimelineBucket {
+    pub start_ms: u64,
+    pub hit: u64,
+    pub semantic_hit: u64,
+    pub miss: u64,
+    pub coalesced: u64,
+    pub bypass: u64,
+}
+
+/// Which upstream failure a finished request shows, if any.
+fn upstream_error_kind(record: &RequestRecord) -> Option<&'static str> {
+    match record.completion {
+        Completion::UpstreamError => Some("status"),
+        Completion::StreamFailed => Some("stream"),
+        // The gateway's own errors: only these two statuses come from the upstream's side.
+        Completion::GatewayError if record.status == 502 => Some("connect"),
+        Completion::GatewayError if record.status == 504 => Some("timeout"),
+        Completion::GatewayError | Completion::Complete | Completion::ClientDisconnected => None,
+    }
+}
+
+/// The phases a Prometheus histogram is kept for, with their values.
+fn phase_values(p: &Phases) -> [(&'static str, Option<f64>); 8] {
+    [
+        ("ingress", p.ingress_ms),
+        ("lookup", p.lookup_ms),
+        ("embed", p.embed_ms),
+        ("search", p.search_ms),
+        ("upstream_send", p.upstream_send_ms),
+        ("ttft", p.ttft_ms),
+        ("decode", p.decode_ms),
+        ("downstream", p.downstream_ms),
+    ]
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Stats {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let seconds = |name: &str, help: &str, labels: &[&str]| {
+            HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(PHASE_BUCKETS_S.to_vec()),
+                labels,
+            )
+        };
+        // The metric definitions are constants: a failure here is a programming error caught by
+        // the tests, so fall back to an unregistered metric rather than take the gateway down.
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "reprise_requests_total",
+                "Finished requests by route and cache outcome.",
+            ),
+            &["route", "cache"],
+        );
+        let upstream_errors = IntCounterVec::new(
+            Opts::new(
+                "reprise_upstream_errors_total",
+                "Requests the upstream failed, by kind (connect, timeout, status, stream).",
+            ),
+            &["kind"],
+        );
+        let ttft = seconds(
+            "reprise_ttft_seconds",
+            "Time to first token as the gateway delivered it, by route and cache outcome.",
+            &["route", "cache"],
+        );
+        let total = seconds(
+            "reprise_request_duration_seconds",
+            "Arrival until the last byte left, by route and cache outcome.",
+            &["route", "cache"],
+        );
+        let phases = seconds(
+            "reprise_phase_seconds",
+            "Duration of each request phase, by cache outcome.",
+            &["phase", "cache"],
+        );
+        let stats = Self {
+            started: Instant::now(),
+            counts: Mutex::new(Counts::default()),
+            requests: requests.unwrap_or_else(unreachable_metric),
+            upstream_errors: upstream_errors.unwrap_or_else(unreachable_metric),
+            ttft: ttft.unwrap_or_else(unreachable_metric),
+            total: total.unwrap_or_else(unreachable_metric),
+            phases: phases.unwrap_or_else(unreachable_metric),
+            ttft_saved: prometheus::Counter::new(
+                "reprise_ttft_saved_seconds_total",
+                "Upstream network and prefill time that hits did not wait for.",
+            )
+            .unwrap_or_else(unreachable_metric),
+            embed_batch_size: Histogram::with_opts(
+                HistogramOpts::new(
+                    "reprise_embedding_batch_size",
+                    "Texts per embedding model call.",
+                )
+                .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+            )
+            .unwrap_or_else(unreachable_metric),
+            embed_batch_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "reprise_embedding_batch_seconds",
+                    "Model time per embedding batch.",
+                )
+                .buckets(PHASE_BUCKETS_S.to_vec()),
+            )
+            .unwrap_or_else(unreachable_metric),
+            embed_fallbacks: IntCounter::new(
+                "reprise_embedding_fallbacks_total",
+                "Requests that fell back to exact matching (embedding late or failed).",
+            )
+            .unwrap_or_else(unreachable_metric),
+            entries: gauge("reprise_cache_entries", "Entries in the store."),
+            store_bytes: gauge("reprise_store_bytes", "Encoded size of all stored entries."),
+            index_vectors: gauge(
+                "reprise_index_vectors",
+                "Live vectors in the semantic index.",
+            ),
+            index_tombstones: gauge(
+                "reprise_index_tombstones",
+                "Index points of removed or replaced vectors, until the next rebuild.",
+            ),
+            registry,
+        };
+        let collectors: [Box<dyn prometheus::core::Collector>; 13] = [
+            Box::new(stats.requests.clone()),
+            Box::new(stats.upstream_errors.clone()),
+            Box::new(stats.ttft.clone()),
+            Box::new(stats.total.clone()),
+            Box::new(stats.phases.clone()),
+            Box::new(stats.ttft_saved.clone()),
+            Box::new(stats.embed_batch_size.clone()),
+            Box::new(stats.embed_batch_seconds.clone()),
+            Box::new(stats.embed_fallbacks.clone()),
+            Box::new(stats.entries.clone()),
+            Box::new(stats.store_bytes.clone()),
+            Box::new(stats.index_vectors.clone()),
+            Box::new(stats.index_tombstones.clone()),
+        ];
+        for c in collectors {
+            if let Err(err) = stats.registry.register(c) {
+                tracing::error!(error = %err, "registering a metric failed");
+            }
+        }
+        stats
+    }
+
+    /// Counts one finished request.
+    pub fn observe(&self, record: &RequestRecord) {
+        let cache = record.cache.as_str();
+        let route = record.route.as_str();
+        self.requests.with_label_values(&[route, cache]).inc();
+        let kind = upstream_error_kind(record);
+        if let Some(kind) = kind {
+            self.upstream_errors.with_label_values(&[kind]).inc();
+        }
+        let p = &record.phases;
+        let served = SERVED_OUTCOMES.iter().find(|o| **o == cache).copied();
+        let complete = record.completion == Completion::Complete;
+        // Latency of failed or abandoned requests would blur the picture of what users wait for.
+        if complete {
+            if let Some(ttft) = p.ttft_ms {
+                self.ttft
+                    .with_label_values(&[route, cache])
+                    .observe(ttft / 1e3);
+            }
+            self.total
+                .with_label_values(&[route, cache])
+                .observe(p.total_ms / 1e3);
+            for (phase, value) in phase_values(p) {
+                if let Some(ms) = value {
+                    self.phases
+                        .with_label_values(&[phase, cache])
+                        .observe(ms / 1e3);
+                }
+            }
+        }
+        if let Some(saved) = record.ttft_saved_ms {
+            self.ttft_saved.inc_by(saved / 1e3);
+        }
+
+        let now = unix_ms();
+        let mut counts = lock(&self.counts);
+        counts.total += 1;
+        *counts.by_cache.entry(record.cache.clone()).or_default() += 1;
+        if !matches!(
+            record.completion,
+            Completion::Complete | Completion::ClientDisconnected
+        ) {
+            counts.errors += 1;
+        }
+        if let Some(kind) = kind {
+            *counts.upstream_errors.entry(kind).or_default() += 1;
+        }
+        if let Some(saved) = record.ttft_saved_ms {
+            counts.ttft_saved_ms += saved;
+            counts.ttft_saved_hits += 1;
+        }
+        if let (Some(outcome), Some(ttft), true) = (served, p.ttft_ms, complete) {
+            let slot = TTFT_BOUNDS_MS
+                .iter()
+                .position(|b| ttft <= *b)
+                .unwrap_or(TTFT_BOUNDS_MS.len());
+            counts.ttft_buckets.entry(outcome).or_default()[slot] += 1;
+        }
+        let start_ms = now - now % TIMELINE_BUCKET_MS;
+        if counts.timeline.back().map(|b| b.start_ms) != Some(start_ms) {
+            counts.timeline.push_back(TimelineBucket {
+                start_ms,
+                ..TimelineBucket::default()
+            });
+            while counts.timeline.len() > TIMELINE_BUCKETS {
+                counts.timeline.pop_front();
+            }
+        }
+        if let Some(bucket) = counts.timeline.back_mut() {
+            match cache {
+                "hit" => bucket.hit += 1,
+                "semantic-hit" => bucket.semantic_hit += 1,
+                "miss" => bucket.miss += 1,
+                "coalesced" => bucket.coalesced += 1,
+                "bypass" | "refresh" => bucket.bypass += 1,
+                _ => {}
+            }
+        }
+    }
+
+    /// Hooks the embedder's batches into the histograms.
+    pub fn embed_observer(&self) -> crate::embed::BatchObserver {
+        let (size, seconds) = (
+            self.embed_batch_size.clone(),
+            self.embed_batch_seconds.clone(),
+        );
+        Box::new(move |n: usize, took: Duration| {
+            size.observe(n as f64);
+            seconds.observe(took.as_secs_f64());
+        })
+    }
+
+    pub fn uptime_s(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// The Prometheus text exposition, after setting the gauges from `now`.
+    pub fn render_prometheus(&self, now: &Gauges) -> String {
+        self.entries.set(now.entries as i64);
+        self.store_bytes.set(now.store_bytes as i64);
+        self.index_vectors.set(now.index_vectors as i64);
+        self.index_tombstones.set(now.index_tombstones as i64);
+        // The embedder counts fallbacks itself; the counter catches up to it (never goes back).
+        let seen = self.embed_fallbacks.get();
+        if now.embed_fallbacks > seen {
+            self.embed_fallbacks.inc_by(now.embed_fallbacks - seen);
+        }
+        let mut out = Vec::new();
+        if let Err(err) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::warn!(error = %err, "encoding metrics failed");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Counts and rates since start, the TTFT histogram and the timeline.
+    pub fn totals(&self) -> Totals {
+        let counts = lock(&self.counts);
+        let get = |k: &str| counts.by_cache.get(k).copied().unwrap_or(0);
+        let requests = RequestCounts {
+            total: counts.total,
+            hit: get("hit"),
+            semantic_hit: get("semantic-hit"),
+            miss: get("miss"),
+            coalesced: get("coalesced"),
+            bypass: get("bypass"),
+            refresh: get("refresh"),
+            pass: get("pass"),
+            errors: counts.errors,
+        };
+        let err = |k: &str| counts.upstream_errors.get(k).copied().unwrap_or(0);
+        Totals {
+            rates: Rates::of(&requests),
+            requests,
+            ttft_saved_ms: TtftSaved {
+                total: counts.ttft_saved_ms,
+                per_hit: (counts.ttft_saved_hits > 0)
+                    .then(|| counts.ttft_saved_ms / counts.ttft_saved_hits as f64),
+                hits: counts.ttft_saved_hits,
+            },
+            upstream_errors: UpstreamErrors {
+                connect: err("connect"),
+                timeout: err("timeout"),
+                status: err("status"),
+                stream: err("stream"),
+            },
+            ttft_histogram: TtftHistogram {
+                bounds_ms: TTFT_BOUNDS_MS.to_vec(),
+                by_outcome: counts
+                    .ttft_buckets
+                    .iter()
+                    .map(|(k, v)| (k.replace('-', "_"), v.to_vec()))
+                    .collect(),
+            },
+            timeline: Timeline {
+                bucket_s: TIMELINE_BUCKET_MS / 1000,
+                buckets: counts.timeline.iter().cloned().collect(),
+            },
+        }
+    }
+}
+
+fn gauge(name: &str, help: &str) -> IntGauge {
+    IntGauge::new(name, help).unwrap_or_else(unreachable_metric)
+}
+
+/// Metric constructors only fail on invalid names or labels, which are constants here.
+fn unreachable_metric<T>(err: prometheus::Error) -> T {
+    panic!("invalid metric definition: {err}")
+}
+
+/// Values read from the store, the index and the embedder when metrics are rendered.
+#[derive(Debug, Default)]
+pub struct Gauges {
+    pub entries: u64,
+    pub store_bytes: u64,
+    pub index_vectors: u64,
+    pub index_tombstones: u64,
+    pub embed_fallbacks: u64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RequestCounts {
+    pub total: u64,
+    pub hit: u64,
+    pub semantic_hit: u64,
+    pub miss: u64,
+    pub coalesced: u64,
+    pub bypass: u64,
+    pub refresh: u64,
+    /// Routes that are never cached (passthrough).
+    pub pass: u64,
+    /// Requests that ended in an error (gateway or upstream), not counting client disconnects.
+    pub errors: u64,
+}
+
+/// Shares of the cacheable requests (hit, semantic hit, coalesced, miss, bypass, refresh).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Rates {
+    /// Exact, semantic and coalesced hits together.
+    pub hit: f64,
+    pub exact_hit: f64,
+    pub semantic_hit: f64,
+    pub coalesced: f64,
+    pub miss: f64,
+    /// Bypassed or refreshed on the client's request.
+    pub bypass: f64,
+}
+
+impl Rates {
+    pub fn of(c: &RequestCounts) -> Self {
+        let cacheable = c.hit + c.semantic_hit + c.coalesced + c.miss + c.bypass + c.refresh;
+        let share = |n: u64| {
+            if cacheable == 0 {
+                0.0
+            } else {
+                n as f64 / cacheable as f64
+            }
+        };
+        Self {
+            hit: share(c.hit + c.semantic_hit + c.coalesced),
+            exact_hit: share(c.hit),
+            semantic_hit: share(c.semantic_hit),
+            coalesced: share(c.coalesced),
+            miss: share(c.miss),
+            bypass: share(c.bypass + c.refresh),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TtftSaved {
+    /// Milliseconds of upstream network and prefill that hits did not wait for.
+    pub total: f64,
+    pub per_hit: Option<f64>,
+    /// Hits counted (those whose entry recorded its miss's TTFT).
+    pub hits: u64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct UpstreamErrors {
+    pub connect: u64,
+    pub timeout: u64,
+    /// Non-2xx answers relayed as they were.
+    pub status: u64,
+    /// Streams that failed after they started.
+    pub stream: u64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TtftHistogram {
+    pub bounds_ms: Vec<f64>,
+    /// Per outcome, one count per bound (TTFT at or below it, above the previous) and one more for
+    /// what lies above the last bound.
+    pub by_outcome: BTreeMap<String, Vec<u64>>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Timeline {
+    pub bucket_s: u64,
+    /// Oldest first; buckets without traffic may be absent.
+    pub buckets: Vec<TimelineBucket>,
+}
+
+/// Everything the counters know, for `/admin/stats`.
+#[derive(Debug, Clone)]
+pub struct Totals {
+    pub requests: RequestCounts,
+    pub rates: Rates,
+    pub ttft_saved_ms: TtftSaved,
+    pub upstream_errors: UpstreamErrors,
+    pub ttft_histogram: TtftHistogram,
+    pub timeline: Timeline,
+}
+
+/// p50/p90/p99 and the mean of one phase.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Summary {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub mean: f64,
+}
+
+impl Summary {
+    pub fn of(samples: &[f64]) -> Option<Self> {
+        Some(Self {
+            p50: percentile(samples, 0.50)?,
+            p90: percentile(samples, 0.90)?,
+            p99: percentile(samples, 0.99)?,
+            mean: samples.iter().sum::<f64>() / samples.len() as f64,
+        })
+    }
+}
+
+/// Phase summaries of one outcome over the window.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OutcomeLatency {
+    pub count: usize,
+    /// Keyed by phase (`ingress_ms` … `total_ms`); `null` when no request of the window had it.
+    #[schema(value_type = BTreeMap<String, Summary>)]
+    pub phases: BTreeMap<String, Option<Summary>>,
+}
+
+/// Per-outcome phase percentiles of the complete requests among `records`.
+pub fn latency_by_outcome(records: &[RequestRecord]) -> BTreeMap<String, OutcomeLatency> {
+    let mut out = BTreeMap::new();
+    for outcome in SERVED_OUTCOMES {
+        let mine: Vec<&Phases> = records
+            .iter()
+            .filter(|r| r.cache == outcome && r.completion == Completion::Complete)
+            .map(|r| &r.phases)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let mut phases = BTreeMap::new();
+        let totals: Vec<f64> = mine.iter().map(|p| p.total_ms).collect();
+        for (name, _) in phase_values(&Phases::default()) {
+            let samples: Vec<f64> = mine
+                .iter()
+                .filter_map(|p| {
+                    phase_values(p)
+                        .into_iter()
+                        .find(|(n, _)| *n == name)
+                        .and_then(|(_, v)| v)
+                })
+                .collect();
+            phases.insert(format!("{name}_ms"), Summary::of(&samples));
+        }
+        phases.insert("total_ms".to_owned(), Summary::of(&totals));
+        out.insert(
+            outcome.replace('-', "_"),
+            OutcomeLatency {
+                count: mine.len(),
+                phases,
+            },
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(cache: &str, completion: Completion, status: u16, ttft: f64) -> RequestRecord {
+        RequestRecord {
+            id: "req".into(),
+            started_at_ms: 0,
+            method: "POST".into(),
+            route: "chat.completions".into(),
+            model: Some("m".into()),
+            stream: true,
+            status,
+            cache: cache.into(),
+            completion,
+            phases: Phases {
+                ttft_ms: Some(ttft),
+                total_ms: ttft * 2.0,
+                ..Phases::default()
+            },
+            entry: None,
+            similarity: None,
+            ttft_saved_ms: (cache == "hit").then_some(400.0),
+        }
+    }
+
+    #[test]
+    fn counts_rates_savings_and_errors() {
+        let stats = Stats::new();
+        for _ in 0..3 {
+            stats.observe(&record("hit", Completion::Complete, 200, 0.4));
+        }
+        stats.observe(&record("miss", Completion::Complete, 200, 410.0));
+        stats.observe(&record("miss", Completion::UpstreamError, 500, 5.0));
+        stats.observe(&record("miss", Completion::GatewayError, 504, 0.0));
+        stats.observe(&record("pass", Completion::Complete, 200, 1.0));
+        let t = stats.totals();
+        assert_eq!(
+            (t.requests.total, t.requests.hit, t.requests.miss),
+            (7, 3, 3)
+        );
+        assert_eq!(t.requests.pass, 1);
+        assert_eq!(t.requests.errors, 2);
+        assert_eq!(
+            (t.upstream_errors.status, t.upstream_errors.timeout),
+            (1, 1)
+        );
+        // Passthrough requests are not cacheable: 3 hits of 6.
+        assert!((t.rates.hit - 0.5).abs() < 1e-9);
+        assert!((t.ttft_saved_ms.total - 1200.0).abs() < 1e-9);
+        assert_eq!(t.ttft_saved_ms.per_hit, Some(400.0));
+        // Only complete requests enter the TTFT histogram: 0.4 ms is in the first bucket.
+        assert_eq!(t.ttft_histogram.by_outcome["hit"][0], 3);
+        assert_eq!(t.ttft_histogram.by_outcome["miss"].iter().sum::<u64>(), 1);
+        assert_eq!(t.ttft_histogram.by_outcome["miss"][9], 1, "410 ms <= 500");
+        let bucket = t.timeline.buckets.last().expect("a bucket");
+        assert_eq!((bucket.hit, bucket.miss), (3, 3));
+    }
+
+    #[test]
+    fn prometheus_text_has_the_counters() {
+        let stats = Stats::new();
+        stats.observe(&record("hit", Completion::Complete, 200, 0.4));
+        stats.observe(&record("miss", Completion::StreamFailed, 200, 9.0));
+        let text = stats.render_prometheus(&Gauges {
+            entries: 7,
+            ..Gauges::default()
+        });
+        assert!(text.contains("reprise_requests_total{cache=\"hit\",route=\"chat.completions\"} 1"));
+        assert!(text.contains("reprise_upstream_errors_total{kind=\"stream\"} 1"));
+        assert!(text.contains("reprise_cache_entries 7"));
+        assert!(text.contains("reprise_ttft_saved_seconds_total 0.4"));
+        assert!(
+            text.contains("reprise_ttft_seconds_count{cache=\"hit\",route=\"chat.completions\"} 1")
+        );
+    }
+
+    #[test]
+    fn latency_is_summarized_per_outcome() {
+        let records: Vec<RequestRecord> = (1..=100)
+            .map(|i| record("miss", Completion::Complete, 200, i as f64))
+            .chain([record("hit", Completion::ClientDisconnected, 200, 1.0)])
+            .collect();
+        let by = latency_by_outcome(&records);
+        assert!(!by.contains_key("hit"), "incomplete requests are left out");
+        let miss = &by["miss"];
+        assert_eq!(miss.count, 100);
+        let ttft = miss.phases["ttft_ms"].as_ref().expect("ttft");
+        assert_eq!((ttft.p50, ttft.p90, ttft.p99), (50.0, 90.0, 99.0));
+        assert!((ttft.mean - 50.5).abs() < 1e-9);
+        assert!(miss.phases["embed_ms"].is_none());
+    }
+}
