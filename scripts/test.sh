@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: Rust unit, router and integration tests, then the official OpenAI SDK tests
-# (Python and Node) against real reprise and reprise-sim processes. Installs what it needs on first run
-# (Python venv, the embedding model, the Node SDK).
+# (Python and Node) and the admin dashboard in headless Chromium, against real reprise and reprise-sim
+# processes. Installs what it needs on first run (Python venv, the embedding model, the Node SDK,
+# playwright-core and Debian's chromium). Screenshots land in target/artifacts (or $REPRISE_ARTIFACTS_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,4 +24,13 @@ echo "==> OpenAI SDK tests (Node)"
   cd server/tests/sdk/node
   npm ci --no-audit --no-fund --silent
   REPRISE_BIN_DIR="$OLDPWD/target/debug" node --test
+)
+
+echo "==> Dashboard tests (headless Chromium)"
+scripts/chromium.sh
+(
+  cd server/tests/ui
+  PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --silent
+  REPRISE_BIN_DIR="$OLDPWD/target/debug" REPRISE_MODELS_DIR="$OLDPWD/models" \
+    REPRISE_ARTIFACTS_DIR="${REPRISE_ARTIFACTS_DIR:-$OLDPWD/target/artifacts}" node --test
 )

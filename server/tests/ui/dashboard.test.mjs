@@ -1,0 +1,153 @@
+// The admin dashboard (/admin/ui) in headless Chromium against a real `reprise serve` in front of `reprise-sim`:
+// after real traffic (misses, exact repeats, a paraphrase) the page loads without console errors, draws its charts
+// from live data, lists, searches and deletes entries, and leaves a screenshot in the artifacts folder.
+//
+// Env: REPRISE_BIN_DIR (reprise and reprise-sim; default target/debug), REPRISE_MODELS_DIR (semantic matching on when
+// set, else exact-only), REPRISE_ARTIFACTS_DIR (default target/artifacts), CHROMIUM_PATH (default /usr/bin/chromium).
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import net from "node:net";
+import { artifactsDir, chartMarks, eventually, launchBrowser, newPage, promptsShown } from "./browser.mjs";
+
+const binDir = process.env.REPRISE_BIN_DIR ?? join(import.meta.dirname, "../../../target/debug");
+const modelsDir = process.env.REPRISE_MODELS_DIR;
+const semantic = Boolean(modelsDir);
+const token = "ui-test-" + Math.random().toString(36).slice(2);
+const procs = [];
+let gw, dataDir, browser;
+
+const MISSES = [
+  "What is the capital of France?",
+  "How do I reset my password?",
+  "Write a haiku about autumn rain.",
+  "Explain the difference between TCP and UDP.",
+];
+const PARAPHRASE = "What's the capital city of France?";
+
+function freePort() {
+  return new Promise((resolve) => {
+    const srv = net.createServer();
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+async function waitReady(url) {
+  for (let i = 0; i < 600; i++) {
+    try {
+      const r = await fetch(url);
+      if (r.ok) return;
+    } catch {}
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`${url} not ready`);
+}
+
+function admin(path, init = {}) {
+  return fetch(`${gw}/admin/${path}`, { ...init, headers: { authorization: `Bearer ${token}`, ...(init.headers ?? {}) } });
+}
+
+/** One chat request through the gateway; returns its x-reprise-cache header after reading the whole body. */
+async function chat(content, { stream = false } = {}) {
+  const res = await fetch(`${gw}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: "Bearer sk-ui" },
+    body: JSON.stringify({ model: "sim-model", messages: [{ role: "user", content }], stream }),
+  });
+  await res.text();
+  assert.equal(res.status, 200, `chat ${JSON.stringify(content)}`);
+  return res.headers.get("x-reprise-cache");
+}
+
+before(async () => {
+  const simPort = await freePort();
+  const gwPort = await freePort();
+  dataDir = mkdtempSync(join(tmpdir(), "reprise-ui-"));
+  procs.push(spawn(join(binDir, "reprise-sim"), ["--listen", `127.0.0.1:${simPort}`, "--ttft-ms", "40", "--itl-ms", "2", "--tokens", "12"], { stdio: "ignore" }));
+  await waitReady(`http://127.0.0.1:${simPort}/healthz`);
+  const matching = semantic
+    ? ["--model-dir", join(modelsDir, "all-MiniLM-L6-v2"), "--ort-lib", join(modelsDir, "onnxruntime/libonnxruntime.so")]
+    : ["--semantic", "false"];
+  procs.push(spawn(join(binDir, "reprise"), [
+    "serve", "--listen", `127.0.0.1:${gwPort}`, "--upstream-url", `http://127.0.0.1:${simPort}/v1`,
+    "--data-dir", dataDir, "--admin-token", token, ...matching,
+  ], { stdio: ["ignore", "ignore", "inherit"] }));
+  gw = `http://127.0.0.1:${gwPort}`;
+  await waitReady(`${gw}/healthz`);
+  // Say plainly when the binary predates the admin API, instead of timing out further down.
+  const probe = await admin("stats");
+  assert.equal(probe.status, 200, `GET /admin/stats answered ${probe.status}: this reprise has no admin API (${await probe.text()})`);
+
+  // Misses (two of them streamed), then exact repeats once the off-path writes landed, then a paraphrase.
+  for (const [i, p] of MISSES.entries()) assert.equal(await chat(p, { stream: i % 2 === 1 }), "miss");
+  await eventually("entries stored", async () => {
+    const page = await (await admin("entries?limit=50")).json();
+    return page.data?.length === MISSES.length;
+  });
+  for (const p of MISSES.slice(0, 2)) {
+    assert.equal(await chat(p), "hit");
+    assert.equal(await chat(p, { stream: true }), "hit");
+  }
+  const paraphrase = await chat(PARAPHRASE);
+  assert.ok(["semantic-hit", "miss"].includes(paraphrase), `paraphrase answered ${paraphrase}`);
+
+  browser = await launchBrowser();
+});
+
+after(async () => {
+  await browser?.close();
+  procs.forEach((p) => p.kill("SIGTERM"));
+  await new Promise((r) => setTimeout(r, 200));
+  if (dataDir) rmSync(dataDir, { recursive: true, force: true });
+});
+
+test("the dashboard renders live data, searches and deletes entries", async () => {
+  const { page, context, problems } = await newPage(browser);
+  try {
+    await page.goto(`${gw}/admin/ui#token=${encodeURIComponent(token)}`);
+    await page.waitForSelector('body[data-ready="1"]', { timeout: 15000 });
+    assert.equal(new URL(page.url()).hash, "", "the token must leave the address bar");
+
+    for (const chart of ["timeline", "ttft", "phases"]) {
+      assert.ok((await chartMarks(page, chart)) > 0, `${chart} chart drew nothing from live data`);
+    }
+    const outcomes = await page.locator('svg[data-chart="phases"] .row-label').allTextContents();
+    assert.ok(outcomes.includes("Miss") && outcomes.includes("Exact hit"), `phases rows: ${outcomes}`);
+    assert.equal(await page.locator("#meta .badge").first().textContent(), semantic ? "semantic" : "exact-only");
+
+    const shown = await promptsShown(page);
+    for (const p of MISSES) assert.ok(shown.includes(p), `entries table lacks ${JSON.stringify(p)}: ${JSON.stringify(shown)}`);
+
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await page.screenshot({ path: join(artifactsDir(), "dashboard.png"), fullPage: true });
+
+    // Search: by meaning in semantic mode (server-side, with similarity), by text over loaded rows in exact-only mode.
+    await page.fill("#search", semantic ? "forgot my password, how to change it" : "haiku");
+    const expected = semantic ? "How do I reset my password?" : "Write a haiku about autumn rain.";
+    await eventually("search results", async () => (await promptsShown(page))[0] === expected);
+    if (semantic) assert.ok((await page.locator("#entries-head th").allTextContents()).includes("Similarity"));
+    else assert.equal((await promptsShown(page)).length, 1);
+    await page.fill("#search", "");
+    await eventually("rows back after clearing the search", async () => (await promptsShown(page)).length >= MISSES.length);
+
+    // Delete (the page asks to confirm; the test accepts): the row goes, and so does the entry.
+    const row = page.locator("#entries-body tr[data-entry-id]", { hasText: "Write a haiku about autumn rain." });
+    const id = await row.getAttribute("data-entry-id");
+    await row.locator('button[data-action="delete"]').click();
+    await eventually("deleted row gone", async () => (await page.locator(`tr[data-entry-id="${id}"]`).count()) === 0);
+    assert.equal((await admin(`entries/${id}`)).status, 404);
+    // And it stays gone after the next refresh.
+    await page.waitForTimeout(5500);
+    assert.equal(await page.locator(`tr[data-entry-id="${id}"]`).count(), 0);
+
+    assert.deepEqual(problems, []);
+  } finally {
+    await context.close();
+  }
+});
