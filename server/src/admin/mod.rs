@@ -111,11 +111,21 @@ pub fn parse_json<T: DeserializeOwned>(raw: &[u8]) -> Result<T, GatewayError> {
     let mut de = serde_json::Deserializer::from_slice(raw);
     serde_path_to_error::deserialize(&mut de).map_err(|err| {
         let path = err.path().to_string();
-        let param = (path != ".").then_some(path);
-        GatewayError::invalid(
-            format!("Invalid JSON body: {}.", err.inner()),
-            param.as_deref(),
-        )
+        let mut message = err.inner().to_string();
+        // Positions mean little in a small admin body (and nothing in a re-encoded warm item).
+        if let Some(at) = message.rfind(" at line ") {
+            message.truncate(at);
+        }
+        // A missing field is reported at its parent: name the field itself.
+        let missing = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next());
+        let param = match (path.as_str(), missing) {
+            (".", field) => field.map(str::to_owned),
+            (parent, Some(field)) => Some(format!("{parent}.{field}")),
+            (parent, None) => Some(parent.to_owned()),
+        };
+        GatewayError::invalid(format!("Invalid JSON body: {message}."), param.as_deref())
     })
 }
 

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use reprise_client::sim::{self, SimConfig, SimHandle};
 use reprise_server::config::{Config, Secret};
@@ -122,4 +123,67 @@ pub fn normalized(chunk: &str) -> Value {
 
 pub async fn stream_text(response: reqwest::Response) -> String {
     response.text().await.expect("body")
+}
+
+/// A chat request to the gateway as tenant `sk-tenant-a`, with extra headers.
+pub async fn post(gw: &Gateway, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut request = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth("sk-tenant-a")
+        .json(body);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    request.send().await.expect("send")
+}
+
+pub fn outcome(response: &reqwest::Response) -> String {
+    response
+        .headers()
+        .get("x-reprise-cache")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_owned()
+}
+
+/// The answer text of a streamed or non-streamed response.
+pub async fn content(response: reqwest::Response, stream: bool) -> String {
+    if stream {
+        let text = stream_text(response).await;
+        let (data, _) = parse_sse(&text);
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{text}");
+        data.iter()
+            .filter(|d| *d != "[DONE]")
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter_map(|v| {
+                v.pointer("/choices/0/delta/content")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .collect()
+    } else {
+        let body: Value = response.json().await.expect("json");
+        body.pointer("/choices/0/message/content")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    }
+}
+
+pub fn upstream_calls(sim: &SimHandle) -> u64 {
+    sim.stats.snapshot().chat_completions
+}
+
+/// Writes are off the request path: wait until the store has `n` entries.
+pub async fn wait_for_entries(gw: &Gateway, n: usize) {
+    for _ in 0..200 {
+        if gw.state.cache.store.len() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "store never reached {n} entries (has {})",
+        gw.state.cache.store.len()
+    );
 }

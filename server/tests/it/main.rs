@@ -1,6 +1,7 @@
 //! The server's integration tests, one binary: the real gateway on an ephemeral port in front of
 //! `reprise-sim` (in process), and the `reprise` binary as a process.
 
+mod admin;
 mod cache;
 mod common;
 mod gateway;

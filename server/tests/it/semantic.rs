@@ -15,7 +15,7 @@ const PARAPHRASE: &str = "I forgot my password, how can I reset it";
 const UNRELATED: &str = "what is the capital of France";
 
 /// The provisioned model folder, or `None` (skip) when it is missing outside CI.
-fn models() -> Option<PathBuf> {
+pub fn models() -> Option<PathBuf> {
     let dir = std::env::var_os("REPRISE_MODELS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models")));
@@ -34,7 +34,10 @@ fn models() -> Option<PathBuf> {
     None
 }
 
-fn semantic_config(upstream: String, models: &std::path::Path) -> reprise_server::config::Config {
+pub fn semantic_config(
+    upstream: String,
+    models: &std::path::Path,
+) -> reprise_server::config::Config {
     let mut config = config_for(upstream);
     config.model_dir = models.join("all-MiniLM-L6-v2");
     config.ort_lib = models.join("onnxruntime/libonnxruntime.so");
