@@ -1,7 +1,12 @@
-//! Reprise client library: the simulated upstream (`sim`) and the benchmark driver (`bench`).
+//! Reprise client library: the typed admin API client (`admin`), the admin subcommands of
+//! `reprise-client` with their tables (`admin_cli`), the benchmark driver (`bench`) and the
+//! simulated upstream (`sim`).
 //!
 //! The crate talks to a gateway only over HTTP and never links the server, so it can measure any
-//! OpenAI-compatible endpoint the same way.
+//! OpenAI-compatible endpoint the same way, and the admin client is checked against the admin API
+//! contract rather than against the server's own types.
 
+pub mod admin;
+pub mod admin_cli;
 pub mod bench;
 pub mod sim;

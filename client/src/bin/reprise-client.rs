@@ -1,8 +1,10 @@
-//! `reprise-client`: command line over the client library (benchmark driver for now).
+//! `reprise-client`: command line over the client library: the benchmark driver and the admin
+//! subcommands (whose arguments, calls and tables live in `reprise_client::admin_cli`).
 
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use reprise_client::admin_cli::{self, AdminCommand};
 use reprise_client::bench::{self, BenchConfig};
 
 #[derive(Debug, Parser)]
@@ -20,6 +22,8 @@ struct Cli {
 enum Command {
     /// Measure TTFT and total time against an OpenAI-compatible base URL (optionally two, side by side).
     Bench(BenchArgs),
+    #[command(flatten)]
+    Admin(AdminCommand),
 }
 
 #[derive(Debug, clap::Args)]
@@ -70,6 +74,17 @@ struct BenchArgs {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Admin(command) => {
+            let mut stdout = std::io::stdout().lock();
+            match admin_cli::run(command, &mut stdout).await {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(err) if err.is_broken_pipe() => std::process::ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("reprise-client: {err}");
+                    std::process::ExitCode::from(err.exit_code())
+                }
+            }
+        }
         Command::Bench(args) => {
             let mut targets = vec![args.url.trim_end_matches('/').to_owned()];
             if let Some(second) = args.compare {
@@ -144,4 +159,15 @@ fn reprise_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// The bench and the admin subcommands share one parser: clap's own checks catch clashing flags.
+    #[test]
+    fn command_line_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
 }
