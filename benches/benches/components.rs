@@ -1,12 +1,17 @@
 //! Criterion benches of the hot components on the request path, with fixed inputs and seeds:
-//! key canonicalization and hashing, store get/put, rendering a replayed entry as SSE, and vector
-//! index search (exact partition scan and graph) at 10k vectors.
+//! key canonicalization and hashing, store get/put, rendering a replayed entry as SSE, embedding
+//! (one text and batches; needs the provisioned model), and vector index search (exact partition
+//! scan, filtered graph search, and the admin's cross-partition scan) at 10k and 100k vectors.
+//!
+//! The 100k graph takes minutes to build on two cores, so it is built once and its dump kept in
+//! `target/bench-data/` (keyed by seed and size); later runs load it in seconds.
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use reprise_server::embed::{EmbedConfig, Embedder};
 use reprise_server::entry::{Entry, EntryId, RequestSummary};
 use reprise_server::index::{HnswIndex, VectorIndex};
 use reprise_server::ingress::Route;
@@ -176,5 +181,106 @@ fn index(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, keys, store, replay_encode, index);
+/// 100k vectors: two 49.5k partitions (graph search with a partition filter) and one of 1k (scan).
+fn index_100k(c: &mut Criterion) {
+    const SIZE: u64 = 100_000;
+    let mut rng = StdRng::seed_from_u64(11);
+    let items: Vec<(u64, [u8; 32], Vec<f32>)> = (0..SIZE)
+        .map(|i| {
+            let partition = if i >= SIZE - 1_000 {
+                [2; 32]
+            } else {
+                [(i % 2) as u8; 32]
+            };
+            (i + 1, partition, unit(&mut rng))
+        })
+        .collect();
+    let config = reprise_server::semantic::index_config(384);
+    let dir = std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/bench-data/index-100k-seed11"
+    ));
+    let ids: std::collections::BTreeSet<u64> = items.iter().map(|(id, _, _)| *id).collect();
+    let idx = match HnswIndex::load(&dir, config.clone(), &ids) {
+        Ok(idx) => idx,
+        Err(_) => {
+            eprintln!(
+                "building the 100k-vector graph once (minutes on 2 cores); kept in {}",
+                dir.display()
+            );
+            let idx = HnswIndex::build(config, items.clone());
+            if let Err(err) = idx.save(&dir) {
+                eprintln!("could not keep the graph: {err}");
+            }
+            idx
+        }
+    };
+    let big = items[4_242].clone();
+    let small = items[(SIZE - 10) as usize].clone();
+    let mut group = c.benchmark_group("index");
+    group.bench_function("search/100k/graph-partition-49.5k", |b| {
+        b.iter(|| idx.search(&big.1, black_box(&big.2), 4))
+    });
+    group.bench_function("search/100k/exact-partition-1k", |b| {
+        b.iter(|| idx.search(&small.1, black_box(&small.2), 4))
+    });
+    group.sample_size(20);
+    group.bench_function("scan_all/100k (admin search)", |b| {
+        b.iter(|| idx.scan_all(black_box(&big.2), -1.0, 20))
+    });
+    group.finish();
+}
+
+/// The local model: one text (a lone request) and batches (what micro-batching forms under load).
+fn embedding(c: &mut Criterion) {
+    let models = std::env::var_os("REPRISE_MODELS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models"))
+        });
+    let config = EmbedConfig {
+        model_dir: models.join("all-MiniLM-L6-v2"),
+        ort_lib: models.join("onnxruntime/libonnxruntime.so"),
+        deadline: std::time::Duration::from_secs(60),
+        ..EmbedConfig::default()
+    };
+    let embedder = match Embedder::load(&config) {
+        Ok(e) => e,
+        Err(err) => {
+            eprintln!("embedding benches skipped ({err}); run scripts/provision-models.sh");
+            return;
+        }
+    };
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    let texts: Vec<String> = (0..32)
+        .map(|i| {
+            format!("How do I reset the password of account number {i} after the email changed?")
+        })
+        .collect();
+    let mut group = c.benchmark_group("embed");
+    group.bench_function("single", |b| {
+        b.iter(|| runtime.block_on(embedder.embed(black_box(&texts[0]))))
+    });
+    for n in [8usize, 32] {
+        group.bench_function(format!("batch/{n}"), |b| {
+            b.iter(|| runtime.block_on(embedder.embed_many(black_box(texts[..n].to_vec()))))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    keys,
+    store,
+    replay_encode,
+    index,
+    index_100k,
+    embedding
+);
 criterion_main!(benches);
