@@ -753,3 +753,80 @@ async fn search_warm_and_invalidate_by_meaning_with_the_model() {
     assert_eq!(stats["requests"]["semantic_hit"], 1);
     assert!(stats["embedding"]["batches"].as_u64() >= Some(4));
 }
+
+/// The typed client of `reprise_client::admin` decodes every answer of the real gateway (the
+/// contract cannot drift between the two crates unnoticed).
+#[tokio::test]
+async fn the_typed_admin_client_speaks_to_the_real_gateway() {
+    use reprise_client::admin::{AdminClient, ConfigPatch, InvalidateRequest, ListQuery, WarmItem};
+    let sim = sim_default().await;
+    let gw = gateway(&sim).await;
+    // A `/v1` suffix is accepted, as apps configure it.
+    let admin = AdminClient::new(&gw.url("/v1"), Some(TOKEN)).expect("client");
+    let warmed = admin
+        .warm(&[
+            WarmItem::prompt("sim-model", "typed one", "answer one").with_api_key("sk-tenant-a"),
+            WarmItem::prompt("sim-model", "typed two", "answer two").with_api_key("sk-tenant-a"),
+        ])
+        .await
+        .expect("warm");
+    assert_eq!(warmed.created, 2);
+    let hit = post(&gw, &chat_body("typed one", false), &[]).await;
+    assert_eq!(outcome(&hit), "hit");
+    let _ = hit.bytes().await;
+    store_prompt(&gw, "typed three", &[]).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let stats = admin.stats().await.expect("stats");
+    assert_eq!(stats.mode, "exact-only");
+    assert_eq!(stats.store.entries, 3);
+    let all = admin
+        .entries_all(&ListQuery {
+            limit: Some(1),
+            ..ListQuery::default()
+        })
+        .await
+        .expect("all pages");
+    assert_eq!(
+        all.iter().map(|e| e.prompt.as_str()).collect::<Vec<_>>(),
+        ["typed three", "typed two", "typed one"]
+    );
+    let detail = admin.entry(&all[2].id).await.expect("detail");
+    assert_eq!(detail.answer, "answer one");
+    let page = admin.requests(Some(10)).await.expect("requests");
+    assert!(page.data.iter().any(|r| r.cache == "hit"));
+    let err = admin
+        .search("anything", None, &Default::default())
+        .await
+        .expect_err("exact-only");
+    assert_eq!(err.code(), Some("semantic_disabled"));
+    let config = admin
+        .patch_config(&ConfigPatch {
+            similarity_threshold: Some(0.95),
+            ..ConfigPatch::default()
+        })
+        .await
+        .expect("patch");
+    assert!((config.similarity_threshold - 0.95).abs() < 1e-6);
+    let removed = admin
+        .invalidate(&InvalidateRequest {
+            model: Some("sim-model".into()),
+            dry_run: true,
+            ..InvalidateRequest::default()
+        })
+        .await
+        .expect("invalidate");
+    assert_eq!((removed.matched, removed.deleted), (3, 0));
+    admin.delete_entry(&all[0].id).await.expect("delete");
+    let missing = admin.entry(&all[0].id).await.expect_err("gone");
+    assert_eq!(missing.status(), Some(404));
+    assert!(admin
+        .metrics()
+        .await
+        .expect("metrics")
+        .contains("reprise_requests_total"));
+    assert!(admin.openapi().await.expect("openapi")["paths"].is_object());
+    assert_eq!(admin.flush().await.expect("flush").deleted, 2);
+    let wrong = AdminClient::new(&gw.url(""), Some("nope")).expect("client");
+    assert_eq!(wrong.stats().await.expect_err("401").status(), Some(401));
+}
