@@ -35,5 +35,8 @@ if [ -z "${REPRISE_ADMIN_TOKEN:-}" ]; then
   echo "==> REPRISE_ADMIN_TOKEN is not set: generated one for this run: $REPRISE_ADMIN_TOKEN"
 fi
 
-echo "==> gateway on http://${REPRISE_LISTEN:-127.0.0.1:8080}/v1 (Ctrl-C stops it)"
+addr=${REPRISE_LISTEN:-127.0.0.1:8080}
+echo "==> gateway on http://$addr/v1 (Ctrl-C stops it)"
+echo "==> dashboard: http://$addr/admin/ui#token=$REPRISE_ADMIN_TOKEN"
+echo "==> admin CLI: REPRISE_URL=http://$addr REPRISE_ADMIN_TOKEN=$REPRISE_ADMIN_TOKEN $bin/reprise-client stats"
 "$bin/reprise" serve
