@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// Measure TTFT and total time against an OpenAI-compatible base URL (optionally two, side by side).
     Bench(BenchArgs),
+    /// Match quality through a running gateway: store `a`, look up `b` for each labeled pair.
+    Eval(reprise_client::eval::cli::EvalArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -70,6 +72,7 @@ struct BenchArgs {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Eval(args) => reprise_client::eval::cli::run(args).await,
         Command::Bench(args) => {
             let mut targets = vec![args.url.trim_end_matches('/').to_owned()];
             if let Some(second) = args.compare {
