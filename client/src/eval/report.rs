@@ -148,6 +148,13 @@ fn count(part: usize, whole: usize) -> String {
 
 /// A sentence for each budget's best threshold.
 fn best_lines(summary: &Summary) -> Vec<String> {
+    let o = &summary.overall;
+    if o.pairs > 0 && o.no_candidate == o.pairs {
+        return vec![
+            "no pair found a candidate in its partition, so no threshold serves anything: there is no best threshold"
+                .to_owned(),
+        ];
+    }
     summary
         .best
         .iter()
@@ -314,7 +321,8 @@ pub fn render_markdown(summary: &Summary, svg_name: &str) -> String {
     let _ = writeln!(
         out,
         "Threshold sweep: each pair re-judged at another threshold from its recorded similarity (served iff \
-         similarity ≥ threshold; exact hits at any threshold)."
+         similarity ≥ threshold; exact hits at any threshold). The gateway reports similarities to 4 decimals, \
+         so at its own threshold the sweep can differ from its actual decisions above by a pair or two."
     );
     let _ = writeln!(out);
     let _ = writeln!(
@@ -461,6 +469,19 @@ mod tests {
         assert!(md.contains("| **overall** | 6 |"), "{md}");
         assert!(md.contains("![threshold curve](curve.svg)"));
         assert!(md.contains("**0.90** (gateway)"));
+    }
+
+    #[test]
+    fn without_any_candidate_no_threshold_is_called_best() {
+        let eval = evaluation(vec![
+            result("context_swap", false, "miss", None),
+            result("irrelevant_history", true, "miss", None),
+        ]);
+        let s = summarize(&eval, "t");
+        assert!(s.best.iter().all(|(_, b)| b.is_none()));
+        let text = render_text(&s);
+        assert!(text.contains("no pair found a candidate"), "{text}");
+        assert!(!text.contains("no threshold keeps"), "{text}");
     }
 
     #[test]
