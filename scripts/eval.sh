@@ -61,8 +61,9 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 {
   echo "# Reprise match quality on the fow-cache dev set, $(date -u +%Y-%m-%dT%H:%MZ)"
   echo
-  echo "Written by \`scripts/eval.sh\` ($elapsed s from start to here, build and downloads included) on"
-  echo "$(nproc) cores ($cpu). Data: fow-cache $fow_version by Mabon ap Gwyn, CC BY 4.0, used unchanged;"
+  echo "Written by \`scripts/eval.sh\` in $elapsed s (set-up, build and downloads included, as far as this"
+  echo "checkout needed them) on $(nproc) cores ($cpu). Data: fow-cache $fow_version by Mabon ap Gwyn,"
+  echo "CC BY 4.0, used unchanged;"
   echo "pairs marked \`ambiguous\` count as traps (fow-cache's strict default). Gateway: release build,"
   echo "default matching settings (all-MiniLM-L6-v2, threshold from \`/healthz\`), embedding deadline"
   echo "raised so that no request falls back to exact matching; upstream: reprise-sim answering at once."

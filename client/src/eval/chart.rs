@@ -38,8 +38,12 @@ pub fn threshold_curve(
 ) -> Result<String, String> {
     let low = x_start(scored).min(gateway_threshold);
     let points = score::sweep(scored, &score::curve_thresholds(scored, low));
+    // Conversations that differ before their last turn are never compared: flat lines at zero
+    // would read like a broken chart without a word on why.
+    let note = (!scored.is_empty() && scored.iter().all(|s| s.similarity.is_none() && !s.exact))
+        .then_some("no pair found a candidate: a and b are in different cache partitions");
     let mut svg = String::new();
-    draw(&mut svg, low, &points, gateway_threshold, best, title)
+    draw(&mut svg, low, &points, gateway_threshold, best, title, note)
         .map_err(|e| format!("drawing the threshold curve: {e}"))?;
     Ok(svg)
 }
@@ -51,6 +55,7 @@ fn draw(
     gateway_threshold: f64,
     best: &[(f64, Option<Best>)],
     title: &str,
+    note: Option<&str>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::with_string(svg, (WIDTH, HEIGHT)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -140,6 +145,17 @@ fn draw(
                 + Text::new(label, (dx, -6), style),
         ))?;
     }
+    if let Some(note) = note {
+        let style = ("sans-serif", 15)
+            .into_font()
+            .color(&BLACK)
+            .pos(Pos::new(HPos::Center, VPos::Center));
+        chart.draw_series(std::iter::once(Text::new(
+            note.to_owned(),
+            ((low + 1.0) / 2.0, 50.0),
+            style,
+        )))?;
+    }
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::LowerLeft)
@@ -192,6 +208,22 @@ mod tests {
             svg.contains("#D62728") || svg.contains("rgb(214,39,40)"),
             "trap line"
         );
+    }
+
+    #[test]
+    fn a_run_without_candidates_says_so_on_the_chart() {
+        let none = vec![
+            Scored {
+                same_answer: true,
+                exact: false,
+                similarity: None,
+            };
+            4
+        ];
+        let svg = threshold_curve(&none, 0.9, &[], "Conversations").expect("renders");
+        assert!(svg.contains("no pair found a candidate"));
+        let svg = threshold_curve(&scored(), 0.9, &[], "Questions").expect("renders");
+        assert!(!svg.contains("no pair found a candidate"));
     }
 
     #[test]
