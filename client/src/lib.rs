@@ -1,6 +1,6 @@
 //! Reprise client library: the typed admin API client (`admin`), the admin subcommands of
-//! `reprise-client` with their tables (`admin_cli`), the benchmark driver (`bench`) and the
-//! simulated upstream (`sim`).
+//! `reprise-client` with their tables (`admin_cli`), the benchmark driver (`bench`), the
+//! match-quality evaluation (`eval`) and the simulated upstream (`sim`).
 //!
 //! The crate talks to a gateway only over HTTP and never links the server, so it can measure any
 //! OpenAI-compatible endpoint the same way, and the admin client is checked against the admin API
@@ -9,4 +9,5 @@
 pub mod admin;
 pub mod admin_cli;
 pub mod bench;
+pub mod eval;
 pub mod sim;

@@ -24,6 +24,8 @@ enum Command {
     Bench(BenchArgs),
     #[command(flatten)]
     Admin(AdminCommand),
+    /// Match quality through a running gateway: store `a`, look up `b` for each labeled pair.
+    Eval(reprise_client::eval::cli::EvalArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -85,6 +87,7 @@ async fn main() -> std::process::ExitCode {
                 }
             }
         }
+        Command::Eval(args) => reprise_client::eval::cli::run(args).await,
         Command::Bench(args) => {
             let mut targets = vec![args.url.trim_end_matches('/').to_owned()];
             if let Some(second) = args.compare {

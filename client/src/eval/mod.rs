@@ -1,0 +1,462 @@
+//! Match-quality evaluation through a running gateway, end to end: for each labeled pair, in a
+//! namespace of its own, store `a`, then look up `b` and record whether it was served and with what
+//! similarity. The figures (shares served per category, a threshold sweep, the best thresholds under
+//! a wrong-answer budget) are computed from those records by [`score`] without further requests.
+//!
+//! Protocol per pair, all non-streamed chat completions:
+//! 1. `a` is sent normally: a miss, answered upstream and stored by the gateway's writer thread.
+//! 2. `a` is sent again with `Cache-Control: no-store` until it reports `hit`, so the entry (and its
+//!    vector, which the writer adds to the index right after) is in place before `b` looks for it.
+//! 3. `b` is sent with `no-store`: `hit` (similarity 1), `semantic-hit` (`x-reprise-similarity`) or
+//!    `miss` (`x-reprise-nearest`, absent when the partition held no candidate).
+//!
+//! The namespace (`x-reprise-namespace`) keeps pairs apart, so a pair only ever sees its own `a`.
+
+pub mod chart;
+pub mod cli;
+pub mod pairs;
+pub mod report;
+pub mod score;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use pairs::{Pair, Prompt};
+use score::Scored;
+
+/// How to reach the gateway and how hard to push it.
+#[derive(Debug, Clone)]
+pub struct EvalConfig {
+    /// The gateway's root URL (without `/v1`).
+    pub root: String,
+    pub api_key: String,
+    pub model: String,
+    /// Pairs evaluated at once.
+    pub concurrency: usize,
+    /// Part of every namespace, so that a run never sees an earlier run's entries.
+    pub run_id: String,
+    /// How long `a` may take to become visible before the pair counts as an error.
+    pub store_timeout: Duration,
+    /// Per-request timeout.
+    pub request_timeout: Duration,
+}
+
+/// The root URL of a gateway given either as its root or as its `/v1` base URL.
+pub fn root_url(url: &str) -> String {
+    let trimmed = url.trim().trim_end_matches('/');
+    trimmed.strip_suffix("/v1").unwrap_or(trimmed).to_owned()
+}
+
+/// What `/healthz` says about semantic matching.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct GatewayInfo {
+    pub version: Option<String>,
+    /// The similarity floor a semantic hit needs.
+    pub threshold: f64,
+    pub model_dir: Option<String>,
+    /// Embeddings that failed or missed their deadline, turning a request exact-only.
+    pub fallbacks: u64,
+}
+
+/// Why an evaluation could not run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error("cannot reach the gateway at {url}: {detail}")]
+    Unreachable { url: String, detail: String },
+    #[error("{url} did not answer like a Reprise gateway: {detail}")]
+    NotReprise { url: String, detail: String },
+    #[error("semantic matching is disabled on the gateway ({detail}); an evaluation would only measure exact matches")]
+    SemanticDisabled { detail: String },
+}
+
+/// Reads the threshold in use, and checks that semantic matching runs.
+pub async fn gateway_info(client: &reqwest::Client, root: &str) -> Result<GatewayInfo, EvalError> {
+    let url = format!("{root}/healthz");
+    let unreachable = |detail: String| EvalError::Unreachable {
+        url: url.clone(),
+        detail,
+    };
+    let response = client
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    if !response.status().is_success() {
+        return Err(unreachable(format!("HTTP {}", response.status())));
+    }
+    let body: Value = response.json().await.map_err(|e| EvalError::NotReprise {
+        url: url.clone(),
+        detail: format!("/healthz is not JSON: {e}"),
+    })?;
+    parse_health(&body).map_err(|err| match err {
+        HealthError::Disabled(detail) => EvalError::SemanticDisabled { detail },
+        HealthError::Shape(detail) => EvalError::NotReprise {
+            url: url.clone(),
+            detail,
+        },
+    })
+}
+
+enum HealthError {
+    Disabled(String),
+    Shape(String),
+}
+
+fn parse_health(body: &Value) -> Result<GatewayInfo, HealthError> {
+    let semantic = body
+        .get("semantic")
+        .ok_or_else(|| HealthError::Shape("/healthz has no `semantic` object".into()))?;
+    if semantic.get("status").and_then(Value::as_str) != Some("ready") {
+        let detail = semantic
+            .get("detail")
+            .and_then(Value::as_str)
+            .unwrap_or("no reason given")
+            .to_owned();
+        return Err(HealthError::Disabled(detail));
+    }
+    let threshold = semantic
+        .get("threshold")
+        .and_then(Value::as_f64)
+        .ok_or_else(|| HealthError::Shape("/healthz has no `semantic.threshold`".into()))?;
+    Ok(GatewayInfo {
+        version: body
+            .get("version")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        threshold,
+        model_dir: semantic
+            .get("model_dir")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        fallbacks: semantic
+            .get("fallbacks")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+    })
+}
+
+/// The record of one pair.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PairResult {
+    pub id: String,
+    pub category: String,
+    pub source: String,
+    pub line: usize,
+    pub same_answer: bool,
+    /// `x-reprise-cache` of the lookup of `b`, or `error`.
+    pub outcome: String,
+    /// Served from `a`'s entry at the gateway's threshold.
+    pub served: bool,
+    /// 1 for an exact hit, `x-reprise-similarity` on a semantic hit, `x-reprise-nearest` on a miss.
+    pub similarity: Option<f64>,
+    pub error: Option<String>,
+}
+
+impl PairResult {
+    /// What the sweep needs; `None` for a pair that could not be measured.
+    pub fn scored(&self) -> Option<Scored> {
+        self.error.is_none().then_some(Scored {
+            same_answer: self.same_answer,
+            exact: self.outcome == "hit",
+            similarity: self.similarity,
+        })
+    }
+}
+
+/// Everything a run recorded.
+#[derive(Debug, Clone, Serialize)]
+pub struct Evaluation {
+    pub url: String,
+    pub run_id: String,
+    pub gateway: GatewayInfo,
+    /// Embedding fallbacks the gateway counted while the run went on (other traffic included).
+    pub fallbacks_during_run: u64,
+    /// In input order.
+    pub results: Vec<PairResult>,
+    pub wall_s: f64,
+}
+
+/// Runs every pair through the gateway; `progress` is called with the number done so far.
+pub async fn run(
+    config: &EvalConfig,
+    pairs: Vec<Pair>,
+    progress: impl Fn(usize) + Send + Sync,
+) -> Result<Evaluation, EvalError> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(config.concurrency.max(1) * 2)
+        .tcp_nodelay(true)
+        .timeout(config.request_timeout)
+        .build()
+        .map_err(|e| EvalError::Unreachable {
+            url: config.root.clone(),
+            detail: format!("HTTP client: {e}"),
+        })?;
+    let before = gateway_info(&client, &config.root).await?;
+    let started = Instant::now();
+    let done = AtomicUsize::new(0);
+    let progress = Arc::new(progress);
+    let mut results: Vec<(usize, PairResult)> =
+        futures_util::stream::iter(pairs.into_iter().enumerate())
+            .map(|(i, pair)| {
+                let (client, progress, done) = (&client, progress.clone(), &done);
+                async move {
+                    let result = evaluate_pair(client, config, i, &pair).await;
+                    progress(done.fetch_add(1, Ordering::Relaxed) + 1);
+                    (i, result)
+                }
+            })
+            .buffer_unordered(config.concurrency.max(1))
+            .collect()
+            .await;
+    results.sort_by_key(|(i, _)| *i);
+    let wall_s = started.elapsed().as_secs_f64();
+    let after = gateway_info(&client, &config.root).await?;
+    Ok(Evaluation {
+        url: config.root.clone(),
+        run_id: config.run_id.clone(),
+        fallbacks_during_run: after.fallbacks.saturating_sub(before.fallbacks),
+        gateway: before,
+        results: results.into_iter().map(|(_, r)| r).collect(),
+        wall_s,
+    })
+}
+
+/// What one request reported.
+#[derive(Debug, Clone, PartialEq)]
+struct Reply {
+    outcome: String,
+    similarity: Option<f64>,
+    nearest: Option<f64>,
+}
+
+async fn evaluate_pair(
+    client: &reqwest::Client,
+    config: &EvalConfig,
+    index: usize,
+    pair: &Pair,
+) -> PairResult {
+    let mut result = PairResult {
+        id: pair.id.clone(),
+        category: pair.category.clone(),
+        source: pair.source.clone(),
+        line: pair.line,
+        same_answer: pair.same_answer,
+        outcome: "error".into(),
+        served: false,
+        similarity: None,
+        error: None,
+    };
+    let namespace = format!("eval-{}-{index}", config.run_id);
+    match measure(client, config, &namespace, pair).await {
+        Ok(reply) => {
+            result.served = matches!(reply.outcome.as_str(), "hit" | "semantic-hit");
+            result.similarity = match reply.outcome.as_str() {
+                "hit" => Some(1.0),
+                "semantic-hit" => reply.similarity,
+                _ => reply.nearest,
+            };
+            result.outcome = reply.outcome;
+        }
+        Err(err) => result.error = Some(err),
+    }
+    result
+}
+
+/// Steps 1-3 of the protocol for one pair.
+async fn measure(
+    client: &reqwest::Client,
+    config: &EvalConfig,
+    namespace: &str,
+    pair: &Pair,
+) -> Result<Reply, String> {
+    let first = send(client, config, namespace, &pair.a, false)
+        .await
+        .map_err(|e| format!("storing a: {e}"))?;
+    if first.outcome != "miss" {
+        return Err(format!(
+            "storing a: expected a miss in a fresh namespace, got `{}`",
+            first.outcome
+        ));
+    }
+    wait_until_stored(client, config, namespace, &pair.a).await?;
+    // With equal contexts `a` and `b` share a partition, so the lookup must find `a` as a
+    // candidate. When it does not, the index has not caught up with the store yet (the writer
+    // adds the vector just after the entry) or an embedding fell back: ask again, briefly.
+    let same_partition = pair.a.context() == pair.b.context();
+    let mut attempt = 0;
+    loop {
+        let reply = send(client, config, namespace, &pair.b, true)
+            .await
+            .map_err(|e| format!("looking up b: {e}"))?;
+        let measured = match reply.outcome.as_str() {
+            "hit" => true,
+            "semantic-hit" => {
+                if reply.similarity.is_none() {
+                    return Err("a semantic hit without `x-reprise-similarity`".into());
+                }
+                true
+            }
+            "miss" => reply.nearest.is_some() || !same_partition,
+            other => {
+                return Err(format!(
+                    "looking up b: unexpected `x-reprise-cache: {other}` (is the cache turned off?)"
+                ))
+            }
+        };
+        if measured {
+            return Ok(reply);
+        }
+        attempt += 1;
+        if attempt >= 5 {
+            return Err(
+                "b found no candidate although a and b share their context: a's vector never reached the index (embedding fallback?)"
+                    .into(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+    }
+}
+
+/// Re-sends `a` (not stored again) until the gateway serves it as an exact hit.
+async fn wait_until_stored(
+    client: &reqwest::Client,
+    config: &EvalConfig,
+    namespace: &str,
+    a: &Prompt,
+) -> Result<(), String> {
+    let deadline = Instant::now() + config.store_timeout;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let reply = send(client, config, namespace, a, true)
+            .await
+            .map_err(|e| format!("checking a was stored: {e}"))?;
+        if reply.outcome == "hit" {
+            return Ok(());
+        }
+        if Instant::now() + pause > deadline {
+            return Err(format!(
+                "a was not stored within {:.1} s (last lookup: `{}`)",
+                config.store_timeout.as_secs_f64(),
+                reply.outcome
+            ));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// One non-streamed chat completion in `namespace`; `no_store` keeps its answer out of the cache.
+async fn send(
+    client: &reqwest::Client,
+    config: &EvalConfig,
+    namespace: &str,
+    prompt: &Prompt,
+    no_store: bool,
+) -> Result<Reply, String> {
+    let body = json!({"model": config.model, "messages": prompt.messages()});
+    let mut request = client
+        .post(format!("{}/v1/chat/completions", config.root))
+        .bearer_auth(&config.api_key)
+        .header("x-reprise-namespace", namespace)
+        .json(&body);
+    if no_store {
+        request = request.header("cache-control", "no-store");
+    }
+    let response = request.send().await.map_err(|e| e.to_string())?;
+    let status = response.status();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let number = |name: &str| -> Result<Option<f64>, String> {
+        header(name)
+            .map(|v| {
+                v.trim()
+                    .parse::<f64>()
+                    .map_err(|_| format!("`{name}: {v}` is not a number"))
+            })
+            .transpose()
+    };
+    let outcome = header("x-reprise-cache");
+    let similarity = number("x-reprise-similarity")?;
+    let nearest = number("x-reprise-nearest")?;
+    // Read the whole body: the request is only over (and the connection reusable) at its end.
+    let text = response.text().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        let snippet: String = text.chars().take(300).collect();
+        return Err(format!("HTTP {}: {snippet}", status.as_u16()));
+    }
+    let outcome = outcome.ok_or_else(|| {
+        "the response has no `x-reprise-cache` header: is the URL a Reprise gateway?".to_owned()
+    })?;
+    Ok(Reply {
+        outcome,
+        similarity,
+        nearest,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_url_accepts_root_or_v1() {
+        assert_eq!(root_url("http://h:1"), "http://h:1");
+        assert_eq!(root_url("http://h:1/"), "http://h:1");
+        assert_eq!(root_url("http://h:1/v1"), "http://h:1");
+        assert_eq!(root_url(" http://h:1/v1/ "), "http://h:1");
+    }
+
+    #[test]
+    fn health_gives_the_threshold_or_the_reason_it_cannot_run() {
+        let ready = json!({"version": "0.1.0", "semantic": {"status": "ready", "threshold": 0.9, "fallbacks": 3, "model_dir": "m"}});
+        let info = parse_health(&ready).ok().expect("ready health");
+        assert_eq!(info.threshold, 0.9);
+        assert_eq!(info.fallbacks, 3);
+        assert_eq!(info.version.as_deref(), Some("0.1.0"));
+        let disabled = json!({"semantic": {"status": "disabled", "detail": "no model"}});
+        assert!(
+            matches!(parse_health(&disabled), Err(HealthError::Disabled(d)) if d == "no model")
+        );
+        assert!(matches!(
+            parse_health(&json!({})),
+            Err(HealthError::Shape(_))
+        ));
+    }
+
+    #[test]
+    fn results_give_the_sweep_its_inputs() {
+        let mut r = PairResult {
+            id: "x".into(),
+            category: "c".into(),
+            source: "s".into(),
+            line: 1,
+            same_answer: false,
+            outcome: "hit".into(),
+            served: true,
+            similarity: Some(1.0),
+            error: None,
+        };
+        assert_eq!(
+            r.scored(),
+            Some(Scored {
+                same_answer: false,
+                exact: true,
+                similarity: Some(1.0)
+            })
+        );
+        r.outcome = "semantic-hit".into();
+        assert!(!r.scored().expect("present").exact);
+        r.error = Some("boom".into());
+        assert_eq!(r.scored(), None);
+    }
+}

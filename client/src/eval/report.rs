@@ -1,0 +1,508 @@
+//! The report of an evaluation: a [`Summary`] of the recorded outcomes, printed as a plain-text
+//! table, written as Markdown (`eval.md`), JSON Lines (`results.jsonl`) and the threshold curve.
+//!
+//! Categories are listed weakest first: should-hit categories by the share served (lowest first),
+//! then trap categories by the share served (highest first), so the README can quote the top rows.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::score::{self, Best, Point, Scored, Tally};
+use super::{Evaluation, PairResult};
+
+/// Wrong-answer budgets the report finds the best threshold for.
+pub const BUDGETS: [f64; 2] = [0.01, 0.05];
+
+/// Thresholds listed in the sweep table (the gateway's own is added).
+const TABLE_THRESHOLDS: [f64; 12] = [
+    0.70, 0.75, 0.80, 0.85, 0.88, 0.90, 0.92, 0.94, 0.95, 0.96, 0.98, 1.00,
+];
+
+/// A category's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Group {
+    pub name: String,
+    #[serde(flatten)]
+    pub tally: Tally,
+}
+
+/// The figures of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub title: String,
+    pub url: String,
+    pub run_id: String,
+    pub gateway_version: Option<String>,
+    pub threshold: f64,
+    pub wall_s: f64,
+    pub fallbacks_during_run: u64,
+    /// At the gateway's own decisions.
+    pub overall: Tally,
+    /// Weakest first (see the module comment).
+    pub categories: Vec<Group>,
+    /// By input file, when there are several.
+    pub sources: Vec<Group>,
+    /// The sweep at the table thresholds and the gateway's.
+    pub sweep: Vec<Point>,
+    /// Best threshold per budget, `None` when no threshold meets it.
+    pub best: Vec<(f64, Option<Best>)>,
+    /// The first few failed pairs, with why.
+    pub failures: Vec<String>,
+}
+
+fn served_triple(r: &PairResult) -> Option<(bool, bool, bool)> {
+    r.error
+        .is_none()
+        .then_some((r.same_answer, r.served, r.similarity.is_none()))
+}
+
+/// Computes the figures of an evaluation.
+pub fn summarize(evaluation: &Evaluation, title: &str) -> Summary {
+    let results = &evaluation.results;
+    let mut overall = Tally::default();
+    for r in results {
+        match served_triple(r) {
+            Some((same, served, none)) => overall.add(same, served, none),
+            None => overall.errors += 1,
+        }
+    }
+    let mut categories = groups(score::tally_by(
+        results,
+        |r| r.category.clone(),
+        served_triple,
+    ));
+    categories.sort_by(|x, y| weakness(&x.tally).total_cmp(&weakness(&y.tally)));
+    let by_source = score::tally_by(results, |r| r.source.clone(), served_triple);
+    let sources = if by_source.len() > 1 {
+        groups(by_source)
+    } else {
+        Vec::new()
+    };
+    let scored: Vec<Scored> = results.iter().filter_map(PairResult::scored).collect();
+    let mut thresholds = TABLE_THRESHOLDS.to_vec();
+    thresholds.push(evaluation.gateway.threshold);
+    thresholds.sort_by(f64::total_cmp);
+    thresholds.dedup();
+    Summary {
+        title: title.to_owned(),
+        url: evaluation.url.clone(),
+        run_id: evaluation.run_id.clone(),
+        gateway_version: evaluation.gateway.version.clone(),
+        threshold: evaluation.gateway.threshold,
+        wall_s: evaluation.wall_s,
+        fallbacks_during_run: evaluation.fallbacks_during_run,
+        overall,
+        categories,
+        sources,
+        sweep: score::sweep(&scored, &thresholds),
+        best: BUDGETS
+            .iter()
+            .map(|b| (*b, score::best_within(&scored, *b)))
+            .collect(),
+        failures: results
+            .iter()
+            .filter_map(|r| {
+                r.error
+                    .as_ref()
+                    .map(|e| format!("{} ({}:{}): {e}", r.id, r.source, r.line))
+            })
+            .take(10)
+            .collect(),
+    }
+}
+
+fn groups(map: BTreeMap<String, Tally>) -> Vec<Group> {
+    map.into_iter()
+        .map(|(name, tally)| Group { name, tally })
+        .collect()
+}
+
+/// Sort key, lowest = weakest: should-hit categories by their share served (0..1), then mixed
+/// ones, then trap categories by their share *not* served (2..3).
+fn weakness(t: &Tally) -> f64 {
+    match (t.hit_share(), t.trap_share()) {
+        (Some(hit), None) => hit,
+        (None, Some(wrong)) => 2.0 + (1.0 - wrong),
+        (Some(_), Some(_)) => 1.5,
+        (None, None) => 4.0,
+    }
+}
+
+fn pct(share: Option<f64>) -> String {
+    share.map_or_else(|| "-".to_owned(), |s| format!("{:.1}%", s * 100.0))
+}
+
+fn count(part: usize, whole: usize) -> String {
+    if whole == 0 {
+        "-".to_owned()
+    } else {
+        format!(
+            "{:.1}% ({part}/{whole})",
+            part as f64 * 100.0 / whole as f64
+        )
+    }
+}
+
+/// A sentence for each budget's best threshold.
+fn best_lines(summary: &Summary) -> Vec<String> {
+    let o = &summary.overall;
+    if o.pairs > 0 && o.no_candidate == o.pairs {
+        return vec![
+            "no pair found a candidate in its partition, so no threshold serves anything: there is no best threshold"
+                .to_owned(),
+        ];
+    }
+    summary
+        .best
+        .iter()
+        .map(|(budget, best)| match best {
+            Some(b) => format!(
+                "wrong ≤ {:.0}%: best should-hit share {:.1}% at threshold {:.4} (traps served {:.1}%)",
+                budget * 100.0,
+                b.hit_share * 100.0,
+                b.threshold,
+                b.trap_share * 100.0
+            ),
+            None => format!(
+                "wrong ≤ {:.0}%: no threshold keeps the traps served within the budget",
+                budget * 100.0
+            ),
+        })
+        .collect()
+}
+
+/// The plain-text table printed by `reprise-client eval`.
+pub fn render_text(summary: &Summary) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", summary.title);
+    let _ = writeln!(
+        out,
+        "gateway {} (threshold {:.4}), {} pairs in {:.1} s",
+        summary.url,
+        summary.threshold,
+        summary.overall.pairs + summary.overall.errors,
+        summary.wall_s
+    );
+    let _ = writeln!(out);
+    let header = format!(
+        "{:<32} {:>6} {:>22} {:>22} {:>10} {:>12}",
+        "category",
+        "pairs",
+        "should-hit served",
+        "traps served (wrong)",
+        "error rate",
+        "no candidate"
+    );
+    let _ = writeln!(out, "{header}");
+    let row = |out: &mut String, name: &str, t: &Tally| {
+        let _ = writeln!(
+            out,
+            "{:<32} {:>6} {:>22} {:>22} {:>10} {:>12}",
+            name,
+            t.pairs,
+            count(t.should_hit_served, t.should_hit),
+            count(t.traps_served, t.traps),
+            pct(t.error_rate()),
+            t.no_candidate
+        );
+    };
+    row(&mut out, "overall", &summary.overall);
+    for g in &summary.categories {
+        row(&mut out, &format!("  {}", g.name), &g.tally);
+    }
+    for g in &summary.sources {
+        row(&mut out, &format!("  file {}", g.name), &g.tally);
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "threshold sweep (from the recorded similarities; exact hits are served at any threshold):"
+    );
+    let _ = writeln!(
+        out,
+        "{:>10} {:>18} {:>21} {:>11}",
+        "threshold", "should-hit served", "traps served (wrong)", "error rate"
+    );
+    for p in &summary.sweep {
+        let mark = if (p.threshold - summary.threshold).abs() < 1e-9 {
+            "  <- gateway"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "{:>10.2} {:>18} {:>21} {:>11}{mark}",
+            p.threshold,
+            pct(p.hit_share),
+            pct(p.trap_share),
+            pct(p.error_rate)
+        );
+    }
+    let _ = writeln!(out);
+    for line in best_lines(summary) {
+        let _ = writeln!(out, "{line}");
+    }
+    write_warnings(&mut out, summary, "");
+    out
+}
+
+fn write_warnings(out: &mut String, summary: &Summary, prefix: &str) {
+    if summary.overall.errors > 0 {
+        let _ = writeln!(
+            out,
+            "{prefix}{} pairs could not be measured and are left out; first failures:",
+            summary.overall.errors
+        );
+        for f in &summary.failures {
+            let _ = writeln!(out, "{prefix}  {f}");
+        }
+    }
+    if summary.fallbacks_during_run > 0 {
+        let _ = writeln!(
+            out,
+            "{prefix}warning: the gateway counted {} embedding fallbacks during the run (late or failed embeddings): those requests were matched exactly only",
+            summary.fallbacks_during_run
+        );
+    }
+}
+
+/// `eval.md`: the same figures as Markdown, with the curve linked as `svg_name`.
+pub fn render_markdown(summary: &Summary, svg_name: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "## {}", summary.title);
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{} pairs through the gateway ({}, similarity threshold {:.2}) in {:.1} s. A pair is *served* when the \
+         lookup of `b` is answered from `a`'s entry: for a should-hit pair a saved call, for a trap a wrong answer. \
+         Error rate: wrong answers over all pairs.",
+        summary.overall.pairs + summary.overall.errors,
+        summary
+            .gateway_version
+            .as_deref()
+            .map_or_else(|| "Reprise".to_owned(), |v| format!("Reprise {v}")),
+        summary.threshold,
+        summary.wall_s
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "| category | pairs | should-hit served | traps served (wrong) | error rate | no candidate¹ |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+    let row = |out: &mut String, name: &str, t: &Tally| {
+        let _ = writeln!(
+            out,
+            "| {name} | {} | {} | {} | {} | {} |",
+            t.pairs,
+            count(t.should_hit_served, t.should_hit),
+            count(t.traps_served, t.traps),
+            pct(t.error_rate()),
+            t.no_candidate
+        );
+    };
+    row(&mut out, "**overall**", &summary.overall);
+    for g in &summary.categories {
+        row(&mut out, &g.name, &g.tally);
+    }
+    for g in &summary.sources {
+        row(&mut out, &format!("file `{}`", g.name), &g.tally);
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "¹ Pairs whose lookup found no candidate at all: `a` and `b` differ before their final user message, \
+         so they are in different cache partitions and are never compared (never served at any threshold)."
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Threshold sweep: each pair re-judged at another threshold from its recorded similarity (served iff \
+         similarity ≥ threshold; exact hits at any threshold). The gateway reports similarities to 4 decimals, \
+         so at its own threshold the sweep can differ from its actual decisions above by a pair or two."
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "| threshold | should-hit served | traps served (wrong) | error rate |"
+    );
+    let _ = writeln!(out, "|---:|---:|---:|---:|");
+    for p in &summary.sweep {
+        let gateway = (p.threshold - summary.threshold).abs() < 1e-9;
+        let t = if gateway {
+            format!("**{:.2}** (gateway)", p.threshold)
+        } else {
+            format!("{:.2}", p.threshold)
+        };
+        let _ = writeln!(
+            out,
+            "| {t} | {} | {} | {} |",
+            pct(p.hit_share),
+            pct(p.trap_share),
+            pct(p.error_rate)
+        );
+    }
+    let _ = writeln!(out);
+    for line in best_lines(summary) {
+        let _ = writeln!(out, "- {line}");
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "![threshold curve]({svg_name})");
+    let mut warnings = String::new();
+    write_warnings(&mut warnings, summary, "> ");
+    if !warnings.is_empty() {
+        let _ = writeln!(out);
+        out.push_str(&warnings);
+    }
+    out
+}
+
+/// Writes `eval.md`, `threshold-curve.svg` and `results.jsonl` into `dir` (created if needed).
+pub fn write_dir(dir: &Path, summary: &Summary, evaluation: &Evaluation) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    };
+    let svg_name = "threshold-curve.svg";
+    write("eval.md", &render_markdown(summary, svg_name))?;
+    let scored: Vec<Scored> = evaluation
+        .results
+        .iter()
+        .filter_map(PairResult::scored)
+        .collect();
+    write(
+        svg_name,
+        &super::chart::threshold_curve(&scored, summary.threshold, &summary.best, &summary.title)?,
+    )?;
+    let mut lines = String::new();
+    for r in &evaluation.results {
+        let line = serde_json::to_string(r).map_err(|e| e.to_string())?;
+        lines.push_str(&line);
+        lines.push('\n');
+    }
+    write("results.jsonl", &lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eval::GatewayInfo;
+
+    fn result(category: &str, same: bool, outcome: &str, sim: Option<f64>) -> PairResult {
+        PairResult {
+            id: format!("{category}-{outcome}"),
+            category: category.into(),
+            source: "f.jsonl".into(),
+            line: 1,
+            same_answer: same,
+            outcome: outcome.into(),
+            served: matches!(outcome, "hit" | "semantic-hit"),
+            similarity: sim,
+            error: (outcome == "error").then(|| "HTTP 500: boom".to_owned()),
+        }
+    }
+
+    fn evaluation(results: Vec<PairResult>) -> Evaluation {
+        Evaluation {
+            url: "http://gw".into(),
+            run_id: "r".into(),
+            gateway: GatewayInfo {
+                version: Some("0.1.0".into()),
+                threshold: 0.9,
+                model_dir: None,
+                fallbacks: 0,
+            },
+            fallbacks_during_run: 0,
+            results,
+            wall_s: 1.0,
+        }
+    }
+
+    #[test]
+    fn summary_orders_weakest_first_and_counts_errors_apart() {
+        let eval = evaluation(vec![
+            result("paraphrase", true, "semantic-hit", Some(0.93)),
+            result("paraphrase", true, "miss", Some(0.7)),
+            result("near_repeat", true, "hit", Some(1.0)),
+            result("negation", false, "semantic-hit", Some(0.95)),
+            result("negation", false, "miss", Some(0.6)),
+            result("number_date", false, "miss", Some(0.5)),
+            result("number_date", false, "error", None),
+        ]);
+        let s = summarize(&eval, "t");
+        assert_eq!(s.overall.pairs, 6);
+        assert_eq!(s.overall.errors, 1);
+        assert_eq!(s.overall.hit_share(), Some(2.0 / 3.0));
+        assert_eq!(s.overall.trap_share(), Some(1.0 / 3.0));
+        let names: Vec<&str> = s.categories.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["paraphrase", "near_repeat", "negation", "number_date"]
+        );
+        assert_eq!(s.failures.len(), 1);
+        assert!(s.failures[0].contains("HTTP 500"));
+        // One file: no per-file rows.
+        assert!(s.sources.is_empty());
+        // The sweep at the gateway's threshold matches the recorded decisions here.
+        let at_gateway = s
+            .sweep
+            .iter()
+            .find(|p| p.threshold == 0.9)
+            .expect("report file");
+        assert_eq!(at_gateway.hit_share, s.overall.hit_share());
+        assert_eq!(at_gateway.trap_share, s.overall.trap_share());
+        // ≤ 1% wrong: above the 0.95 trap only the exact hit is left among should-hits.
+        let (budget, best) = s.best[0];
+        assert_eq!(budget, 0.01);
+        let best = best.expect("report file");
+        assert_eq!(best.threshold, 1.0);
+        assert_eq!(best.hit_share, 1.0 / 3.0);
+
+        let text = render_text(&s);
+        assert!(text.contains("66.7% (2/3)"), "{text}");
+        assert!(text.contains("1 pairs could not be measured"), "{text}");
+        let md = render_markdown(&s, "curve.svg");
+        assert!(md.contains("| **overall** | 6 |"), "{md}");
+        assert!(md.contains("![threshold curve](curve.svg)"));
+        assert!(md.contains("**0.90** (gateway)"));
+    }
+
+    #[test]
+    fn without_any_candidate_no_threshold_is_called_best() {
+        let eval = evaluation(vec![
+            result("context_swap", false, "miss", None),
+            result("irrelevant_history", true, "miss", None),
+        ]);
+        let s = summarize(&eval, "t");
+        assert!(s.best.iter().all(|(_, b)| b.is_none()));
+        let text = render_text(&s);
+        assert!(text.contains("no pair found a candidate"), "{text}");
+        assert!(!text.contains("no threshold keeps"), "{text}");
+    }
+
+    #[test]
+    fn report_dir_holds_the_three_files() {
+        let eval = evaluation(vec![
+            result("paraphrase", true, "semantic-hit", Some(0.93)),
+            result("negation", false, "miss", Some(0.6)),
+        ]);
+        let s = summarize(&eval, "t");
+        let dir = tempfile::tempdir().expect("temp dir");
+        write_dir(dir.path(), &s, &eval).expect("report file");
+        let md = std::fs::read_to_string(dir.path().join("eval.md")).expect("report file");
+        assert!(md.contains("threshold-curve.svg"));
+        let svg =
+            std::fs::read_to_string(dir.path().join("threshold-curve.svg")).expect("report file");
+        assert!(svg.starts_with("<svg"), "{}", &svg[..50.min(svg.len())]);
+        let lines = std::fs::read_to_string(dir.path().join("results.jsonl")).expect("report file");
+        assert_eq!(lines.lines().count(), 2);
+        let first: serde_json::Value =
+            serde_json::from_str(lines.lines().next().expect("report file")).expect("report file");
+        assert_eq!(first["similarity"], 0.93);
+        assert_eq!(first["served"], true);
+    }
+}

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Match quality on the public fow-cache dev set, end to end: installs the pinned package into .venv,
+# provisions the embedding model, builds release binaries, starts reprise-sim and a gateway (default
+# matching settings) on free ports with a temporary data dir, runs `reprise-client eval` on the
+# single questions (pairs.jsonl) and on the conversations (conv-parts/, conv-long/), and writes
+# benches/results/eval-<date>.md with one threshold curve per set beside it. Nothing of the data set
+# is copied into the repository.
+#
+# Usage: scripts/eval.sh [--concurrency N]   (default 8)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+started=$(date +%s)
+
+concurrency=8
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --concurrency) concurrency=$2; shift 2 ;;
+    *) echo "eval: unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+
+scripts/python-env.sh
+echo "==> fow-cache dev set (pinned version and sha256)" >&2
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes \
+  -r scripts/eval-requirements.txt
+fow_version=$(.venv/bin/python -c 'from importlib.metadata import version; print(version("fow-cache"))')
+data=$(.venv/bin/python -c 'from importlib import resources; print(resources.files("fow_cache") / "data")')
+[ -f "$data/pairs.jsonl" ] || { echo "eval: no pairs.jsonl in $data" >&2; exit 1; }
+
+echo "==> embedding model (skipped when present)" >&2
+scripts/provision-models.sh >&2
+
+echo "==> release build" >&2
+cargo build --release --quiet -p reprise-server --bin reprise -p reprise-client --bin reprise-sim --bin reprise-client
+target_dir=${CARGO_TARGET_DIR:-target}
+BIN=$(cd "$target_dir/release" && pwd)
+MODELS=$(cd "${REPRISE_MODELS_DIR:-./models}" && pwd)
+. scripts/lib-eval.sh
+start_stack
+echo "==> gateway at $GATEWAY_URL" >&2
+
+# run_set NAME TITLE FILES...: evaluates FILES (relative to the data dir, so reports name them
+# briefly) into $WORK/NAME.
+run_set() {
+  local name=$1 title=$2
+  shift 2
+  echo "==> $title" >&2
+  (cd "$data" && "$BIN/reprise-client" eval --url "$GATEWAY_URL" --concurrency "$concurrency" \
+    --title "$title" --report "$WORK/$name" --pairs "$@")
+}
+run_set questions "Single questions (pairs.jsonl)" pairs.jsonl
+(cd "$data" && ls conv-parts/*.jsonl conv-long/*.jsonl) >"$WORK/conv-files"
+mapfile -t conv_files <"$WORK/conv-files"
+run_set conversations "Conversations (conv-parts/, conv-long/)" "${conv_files[@]}"
+
+day=$(date -u +%Y-%m-%d)
+mkdir -p benches/results
+out=benches/results/eval-$day.md
+elapsed=$(( $(date +%s) - started ))
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+{
+  echo "# Reprise match quality on the fow-cache dev set, $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo
+  echo "Written by \`scripts/eval.sh\` in $elapsed s (set-up, build and downloads included, as far as this"
+  echo "checkout needed them) on $(nproc) cores ($cpu). Data: fow-cache $fow_version by Mabon ap Gwyn,"
+  echo "CC BY 4.0, used unchanged;"
+  echo "pairs marked \`ambiguous\` count as traps (fow-cache's strict default). Gateway: release build,"
+  echo "default matching settings (all-MiniLM-L6-v2, threshold from \`/healthz\`), embedding deadline"
+  echo "raised so that no request falls back to exact matching; upstream: reprise-sim answering at once."
+  echo "Each pair runs in its own namespace: \`a\` is stored, then \`b\` is looked up without being stored."
+  for name in questions conversations; do
+    echo
+    sed "s|(threshold-curve.svg)|(eval-$day-$name.svg)|" "$WORK/$name/eval.md"
+    cp "$WORK/$name/threshold-curve.svg" "benches/results/eval-$day-$name.svg"
+  done
+} >"$out"
+echo "==> wrote $out and benches/results/eval-$day-{questions,conversations}.svg in $elapsed s" >&2
