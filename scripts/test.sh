@@ -16,6 +16,9 @@ cargo build --workspace --bins
 echo "==> cargo test"
 cargo test --workspace
 
+echo "==> smoke: reprise-client eval on hand-made pairs"
+REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" scripts/smoke-eval.sh
+
 echo "==> OpenAI SDK tests (Python)"
 REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/sdk
 
