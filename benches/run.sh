@@ -3,6 +3,7 @@
 # `reprise-client bench` side by side in one run; writes benches/results/<date>.md.
 #
 # Usage: benches/run.sh [--requests N]   (N: requests per target in the overhead scenarios, default 500)
+# The mixed-workload scenario also writes benches/results/<date>-mixed/ (report.md and SVG charts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,9 +62,12 @@ fixed_sim=http://127.0.0.1:19090/v1
 semantic_gw=http://127.0.0.1:19082/v1
 semantic_sim=http://127.0.0.1:19092/v1
 cloud_gw=http://127.0.0.1:19081/v1
+cloud_sim=http://127.0.0.1:19091/v1
 
 mkdir -p benches/results
-out=benches/results/$(date -u +%Y-%m-%d).md
+day=$(date -u +%Y-%m-%d)
+out=benches/results/$day.md
+mixed_dir=benches/results/$day-mixed
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 {
   echo "# Reprise benchmark results, $(date -u +%Y-%m-%dT%H:%MZ)"
@@ -136,5 +140,18 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
       echo '```'
     done
   done
+  echo
+  echo "## 5. Mixed realistic workload (cloud-GPU profile, semantic matching on)"
+  echo
+  echo "Generated with a fixed seed: 30% of requests repeat an earlier prompt verbatim, 20% paraphrase one"
+  echo "(repeats and paraphrases pick earlier prompts by a Zipf law, s=1), the other half are new. Paraphrases"
+  echo "come from the paraphrase groups of benches/workloads/bank.jsonl. Open loop: 8 arrivals per second"
+  echo "for 400 requests, each sent to the gateway and directly to its simulator (--compare). The full report"
+  echo "with charts (TTFT distribution by outcome, per-phase stacked bars) is in $day-mixed/report.md."
+  echo
+  echo '```'
+  bench --url "$cloud_gw" --compare "$cloud_sim" --generate --repeat-share 0.3 --paraphrase-share 0.2 \
+    --zipf-s 1.0 --rate 8 --requests 400 --warmup 0 --model sim-model-mixed --report "$mixed_dir"
+  echo '```'
 } | tee "$out"
 echo "==> wrote $out" >&2

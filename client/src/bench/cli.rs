@@ -1,0 +1,416 @@
+//! `reprise-client bench`: its flags, and turning them into a run, a progress bar and the outputs
+//! (terminal table, `--json`, `--report DIR`). The binary only parses and dispatches here.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use super::workload::{self, Bank, GenSpec, Generator, Order, Workload};
+use super::{base_url, openloop, report, BenchConfig, Event, Progress};
+
+/// Measure TTFT, inter-token gaps and total time against an OpenAI-compatible base URL, by cache
+/// outcome (optionally against a second URL side by side).
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("source").args(["unique_prompts", "prompts_file", "workload", "generate"])))]
+pub struct BenchArgs {
+    /// Base URL: the gateway root (`/v1` is appended to a URL without a path), or a full base URL
+    /// such as reprise-sim's or any OpenAI-compatible server's `.../v1`.
+    #[arg(long, env = "REPRISE_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// A second base URL measured in the same run with the same requests (e.g. the direct upstream).
+    #[arg(long)]
+    pub compare: Option<String>,
+    /// API key sent as the bearer token.
+    #[arg(
+        long,
+        env = "OPENAI_API_KEY",
+        default_value = "sk-reprise-bench",
+        hide_env_values = true
+    )]
+    pub api_key: String,
+    /// Model of every request that does not name its own.
+    #[arg(long, default_value = "sim-model")]
+    pub model: String,
+    /// Measured requests per target [default: 200, or unbounded with --duration].
+    #[arg(long)]
+    pub requests: Option<usize>,
+    /// Stop starting requests after this many seconds [default: 300].
+    #[arg(long, alias = "max-seconds", value_name = "SECONDS")]
+    pub duration: Option<f64>,
+    /// Closed loop: concurrent workers, each sending its next request when the last one answered.
+    #[arg(long, default_value_t = 1)]
+    pub concurrency: usize,
+    /// Open loop: arrivals per second on a fixed schedule, not waiting for answers.
+    #[arg(long, conflicts_with = "concurrency")]
+    pub rate: Option<f64>,
+    /// Open loop: most requests in flight; an arrival beyond it is dropped (and counted).
+    #[arg(long, default_value_t = 256)]
+    pub max_in_flight: usize,
+    /// Warm-up requests per target, not measured.
+    #[arg(long, default_value_t = 5)]
+    pub warmup: usize,
+    /// Send non-streaming requests.
+    #[arg(long)]
+    pub no_stream: bool,
+    /// Cycle over this many distinct generated prompts, so that repeats can be served from a cache.
+    #[arg(long)]
+    pub unique_prompts: Option<usize>,
+    /// Send these prompts, one per line, in order (cycled).
+    #[arg(long)]
+    pub prompts_file: Option<PathBuf>,
+    /// A JSON Lines workload: `{"prompt": ...}` or `{"messages": [...]}` per line, with optional
+    /// `group` (paraphrases share one), `weight` and `model`.
+    #[arg(long, value_name = "FILE")]
+    pub workload: Option<PathBuf>,
+    /// Order of the --workload lines [default: weighted if any line has a weight, else sequential].
+    #[arg(long, value_enum)]
+    pub order: Option<Order>,
+    /// Generate the workload: Zipf-distributed repeats and paraphrases from a bank of paraphrase groups.
+    #[arg(long)]
+    pub generate: bool,
+    /// Generated: distinct prompts; with --repeat-share only a cap [default: 200 without --repeat-share].
+    #[arg(long, requires = "generate")]
+    pub distinct: Option<usize>,
+    /// Generated: Zipf exponent of the repeat distribution (higher: repeats concentrate on fewer prompts).
+    #[arg(long, default_value_t = 1.0, requires = "generate")]
+    pub zipf_s: f64,
+    /// Generated: share of requests repeating an earlier prompt verbatim (fixes the shares instead of
+    /// drawing every request from the Zipf law).
+    #[arg(long, requires = "generate")]
+    pub repeat_share: Option<f64>,
+    /// Generated: share of requests that paraphrase an earlier prompt.
+    #[arg(long, default_value_t = 0.2, requires = "generate")]
+    pub paraphrase_share: f64,
+    /// Generated: bank of paraphrase groups (JSON Lines with `prompt` and `group`) [default: built in,
+    /// benches/workloads/bank.jsonl].
+    #[arg(long, requires = "generate")]
+    pub bank: Option<PathBuf>,
+    /// Seed of the generated workload and of weighted draws (runs with one seed send the same requests).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Sent as `x-reprise-namespace` so the run starts from a cache of its own; `none` to send no
+    /// namespace [default: a fresh one per run].
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Write report.md, report.json and SVG charts into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub report: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    format!("{:x}", u64::from(std::process::id()) ^ nanos)
+}
+
+fn read_prompts(path: &PathBuf) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// The workload the flags describe.
+pub fn workload_of(args: &BenchArgs, run_id: &str) -> Result<Workload, String> {
+    if let Some(n) = args.unique_prompts {
+        return Ok(Workload::cycle(run_id, n));
+    }
+    if let Some(path) = &args.prompts_file {
+        return Workload::prompts(&read_prompts(path)?)
+            .map_err(|e| format!("{}: {e}", path.display()));
+    }
+    if let Some(path) = &args.workload {
+        let items = workload::read_jsonl(path).map_err(|e| e.to_string())?;
+        let order = args
+            .order
+            .unwrap_or(if items.iter().any(|i| i.weight != 1.0) {
+                Order::Weighted
+            } else {
+                Order::Sequential
+            });
+        return Workload::list(items, order, args.seed);
+    }
+    if args.generate {
+        let bank = match &args.bank {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                Bank::parse(&text, &path.display().to_string())
+            }
+            None => Bank::default_bank(),
+        }
+        .map_err(|e| e.to_string())?;
+        let spec = GenSpec {
+            distinct: args.distinct,
+            zipf_s: args.zipf_s,
+            repeat_share: args.repeat_share,
+            paraphrase_share: args.paraphrase_share,
+            seed: args.seed,
+        };
+        return Ok(Workload::generated(Generator::new(spec, Arc::new(bank))?));
+    }
+    Ok(Workload::fresh(run_id))
+}
+
+/// The run configuration the flags describe.
+pub fn config_of(args: &BenchArgs, run_id: &str) -> Result<BenchConfig, String> {
+    let mut targets = vec![base_url(&args.url)?];
+    if let Some(second) = &args.compare {
+        targets.push(base_url(second)?);
+    }
+    if let Some(rate) = args.rate {
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(format!("--rate must be above 0, got {rate}"));
+        }
+    }
+    let duration = args.duration.unwrap_or(300.0);
+    if !(duration.is_finite() && duration > 0.0) {
+        return Err(format!("--duration must be above 0, got {duration}"));
+    }
+    let requests = args.requests.unwrap_or(if args.duration.is_some() {
+        usize::MAX
+    } else {
+        200
+    });
+    let namespace = match args.namespace.as_deref() {
+        Some("none") => None,
+        Some(n) => Some(n.to_owned()),
+        None => Some(format!("bench-{run_id}")),
+    };
+    Ok(BenchConfig {
+        targets,
+        api_key: args.api_key.clone(),
+        model: args.model.clone(),
+        requests,
+        concurrency: args.concurrency.max(1),
+        rate: args.rate,
+        max_in_flight: args.max_in_flight.max(1),
+        stream: !args.no_stream,
+        warmup: args.warmup,
+        run_id: run_id.to_owned(),
+        max_duration: Duration::from_secs_f64(duration),
+        namespace,
+    })
+}
+
+/// A bar over the measured requests (or a spinner when only time bounds the run) with the running
+/// hit rate; hidden with `--quiet` and whenever stderr is not a terminal.
+fn progress_bar(config: &BenchConfig, quiet: bool) -> ProgressBar {
+    let per_arrival = config.targets.len() as u64;
+    let length = match config.rate {
+        Some(rate) => Some(openloop::arrivals(rate, config.requests, config.max_duration) as u64),
+        None => (config.requests != usize::MAX).then_some(config.requests as u64),
+    };
+    let target = if quiet {
+        ProgressDrawTarget::hidden()
+    } else {
+        ProgressDrawTarget::stderr()
+    };
+    let bar = match length {
+        Some(n) => {
+            let bar = ProgressBar::with_draw_target(Some(n * per_arrival), target);
+            if let Ok(style) =
+                ProgressStyle::with_template("{elapsed_precise} [{bar:24}] {pos}/{len} {msg}")
+            {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar
+        }
+        None => {
+            let bar = ProgressBar::with_draw_target(None, target);
+            if let Ok(style) =
+                ProgressStyle::with_template("{spinner} {elapsed_precise} {pos} requests {msg}")
+            {
+                bar.set_style(style);
+            }
+            bar
+        }
+    };
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+fn progress_of(bar: ProgressBar) -> Progress {
+    let served = Arc::new(AtomicUsize::new(0));
+    let errors = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let started = std::time::Instant::now();
+    Arc::new(move |event: Event<'_>| {
+        match event {
+            Event::Done(sample) => {
+                done.fetch_add(1, Ordering::Relaxed);
+                if sample.error.is_some() {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                } else if matches!(
+                    sample.outcome.as_str(),
+                    "hit" | "semantic-hit" | "coalesced"
+                ) {
+                    served.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Event::Dropped => {
+                dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        bar.inc(1);
+        let n = done.load(Ordering::Relaxed);
+        let dropped = match dropped.load(Ordering::Relaxed) {
+            0 => String::new(),
+            d => format!(", {d} dropped"),
+        };
+        bar.set_message(format!(
+            "{:.1}/s, from cache {:.0}%, {} errors{dropped}",
+            n as f64 / started.elapsed().as_secs_f64().max(1e-3),
+            served.load(Ordering::Relaxed) as f64 * 100.0 / n.max(1) as f64,
+            errors.load(Ordering::Relaxed)
+        ));
+    })
+}
+
+/// Runs `reprise-client bench`.
+pub async fn main(args: BenchArgs) -> ExitCode {
+    let id = run_id();
+    let (config, workload) =
+        match config_of(&args, &id).and_then(|c| Ok((c, workload_of(&args, &id)?))) {
+            Ok(v) => v,
+            Err(err) => {
+                eprintln!("reprise-client bench: {err}");
+                return ExitCode::from(2);
+            }
+        };
+    let bar = progress_bar(&config, args.quiet);
+    let report = super::run(config, workload, progress_of(bar.clone())).await;
+    bar.finish_and_clear();
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(err) => {
+                eprintln!("reprise-client bench: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", super::render(&report));
+    }
+    if let Some(dir) = &args.report {
+        match report::write(dir, &report) {
+            Ok(_) => eprintln!(
+                "reprise-client bench: wrote {}",
+                dir.join("report.md").display()
+            ),
+            Err(err) => {
+                eprintln!("reprise-client bench: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if report
+        .targets
+        .iter()
+        .any(|t| t.errors == t.requests && t.requests > 0)
+    {
+        eprintln!("reprise-client bench: every request to a target failed");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.bench)
+    }
+
+    #[test]
+    fn flags_make_a_config() {
+        let args = parse(&[
+            "--url",
+            "http://127.0.0.1:8080",
+            "--duration",
+            "5",
+            "--rate",
+            "20",
+        ])
+        .expect("parses");
+        let config = config_of(&args, "r1").expect("config");
+        assert_eq!(config.targets, vec!["http://127.0.0.1:8080/v1".to_owned()]);
+        assert_eq!(config.requests, usize::MAX);
+        assert_eq!(config.rate, Some(20.0));
+        assert_eq!(config.namespace.as_deref(), Some("bench-r1"));
+        let args = parse(&[
+            "--max-seconds",
+            "5",
+            "--requests",
+            "10",
+            "--namespace",
+            "none",
+        ])
+        .expect("alias");
+        let config = config_of(&args, "r1").expect("config");
+        assert_eq!((config.requests, config.namespace), (10, None));
+        assert_eq!(config.max_duration, Duration::from_secs(5));
+        assert!(config_of(&parse(&["--rate", "0"]).expect("parses"), "r").is_err());
+    }
+
+    #[test]
+    fn workload_flags_conflict_and_depend() {
+        assert!(parse(&["--generate", "--unique-prompts", "3"]).is_err());
+        assert!(
+            parse(&["--zipf-s", "1.2"]).is_err(),
+            "--zipf-s needs --generate"
+        );
+        assert!(parse(&["--rate", "5", "--concurrency", "2"]).is_err());
+        let args = parse(&[
+            "--generate",
+            "--repeat-share",
+            "0.3",
+            "--paraphrase-share",
+            "0.2",
+        ])
+        .expect("parses");
+        let mut w = workload_of(&args, "r").expect("workload");
+        assert!(
+            w.describe().contains("30% repeats, 20% paraphrases"),
+            "{}",
+            w.describe()
+        );
+        w.next_planned();
+        let args = parse(&[
+            "--generate",
+            "--repeat-share",
+            "0.9",
+            "--paraphrase-share",
+            "0.2",
+        ])
+        .expect("parses");
+        assert!(workload_of(&args, "r")
+            .expect_err("above 1")
+            .contains("above 1"));
+    }
+}
