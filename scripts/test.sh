@@ -16,6 +16,9 @@ cargo build --workspace --bins
 echo "==> cargo test"
 cargo test --workspace
 
+echo "==> smoke: reprise-client bench (closed and open loop, --report, --compare)"
+REPRISE_BIN_DIR="$PWD/target/debug" scripts/smoke-bench.sh
+
 echo "==> smoke: reprise-client eval on hand-made pairs"
 REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" scripts/smoke-eval.sh
 
