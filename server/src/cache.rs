@@ -110,8 +110,22 @@ pub struct Cache {
     writer: Mutex<Option<std::sync::mpsc::Sender<WriteOp>>>,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     inflight: Mutex<HashMap<CacheKey, Arc<Flight>>>,
+    aliases: Mutex<Aliases>,
 }
 
+/// How many paraphrases [`Aliases`] remembers.
+const ALIASES: usize = 10_000;
+
+/// Prompts recently served by a semantic hit, by their own exact key: a verbatim repeat of a
+/// paraphrase (many users, one wording) then skips the embedding and the search. Only the entry id
+/// and the similarity are kept, in memory; the entry is re-read and re-checked on every use, so a
+/// deleted, replaced or expired entry is never served through an alias, and no alias carries a
+/// vector that could chain paraphrases of paraphrases ever further from the stored prompt.
+#[derive(Default)]
+struct Aliases {
+    map: HashMap<CacheKey, (EntryId, f32)>,
+    order: std::collections::VecDeque<CacheKey>,
+}
 /// A found entry and how old it is.
 pub struct Hit {
     pub entry: Arc<Entry>,
@@ -143,6 +157,7 @@ impl Cache {
             writer: Mutex::new(Some(tx)),
             writer_thread: Mutex::new(thread),
             inflight: Mutex::new(HashMap::new()),
+            aliases: Mutex::new(Aliases::default()),
         })
     }
 
@@ -174,6 +189,56 @@ impl Cache {
             entry: Arc::new(entry),
             age_s,
         })
+    }
+
+    /// Remembers that the prompt with exact key `key` was served `id` at `similarity`.
+    pub fn remember_alias(&self, key: CacheKey, id: EntryId, similarity: f32) {
+        let mut aliases = lock(&self.aliases);
+        if aliases.map.insert(key, (id, similarity)).is_none() {
+            aliases.order.push_back(key);
+        }
+        while aliases.map.len() > ALIASES {
+            let Some(oldest) = aliases.order.pop_front() else {
+                break;
+            };
+            aliases.map.remove(&oldest);
+        }
+    }
+
+    /// The entry a paraphrase with exact key `key` was served before, if it still qualifies: live,
+    /// in the request's partition, similar enough for today's `threshold`, young enough for
+    /// `max-age`. Returns it with the similarity it was matched at.
+    pub fn lookup_alias(
+        &self,
+        key: &CacheKey,
+        partition: &crate::key::PartitionKey,
+        threshold: f32,
+        policy: &Policy,
+    ) -> Option<(Hit, f32)> {
+        let (id, similarity) = *lock(&self.aliases).map.get(key)?;
+        if similarity < threshold {
+            return None;
+        }
+        let entry = match self.store.get(id) {
+            Ok(Some(e)) if e.partition == *partition => e,
+            Ok(_) => {
+                lock(&self.aliases).map.remove(key);
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let now = unix_ms();
+        let age_s = entry.age_s(now);
+        if entry.is_expired(now) || policy.max_age_s.is_some_and(|max| age_s > max) {
+            return None;
+        }
+        Some((
+            Hit {
+                entry: Arc::new(entry),
+                age_s,
+            },
+            similarity,
+        ))
     }
 
     /// Records a hit on an entry (batched by the writer thread).

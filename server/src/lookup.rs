@@ -75,6 +75,28 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
             );
         }
     }
+    let semantic_lookup = policy.lookup && policy.semantic && state.semantic.is_some();
+    if semantic_lookup {
+        // A paraphrase served before: the same answer, without embedding it again.
+        if let Some((hit, similarity)) =
+            state
+                .cache
+                .lookup_alias(&keys.exact, &keys.partition, threshold, &policy)
+        {
+            ingress.clock.looked_up = Some(Instant::now());
+            return respond_entry(
+                state,
+                &ingress,
+                &request_id,
+                &hit.entry,
+                hit.age_s,
+                Found::Similar(similarity),
+                stream,
+                include_usage,
+                policy.pacing,
+            );
+        }
+    }
     // Semantic stage: embed for a search (lookup allowed) and/or to store the vector with the answer.
     let mut nearest = None;
     let mut vector = None;
@@ -101,8 +123,11 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
             if let Some((entry, similarity)) = outcome.hit {
                 let entry = Arc::new(entry);
                 ingress.clock.looked_up = Some(Instant::now());
+                if policy.store {
+                    state.cache.remember_alias(keys.exact, entry.id, similarity);
+                }
                 let age_s = entry.age_s(unix_ms());
-                let mut response = respond_entry(
+                return respond_entry(
                     state,
                     &ingress,
                     &request_id,
@@ -113,12 +138,6 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
                     include_usage,
                     policy.pacing,
                 );
-                set_header(
-                    response.headers_mut(),
-                    "x-reprise-similarity",
-                    format!("{similarity:.4}"),
-                );
-                return response;
             }
         }
     }
@@ -457,6 +476,9 @@ fn respond_entry(
     set_header(headers, "age", age_s.to_string());
     if let Some(saved) = saved {
         set_header(headers, "x-reprise-ttft-saved-ms", format!("{saved:.1}"));
+    }
+    if let Some(similarity) = similarity {
+        set_header(headers, "x-reprise-similarity", format!("{similarity:.4}"));
     }
     response
 }

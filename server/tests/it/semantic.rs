@@ -330,3 +330,76 @@ async fn embedding_failures_fall_back_to_exact_matching() {
     );
     assert_eq!(ask(&gw, "sk-a", QUESTION, &[]).await.status(), 200);
 }
+
+#[tokio::test]
+async fn a_repeated_paraphrase_skips_the_embedding_but_never_outlives_its_entry() {
+    let Some(models) = models() else { return };
+    let sim = sim_default().await;
+    let gw = start(semantic_config(sim.base_url(), &models)).await;
+    let original = seed(&gw, "sk-a", QUESTION).await;
+    let first = ask(&gw, "sk-a", PARAPHRASE, &[]).await;
+    assert_eq!(
+        header(&first, "x-reprise-cache").as_deref(),
+        Some("semantic-hit")
+    );
+    let similarity = header(&first, "x-reprise-similarity").expect("similarity");
+    let entry = header(&first, "x-reprise-entry").expect("entry");
+    let embeds = gw
+        .state
+        .semantic
+        .as_ref()
+        .map(|s| s.embedder.stats().requests);
+
+    // The same wording again: served from the same entry, same similarity, no embedding.
+    let again = ask(&gw, "sk-a", PARAPHRASE, &[]).await;
+    assert_eq!(
+        header(&again, "x-reprise-cache").as_deref(),
+        Some("semantic-hit")
+    );
+    assert_eq!(
+        header(&again, "x-reprise-similarity"),
+        Some(similarity.clone())
+    );
+    assert_eq!(header(&again, "x-reprise-entry"), Some(entry.clone()));
+    let timing = header(&again, "server-timing").expect("timing");
+    assert!(!timing.contains("embed;dur="), "{timing}");
+    assert_eq!(
+        gw.state
+            .semantic
+            .as_ref()
+            .map(|s| s.embedder.stats().requests),
+        embeds
+    );
+    let body: Value = again.json().await.expect("json");
+    assert_eq!(body["choices"][0]["message"]["content"], original.as_str());
+
+    // A stricter request does not take the shortcut below its threshold.
+    let strict = ask(
+        &gw,
+        "sk-a",
+        PARAPHRASE,
+        &[("x-reprise-threshold", "0.9999")],
+    )
+    .await;
+    assert_eq!(header(&strict, "x-reprise-cache").as_deref(), Some("miss"));
+    let _ = strict.bytes().await;
+    // Another tenant's identical wording is another partition.
+    let other = ask(&gw, "sk-b", PARAPHRASE, &[]).await;
+    assert_eq!(header(&other, "x-reprise-cache").as_deref(), Some("miss"));
+    let _ = other.bytes().await;
+
+    // Once the entry is deleted, the remembered paraphrase is not served either.
+    let deleted = client()
+        .delete(gw.url(&format!("/admin/entries/{entry}")))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status(), 200);
+    let after = ask(&gw, "sk-a", PARAPHRASE, &[("cache-control", "no-store")]).await;
+    assert_ne!(header(&after, "x-reprise-entry"), Some(entry));
+    assert_ne!(
+        header(&after, "x-reprise-cache").as_deref(),
+        Some("semantic-hit")
+    );
+}
