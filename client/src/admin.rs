@@ -360,24 +360,7 @@ pub struct HitEvent {
     pub ttft_saved_ms: Option<f64>,
 }
 
-/// The phases of one request in milliseconds; absent phases did not happen.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Phases {
-    pub ingress_ms: Option<f64>,
-    pub lookup_ms: Option<f64>,
-    pub embed_ms: Option<f64>,
-    pub search_ms: Option<f64>,
-    pub upstream_send_ms: Option<f64>,
-    pub ttft_ms: Option<f64>,
-    pub decode_ms: Option<f64>,
-    pub downstream_ms: Option<f64>,
-    pub total_ms: f64,
-    pub tokens: u64,
-    pub completion_tokens: Option<u64>,
-    pub itl_p50_ms: Option<f64>,
-    pub itl_p99_ms: Option<f64>,
-    pub tokens_per_s: Option<f64>,
-}
+pub use crate::phases::Phases;
 
 /// One page of `GET /admin/entries`, newest first (or by similarity for a search).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1051,13 +1051,15 @@ fn phases_table(phases: &Phases) -> Table {
         ("ttft", phases.ttft_ms),
         ("decode", phases.decode_ms),
         ("downstream", phases.downstream_ms),
-        ("total", Some(phases.total_ms)),
+        ("total", phases.total_ms),
     ] {
         if let Some(ms) = value {
             rows.push((name, fmt_ms(ms)));
         }
     }
-    let mut tokens = phases.tokens.to_string();
+    let mut tokens = phases
+        .tokens
+        .map_or_else(|| "-".to_owned(), |t| t.to_string());
     if let Some(completion) = phases.completion_tokens {
         tokens.push_str(&format!(" ({completion} completion tokens reported)"));
     }
@@ -1207,7 +1209,7 @@ pub fn render_requests(page: &RequestsPage, now_ms: u64) -> String {
             status,
             cache,
             fmt_opt_ms(record.phases.ttft_ms),
-            fmt_ms(record.phases.total_ms),
+            fmt_opt_ms(record.phases.total_ms),
             fmt_opt_ms(record.ttft_saved_ms),
             record.entry.clone().unwrap_or_else(|| "-".to_owned()),
         ]);

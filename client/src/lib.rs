@@ -10,4 +10,5 @@ pub mod admin;
 pub mod admin_cli;
 pub mod bench;
 pub mod eval;
+pub mod phases;
 pub mod sim;

@@ -4,22 +4,8 @@
 //! The client mirrors the gateway's phase names (`server/src/timing.rs`) without linking the
 //! server, so it can read any gateway version that sends them and ignore what it does not know.
 
-use serde::{Deserialize, Serialize};
-
-/// The gateway's phases of one request, in milliseconds; absent phases did not happen.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Phases {
-    pub ingress_ms: Option<f64>,
-    pub lookup_ms: Option<f64>,
-    pub embed_ms: Option<f64>,
-    pub search_ms: Option<f64>,
-    pub upstream_send_ms: Option<f64>,
-    pub ttft_ms: Option<f64>,
-    pub decode_ms: Option<f64>,
-    pub downstream_ms: Option<f64>,
-    pub total_ms: Option<f64>,
-}
+pub use crate::phases::Phases;
+use serde::Serialize;
 
 /// The comment's prefix, as the gateway writes it.
 const COMMENT: &[u8] = b": reprise-timing ";
@@ -143,6 +129,7 @@ impl PhaseMeans {
                 decode_ms: m[6],
                 downstream_ms: m[7],
                 total_ms: m[8],
+                ..Phases::default()
             },
             segments: segments.into_iter().map(|s| s / n as f64).collect(),
         })
