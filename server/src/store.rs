@@ -197,6 +197,32 @@ impl SledStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Up to `limit` readable entries from a range of the `entries` tree, in the range's order.
+    /// Unreadable entries are skipped: a page is shorter only when the range ran out.
+    fn decode_page(
+        &self,
+        rows: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>,
+        limit: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let mut out = Vec::with_capacity(limit.min(1024));
+        if limit == 0 {
+            return Ok(out);
+        }
+        for item in rows {
+            let (raw_id, raw) = item?;
+            let Some(id) = parse_id(&raw_id) else {
+                continue;
+            };
+            if let Some(entry) = self.decode_or_quarantine(EntryId(id), &raw) {
+                out.push(entry);
+                if out.len() == limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Publishes the ledger's totals; called before releasing the ledger lock.
     fn publish(&self, ledger: &Ledger) {
         self.len.store(ledger.slots.len(), Ordering::Relaxed);
@@ -368,52 +394,13 @@ impl Store for SledStore {
     }
 
     fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
-        let start = match after {
-            Some(id) => Bound::Excluded(id.0.to_be_bytes()),
-            None => Bound::Unbounded,
-        };
-        let mut out = Vec::with_capacity(limit.min(1024));
-        if limit == 0 {
-            return Ok(out);
-        }
-        for item in self.entries.range((start, Bound::Unbounded)) {
-            let (raw_id, raw) = item?;
-            // Unreadable entries are skipped: the page is shorter only if the store ran out.
-            let Some(id) = parse_id(&raw_id) else {
-                continue;
-            };
-            if let Some(entry) = self.decode_or_quarantine(EntryId(id), &raw) {
-                out.push(entry);
-                if out.len() == limit {
-                    break;
-                }
-            }
-        }
-        Ok(out)
+        let start = after.map_or(Bound::Unbounded, |id| Bound::Excluded(id.0.to_be_bytes()));
+        self.decode_page(self.entries.range((start, Bound::Unbounded)), limit)
     }
 
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
-        let end = match before {
-            Some(id) => Bound::Excluded(id.0.to_be_bytes()),
-            None => Bound::Unbounded,
-        };
-        let mut out = Vec::with_capacity(limit.min(1024));
-        if limit == 0 {
-            return Ok(out);
-        }
-        for item in self.entries.range((Bound::Unbounded, end)).rev() {
-            let (raw_id, raw) = item?;
-            let Some(id) = parse_id(&raw_id) else {
-                continue;
-            };
-            if let Some(entry) = self.decode_or_quarantine(EntryId(id), &raw) {
-                out.push(entry);
-                if out.len() == limit {
-                    break;
-                }
-            }
-        }
-        Ok(out)
+        let end = before.map_or(Bound::Unbounded, |id| Bound::Excluded(id.0.to_be_bytes()));
+        self.decode_page(self.entries.range((Bound::Unbounded, end)).rev(), limit)
     }
 
     fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
