@@ -1,7 +1,8 @@
 """Turns the `reprise-client bench --json` reports of a peer run into Markdown tables; computes nothing the driver did not measure.
 
 run-gptcache.sh writes one JSON report per scenario and a manifest (tab-separated: scenario id,
-title, target names joined by `,`, report path). Sub-commands:
+title, target names joined by `,`, report path); MANIFEST may also be a bundle this script wrote
+earlier (a .json file), to re-render committed results. Sub-commands:
 
   summary MANIFEST   headline tables: TTFT by outcome side by side, hit rates, hit throughput
   tables MANIFEST    one section per scenario with the driver's per-target and per-outcome numbers
@@ -36,6 +37,10 @@ class Scenario:
 
 
 def load(manifest: Path) -> list[Scenario]:
+    """Reads a run's manifest, or a bundle this script wrote earlier (to re-render committed results)."""
+    if manifest.suffix == ".json":
+        doc = json.loads(manifest.read_text())
+        return [Scenario(ident, s["title"], s["targets"], s["report"]) for ident, s in doc.items()]
     scenarios = []
     for line in manifest.read_text().splitlines():
         if not line.strip():
@@ -124,7 +129,8 @@ def summary(scenarios: list[Scenario]) -> str:
 def tables(scenarios: list[Scenario]) -> str:
     out = []
     for s in scenarios:
-        out.append(f"### {s.title}\n")
+        alone = f", {s.names[0]} alone" if len(s.names) == 1 else ""
+        out.append(f"### {s.title}{alone}\n")
         out.append("| target | outcome | requests | errors | TTFT p50 | p90 | p99 | total p50 | p90 | p99 | req/s |")
         out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for name, t in zip(s.names, s.report["targets"]):
