@@ -11,7 +11,7 @@ use std::time::Instant;
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use crate::entry::{Entry, EntryId, HitEvent, RequestSummary, StoredEvent};
+use crate::entry::{Entry, EntryId, HitEvent, RequestSummary, StoredEvent, HIT_HISTORY};
 use crate::index::VectorIndex;
 use crate::ingress::Route;
 use crate::key::{CacheKey, Keys};
@@ -222,7 +222,10 @@ impl Cache {
         let entry = match self.store.get(id) {
             Ok(Some(e)) if e.partition == *partition => e,
             Ok(_) => {
-                lock(&self.aliases).map.remove(key);
+                let mut aliases = lock(&self.aliases);
+                if aliases.map.remove(key).is_some() {
+                    aliases.order.retain(|k| k != key);
+                }
                 return None;
             }
             Err(_) => return None,
@@ -270,6 +273,13 @@ impl Cache {
         flight.changed.notify_waiters();
     }
 
+    /// Waits until every write queued so far has landed (blocking; admin operations).
+    pub fn drain(&self) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.send(WriteOp::Flush(tx));
+        let _ = rx.recv_timeout(std::time::Duration::from_secs(30));
+    }
+
     /// Drains pending writes and flushes the store (shutdown).
     pub fn close(&self) {
         let (tx, rx) = std::sync::mpsc::channel();
@@ -301,7 +311,7 @@ fn writer_loop(
 ) {
     let interval = std::time::Duration::from_millis(sweep_ms.max(10));
     let mut last_sweep = Instant::now();
-    let mut touches: HashMap<EntryId, Vec<HitEvent>> = HashMap::new();
+    let mut touches: HashMap<EntryId, Touches> = HashMap::new();
     let mut dirty = false;
     loop {
         let op = rx.recv_timeout(interval);
@@ -319,7 +329,15 @@ fn writer_loop(
                 }
                 dirty = true;
             }
-            Ok(WriteOp::Touch(id, hit)) => touches.entry(id).or_default().push(hit),
+            Ok(WriteOp::Touch(id, hit)) => {
+                let t = touches.entry(id).or_default();
+                t.count += 1;
+                // Only the latest are kept with the entry: a hot entry's batch stays small.
+                if t.recent.len() == HIT_HISTORY {
+                    t.recent.pop_front();
+                }
+                t.recent.push_back(hit);
+            }
             Ok(WriteOp::Flush(done)) => {
                 apply_touches(store.as_ref(), &mut touches);
                 if let Err(err) = store.flush() {
@@ -350,9 +368,17 @@ fn writer_loop(
     }
 }
 
-fn apply_touches(store: &dyn Store, touches: &mut HashMap<EntryId, Vec<HitEvent>>) {
-    for (id, hits) in touches.drain() {
-        if let Err(err) = store.touch(id, &hits) {
+/// Hits on one entry since the last write of them.
+#[derive(Default)]
+struct Touches {
+    count: u64,
+    recent: std::collections::VecDeque<HitEvent>,
+}
+
+fn apply_touches(store: &dyn Store, touches: &mut HashMap<EntryId, Touches>) {
+    for (id, t) in touches.drain() {
+        let recent: Vec<HitEvent> = t.recent.into();
+        if let Err(err) = store.touch(id, t.count, &recent) {
             tracing::debug!(error = %err, "recording hits failed");
         }
     }

@@ -392,6 +392,12 @@ impl Config {
                 });
             }
         }
+        if self.default_ttl_s > crate::policy::MAX_TTL_S {
+            return Err(ConfigError::Invalid {
+                field: "default_ttl_s",
+                reason: format!("must be at most {} (ten years)", crate::policy::MAX_TTL_S),
+            });
+        }
         let thresholds = std::iter::once(("similarity_threshold", self.similarity_threshold))
             .chain(
                 self.namespace_thresholds

@@ -139,6 +139,11 @@ impl GatewayError {
         self.parts().0
     }
 
+    /// The OpenAI-shaped `code`, e.g. `upstream_timeout`.
+    pub fn code(&self) -> &'static str {
+        self.parts().2
+    }
+
     /// The OpenAI-shaped JSON body.
     pub fn body(&self) -> serde_json::Value {
         let (_, kind, code) = self.parts();

@@ -192,6 +192,8 @@ pub struct RecordMeta {
     pub cache: &'static str,
     /// Set when an entry served the request.
     pub served: Option<Served>,
+    /// `code` of the gateway's error response, if it sent one.
+    pub error: Option<&'static str>,
 }
 
 /// What a hit adds to its record.
@@ -217,6 +219,7 @@ impl RecordMeta {
             entry: self.served.as_ref().map(|s| s.entry.to_string()),
             similarity: self.served.as_ref().and_then(|s| s.similarity),
             ttft_saved_ms: self.served.as_ref().and_then(|s| s.ttft_saved_ms),
+            error: self.error.map(str::to_owned),
         });
     }
 }
@@ -248,6 +251,7 @@ pub async fn relay_json(
         stream,
         cache,
         served: None,
+        error: None,
     };
     let upstream = &state.upstream;
     let taken = Arc::new(OnceLock::new());
@@ -291,12 +295,13 @@ pub async fn relay_json(
 /// Builds the response for an error raised before anything was sent to the client, and records it.
 fn fail_before_response(
     state: &AppState,
-    meta: RecordMeta,
+    mut meta: RecordMeta,
     clock: PhaseClock,
     err: GatewayError,
     request_id: &str,
 ) -> Response {
     let cache = meta.cache;
+    meta.error = Some(err.code());
     meta.finish(
         &state.requests,
         err.status().as_u16(),
@@ -710,6 +715,7 @@ pub async fn passthrough(state: &AppState, request: Request, request_id: String)
         stream: false,
         cache: "pass",
         served: None,
+        error: None,
     };
     let upstream = &state.upstream;
     let method =

@@ -338,6 +338,7 @@ fn meta_for(ingress: &Ingress, request_id: &str, cache: &'static str) -> RecordM
         stream: ingress.stream,
         cache,
         served: None,
+        error: None,
     }
 }
 
@@ -432,8 +433,10 @@ fn respond_entry(
         (Source::Once(Some(body)), "application/json")
     };
     let phases = clock.phases(Instant::now());
+    // A coalesced request waited for the upstream like its leader: it claims no saving.
     let saved = entry
         .ttft_cost_ms()
+        .filter(|_| !matches!(found, Found::Coalesced))
         .map(|cost| (cost - phases.ttft_ms.unwrap_or(0.0)).max(0.0));
     meta.served = Some(Served {
         entry: entry.id,

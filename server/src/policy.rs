@@ -92,7 +92,8 @@ pub struct Defaults {
     pub pacing: Pacing,
 }
 
-const MAX_TTL_S: u64 = 10 * 365 * 24 * 3600;
+/// Longest time to live an entry may have (ten years).
+pub const MAX_TTL_S: u64 = 10 * 365 * 24 * 3600;
 
 fn header<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<Option<&'a str>, GatewayError> {
     match headers.get(name) {
@@ -214,20 +215,26 @@ pub fn from_headers(headers: &HeaderMap, defaults: &Defaults) -> Result<Policy, 
         policy.threshold = Some(t);
     }
     if let Some(v) = header(headers, "x-reprise-namespace")? {
-        let v = v.trim();
-        let ok = !v.is_empty()
-            && v.len() <= 128
-            && v.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.:/".contains(&b));
-        if !ok {
-            return Err(GatewayError::invalid(
-                "`x-reprise-namespace` must be 1 to 128 characters of letters, digits and - _ . : /",
-                Some("x-reprise-namespace"),
-            ));
-        }
-        policy.namespace = Some(v.to_owned());
+        policy.namespace = Some(namespace(v, "x-reprise-namespace")?);
     }
     Ok(policy)
+}
+
+/// A namespace as requests and admin routes accept it (trimmed), or a 400 naming `param`.
+pub fn namespace(value: &str, param: &str) -> Result<String, GatewayError> {
+    let v = value.trim();
+    let ok = !v.is_empty()
+        && v.len() <= 128
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:/".contains(&b));
+    if ok {
+        Ok(v.to_owned())
+    } else {
+        Err(GatewayError::invalid(
+            format!("`{param}` must be 1 to 128 characters of letters, digits and - _ . : /"),
+            Some(param),
+        ))
+    }
 }
 
 /// The value of `x-reprise-cache` for a request that went upstream.

@@ -52,6 +52,9 @@ pub struct RequestRecord {
     /// Network and prefill time of the stored miss, less this hit's TTFT.
     #[serde(default)]
     pub ttft_saved_ms: Option<f64>,
+    /// The `code` of the gateway's own error response, when it answered with one.
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// A bounded ring of recent requests (the oldest is dropped when full), and the counters every
@@ -131,6 +134,7 @@ mod tests {
             entry: None,
             similarity: None,
             ttft_saved_ms: None,
+            error: None,
         }
     }
 

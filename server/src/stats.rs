@@ -86,10 +86,15 @@ fn upstream_error_kind(record: &RequestRecord) -> Option<&'static str> {
     match record.completion {
         Completion::UpstreamError => Some("status"),
         Completion::StreamFailed => Some("stream"),
-        // The gateway's own errors: only these two statuses come from the upstream's side.
-        Completion::GatewayError if record.status == 502 => Some("connect"),
-        Completion::GatewayError if record.status == 504 => Some("timeout"),
-        Completion::GatewayError | Completion::Complete | Completion::ClientDisconnected => None,
+        // The gateway's own errors name their cause; only these three are the upstream's doing.
+        Completion::GatewayError => match record.error.as_deref() {
+            Some("upstream_unreachable") => Some("connect"),
+            Some("upstream_timeout") => Some("timeout"),
+            // Broke off or was malformed before the first event.
+            Some("upstream_invalid_response") => Some("stream"),
+            _ => None,
+        },
+        Completion::Complete | Completion::ClientDisconnected => None,
     }
 }
 
@@ -290,9 +295,7 @@ impl Stats {
                 start_ms,
                 ..TimelineBucket::default()
             });
-            while counts.timeline.len() > TIMELINE_BUCKETS {
-                counts.timeline.pop_front();
-            }
+            trim_timeline(&mut counts.timeline, now);
         }
         if let Some(bucket) = counts.timeline.back_mut() {
             match cache {
@@ -329,9 +332,13 @@ impl Stats {
         self.index_vectors.set(now.index_vectors as i64);
         self.index_tombstones.set(now.index_tombstones as i64);
         // The embedder counts fallbacks itself; the counter catches up to it (never goes back).
-        let seen = self.embed_fallbacks.get();
-        if now.embed_fallbacks > seen {
-            self.embed_fallbacks.inc_by(now.embed_fallbacks - seen);
+        // Under the counts lock, so two scrapes at once cannot both add the same difference.
+        {
+            let _catching_up = lock(&self.counts);
+            let seen = self.embed_fallbacks.get();
+            if now.embed_fallbacks > seen {
+                self.embed_fallbacks.inc_by(now.embed_fallbacks - seen);
+            }
         }
         let mut out = Vec::new();
         if let Err(err) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
@@ -342,7 +349,8 @@ impl Stats {
 
     /// Counts and rates since start, the TTFT histogram and the timeline.
     pub fn totals(&self) -> Totals {
-        let counts = lock(&self.counts);
+        let mut counts = lock(&self.counts);
+        trim_timeline(&mut counts.timeline, unix_ms());
         let get = |k: &str| counts.by_cache.get(k).copied().unwrap_or(0);
         let requests = RequestCounts {
             total: counts.total,
@@ -384,6 +392,14 @@ impl Stats {
                 buckets: counts.timeline.iter().cloned().collect(),
             },
         }
+    }
+}
+
+/// Keeps the buckets of the last ten minutes only (an idle gateway has none).
+fn trim_timeline(timeline: &mut VecDeque<TimelineBucket>, now_ms: u64) {
+    let oldest = now_ms.saturating_sub(TIMELINE_BUCKET_MS * TIMELINE_BUCKETS as u64);
+    while timeline.front().is_some_and(|b| b.start_ms < oldest) {
+        timeline.pop_front();
     }
 }
 
@@ -590,6 +606,10 @@ mod tests {
             entry: None,
             similarity: None,
             ttft_saved_ms: (cache == "hit").then_some(400.0),
+            error: (completion == Completion::GatewayError).then(|| match status {
+                504 => "upstream_timeout".to_owned(),
+                _ => "upstream_unreachable".to_owned(),
+            }),
         }
     }
 
@@ -624,6 +644,36 @@ mod tests {
         assert_eq!(t.ttft_histogram.by_outcome["miss"][9], 1, "410 ms <= 500");
         let bucket = t.timeline.buckets.last().expect("a bucket");
         assert_eq!((bucket.hit, bucket.miss), (3, 3));
+    }
+
+    #[test]
+    fn upstream_errors_are_told_apart_by_the_error_code() {
+        let stats = Stats::new();
+        let mut broke = record("miss", Completion::GatewayError, 502, 0.0);
+        broke.error = Some("upstream_invalid_response".into());
+        stats.observe(&broke);
+        stats.observe(&record("miss", Completion::GatewayError, 502, 0.0));
+        let mut own = record("miss", Completion::GatewayError, 400, 0.0);
+        own.error = Some("invalid_request".into());
+        stats.observe(&own);
+        let e = stats.totals().upstream_errors;
+        assert_eq!((e.connect, e.stream, e.timeout, e.status), (1, 1, 0, 0));
+    }
+
+    #[test]
+    fn the_timeline_keeps_ten_minutes() {
+        let mut timeline: VecDeque<TimelineBucket> = [0u64, 500_000, 590_000, 600_000]
+            .into_iter()
+            .map(|start_ms| TimelineBucket {
+                start_ms,
+                ..TimelineBucket::default()
+            })
+            .collect();
+        trim_timeline(&mut timeline, 1_150_000);
+        let starts: Vec<u64> = timeline.iter().map(|b| b.start_ms).collect();
+        assert_eq!(starts, [590_000, 600_000]);
+        trim_timeline(&mut timeline, 10_000_000);
+        assert!(timeline.is_empty(), "an idle gateway shows no old traffic");
     }
 
     #[test]

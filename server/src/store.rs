@@ -78,10 +78,10 @@ pub trait Store: Send + Sync + 'static {
     fn put(&self, entry: Entry) -> Result<EntryId, StoreError>;
     /// Removes the entry and its index row atomically; false if there was no such entry.
     fn delete(&self, id: EntryId) -> Result<bool, StoreError>;
-    /// Records hits: adds them to `hit_count` and the bounded `hit_history`, and moves `last_hit_ms`
-    /// forward (never back). Meant for off the request path; a missing entry is not an error (it
+    /// Records hits: adds `hits` to `hit_count`, the `recent` ones (the latest of them) to the
+    /// bounded `hit_history`, and moves `last_hit_ms` forward (never back). Meant for off the request path; a missing entry is not an error (it
     /// may have been evicted).
-    fn touch(&self, id: EntryId, hits: &[HitEvent]) -> Result<(), StoreError>;
+    fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError>;
     /// Entries newest first, with ids below `before` (exclusive), at most `limit`: admin listing.
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError>;
     /// Entries in id order after `after` (exclusive), at most `limit`: for paginated admin listing.
@@ -365,10 +365,11 @@ impl Store for SledStore {
         Ok(removed > 0)
     }
 
-    fn touch(&self, id: EntryId, hits: &[HitEvent]) -> Result<(), StoreError> {
-        let Some(last_hit_ms) = hits.iter().map(|h| h.at_ms).max() else {
+    fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError> {
+        let last_hit_ms = recent.iter().map(|h| h.at_ms).max().unwrap_or(0);
+        if hits == 0 && recent.is_empty() {
             return Ok(());
-        };
+        }
         let id_bytes = id.0.to_be_bytes();
         // Read, update and write under the lock, so this write cannot undo a concurrent delete.
         let mut ledger = self.lock_ledger();
@@ -378,10 +379,10 @@ impl Store for SledStore {
         let Some(mut entry) = self.decode_or_quarantine(id, &raw) else {
             return Ok(());
         };
-        entry.hit_count = entry.hit_count.saturating_add(hits.len() as u64);
+        entry.hit_count = entry.hit_count.saturating_add(hits);
         // Batched touches may arrive out of order: recency only moves forward.
         entry.last_hit_ms = entry.last_hit_ms.max(last_hit_ms);
-        entry.hit_history.extend_from_slice(hits);
+        entry.hit_history.extend_from_slice(recent);
         entry.hit_history.sort_by_key(|h| h.at_ms);
         let excess = entry.hit_history.len().saturating_sub(HIT_HISTORY);
         entry.hit_history.drain(..excess);
@@ -911,9 +912,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = open(dir.path());
         let id = store.put(entry(1, 1_000, 60_000)).expect("put");
-        store.touch(id, &hits(2, 5_000)).expect("touch");
+        store.touch(id, 2, &hits(2, 5_000)).expect("touch");
         store
-            .touch(id, &hits(3, 4_000))
+            .touch(id, 3, &hits(3, 4_000))
             .expect("touch out of order");
 
         let touched = store.get(id).expect("get").expect("present");
@@ -924,7 +925,7 @@ mod tests {
         );
         // Touching an evicted entry is not an error.
         store
-            .touch(EntryId(id.0 + 1000), &hits(1, 6_000))
+            .touch(EntryId(id.0 + 1000), 1, &hits(1, 6_000))
             .expect("touch missing");
         assert_consistent(&store);
     }
@@ -973,11 +974,19 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = open(dir.path());
         let id = store.put(entry(1, 1_000, 60_000)).expect("put");
-        store.touch(id, &hits(HIT_HISTORY, 9_000)).expect("touch");
-        store.touch(id, &hits(3, 2_000)).expect("touch older batch");
-        store.touch(id, &hits(2, 10_000)).expect("touch");
+        store
+            .touch(id, HIT_HISTORY as u64, &hits(HIT_HISTORY, 9_000))
+            .expect("touch");
+        store
+            .touch(id, 3, &hits(3, 2_000))
+            .expect("touch older batch");
+        store.touch(id, 2, &hits(2, 10_000)).expect("touch");
+        // A batch may count more hits than it carries events for (the writer keeps the latest).
+        store
+            .touch(id, 1_000, &hits(1, 9_500))
+            .expect("touch a large batch");
         let e = store.get(id).expect("get").expect("present");
-        assert_eq!(e.hit_count, HIT_HISTORY as u64 + 5);
+        assert_eq!(e.hit_count, HIT_HISTORY as u64 + 5 + 1_000);
         assert_eq!(e.hit_history.len(), HIT_HISTORY);
         assert!(e.hit_history.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
         assert_eq!(e.hit_history.last().map(|h| h.at_ms), Some(10_000));
@@ -1016,7 +1025,7 @@ mod tests {
         // Five entries scattered through the id range were hit recently.
         let recent = [ids[0], ids[7], ids[13], ids[21], ids[29]];
         for id in recent {
-            store.touch(id, &hits(1, 50_000)).expect("touch");
+            store.touch(id, 1, &hits(1, 50_000)).expect("touch");
         }
 
         let (expired, evicted) = store.sweep(10_000, 10, u64::MAX).expect("sweep");
@@ -1112,7 +1121,7 @@ mod tests {
             let ids: Vec<EntryId> = (0..5)
                 .map(|n| store.put(entry(n, 1_000, 60_000)).expect("put"))
                 .collect();
-            store.touch(ids[2], &hits(4, 3_000)).expect("touch");
+            store.touch(ids[2], 4, &hits(4, 3_000)).expect("touch");
             store.flush().expect("flush");
             (ids, store.bytes())
         };
@@ -1148,7 +1157,7 @@ mod tests {
                         let id = store.put(entry(i % 20, 1_000 + i, 60_000)).expect("put");
                         match (t + i) % 4 {
                             0 => drop(store.delete(id).expect("delete")),
-                            1 => store.touch(id, &hits(1, 9_000 + i)).expect("touch"),
+                            1 => store.touch(id, 1, &hits(1, 9_000 + i)).expect("touch"),
                             _ => drop(store.get_by_key(&key(i % 20)).expect("by key")),
                         }
                     }
@@ -1279,7 +1288,7 @@ mod tests {
             if n.is_multiple_of(3) {
                 store.delete(id).expect("delete");
             } else {
-                store.touch(id, &hits(1, 5_000 + n)).expect("touch");
+                store.touch(id, 1, &hits(1, 5_000 + n)).expect("touch");
             }
             n += 1;
         }

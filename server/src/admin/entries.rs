@@ -237,8 +237,11 @@ pub async fn list(
     State(state): State<AppState>,
     query: Result<Query<EntriesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<EntryPage>, GatewayError> {
-    let Query(query) =
-        query.map_err(|e| GatewayError::invalid(format!("Invalid query: {e}."), None))?;
+    let Query(query) = query.map_err(|e| {
+        // Only the numeric field can fail to parse.
+        let param = e.body_text().contains("limit").then_some("limit");
+        GatewayError::invalid(format!("Invalid query: {e}."), param)
+    })?;
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(GatewayError::invalid(
@@ -262,15 +265,12 @@ pub async fn list(
                 return Ok(Vec::new());
             };
             let now = unix_ms();
-            // Filters apply after the scan: look further than `limit` when they may drop some.
-            let k = if namespace.is_some() || model.is_some() {
-                index.len()
-            } else {
-                limit * 2
-            };
+            // Every vector is scored anyway; ranking them all lets filters, and vectors of entries
+            // that are gone, drop candidates without shortening the page.
             let mut out = Vec::new();
-            for n in index.scan_all(&vector, -1.0, k) {
+            for n in index.scan_all(&vector, -1.0, index.len()) {
                 let Some(entry) = store.get(EntryId(n.id)).map_err(store_error)? else {
+                    index.remove(n.id);
                     continue;
                 };
                 if entry.is_expired(now) || !matches(&entry, namespace.as_deref(), model.as_deref())
@@ -488,7 +488,10 @@ pub async fn invalidate(
         None => None,
     };
     let store: Arc<dyn Store> = state.cache.store.clone();
+    let cache = state.cache.clone();
     let ids = blocking(move || {
+        // Answers recorded just before this call must not land after it unexamined.
+        cache.drain();
         let now = unix_ms();
         let keep = |e: &Entry| {
             matches(e, namespace.as_deref(), model.as_deref())
@@ -546,7 +549,10 @@ pub struct Flushed {
 pub async fn flush(State(state): State<AppState>) -> Result<Json<Flushed>, GatewayError> {
     let store = state.cache.store.clone();
     let index = state.cache.index.clone();
+    let cache = state.cache.clone();
     let deleted = blocking(move || {
+        // Answers recorded just before the flush land first, then go with the rest.
+        cache.drain();
         let ids = store.ids().map_err(store_error)?;
         let deleted = store.clear().map_err(store_error)?;
         if let Some(index) = &index {

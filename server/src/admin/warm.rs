@@ -23,8 +23,7 @@ use crate::record::unix_ms;
 use crate::timing::Phases;
 use crate::AppState;
 
-/// Longest TTL a warmed entry may ask for (as `x-reprise-ttl`).
-const MAX_TTL_S: u64 = 10 * 365 * 24 * 3600;
+use crate::policy::MAX_TTL_S;
 
 /// One prompt/response pair to pre-load.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -151,7 +150,14 @@ fn in_item(label: &str, err: GatewayError) -> GatewayError {
     }
 }
 
-fn prepare(state: &AppState, value: Value, default_ttl_s: u64) -> Result<Prepared, GatewayError> {
+/// What validating an item needs from the gateway's settings.
+#[derive(Clone, Copy)]
+struct Rules {
+    share_across_keys: bool,
+    default_ttl_s: u64,
+}
+
+fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
     let item: WarmItem = super::parse_json(&serde_json::to_vec(&value).unwrap_or_default())?;
     let WarmItem {
         model,
@@ -212,14 +218,17 @@ fn prepare(state: &AppState, value: Value, default_ttl_s: u64) -> Result<Prepare
             Some("response"),
         ));
     }
-    let ttl_s = ttl_s.unwrap_or(default_ttl_s);
+    let namespace = namespace
+        .map(|n| crate::policy::namespace(&n, "namespace"))
+        .transpose()?;
+    let ttl_s = ttl_s.unwrap_or(rules.default_ttl_s);
     if !(1..=MAX_TTL_S).contains(&ttl_s) {
         return Err(GatewayError::invalid(
             format!("`ttl_s` must be from 1 to {MAX_TTL_S}."),
             Some("ttl_s"),
         ));
     }
-    let tenant = if state.cache.settings.share_across_keys {
+    let tenant = if rules.share_across_keys {
         Tenant::Shared
     } else {
         let Some(key) = api_key else {
@@ -284,15 +293,25 @@ pub async fn warm(
         .unwrap_or("application/json");
     let json_lines = is_json_lines(content_type);
     let raw = crate::ingress::read_limited(body, &parts.headers, super::ADMIN_MAX_BODY).await?;
-    let items = split_items(&raw, json_lines)?;
-    if items.is_empty() {
-        return Err(GatewayError::invalid("No entries to warm.", None));
-    }
-    let default_ttl_s = state.live.current().config.default_ttl_s;
-    let prepared: Vec<Prepared> = items
-        .into_iter()
-        .map(|(label, value)| prepare(&state, value, default_ttl_s).map_err(|e| in_item(&label, e)))
-        .collect::<Result<_, _>>()?;
+    let rules = Rules {
+        share_across_keys: state.cache.settings.share_across_keys,
+        default_ttl_s: state.live.current().config.default_ttl_s,
+    };
+    // Parsing and keying a large file is CPU work: off the async workers.
+    let prepared: Vec<Prepared> = tokio::task::spawn_blocking(move || {
+        let items = split_items(&raw, json_lines)?;
+        if items.is_empty() {
+            return Err(GatewayError::invalid("No entries to warm.", None));
+        }
+        items
+            .into_iter()
+            .map(|(label, value)| prepare(rules, value).map_err(|e| in_item(&label, e)))
+            .collect::<Result<_, _>>()
+    })
+    .await
+    .map_err(|e| GatewayError::Internal {
+        detail: format!("warm task failed: {e}"),
+    })??;
     // Vectors in one batched call; a failed embedding leaves the entries exact-match only.
     let vectors: Vec<Option<Vec<f32>>> = match &state.semantic {
         Some(semantic) => {

@@ -322,6 +322,7 @@ async fn entries_page_newest_first_filter_show_and_delete() {
     for (path, param) in [
         ("/admin/entries?limit=0", "limit"),
         ("/admin/entries?limit=201", "limit"),
+        ("/admin/entries?limit=abc", "limit"),
         ("/admin/entries?cursor=zzz", "cursor"),
         ("/admin/entries/zzz", "id"),
     ] {
@@ -473,6 +474,18 @@ async fn warmed_entries_are_served_without_an_upstream_call() {
         (status, &body["error"]["param"]),
         (400, &json!("entries[0].api_key")),
         "tenants kept apart need the key"
+    );
+    let (status, body) = admin_send(
+        &gw,
+        reqwest::Method::POST,
+        "/admin/entries",
+        json!({"model": "m", "prompt": "p", "response": "r", "api_key": "k", "namespace": "has space"}),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]["param"]),
+        (400, &json!("entries[0].namespace")),
+        "a namespace no request could send would never be served"
     );
     assert_eq!(gw.state.cache.store.len(), entries);
 }
