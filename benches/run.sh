@@ -15,6 +15,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+# The semantic scenarios need the embedding model (a no-op when it is already provisioned).
+scripts/provision-models.sh >&2
 echo "==> release build" >&2
 cargo build --release --bins --quiet
 bin=target/release
@@ -47,6 +49,11 @@ start_pair() {
   pids+=($!)
   wait_for http://127.0.0.1:"$sim_port"/healthz
   wait_for http://127.0.0.1:"$gw_port"/healthz
+  # A gateway that could not load the model serves exact-only: its numbers would be mislabelled.
+  if [ "$semantic" = true ] && ! curl -sf http://127.0.0.1:"$gw_port"/healthz | grep -q '"mode":"semantic"'; then
+    echo "the $name gateway runs without semantic matching (model missing?): $(curl -sf http://127.0.0.1:"$gw_port"/healthz)" >&2
+    exit 1
+  fi
 }
 
 # A fixed TTFT with no jitter: whatever differs between direct and gateway is the gateway.
