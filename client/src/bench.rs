@@ -401,7 +401,12 @@ fn summarize_target(
         errors: mine.len() - ok.len(),
         hit_rate: HitRates::of(&outcomes),
         hit_speedup_p50: ratio(p50("miss"), p50("hit").or(p50("semantic-hit"))),
-        ttft_saved_s: ok.iter().filter_map(|s| s.ttft_saved_ms).sum::<f64>() / 1000.0,
+        // A fold from +0.0: an empty float `sum` is -0.0, printed as "-0.00 s".
+        ttft_saved_s: ok
+            .iter()
+            .filter_map(|s| s.ttft_saved_ms)
+            .fold(0.0, |a, b| a + b)
+            / 1000.0,
         similarity: Percentiles::of(&similarity),
         outcomes,
         by_outcome,
