@@ -108,11 +108,23 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for AdminJson<T> {
 
 /// Parses `raw` as `T`, naming the failing field in the error.
 pub fn parse_json<T: DeserializeOwned>(raw: &[u8]) -> Result<T, GatewayError> {
-    let mut de = serde_json::Deserializer::from_slice(raw);
-    serde_path_to_error::deserialize(&mut de).map_err(|err| {
+    deserialize(&mut serde_json::Deserializer::from_slice(raw))
+}
+
+/// Reads an already parsed JSON value as `T`, with the same errors as [`parse_json`].
+pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, GatewayError> {
+    deserialize(value)
+}
+
+fn deserialize<'de, D, T>(de: D) -> Result<T, GatewayError>
+where
+    D: serde::Deserializer<'de, Error = serde_json::Error>,
+    T: serde::Deserialize<'de>,
+{
+    serde_path_to_error::deserialize(de).map_err(|err| {
         let path = err.path().to_string();
         let mut message = err.inner().to_string();
-        // Positions mean little in a small admin body (and nothing in a re-encoded warm item).
+        // Positions mean little in a small admin body.
         if let Some(at) = message.rfind(" at line ") {
             message.truncate(at);
         }

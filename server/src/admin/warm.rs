@@ -158,7 +158,7 @@ struct Rules {
 }
 
 fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
-    let item: WarmItem = super::parse_json(&serde_json::to_vec(&value).unwrap_or_default())?;
+    let item: WarmItem = super::from_value(value)?;
     let WarmItem {
         model,
         prompt,
