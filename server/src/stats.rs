@@ -557,20 +557,21 @@ pub fn latency_by_outcome(records: &[RequestRecord]) -> BTreeMap<String, Outcome
         if mine.is_empty() {
             continue;
         }
-        let mut phases = BTreeMap::new();
-        let totals: Vec<f64> = mine.iter().map(|p| p.total_ms).collect();
-        for (name, _) in phase_values(&Phases::default()) {
-            let samples: Vec<f64> = mine
-                .iter()
-                .filter_map(|p| {
-                    phase_values(p)
-                        .into_iter()
-                        .find(|(n, _)| *n == name)
-                        .and_then(|(_, v)| v)
-                })
-                .collect();
-            phases.insert(format!("{name}_ms"), Summary::of(&samples));
+        // One column of samples per phase, in `phase_values` order.
+        let mut columns: Vec<(&str, Vec<f64>)> = phase_values(&Phases::default())
+            .into_iter()
+            .map(|(name, _)| (name, Vec::with_capacity(mine.len())))
+            .collect();
+        for p in &mine {
+            for (column, (_, value)) in columns.iter_mut().zip(phase_values(p)) {
+                column.1.extend(value);
+            }
         }
+        let mut phases: BTreeMap<String, Option<Summary>> = columns
+            .into_iter()
+            .map(|(name, samples)| (format!("{name}_ms"), Summary::of(&samples)))
+            .collect();
+        let totals: Vec<f64> = mine.iter().map(|p| p.total_ms).collect();
         phases.insert("total_ms".to_owned(), Summary::of(&totals));
         out.insert(
             outcome.replace('-', "_"),
