@@ -137,13 +137,18 @@ pub async fn post(gw: &Gateway, body: &Value, headers: &[(&str, &str)]) -> reqwe
     request.send().await.expect("send")
 }
 
-pub fn outcome(response: &reqwest::Response) -> String {
+/// A response header as text, if present.
+pub fn header(response: &reqwest::Response, name: &str) -> Option<String> {
     response
         .headers()
-        .get("x-reprise-cache")
+        .get(name)
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("none")
-        .to_owned()
+        .map(str::to_owned)
+}
+
+/// `x-reprise-cache`, or `none`.
+pub fn outcome(response: &reqwest::Response) -> String {
+    header(response, "x-reprise-cache").unwrap_or_else(|| "none".to_owned())
 }
 
 /// The answer text of a streamed or non-streamed response.

@@ -66,14 +66,6 @@ async fn ask_body(
     request.send().await.expect("send")
 }
 
-fn header(response: &reqwest::Response, name: &str) -> Option<String> {
-    response
-        .headers()
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-}
-
 /// Stores the answer to `content` and waits until the index has it.
 async fn seed(gw: &Gateway, key: &str, content: &str) -> String {
     let before = gw.state.semantic.as_ref().map_or(0, |s| {

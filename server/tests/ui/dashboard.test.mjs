@@ -10,7 +10,7 @@ import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import net from "node:net";
+import { freePort, waitReady } from "../processes.mjs";
 import { artifactsDir, chartMarks, eventually, launchBrowser, newPage, promptsShown } from "./browser.mjs";
 
 const binDir = process.env.REPRISE_BIN_DIR ?? join(import.meta.dirname, "../../../target/debug");
@@ -27,27 +27,6 @@ const MISSES = [
   "Explain the difference between TCP and UDP.",
 ];
 const PARAPHRASE = "What's the capital city of France?";
-
-function freePort() {
-  return new Promise((resolve) => {
-    const srv = net.createServer();
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
-async function waitReady(url) {
-  for (let i = 0; i < 600; i++) {
-    try {
-      const r = await fetch(url);
-      if (r.ok) return;
-    } catch {}
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`${url} not ready`);
-}
 
 function admin(path, init = {}) {
   return fetch(`${gw}/admin/${path}`, { ...init, headers: { authorization: `Bearer ${token}`, ...(init.headers ?? {}) } });

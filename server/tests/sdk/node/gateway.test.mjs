@@ -5,41 +5,20 @@ import { spawn } from "node:child_process";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import net from "node:net";
+import { freePort, waitReady } from "../../processes.mjs";
 import OpenAI from "openai";
 
 const binDir = process.env.REPRISE_BIN_DIR ?? join(import.meta.dirname, "../../../../target/debug");
 const procs = [];
 let gateway, sim;
 
-function freePort() {
-  return new Promise((resolve) => {
-    const srv = net.createServer();
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
-async function waitReady(url) {
-  for (let i = 0; i < 400; i++) {
-    try {
-      const r = await fetch(url);
-      if (r.ok) return;
-    } catch {}
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`${url} not ready`);
-}
-
 before(async () => {
   const simPort = await freePort();
   const gwPort = await freePort();
   procs.push(spawn(join(binDir, "reprise-sim"), ["--listen", `127.0.0.1:${simPort}`, "--ttft-ms", "20", "--itl-ms", "1", "--tokens", "10"], { stdio: "ignore" }));
-  await waitReady(`http://127.0.0.1:${simPort}/healthz`);
+  await waitReady(`http://127.0.0.1:${simPort}/healthz`, 400);
   procs.push(spawn(join(binDir, "reprise"), ["serve", "--listen", `127.0.0.1:${gwPort}`, "--upstream-url", `http://127.0.0.1:${simPort}/v1`, "--data-dir", mkdtempSync(join(tmpdir(), "reprise-node-"))], { stdio: "ignore" }));
-  await waitReady(`http://127.0.0.1:${gwPort}/healthz`);
+  await waitReady(`http://127.0.0.1:${gwPort}/healthz`, 400);
   sim = new OpenAI({ baseURL: `http://127.0.0.1:${simPort}/v1`, apiKey: "sk-node", maxRetries: 0 });
   gateway = new OpenAI({ baseURL: `http://127.0.0.1:${gwPort}/v1`, apiKey: "sk-node", maxRetries: 0 });
 });
