@@ -20,35 +20,19 @@ scripts/provision-models.sh >&2
 echo "==> release build" >&2
 cargo build --release --bins --quiet
 bin=target/release
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-wait_for() {
-  for _ in $(seq 1 200); do
-    curl -sf "$1" >/dev/null 2>&1 && return 0
-    sleep 0.05
-  done
-  echo "not ready: $1" >&2
-  exit 1
-}
+. scripts/lib-procs.sh
 
 # start_pair NAME SIM_PORT GW_PORT SEMANTIC SIM_FLAGS...: a simulator and a gateway in front of it.
 start_pair() {
   local name=$1 sim_port=$2 gw_port=$3 semantic=$4
   shift 4
   "$bin/reprise-sim" --listen 127.0.0.1:"$sim_port" "$@" >/dev/null 2>&1 &
-  pids+=($!)
+  PIDS+=($!)
   "$bin/reprise" serve --listen 127.0.0.1:"$gw_port" --upstream-url http://127.0.0.1:"$sim_port"/v1 \
-    --data-dir "$work/$name" --semantic "$semantic" >/dev/null 2>&1 &
-  pids+=($!)
-  wait_for http://127.0.0.1:"$sim_port"/healthz
-  wait_for http://127.0.0.1:"$gw_port"/healthz
+    --data-dir "$WORK/$name" --semantic "$semantic" >/dev/null 2>&1 &
+  PIDS+=($!)
+  wait_ready http://127.0.0.1:"$sim_port"/healthz "$name simulator" "" 200
+  wait_ready http://127.0.0.1:"$gw_port"/healthz "$name gateway" "" 200
   # A gateway that could not load the model serves exact-only: its numbers would be mislabelled.
   if [ "$semantic" = true ] && ! curl -sf http://127.0.0.1:"$gw_port"/healthz | grep -q '"mode":"semantic"'; then
     echo "the $name gateway runs without semantic matching (model missing?): $(curl -sf http://127.0.0.1:"$gw_port"/healthz)" >&2

@@ -1,0 +1,35 @@
+# Shared by the scripts that start reprise processes (sourced, not run): a temporary folder WORK,
+# the started processes (append their PIDs to PIDS) stopped and WORK removed on exit, a free
+# loopback port, and waiting until a URL answers.
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/reprise.XXXXXX")
+PIDS=()
+procs_cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf -- "$WORK"
+}
+trap procs_cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# free_port: a loopback port the kernel just handed out (and took back).
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# wait_ready URL NAME [LOG] [TRIES]: polls URL every 50 ms, at most TRIES times (default 600), until
+# it answers; otherwise fails, showing the end of LOG when there is one.
+wait_ready() {
+  local tries=${4:-600}
+  for _ in $(seq 1 "$tries"); do
+    curl -sf "$1" >/dev/null 2>&1 && return 0
+    sleep 0.05
+  done
+  echo "$2 did not become ready at $1" >&2
+  if [ -n "${3:-}" ] && [ -f "$3" ]; then
+    echo "its log:" >&2
+    tail -n 40 "$3" >&2
+  fi
+  exit 1
+}
