@@ -2,9 +2,10 @@
 # Match quality on the public fow-cache dev set, end to end: installs the pinned package into .venv,
 # provisions the embedding model, builds release binaries, starts reprise-sim and a gateway (default
 # matching settings) on free ports with a temporary data dir, runs `reprise-client eval` on the
-# single questions (pairs.jsonl) and on the conversations (conv-parts/, conv-long/), and writes
-# benches/results/eval-<date>.md with one threshold curve per set beside it. Nothing of the data set
-# is copied into the repository.
+# single questions (pairs.jsonl) and on the conversations (conv-parts/, conv-long/), then the single
+# questions again through a second gateway with the literal guards off (`--semantic-guards none`), so
+# what the guards change is measured in the same run. Writes benches/results/eval-<date>.md with one
+# threshold curve per set beside it. Nothing of the data set is copied into the repository.
 #
 # Usage: scripts/eval.sh [--concurrency N]   (default 8)
 set -euo pipefail
@@ -37,21 +38,26 @@ BIN=$(cd "$target_dir/release" && pwd)
 MODELS=$(cd "${REPRISE_MODELS_DIR:-./models}" && pwd)
 . scripts/lib-eval.sh
 start_stack
-echo "==> gateway at $GATEWAY_URL" >&2
+default_url=$GATEWAY_URL
+start_stack --semantic-guards none
+unguarded_url=$GATEWAY_URL
+echo "==> gateways at $default_url (defaults) and $unguarded_url (guards off)" >&2
 
-# run_set NAME TITLE FILES...: evaluates FILES (relative to the data dir, so reports name them
-# briefly) into $WORK/NAME.
+# run_set URL NAME TITLE FILES...: evaluates FILES (relative to the data dir, so reports name them
+# briefly) through the gateway at URL into $WORK/NAME.
 run_set() {
-  local name=$1 title=$2
-  shift 2
+  local url=$1 name=$2 title=$3
+  shift 3
   echo "==> $title" >&2
-  (cd "$data" && "$BIN/reprise-client" eval --url "$GATEWAY_URL" --concurrency "$concurrency" \
+  (cd "$data" && "$BIN/reprise-client" eval --url "$url" --concurrency "$concurrency" \
     --title "$title" --report "$WORK/$name" --pairs "$@")
 }
-run_set questions "Single questions (pairs.jsonl)" pairs.jsonl
+run_set "$default_url" questions "Single questions (pairs.jsonl)" pairs.jsonl
 (cd "$data" && ls conv-parts/*.jsonl conv-long/*.jsonl) >"$WORK/conv-files"
 mapfile -t conv_files <"$WORK/conv-files"
-run_set conversations "Conversations (conv-parts/, conv-long/)" "${conv_files[@]}"
+run_set "$default_url" conversations "Conversations (conv-parts/, conv-long/)" "${conv_files[@]}"
+run_set "$unguarded_url" questions-unguarded \
+  "Single questions with the literal guards off (comparison)" pairs.jsonl
 
 day=$(date -u +%Y-%m-%d)
 mkdir -p benches/results
@@ -68,10 +74,10 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
   echo "default matching settings (all-MiniLM-L6-v2, threshold from \`/healthz\`), embedding deadline"
   echo "raised so that no request falls back to exact matching; upstream: reprise-sim answering at once."
   echo "Each pair runs in its own namespace: \`a\` is stored, then \`b\` is looked up without being stored."
-  for name in questions conversations; do
+  for name in questions conversations questions-unguarded; do
     echo
     sed "s|(threshold-curve.svg)|(eval-$day-$name.svg)|" "$WORK/$name/eval.md"
     cp "$WORK/$name/threshold-curve.svg" "benches/results/eval-$day-$name.svg"
   done
 } >"$out"
-echo "==> wrote $out and benches/results/eval-$day-{questions,conversations}.svg in $elapsed s" >&2
+echo "==> wrote $out and benches/results/eval-$day-{questions,conversations,questions-unguarded}.svg in $elapsed s" >&2

@@ -6,9 +6,11 @@
 
 . "$(dirname "${BASH_SOURCE[0]}")/lib-procs.sh"
 
-# start_stack: the simulator answers at once (no latency: only match quality is measured) and the
-# gateway runs with its default matching settings. The embedding deadline is raised so that a busy
-# machine never turns a request exact-only, which would measure the fallback instead of the model.
+# start_stack [GATEWAY ARGS...]: the simulator answers at once (no latency: only match quality is
+# measured) and the gateway runs with its default matching settings, changed only by the arguments
+# given. The embedding deadline is raised so that a busy machine never turns a request exact-only,
+# which would measure the fallback instead of the model. May be called again for a second stack
+# (its own ports, data dir and logs); GATEWAY_URL names the latest.
 start_stack() {
   [ -x "$BIN/reprise" ] && [ -x "$BIN/reprise-sim" ] || {
     echo "eval: $BIN has no reprise and reprise-sim binaries" >&2
@@ -22,17 +24,18 @@ start_stack() {
   sim_port=$(free_port)
   gw_port=$(free_port)
   "$BIN/reprise-sim" --listen "127.0.0.1:$sim_port" --ttft-ms 0 --itl-ms 0 --tokens 8 \
-    >"$WORK/sim.log" 2>&1 &
+    >"$WORK/sim-$sim_port.log" 2>&1 &
   PIDS+=($!)
-  wait_ready "http://127.0.0.1:$sim_port/healthz" reprise-sim "$WORK/sim.log"
+  wait_ready "http://127.0.0.1:$sim_port/healthz" reprise-sim "$WORK/sim-$sim_port.log"
   "$BIN/reprise" serve --listen "127.0.0.1:$gw_port" \
     --upstream-url "http://127.0.0.1:$sim_port/v1" \
-    --data-dir "$WORK/data" \
+    --data-dir "$WORK/data-$gw_port" \
     --model-dir "$MODELS/all-MiniLM-L6-v2" \
     --ort-lib "$MODELS/onnxruntime/libonnxruntime.so" \
     --embed-deadline-ms 30000 \
-    >"$WORK/gateway.log" 2>&1 &
+    "$@" \
+    >"$WORK/gateway-$gw_port.log" 2>&1 &
   PIDS+=($!)
-  wait_ready "http://127.0.0.1:$gw_port/healthz" gateway "$WORK/gateway.log"
+  wait_ready "http://127.0.0.1:$gw_port/healthz" gateway "$WORK/gateway-$gw_port.log"
   GATEWAY_URL="http://127.0.0.1:$gw_port"
 }

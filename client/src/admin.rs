@@ -164,6 +164,10 @@ pub struct Stats {
     pub ttft_saved_ms: TtftSaved,
     pub embedding: Option<EmbeddingStats>,
     pub upstream_errors: UpstreamErrors,
+    /// Semantic candidates above the threshold that a literal guard refused (absent from older
+    /// gateways, read as zeros).
+    #[serde(default)]
+    pub guard_refusals: GuardRefusals,
     pub latency: Latency,
     pub ttft_histogram: TtftHistogram,
     pub timeline: Timeline,
@@ -231,6 +235,13 @@ pub struct UpstreamErrors {
     pub timeout: u64,
     pub status: u64,
     pub stream: u64,
+}
+
+/// Wrong answers a literal guard kept from being served, by guard.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GuardRefusals {
+    pub numbers: u64,
+    pub negation: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -597,6 +608,9 @@ pub struct Flush {
 pub struct LiveConfig {
     pub similarity_threshold: f32,
     pub namespace_thresholds: BTreeMap<String, f32>,
+    /// `numbers,negation`, one of them, or `none` (empty from gateways that predate the guards).
+    #[serde(default)]
+    pub semantic_guards: String,
     pub default_ttl_s: Option<u64>,
     /// `instant`, `recorded` or `tokens-per-second=N`.
     pub replay: String,
@@ -612,6 +626,8 @@ pub struct ConfigPatch {
     pub similarity_threshold: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_thresholds: Option<BTreeMap<String, Option<f32>>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub semantic_guards: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_ttl_s: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

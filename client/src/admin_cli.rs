@@ -193,7 +193,8 @@ pub enum ConfigCommand {
     /// Show the live configuration (the default).
     Get,
     /// Change settings: similarity_threshold=0.92 default_ttl_s=1d replay=recorded
-    /// cache_mode=read-only namespace_thresholds.support=0.95 (=null removes it).
+    /// cache_mode=read-only semantic_guards=numbers,negation|none
+    /// namespace_thresholds.support=0.95 (=null removes it).
     Set {
         #[arg(required = true, value_name = "KEY=VALUE")]
         assignments: Vec<String>,
@@ -533,7 +534,7 @@ pub fn parse_seconds(text: &str) -> Result<u64, String> {
 /// Builds a config PATCH from `key=value` arguments.
 pub fn parse_config_patch(assignments: &[String]) -> Result<ConfigPatch, CliError> {
     const KEYS: &str = "similarity_threshold, default_ttl_s, replay, cache_mode, \
-                        namespace_thresholds.NAME";
+                        semantic_guards, namespace_thresholds.NAME";
     let mut patch = ConfigPatch::default();
     for assignment in assignments {
         let Some((key, value)) = assignment.split_once('=') else {
@@ -555,6 +556,7 @@ pub fn parse_config_patch(assignments: &[String]) -> Result<ConfigPatch, CliErro
             }
             "replay" => patch.replay = Some(value.to_owned()),
             "cache_mode" => patch.cache_mode = Some(value.to_owned()),
+            "semantic_guards" => patch.semantic_guards = Some(value.to_owned()),
             _ => match key.strip_prefix("namespace_thresholds.") {
                 Some(namespace) if !namespace.is_empty() => {
                     // `null` (or `none`, or nothing) removes the namespace's own threshold.
@@ -785,6 +787,16 @@ pub fn render_stats(stats: &Stats) -> String {
         }
         text.push_str(&format!(", {} fallbacks", embedding.fallbacks));
         summary.push(("Embedding", text));
+    }
+    if stats.embedding.is_some() {
+        let refused = &stats.guard_refusals;
+        summary.push((
+            "Guard refusals",
+            format!(
+                "numbers {}, negation {} (semantic matches not served)",
+                refused.numbers, refused.negation
+            ),
+        ));
     }
     let errors = &stats.upstream_errors;
     summary.push((
@@ -1154,6 +1166,7 @@ pub fn render_config(config: &LiveConfig) -> String {
         ),
         ("replay", config.replay.clone()),
         ("cache_mode", config.cache_mode.clone()),
+        ("semantic_guards", config.semantic_guards.clone()),
     ];
     let namespaces: Vec<String> = config
         .namespace_thresholds
@@ -1306,6 +1319,7 @@ mod tests {
             "default_ttl_s=1d",
             "replay=tokens-per-second=40",
             "cache_mode=read-only",
+            "semantic_guards=none",
             "namespace_thresholds.support=0.95",
             "namespace_thresholds.legal=null",
         ]
@@ -1320,6 +1334,7 @@ mod tests {
                 "default_ttl_s": 86400,
                 "replay": "tokens-per-second=40",
                 "cache_mode": "read-only",
+                "semantic_guards": "none",
                 "namespace_thresholds": {"support": 0.95_f32, "legal": null}
             })
         );
@@ -1346,6 +1361,7 @@ mod tests {
             "12.3 s over 30 hits (411 ms per hit)",
             "25 texts in 17 batches (mean 1.47), p50 5.10 ms, p99 12.0 ms, 2 fallbacks",
             "connect 0, timeout 0, status 1, stream 0",
+            "numbers 3, negation 1 (semantic matches not served)",
             "Latency (last 1000 requests)",
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");
@@ -1498,6 +1514,7 @@ mod tests {
             "instant",
             "cache_mode",
             "support=0.95",
+            "numbers,negation",
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");
         }

@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
 use crate::cache::CacheSettings;
+use crate::guard::Guards;
 use crate::policy::{CacheMode, Defaults, Pacing};
 
 /// A value that must never reach a log line: `Debug` and `Display` print `*****`.
@@ -150,6 +151,10 @@ pub struct ServeArgs {
     /// Embedding deadline in ms; a later embedding falls back to exact matching [default: 250].
     #[arg(long, env = "REPRISE_EMBED_DEADLINE_MS")]
     pub embed_deadline_ms: Option<u64>,
+    /// Literal checks a semantic match must pass: `numbers,negation`, one of them, or `none`
+    /// [default: numbers,negation].
+    #[arg(long, env = "REPRISE_SEMANTIC_GUARDS")]
+    pub semantic_guards: Option<String>,
 }
 
 /// The validated configuration the gateway runs with.
@@ -185,6 +190,8 @@ pub struct Config {
     pub similarity_threshold: f32,
     /// Per-namespace threshold floors (TOML only), e.g. `[namespace_thresholds]` `support = 0.95`.
     pub namespace_thresholds: BTreeMap<String, f32>,
+    /// Literal guards a semantic candidate must pass (see [`crate::guard`]).
+    pub semantic_guards: String,
     pub embed_deadline_ms: u64,
     /// Most texts embedded together (TOML only).
     pub embed_max_batch: usize,
@@ -226,6 +233,7 @@ impl Default for Config {
             semantic: true,
             similarity_threshold: 0.9,
             namespace_thresholds: BTreeMap::new(),
+            semantic_guards: Guards::ALL.to_string(),
             embed_deadline_ms: 250,
             embed_max_batch: 16,
             embed_max_wait_ms: 2,
@@ -304,6 +312,7 @@ impl Config {
             semantic,
             similarity_threshold,
             embed_deadline_ms,
+            semantic_guards,
         } = args.clone();
         set(&mut self.listen, listen);
         set(&mut self.upstream_url, upstream_url);
@@ -335,6 +344,7 @@ impl Config {
         set(&mut self.semantic, semantic);
         set(&mut self.similarity_threshold, similarity_threshold);
         set(&mut self.embed_deadline_ms, embed_deadline_ms);
+        set(&mut self.semantic_guards, semantic_guards);
     }
 
     /// Fails fast, naming the field, on anything the gateway could not run with.
@@ -421,6 +431,19 @@ impl Config {
                 ),
             });
         }
+        match Guards::parse(&self.semantic_guards) {
+            // Stored in its canonical spelling, so `/admin/config` shows what runs.
+            Some(guards) => self.semantic_guards = guards.to_string(),
+            None => {
+                return Err(ConfigError::Invalid {
+                    field: "semantic_guards",
+                    reason: format!(
+                        "`{}` is not a comma-separated list of numbers and negation, or none",
+                        self.semantic_guards
+                    ),
+                })
+            }
+        }
         if Pacing::parse(&self.replay).is_none() {
             return Err(ConfigError::Invalid {
                 field: "replay",
@@ -452,6 +475,11 @@ impl Config {
             max_bytes: self.max_bytes,
             sweep_interval_ms: self.sweep_interval_ms,
         }
+    }
+
+    /// The literal guards (validated at load, so parsing cannot fail here).
+    pub fn guards(&self) -> Guards {
+        Guards::parse(&self.semantic_guards).unwrap_or(Guards::ALL)
     }
 
     /// The similarity floor for a namespace: its own when configured, else the global one.

@@ -8,8 +8,9 @@
 //! 2. [`policy`]: reads `Cache-Control` and `x-reprise-*` headers into a [`policy::Policy`].
 //! 3. [`key`]: canonicalizes the request into a partition and an exact [`key::CacheKey`] (blake3).
 //! 4. [`lookup`]: finds an unexpired entry in the [`store`] (through [`cache`]) by exact key; else
-//!    [`semantic`] embeds the final user turn ([`embed`]) and searches the partition in the vector
-//!    [`index`]; else joins an identical miss in flight, or starts one.
+//!    [`semantic`] embeds the final user turn ([`embed`]), searches the partition in the vector
+//!    [`index`] and lets the literal [`guard`]s veto candidates whose numbers or negations differ;
+//!    else joins an identical miss in flight, or starts one.
 //! 5. [`replay`] on a hit: renders the stored [`entry::Entry`] as a body or a paced SSE stream.
 //! 6. [`forward`] on a miss: sends the request upstream over a pooled connection, waits for the first
 //!    event within the first-byte deadline, then relays the body or the event stream (framed by
@@ -29,6 +30,7 @@ pub mod embed;
 pub mod entry;
 pub mod error;
 pub mod forward;
+pub mod guard;
 pub mod index;
 pub mod ingress;
 pub mod key;
@@ -182,6 +184,7 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
             "index_rebuilding": s.index.is_building(),
             // f32 → f64 would print 0.8999999761581421 for 0.9.
             "threshold": (f64::from(state.live.current().config.similarity_threshold) * 1e4).round() / 1e4,
+            "guards": state.live.current().config.semantic_guards,
             "fallbacks": s.fallbacks.load(std::sync::atomic::Ordering::Relaxed),
         }),
         (None, why) => json!({"status": "disabled", "detail": why.as_deref()}),

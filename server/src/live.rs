@@ -1,5 +1,5 @@
 //! The settings an operator may change while the gateway serves (`GET|PATCH /admin/config`):
-//! similarity floors, default TTL, replay pacing and cache mode.
+//! similarity floors, literal guards, default TTL, replay pacing and cache mode.
 //!
 //! A change is validated with the same rules as start-up configuration, applied as one swap (a
 //! request sees the old or the new settings, never a mix), and logged. It lasts until restart: the
@@ -13,6 +13,7 @@ use utoipa::ToSchema;
 
 use crate::config::{Config, ConfigError};
 use crate::error::GatewayError;
+use crate::guard::Guards;
 use crate::policy::Defaults;
 
 /// The live settings in their JSON shape.
@@ -22,6 +23,8 @@ pub struct LiveConfig {
     pub similarity_threshold: f32,
     /// Floors of namespaces that differ from the global one.
     pub namespace_thresholds: BTreeMap<String, f32>,
+    /// Literal checks a semantic match must pass: `numbers,negation`, one of them, or `none`.
+    pub semantic_guards: String,
     /// TTL of new entries when the request does not set one.
     pub default_ttl_s: u64,
     /// Default replay pacing: `instant`, `recorded` or `tokens-per-second=N`.
@@ -37,6 +40,7 @@ pub struct ConfigPatch {
     pub similarity_threshold: Option<f32>,
     /// Merged into the current map; a `null` value removes that namespace's floor.
     pub namespace_thresholds: Option<BTreeMap<String, Option<f32>>>,
+    pub semantic_guards: Option<String>,
     pub default_ttl_s: Option<u64>,
     pub replay: Option<String>,
     pub cache_mode: Option<String>,
@@ -47,12 +51,14 @@ pub struct ConfigPatch {
 pub struct Settings {
     pub config: Config,
     pub defaults: Defaults,
+    pub guards: Guards,
 }
 
 impl Settings {
     fn new(config: Config) -> Self {
         Self {
             defaults: config.policy_defaults(),
+            guards: config.guards(),
             config,
         }
     }
@@ -67,6 +73,7 @@ impl Settings {
         LiveConfig {
             similarity_threshold: c.similarity_threshold,
             namespace_thresholds: c.namespace_thresholds.clone(),
+            semantic_guards: c.semantic_guards.clone(),
             default_ttl_s: c.default_ttl_s,
             replay: c.replay.clone(),
             cache_mode: c.cache_mode.clone(),
@@ -102,6 +109,7 @@ impl Live {
         let ConfigPatch {
             similarity_threshold,
             namespace_thresholds,
+            semantic_guards,
             default_ttl_s,
             replay,
             cache_mode,
@@ -114,6 +122,9 @@ impl Live {
                 Some(t) => config.namespace_thresholds.insert(namespace, t),
                 None => config.namespace_thresholds.remove(&namespace),
             };
+        }
+        if let Some(guards) = semantic_guards {
+            config.semantic_guards = guards;
         }
         if let Some(ttl) = default_ttl_s {
             config.default_ttl_s = ttl;
@@ -157,9 +168,12 @@ mod tests {
             .apply(patch(serde_json::json!({
                 "similarity_threshold": 0.95,
                 "namespace_thresholds": {"support": 0.97},
-                "replay": "tokens-per-second=50"
+                "replay": "tokens-per-second=50",
+                "semantic_guards": "negation"
             })))
             .expect("valid");
+        assert_eq!(now.guards, Guards::parse("negation").expect("valid"));
+        assert_eq!(now.view().semantic_guards, "negation");
         assert_eq!(now.threshold_floor(None), 0.95);
         assert_eq!(now.threshold_floor(Some("support")), 0.97);
         assert_eq!(
@@ -189,6 +203,10 @@ mod tests {
                 "replay",
             ),
             (serde_json::json!({"cache_mode": "sometimes"}), "cache_mode"),
+            (
+                serde_json::json!({"semantic_guards": "numbers,vibes"}),
+                "semantic_guards",
+            ),
         ] {
             let err = live.apply(patch(body)).expect_err("invalid");
             assert_eq!(err.body()["error"]["param"], field);

@@ -15,6 +15,7 @@ use crate::downstream::{Delivered, Delivery, Source};
 use crate::entry::{Entry, HitEvent, HitKind, RequestSummary};
 use crate::error::GatewayError;
 use crate::forward::{self, set_cache_outcome, set_request_id, RecordMeta, Served};
+use crate::guard::Literals;
 use crate::ingress::{Ingress, Route};
 use crate::key::Tenant;
 use crate::policy::{self, Pacing};
@@ -78,11 +79,19 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
     let semantic_lookup = policy.lookup && policy.semantic && state.semantic.is_some();
     if semantic_lookup {
         // A paraphrase served before: the same answer, without embedding it again.
-        if let Some((hit, similarity)) =
-            state
-                .cache
-                .lookup_alias(&keys.exact, &keys.partition, threshold, &policy)
-        {
+        // The guards are checked again: they may have been turned on since the alias was made.
+        let alias = state
+            .cache
+            .lookup_alias(&keys.exact, &keys.partition, threshold, &policy)
+            .filter(|(hit, _)| {
+                live.guards
+                    .refuses(
+                        &Literals::of(&keys.prompt),
+                        &Literals::of(&hit.entry.summary.prompt),
+                    )
+                    .is_none()
+            });
+        if let Some((hit, similarity)) = alias {
             ingress.clock.looked_up = Some(Instant::now());
             return respond_entry(
                 state,
@@ -99,6 +108,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
     }
     // Semantic stage: embed for a search (lookup allowed) and/or to store the vector with the answer.
     let mut nearest = None;
+    let mut nearest_guard = None;
     let mut vector = None;
     if let Some(semantic) = state
         .semantic
@@ -112,6 +122,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
                     &state.cache.store,
                     &keys,
                     threshold,
+                    live.guards,
                     search,
                     policy.max_age_s,
                 )
@@ -119,7 +130,11 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
             ingress.clock.embed_ms = outcome.embed_ms;
             ingress.clock.search_ms = outcome.search_ms;
             nearest = outcome.nearest;
+            nearest_guard = outcome.nearest_guard;
             vector = outcome.vector;
+            if let Some(guard) = outcome.refused {
+                state.requests.stats.guard_refused(guard);
+            }
             if let Some((entry, similarity)) = outcome.hit {
                 let entry = Arc::new(entry);
                 ingress.clock.looked_up = Some(Instant::now());
@@ -200,6 +215,14 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
             response.headers_mut(),
             "x-reprise-nearest",
             format!("{nearest:.4}"),
+        );
+    }
+    if let Some(guard) = nearest_guard {
+        // The best candidate disagrees on numbers or negation: no threshold would serve it.
+        set_header(
+            response.headers_mut(),
+            "x-reprise-guard",
+            guard.name().to_owned(),
         );
     }
     response

@@ -1,6 +1,6 @@
 //! Semantic matching, the stage after an exact miss: embed the final user turn with the local model,
 //! search the request's partition in the vector index, and serve the best live entry whose
-//! similarity clears the threshold.
+//! similarity clears the threshold and whose prompt passes the literal [`guard`](crate::guard)s.
 //!
 //! It fails open: a late or failed embedding, or a missing model, turns the request into an exact-only
 //! lookup, counted and logged, never an error for the client.
@@ -14,6 +14,7 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::embed::{EmbedConfig, EmbedError, Embedder};
 use crate::entry::{Entry, EntryId};
+use crate::guard::{Guard, Guards, Literals};
 use crate::index::{HnswIndex, IndexConfig, VectorIndex};
 use crate::key::Keys;
 use crate::record::unix_ms;
@@ -34,6 +35,24 @@ pub struct Semantic {
     maintenance: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
+/// What one search looks for.
+struct Request {
+    partition: [u8; 32],
+    literals: Literals,
+    threshold: f32,
+    guards: Guards,
+    max_age_s: Option<u64>,
+}
+
+/// What one search found (see [`Outcome`]).
+#[derive(Default)]
+struct Found {
+    hit: Option<(Entry, f32)>,
+    nearest: Option<f32>,
+    nearest_guard: Option<Guard>,
+    refused: Option<Guard>,
+}
+
 /// Whether semantic matching runs, and why not when it does not (for logs and `/healthz`).
 pub enum Status {
     Ready(Arc<Semantic>),
@@ -47,6 +66,11 @@ pub struct Outcome {
     pub hit: Option<(Entry, f32)>,
     /// Similarity of the best candidate in the partition (`x-reprise-nearest`).
     pub nearest: Option<f32>,
+    /// The guard that refuses the best candidate, whatever its similarity (`x-reprise-guard`): a
+    /// lower threshold would not serve it either.
+    pub nearest_guard: Option<Guard>,
+    /// The guard that refused a candidate at or above the threshold: a wrong answer not given.
+    pub refused: Option<Guard>,
     /// The request's embedding, stored with its answer on a miss.
     pub vector: Option<Vec<f32>>,
     pub embed_ms: Option<f64>,
@@ -109,12 +133,13 @@ impl Semantic {
     }
 
     /// Embeds `keys.prompt` and, when `search` is set, looks for a live entry of the same partition
-    /// at or above `threshold` (that is also younger than `max_age_s`).
+    /// at or above `threshold` that passes `guards` (and is younger than `max_age_s`).
     pub async fn lookup(
         self: &Arc<Self>,
         store: &Arc<dyn Store>,
         keys: &Keys,
         threshold: f32,
+        guards: Guards,
         search: bool,
         max_age_s: Option<u64>,
     ) -> Outcome {
@@ -141,55 +166,69 @@ impl Semantic {
         outcome.embed_ms = Some(crate::timing::millis(started.elapsed()));
         if search {
             let searched = std::time::Instant::now();
-            let (this, store, partition, query) =
-                (self.clone(), store.clone(), keys.partition, vector.clone());
+            let (this, store, query) = (self.clone(), store.clone(), vector.clone());
+            let request = Request {
+                partition: keys.partition.0,
+                literals: Literals::of(&keys.prompt),
+                threshold,
+                guards,
+                max_age_s,
+            };
             // The graph walk is CPU work: keep it off the async workers.
-            let found = tokio::task::spawn_blocking(move || {
-                this.best_live(&*store, &partition.0, &query, threshold, max_age_s)
-            })
-            .await
-            .unwrap_or_default();
+            let found =
+                tokio::task::spawn_blocking(move || this.best_live(&*store, &query, &request))
+                    .await
+                    .unwrap_or_default();
             outcome.search_ms = Some(crate::timing::millis(searched.elapsed()));
-            outcome.nearest = found.0;
-            outcome.hit = found.1;
+            outcome.nearest = found.nearest;
+            outcome.nearest_guard = found.nearest_guard;
+            outcome.refused = found.refused;
+            outcome.hit = found.hit;
         }
         outcome.vector = Some(vector);
         outcome
     }
 
-    /// Best neighbour's similarity, and the best live entry at or above the threshold. Entries that
-    /// are gone or expired are tombstoned in the index on the way, so they are never served.
-    fn best_live(
-        &self,
-        store: &dyn Store,
-        partition: &[u8; 32],
-        query: &[f32],
-        threshold: f32,
-        max_age_s: Option<u64>,
-    ) -> (Option<f32>, Option<(Entry, f32)>) {
-        let neighbors = self.index.search(partition, query, CANDIDATES);
+    /// The best live entry at or above the threshold that the guards let through, and what the
+    /// best candidate scored. Entries that are gone or expired are tombstoned in the index on the
+    /// way, so they are never served.
+    fn best_live(&self, store: &dyn Store, query: &[f32], request: &Request) -> Found {
+        let neighbors = self.index.search(&request.partition, query, CANDIDATES);
         let now = unix_ms();
-        let mut nearest = None;
+        let mut found = Found::default();
         for n in neighbors {
             let entry = match store.get(EntryId(n.id)) {
-                Ok(Some(e)) if !e.is_expired(now) && &e.partition.0 == partition => e,
+                Ok(Some(e)) if !e.is_expired(now) && e.partition.0 == request.partition => e,
                 Ok(_) => {
                     self.index.remove(n.id);
                     continue;
                 }
                 Err(_) => continue,
             };
-            nearest.get_or_insert(n.similarity);
-            if n.similarity < threshold {
+            let guard = request
+                .guards
+                .refuses(&request.literals, &Literals::of(&entry.summary.prompt));
+            if found.nearest.is_none() {
+                found.nearest = Some(n.similarity);
+                found.nearest_guard = guard;
+            }
+            if n.similarity < request.threshold {
                 break;
             }
-            let age_s = entry.age_s(now);
-            if max_age_s.is_some_and(|max| age_s > max) {
+            if let Some(guard) = guard {
+                // A close neighbour with other numbers or an opposite negation: the next one may
+                // still be the same question.
+                found.refused.get_or_insert(guard);
                 continue;
             }
-            return (nearest, Some((entry, n.similarity)));
+            let age_s = entry.age_s(now);
+            if request.max_age_s.is_some_and(|max| age_s > max) {
+                continue;
+            }
+            found.hit = Some((entry, n.similarity));
+            break;
         }
-        (nearest, None)
+        found
     }
 
     /// Saves the index dump (periodically and at shutdown); not while a rebuild is still running,

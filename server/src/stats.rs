@@ -17,6 +17,7 @@ use prometheus::{
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::guard::Guard;
 use crate::record::{unix_ms, Completion, RequestRecord};
 use crate::timing::{percentile, Phases};
 
@@ -49,6 +50,7 @@ pub struct Stats {
     embed_batch_size: Histogram,
     embed_batch_seconds: Histogram,
     embed_fallbacks: IntCounter,
+    guard_refusals: IntCounterVec,
     /// Set at scrape time from the store and the index.
     entries: IntGauge,
     store_bytes: IntGauge,
@@ -62,6 +64,7 @@ struct Counts {
     total: u64,
     errors: u64,
     upstream_errors: BTreeMap<&'static str, u64>,
+    guard_refusals: BTreeMap<&'static str, u64>,
     ttft_saved_ms: f64,
     ttft_saved_hits: u64,
     /// TTFT bucket counts by served outcome (index `i` counts TTFT <= `TTFT_BOUNDS_MS[i]`, the
@@ -147,6 +150,13 @@ impl Stats {
             ),
             &["kind"],
         );
+        let guard_refusals = IntCounterVec::new(
+            Opts::new(
+                "reprise_semantic_guard_refusals_total",
+                "Semantic candidates above the threshold refused by a literal guard (numbers, negation).",
+            ),
+            &["guard"],
+        );
         let ttft = seconds(
             "reprise_ttft_seconds",
             "Time to first token as the gateway delivered it, by route and cache outcome.",
@@ -167,6 +177,7 @@ impl Stats {
             counts: Mutex::new(Counts::default()),
             requests: requests.unwrap_or_else(unreachable_metric),
             upstream_errors: upstream_errors.unwrap_or_else(unreachable_metric),
+            guard_refusals: guard_refusals.unwrap_or_else(unreachable_metric),
             ttft: ttft.unwrap_or_else(unreachable_metric),
             total: total.unwrap_or_else(unreachable_metric),
             phases: phases.unwrap_or_else(unreachable_metric),
@@ -208,7 +219,7 @@ impl Stats {
             ),
             registry,
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 13] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 14] = [
             Box::new(stats.requests.clone()),
             Box::new(stats.upstream_errors.clone()),
             Box::new(stats.ttft.clone()),
@@ -218,6 +229,7 @@ impl Stats {
             Box::new(stats.embed_batch_size.clone()),
             Box::new(stats.embed_batch_seconds.clone()),
             Box::new(stats.embed_fallbacks.clone()),
+            Box::new(stats.guard_refusals.clone()),
             Box::new(stats.entries.clone()),
             Box::new(stats.store_bytes.clone()),
             Box::new(stats.index_vectors.clone()),
@@ -309,6 +321,15 @@ impl Stats {
         }
     }
 
+    /// Counts a semantic candidate above the threshold that a literal guard refused.
+    pub fn guard_refused(&self, guard: Guard) {
+        self.guard_refusals.with_label_values(&[guard.name()]).inc();
+        *lock(&self.counts)
+            .guard_refusals
+            .entry(guard.name())
+            .or_default() += 1;
+    }
+
     /// Hooks the embedder's batches into the histograms.
     pub fn embed_observer(&self) -> crate::embed::BatchObserver {
         let (size, seconds) = (
@@ -364,6 +385,7 @@ impl Stats {
             errors: counts.errors,
         };
         let err = |k: &str| counts.upstream_errors.get(k).copied().unwrap_or(0);
+        let refused = |g: Guard| counts.guard_refusals.get(g.name()).copied().unwrap_or(0);
         Totals {
             rates: Rates::of(&requests),
             requests,
@@ -378,6 +400,10 @@ impl Stats {
                 timeout: err("timeout"),
                 status: err("status"),
                 stream: err("stream"),
+            },
+            guard_refusals: GuardRefusals {
+                numbers: refused(Guard::Numbers),
+                negation: refused(Guard::Negation),
             },
             ttft_histogram: TtftHistogram {
                 bounds_ms: TTFT_BOUNDS_MS.to_vec(),
@@ -505,6 +531,14 @@ pub struct Timeline {
     pub buckets: Vec<TimelineBucket>,
 }
 
+/// Semantic candidates at or above the threshold that a literal guard refused: wrong answers that
+/// were not served.
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct GuardRefusals {
+    pub numbers: u64,
+    pub negation: u64,
+}
+
 /// Everything the counters know, for `/admin/stats`.
 #[derive(Debug, Clone)]
 pub struct Totals {
@@ -512,6 +546,7 @@ pub struct Totals {
     pub rates: Rates,
     pub ttft_saved_ms: TtftSaved,
     pub upstream_errors: UpstreamErrors,
+    pub guard_refusals: GuardRefusals,
     pub ttft_histogram: TtftHistogram,
     pub timeline: Timeline,
 }

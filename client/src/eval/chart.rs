@@ -178,6 +178,7 @@ mod tests {
                 same_answer: i % 2 == 0,
                 exact: false,
                 similarity: Some(0.6 + 0.02 * i as f64),
+                guarded: false,
             });
         }
         v
@@ -217,6 +218,7 @@ mod tests {
                 same_answer: true,
                 exact: false,
                 similarity: None,
+                guarded: false,
             };
             4
         ];
@@ -235,6 +237,7 @@ mod tests {
                 same_answer: true,
                 exact: false,
                 similarity: Some(0.99),
+                guarded: false,
             };
             3
         ];

@@ -8,7 +8,8 @@
 //! 2. `a` is sent again with `Cache-Control: no-store` until it reports `hit`, so the entry (and its
 //!    vector, which the writer adds to the index right after) is in place before `b` looks for it.
 //! 3. `b` is sent with `no-store`: `hit` (similarity 1), `semantic-hit` (`x-reprise-similarity`) or
-//!    `miss` (`x-reprise-nearest`, absent when the partition held no candidate).
+//!    `miss` (`x-reprise-nearest`, absent when the partition held no candidate; `x-reprise-guard`
+//!    when a literal guard refuses that candidate whatever its similarity).
 //!
 //! The namespace (`x-reprise-namespace`) keeps pairs apart, so a pair only ever sees its own `a`.
 
@@ -58,6 +59,8 @@ pub struct GatewayInfo {
     pub version: Option<String>,
     /// The similarity floor a semantic hit needs.
     pub threshold: f64,
+    /// The literal guards in use (`numbers,negation`, …, `none`); `None` from gateways without them.
+    pub guards: Option<String>,
     pub model_dir: Option<String>,
     /// Embeddings that failed or missed their deadline, turning a request exact-only.
     pub fallbacks: u64,
@@ -129,6 +132,10 @@ fn parse_health(body: &Value) -> Result<GatewayInfo, HealthError> {
             .and_then(Value::as_str)
             .map(str::to_owned),
         threshold,
+        guards: semantic
+            .get("guards")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
         model_dir: semantic
             .get("model_dir")
             .and_then(Value::as_str)
@@ -154,6 +161,9 @@ pub struct PairResult {
     pub served: bool,
     /// 1 for an exact hit, `x-reprise-similarity` on a semantic hit, `x-reprise-nearest` on a miss.
     pub similarity: Option<f64>,
+    /// `x-reprise-guard` of a miss: the literal guard that refused `a`'s entry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guard: Option<String>,
     pub error: Option<String>,
 }
 
@@ -164,6 +174,7 @@ impl PairResult {
             same_answer: self.same_answer,
             exact: self.outcome == "hit",
             similarity: self.similarity,
+            guarded: self.guard.is_some(),
         })
     }
 }
@@ -232,6 +243,7 @@ struct Reply {
     outcome: String,
     similarity: Option<f64>,
     nearest: Option<f64>,
+    guard: Option<String>,
 }
 
 async fn evaluate_pair(
@@ -249,6 +261,7 @@ async fn evaluate_pair(
         outcome: "error".into(),
         served: false,
         similarity: None,
+        guard: None,
         error: None,
     };
     let namespace = format!("eval-{}-{index}", config.run_id);
@@ -260,6 +273,7 @@ async fn evaluate_pair(
                 "semantic-hit" => reply.similarity,
                 _ => reply.nearest,
             };
+            result.guard = reply.guard;
             result.outcome = reply.outcome;
         }
         Err(err) => result.error = Some(err),
@@ -388,6 +402,7 @@ async fn send(
     let outcome = header("x-reprise-cache");
     let similarity = number("x-reprise-similarity")?;
     let nearest = number("x-reprise-nearest")?;
+    let guard = header("x-reprise-guard");
     // Read the whole body: the request is only over (and the connection reusable) at its end.
     let text = response.text().await.map_err(|e| e.to_string())?;
     if !status.is_success() {
@@ -401,6 +416,7 @@ async fn send(
         outcome,
         similarity,
         nearest,
+        guard,
     })
 }
 
@@ -421,6 +437,11 @@ mod tests {
         let ready = json!({"version": "0.1.0", "semantic": {"status": "ready", "threshold": 0.9, "fallbacks": 3, "model_dir": "m"}});
         let info = parse_health(&ready).ok().expect("ready health");
         assert_eq!(info.threshold, 0.9);
+        assert_eq!(info.guards, None);
+        let guarded =
+            json!({"semantic": {"status": "ready", "threshold": 0.9, "guards": "numbers"}});
+        let with_guards = parse_health(&guarded).ok().expect("ready health");
+        assert_eq!(with_guards.guards.as_deref(), Some("numbers"));
         assert_eq!(info.fallbacks, 3);
         assert_eq!(info.version.as_deref(), Some("0.1.0"));
         let disabled = json!({"semantic": {"status": "disabled", "detail": "no model"}});
@@ -444,6 +465,7 @@ mod tests {
             outcome: "hit".into(),
             served: true,
             similarity: Some(1.0),
+            guard: None,
             error: None,
         };
         assert_eq!(
@@ -451,11 +473,16 @@ mod tests {
             Some(Scored {
                 same_answer: false,
                 exact: true,
-                similarity: Some(1.0)
+                similarity: Some(1.0),
+                guarded: false,
             })
         );
         r.outcome = "semantic-hit".into();
         assert!(!r.scored().expect("present").exact);
+        r.outcome = "miss".into();
+        r.guard = Some("numbers".into());
+        let guarded = r.scored().expect("present");
+        assert!(guarded.guarded && !guarded.served_at(0.0));
         r.error = Some("boom".into());
         assert_eq!(r.scored(), None);
     }

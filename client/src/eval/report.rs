@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::score::{self, Best, Point, Scored, Tally};
+use super::score::{self, Best, Observed, Point, Scored, Tally};
 use super::{Evaluation, PairResult};
 
 /// Wrong-answer budgets the report finds the best threshold for.
@@ -37,6 +37,8 @@ pub struct Summary {
     pub run_id: String,
     pub gateway_version: Option<String>,
     pub threshold: f64,
+    /// The gateway's literal guards, when it reports them.
+    pub guards: Option<String>,
     pub wall_s: f64,
     pub fallbacks_during_run: u64,
     /// At the gateway's own decisions.
@@ -53,10 +55,13 @@ pub struct Summary {
     pub failures: Vec<String>,
 }
 
-fn served_triple(r: &PairResult) -> Option<(bool, bool, bool)> {
-    r.error
-        .is_none()
-        .then_some((r.same_answer, r.served, r.similarity.is_none()))
+fn observed(r: &PairResult) -> Option<Observed> {
+    r.error.is_none().then_some(Observed {
+        same_answer: r.same_answer,
+        served: r.served,
+        no_candidate: r.similarity.is_none(),
+        guarded: r.guard.is_some(),
+    })
 }
 
 /// Computes the figures of an evaluation.
@@ -64,18 +69,14 @@ pub fn summarize(evaluation: &Evaluation, title: &str) -> Summary {
     let results = &evaluation.results;
     let mut overall = Tally::default();
     for r in results {
-        match served_triple(r) {
-            Some((same, served, none)) => overall.add(same, served, none),
+        match observed(r) {
+            Some(o) => overall.add(o),
             None => overall.errors += 1,
         }
     }
-    let mut categories = groups(score::tally_by(
-        results,
-        |r| r.category.clone(),
-        served_triple,
-    ));
+    let mut categories = groups(score::tally_by(results, |r| r.category.clone(), observed));
     categories.sort_by(|x, y| weakness(&x.tally).total_cmp(&weakness(&y.tally)));
-    let by_source = score::tally_by(results, |r| r.source.clone(), served_triple);
+    let by_source = score::tally_by(results, |r| r.source.clone(), observed);
     let sources = if by_source.len() > 1 {
         groups(by_source)
     } else {
@@ -92,6 +93,7 @@ pub fn summarize(evaluation: &Evaluation, title: &str) -> Summary {
         run_id: evaluation.run_id.clone(),
         gateway_version: evaluation.gateway.version.clone(),
         threshold: evaluation.gateway.threshold,
+        guards: evaluation.gateway.guards.clone(),
         wall_s: evaluation.wall_s,
         fallbacks_during_run: evaluation.fallbacks_during_run,
         overall,
@@ -180,33 +182,36 @@ pub fn render_text(summary: &Summary) -> String {
     let _ = writeln!(out, "{}", summary.title);
     let _ = writeln!(
         out,
-        "gateway {} (threshold {:.4}), {} pairs in {:.1} s",
+        "gateway {} (threshold {:.4}, guards {}), {} pairs in {:.1} s",
         summary.url,
         summary.threshold,
+        summary.guards.as_deref().unwrap_or("none"),
         summary.overall.pairs + summary.overall.errors,
         summary.wall_s
     );
     let _ = writeln!(out);
     let header = format!(
-        "{:<32} {:>6} {:>22} {:>22} {:>10} {:>12}",
+        "{:<32} {:>6} {:>22} {:>22} {:>10} {:>12} {:>8}",
         "category",
         "pairs",
         "should-hit served",
         "traps served (wrong)",
         "error rate",
-        "no candidate"
+        "no candidate",
+        "guarded"
     );
     let _ = writeln!(out, "{header}");
     let row = |out: &mut String, name: &str, t: &Tally| {
         let _ = writeln!(
             out,
-            "{:<32} {:>6} {:>22} {:>22} {:>10} {:>12}",
+            "{:<32} {:>6} {:>22} {:>22} {:>10} {:>12} {:>8}",
             name,
             t.pairs,
             count(t.should_hit_served, t.should_hit),
             count(t.traps_served, t.traps),
             pct(t.error_rate()),
-            t.no_candidate
+            t.no_candidate,
+            t.guarded
         );
     };
     row(&mut out, "overall", &summary.overall);
@@ -219,7 +224,7 @@ pub fn render_text(summary: &Summary) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "threshold sweep (from the recorded similarities; exact hits are served at any threshold):"
+        "threshold sweep (from the recorded similarities; exact hits are served at any threshold, guarded pairs at none):"
     );
     let _ = writeln!(
         out,
@@ -276,32 +281,34 @@ pub fn render_markdown(summary: &Summary, svg_name: &str) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{} pairs through the gateway ({}, similarity threshold {:.2}) in {:.1} s. A pair is *served* when the \
-         lookup of `b` is answered from `a`'s entry: for a should-hit pair a saved call, for a trap a wrong answer. \
-         Error rate: wrong answers over all pairs.",
+        "{} pairs through the gateway ({}, similarity threshold {:.2}, literal guards: {}) in {:.1} s. A pair is \
+         *served* when the lookup of `b` is answered from `a`'s entry: for a should-hit pair a saved call, for a \
+         trap a wrong answer. Error rate: wrong answers over all pairs.",
         summary.overall.pairs + summary.overall.errors,
         summary
             .gateway_version
             .as_deref()
             .map_or_else(|| "Reprise".to_owned(), |v| format!("Reprise {v}")),
         summary.threshold,
+        summary.guards.as_deref().unwrap_or("none"),
         summary.wall_s
     );
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "| category | pairs | should-hit served | traps served (wrong) | error rate | no candidate¹ |"
+        "| category | pairs | should-hit served | traps served (wrong) | error rate | no candidate¹ | guarded² |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
     let row = |out: &mut String, name: &str, t: &Tally| {
         let _ = writeln!(
             out,
-            "| {name} | {} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} |",
             t.pairs,
             count(t.should_hit_served, t.should_hit),
             count(t.traps_served, t.traps),
             pct(t.error_rate()),
-            t.no_candidate
+            t.no_candidate,
+            t.guarded
         );
     };
     row(&mut out, "**overall**", &summary.overall);
@@ -317,11 +324,17 @@ pub fn render_markdown(summary: &Summary, svg_name: &str) -> String {
         "¹ Pairs whose lookup found no candidate at all: `a` and `b` differ before their final user message, \
          so they are in different cache partitions and are never compared (never served at any threshold)."
     );
+    let _ = writeln!(
+        out,
+        "² Pairs whose candidate a literal guard refused (`x-reprise-guard`: the prompts differ in numbers, dates \
+         or negation), at any similarity: never served at any threshold. For a trap, a wrong answer avoided; for a \
+         should-hit pair, a saving lost."
+    );
     let _ = writeln!(out);
     let _ = writeln!(
         out,
         "Threshold sweep: each pair re-judged at another threshold from its recorded similarity (served iff \
-         similarity ≥ threshold; exact hits at any threshold). The gateway reports similarities to 4 decimals, \
+         similarity ≥ threshold and no guard refused it; exact hits at any threshold). The gateway reports similarities to 4 decimals, \
          so at its own threshold the sweep can differ from its actual decisions above by a pair or two."
     );
     let _ = writeln!(out);
@@ -402,6 +415,7 @@ mod tests {
             outcome: outcome.into(),
             served: matches!(outcome, "hit" | "semantic-hit"),
             similarity: sim,
+            guard: None,
             error: (outcome == "error").then(|| "HTTP 500: boom".to_owned()),
         }
     }
@@ -413,6 +427,7 @@ mod tests {
             gateway: GatewayInfo {
                 version: Some("0.1.0".into()),
                 threshold: 0.9,
+                guards: Some("numbers,negation".into()),
                 model_dir: None,
                 fallbacks: 0,
             },
@@ -464,11 +479,33 @@ mod tests {
 
         let text = render_text(&s);
         assert!(text.contains("66.7% (2/3)"), "{text}");
+        assert!(text.contains("guards numbers,negation"), "{text}");
         assert!(text.contains("1 pairs could not be measured"), "{text}");
         let md = render_markdown(&s, "curve.svg");
         assert!(md.contains("| **overall** | 6 |"), "{md}");
         assert!(md.contains("![threshold curve](curve.svg)"));
         assert!(md.contains("**0.90** (gateway)"));
+    }
+
+    #[test]
+    fn guarded_pairs_are_counted_and_served_at_no_threshold() {
+        let mut guarded_trap = result("number_date", false, "miss", Some(0.97));
+        guarded_trap.guard = Some("numbers".into());
+        let eval = evaluation(vec![
+            guarded_trap,
+            result("paraphrase", true, "semantic-hit", Some(0.93)),
+        ]);
+        let s = summarize(&eval, "t");
+        assert_eq!(s.overall.guarded, 1);
+        // Without the guard, 0.97 would be served at every threshold up to 0.97.
+        assert!(s.sweep.iter().all(|p| p.trap_share == Some(0.0)));
+        let (_, best) = s.best[0];
+        assert_eq!(best.expect("a threshold within budget").hit_share, 1.0);
+        let md = render_markdown(&s, "c.svg");
+        assert!(
+            md.contains("| **overall** | 2 | 100.0% (1/1) | 0.0% (0/1) | 0.0% | 0 | 1 |"),
+            "{md}"
+        );
     }
 
     #[test]

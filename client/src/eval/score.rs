@@ -20,13 +20,26 @@ pub struct Scored {
     /// Similarity to `a`'s entry: of the match on a semantic hit, of the nearest candidate on a
     /// miss; `None` when the partition held no candidate (the gateway never compared them).
     pub similarity: Option<f64>,
+    /// A literal guard refused `a`'s entry (`x-reprise-guard`): no threshold would serve it.
+    pub guarded: bool,
 }
 
 impl Scored {
     /// Whether the gateway would serve this pair with its threshold at `threshold`.
     pub fn served_at(&self, threshold: f64) -> bool {
-        self.exact || self.similarity.is_some_and(|s| s >= threshold)
+        self.exact || (!self.guarded && self.similarity.is_some_and(|s| s >= threshold))
     }
+}
+
+/// How one pair's lookup ended, as a [`Tally`] counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Observed {
+    pub same_answer: bool,
+    pub served: bool,
+    /// No candidate at all: `a` is in another partition.
+    pub no_candidate: bool,
+    /// The candidate was refused by a literal guard.
+    pub guarded: bool,
 }
 
 /// Counts for one group of pairs (all, a category, a file).
@@ -40,21 +53,24 @@ pub struct Tally {
     pub traps_served: usize,
     /// Pairs whose lookup found no candidate at all: a different partition (other earlier turns).
     pub no_candidate: usize,
+    /// Pairs whose candidate a literal guard refused (numbers or negation differ).
+    pub guarded: usize,
     /// Pairs left out because a request failed.
     pub errors: usize,
 }
 
 impl Tally {
-    pub fn add(&mut self, same_answer: bool, served: bool, no_candidate: bool) {
+    pub fn add(&mut self, o: Observed) {
         self.pairs += 1;
-        if same_answer {
+        if o.same_answer {
             self.should_hit += 1;
-            self.should_hit_served += usize::from(served);
+            self.should_hit_served += usize::from(o.served);
         } else {
             self.traps += 1;
-            self.traps_served += usize::from(served);
+            self.traps_served += usize::from(o.served);
         }
-        self.no_candidate += usize::from(no_candidate);
+        self.no_candidate += usize::from(o.no_candidate);
+        self.guarded += usize::from(o.guarded);
     }
 
     /// Share of should-hit pairs served; `None` without any.
@@ -81,15 +97,13 @@ fn ratio(part: usize, whole: usize) -> Option<f64> {
 pub fn tally_by<'a, T: 'a>(
     items: impl IntoIterator<Item = &'a T>,
     key: impl Fn(&T) -> String,
-    served: impl Fn(&T) -> Option<(bool, bool, bool)>,
+    observed: impl Fn(&T) -> Option<Observed>,
 ) -> BTreeMap<String, Tally> {
     let mut groups: BTreeMap<String, Tally> = BTreeMap::new();
     for item in items {
         let tally = groups.entry(key(item)).or_default();
-        match served(item) {
-            Some((same_answer, served, no_candidate)) => {
-                tally.add(same_answer, served, no_candidate)
-            }
+        match observed(item) {
+            Some(o) => tally.add(o),
             None => tally.errors += 1,
         }
     }
@@ -109,7 +123,11 @@ pub struct Point {
 pub fn at(scored: &[Scored], threshold: f64) -> Point {
     let mut tally = Tally::default();
     for s in scored {
-        tally.add(s.same_answer, s.served_at(threshold), false);
+        tally.add(Observed {
+            same_answer: s.same_answer,
+            served: s.served_at(threshold),
+            ..Observed::default()
+        });
     }
     Point {
         threshold,
@@ -201,6 +219,7 @@ mod tests {
             same_answer: true,
             exact: false,
             similarity: Some(similarity),
+            guarded: false,
         }
     }
     fn trap(similarity: f64) -> Scored {
@@ -208,6 +227,7 @@ mod tests {
             same_answer: false,
             exact: false,
             similarity: Some(similarity),
+            guarded: false,
         }
     }
 
@@ -228,12 +248,14 @@ mod tests {
             same_answer: true,
             exact: true,
             similarity: Some(1.0),
+            guarded: false,
         };
         assert!(exact.served_at(1.5));
         let none = Scored {
             same_answer: true,
             exact: false,
             similarity: None,
+            guarded: false,
         };
         assert!(!none.served_at(-1.0));
     }
@@ -304,6 +326,7 @@ mod tests {
                 same_answer: false,
                 exact: true,
                 similarity: Some(1.0),
+                guarded: false,
             },
         ];
         assert_eq!(best_within(&scored, 0.01), None);
@@ -318,25 +341,35 @@ mod tests {
             same_answer: true,
             exact: false,
             similarity: None,
+            guarded: false,
         });
         assert_eq!(at(&scored, 0.0).hit_share, Some(10.0 / 11.0));
         assert_eq!(candidates(&scored).len(), 11);
+    }
+
+    fn seen(same_answer: bool, served: bool, no_candidate: bool) -> Observed {
+        Observed {
+            same_answer,
+            served,
+            no_candidate,
+            guarded: false,
+        }
     }
 
     #[test]
     fn tallies_per_category_and_errors_apart() {
         struct R {
             cat: &'static str,
-            outcome: Option<(bool, bool, bool)>,
+            outcome: Option<Observed>,
         }
         let rows = [
             R {
                 cat: "paraphrase",
-                outcome: Some((true, true, false)),
+                outcome: Some(seen(true, true, false)),
             },
             R {
                 cat: "paraphrase",
-                outcome: Some((true, false, false)),
+                outcome: Some(seen(true, false, false)),
             },
             R {
                 cat: "paraphrase",
@@ -344,22 +377,26 @@ mod tests {
             },
             R {
                 cat: "negation",
-                outcome: Some((false, true, false)),
+                outcome: Some(seen(false, true, false)),
             },
             R {
                 cat: "negation",
-                outcome: Some((false, false, true)),
+                outcome: Some(seen(false, false, true)),
             },
             R {
                 cat: "negation",
-                outcome: Some((false, false, false)),
+                outcome: Some(seen(false, false, false)),
             },
             R {
                 cat: "negation",
-                outcome: Some((false, false, false)),
+                outcome: Some(Observed {
+                    guarded: true,
+                    ..seen(false, false, false)
+                }),
             },
         ];
         let groups = tally_by(&rows, |r| r.cat.to_owned(), |r| r.outcome);
+        assert_eq!(groups["negation"].guarded, 1);
         let para = &groups["paraphrase"];
         assert_eq!((para.pairs, para.errors), (2, 1));
         assert_eq!(para.hit_share(), Some(0.5));

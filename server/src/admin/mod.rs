@@ -26,8 +26,8 @@ use crate::error::GatewayError;
 use crate::live::{ConfigPatch, LiveConfig};
 use crate::record::RequestRecord;
 use crate::stats::{
-    latency_by_outcome, Gauges, OutcomeLatency, Rates, RequestCounts, Timeline, TtftHistogram,
-    TtftSaved, UpstreamErrors,
+    latency_by_outcome, Gauges, GuardRefusals, OutcomeLatency, Rates, RequestCounts, Timeline,
+    TtftHistogram, TtftSaved, UpstreamErrors,
 };
 use crate::AppState;
 
@@ -193,6 +193,8 @@ pub struct StatsBody {
     pub ttft_saved_ms: TtftSaved,
     pub embedding: Option<EmbeddingStats>,
     pub upstream_errors: UpstreamErrors,
+    /// Semantic candidates above the threshold refused by a literal guard: wrong answers not given.
+    pub guard_refusals: GuardRefusals,
     pub latency: LatencyWindow,
     pub ttft_histogram: TtftHistogram,
     pub timeline: Timeline,
@@ -244,6 +246,7 @@ pub async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
         ttft_saved_ms: totals.ttft_saved_ms,
         embedding,
         upstream_errors: totals.upstream_errors,
+        guard_refusals: totals.guard_refusals,
         latency: LatencyWindow {
             window: state.config.request_log_size,
             by_outcome: latency_by_outcome(&recent),

@@ -395,3 +395,74 @@ async fn a_repeated_paraphrase_skips_the_embedding_but_never_outlives_its_entry(
         Some("semantic-hit")
     );
 }
+
+#[tokio::test]
+async fn literal_guards_refuse_other_numbers_and_negations_until_turned_off() {
+    let Some(models) = models() else { return };
+    let sim = sim_default().await;
+    let gw = start(semantic_config(sim.base_url(), &models)).await;
+    seed(&gw, "sk-a", "Can I book an appointment for 3pm tomorrow?").await;
+    seed(&gw, "sk-a", "Cancel my gym subscription").await;
+    let no_store = [("cache-control", "no-store")];
+    let negated = "Don't cancel my gym subscription";
+
+    for (prompt, guard) in [
+        ("Can I book an appointment for 3pm on Friday?", "numbers"),
+        (negated, "negation"),
+    ] {
+        let refused = ask(&gw, "sk-a", prompt, &no_store).await;
+        assert_eq!(header(&refused, "x-reprise-cache").as_deref(), Some("miss"));
+        assert_eq!(header(&refused, "x-reprise-guard").as_deref(), Some(guard));
+        let nearest: f64 = header(&refused, "x-reprise-nearest")
+            .expect("nearest")
+            .parse()
+            .expect("num");
+        // The point of the guard: the embedding alone would have served this wrong answer.
+        assert!(nearest >= 0.9, "{prompt} scored only {nearest}");
+    }
+    let refusals = gw.state.requests.stats.totals().guard_refusals;
+    assert_eq!((refusals.numbers, refusals.negation), (1, 1));
+
+    // The same literals in other words still match, and carry no guard header.
+    let paraphrase = ask(
+        &gw,
+        "sk-a",
+        "Could I book an appointment for 3pm tomorrow?",
+        &no_store,
+    )
+    .await;
+    assert_eq!(
+        header(&paraphrase, "x-reprise-cache").as_deref(),
+        Some("semantic-hit"),
+        "nearest {:?}, guard {:?}",
+        header(&paraphrase, "x-reprise-nearest"),
+        header(&paraphrase, "x-reprise-guard")
+    );
+    assert_eq!(header(&paraphrase, "x-reprise-guard"), None);
+
+    // Turned off live, the embedding decides alone and serves the opposite request.
+    let off = reprise_server::live::ConfigPatch {
+        semantic_guards: Some("none".into()),
+        ..Default::default()
+    };
+    gw.state.live.apply(off).expect("valid patch");
+    let loose = ask(&gw, "sk-a", negated, &[]).await;
+    assert_eq!(
+        header(&loose, "x-reprise-cache").as_deref(),
+        Some("semantic-hit"),
+        "without guards the negation is served from its nearest entry"
+    );
+
+    // Back on: the alias that unguarded hit left behind is checked again, not trusted.
+    let on = reprise_server::live::ConfigPatch {
+        semantic_guards: Some("numbers,negation".into()),
+        ..Default::default()
+    };
+    gw.state.live.apply(on).expect("valid patch");
+    let again = ask(&gw, "sk-a", negated, &no_store).await;
+    assert_eq!(header(&again, "x-reprise-cache").as_deref(), Some("miss"));
+    assert_eq!(
+        header(&again, "x-reprise-guard").as_deref(),
+        Some("negation")
+    );
+}
