@@ -1,5 +1,6 @@
 //! Criterion benches of the hot components on the request path, with fixed inputs and seeds:
-//! key canonicalization and hashing, store get/put, rendering a replayed entry as SSE, embedding
+//! key canonicalization and hashing, store get/put, rendering a replayed entry as SSE, the literal
+//! guards (reading a prompt's numbers and negations, and one candidate check), embedding
 //! (one text and batches; needs the provisioned model), and vector index search (exact partition
 //! scan, filtered graph search, and the admin's cross-partition scan) at 10k and 100k vectors.
 //!
@@ -13,6 +14,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reprise_server::embed::{EmbedConfig, Embedder};
 use reprise_server::entry::{Entry, EntryId, RequestSummary};
+use reprise_server::guard::{Guards, Literals};
 use reprise_server::index::{HnswIndex, VectorIndex};
 use reprise_server::ingress::Route;
 use reprise_server::key::{build, CacheKey, KeyInput, PartitionKey, Tenant};
@@ -143,6 +145,28 @@ fn replay_encode(c: &mut Criterion) {
             b.iter(|| replay::body(black_box(&e), &fresh))
         });
     }
+    group.finish();
+}
+
+/// A question and a 2 KB prompt (a pasted paragraph with numbers), as a semantic lookup reads them.
+fn guard(c: &mut Criterion) {
+    let question = "Can I book an appointment for 3pm tomorrow, or is Friday the earliest?";
+    let paragraph = "Our clinic on 14 Station Road opened in 2019 and does not take walk-ins. \
+        Appointments run from 9:00 to 17:30 on weekdays, and until 1pm on Saturdays. ";
+    let long = paragraph.repeat(2048 / paragraph.len() + 1);
+    let guards = Guards::ALL;
+    let candidate =
+        Literals::of("Can I book an appointment for 3pm on Friday, or is tomorrow out?");
+    let mut group = c.benchmark_group("guard");
+    group.bench_function("literals/question", |b| {
+        b.iter(|| Literals::of(black_box(question)))
+    });
+    group.bench_function("literals/2KB", |b| {
+        b.iter(|| Literals::of(black_box(&long)))
+    });
+    group.bench_function("check/question-vs-candidate", |b| {
+        b.iter(|| guards.refuses(&Literals::of(black_box(question)), black_box(&candidate)))
+    });
     group.finish();
 }
 
@@ -279,6 +303,7 @@ criterion_group!(
     keys,
     store,
     replay_encode,
+    guard,
     index,
     index_100k,
     embedding

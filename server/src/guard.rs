@@ -69,6 +69,14 @@ impl Guards {
         }
     }
 
+    /// [`Guards::refuses`] on two prompts; reads nothing when no guard runs.
+    pub fn refuses_texts(&self, query: &str, candidate: &str) -> Option<Guard> {
+        if self.is_empty() {
+            return None;
+        }
+        self.refuses(&Literals::of(query), &Literals::of(candidate))
+    }
+
     /// The first guard that refuses serving `candidate`'s answer to `query`, if any.
     pub fn refuses(&self, query: &Literals, candidate: &Literals) -> Option<Guard> {
         Guard::ALL.into_iter().find(|g| {
@@ -96,48 +104,81 @@ impl std::fmt::Display for Guards {
     }
 }
 
+/// How much of a prompt the guards read. The embedding sees far less (its first 256 tokens), so
+/// the literals still cover more than the similarity does, while an 8 MiB body cannot cost more
+/// than a bounded scan per candidate.
+const MAX_SCANNED_BYTES: usize = 16 * 1024;
+
 /// What the guards compare, read once per prompt.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Literals {
-    /// Normalized numbers and dates: `2014`, `1.5`, `3` (from "3pm" or "three"), `sunday`, `march`.
+    /// Normalized numbers and dates: `2014`, `1.5`, `05/03/2024`, `3` (from "3pm" or "three"),
+    /// `25` (from "twenty-five"), `sunday`, `march`. A set: "2 adults and 3 children" and "3
+    /// children and 2 adults" agree.
     numbers: BTreeSet<String>,
     negations: usize,
 }
 
 impl Literals {
     pub fn of(text: &str) -> Self {
+        let mut end = text.len().min(MAX_SCANNED_BYTES);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
         let mut literals = Literals::default();
-        for word in words(text) {
-            if word.bytes().any(|b| b.is_ascii_digit()) {
-                // "3pm", "£50", "2-bedroom", "1st": the digits are the literal, the rest is its unit.
-                literals.numbers.extend(digit_runs(&word));
-            } else if let Some(n) = number_word(&word) {
-                literals.numbers.insert(n.to_owned());
-            } else if let Some(day) = date_word(&word) {
-                literals.numbers.insert(day.to_owned());
-            } else if is_negation(&word) {
+        for word in words(&text[..end]) {
+            // A possessive or quotes are not part of the word: "Sunday's" is Sunday, "nothing's"
+            // is a negation. "n't" is kept whole for the negation check.
+            let base = word.strip_suffix("'s").unwrap_or(&word).trim_matches('\'');
+            if is_negation(&word) || is_negation(base) {
                 literals.negations += 1;
+            } else if base.bytes().any(|b| b.is_ascii_digit()) {
+                // "3pm", "£50", "2-bedroom", "1st": the digits are the literal, the rest is its unit.
+                literals.numbers.extend(digit_runs(base));
+            } else if let Some(n) = compound_number(base) {
+                literals.numbers.insert(n);
+            } else {
+                // "Sunday-morning": each part on its own.
+                for part in base.split('-') {
+                    if let Some(n) = number_word(part) {
+                        literals.numbers.insert(n.to_string());
+                    } else if let Some(day) = date_word(part) {
+                        literals.numbers.insert(day.to_owned());
+                    }
+                }
             }
         }
         literals
     }
 }
 
-/// Lowercase words: letters, digits, apostrophes, and `.`/`,` inside numbers ("1,000", "2.5").
+/// Lowercase words: letters, digits, apostrophes (typographic ones folded to `'`), `-` between
+/// letters ("twenty-five"), and `.`, `,`, `/`, `:`, `-` between digits ("2.5", "1,000",
+/// "05/03/2024", "10:30"), so a number and its separators stay one literal.
 fn words(text: &str) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();
     let mut words = Vec::new();
     let mut word = String::new();
     for (i, &c) in chars.iter().enumerate() {
-        let between_digits = |c: char| {
-            (c == '.' || c == ',')
-                && i > 0
-                && chars[i - 1].is_ascii_digit()
-                && chars.get(i + 1).is_some_and(|n| n.is_ascii_digit())
+        let prev = i.checked_sub(1).map(|p| chars[p]);
+        let next = chars.get(i + 1).copied();
+        let joins = match c {
+            '.' | ',' | '/' | ':' => {
+                prev.is_some_and(|p| p.is_ascii_digit()) && next.is_some_and(|n| n.is_ascii_digit())
+            }
+            '-' => {
+                let both = |f: fn(&char) -> bool| {
+                    prev.as_ref().is_some_and(f) && next.as_ref().is_some_and(f)
+                };
+                both(char::is_ascii_digit) || both(|c| c.is_alphabetic())
+            }
+            _ => false,
         };
-        if c.is_alphanumeric() || c == '\'' || c == '’' || between_digits(c) {
-            // Typographic apostrophes are folded, so "don’t" and "don't" are one word.
-            word.extend(if c == '’' { '\'' } else { c }.to_lowercase());
+        // Checked first: U+02BC is a letter to Unicode, but typed as an apostrophe ("donʼt").
+        if matches!(c, '\'' | '\u{2019}' | '\u{2018}' | '\u{02BC}') {
+            word.push('\'');
+        } else if c.is_alphanumeric() || joins {
+            word.extend(c.to_lowercase());
         } else if !word.is_empty() {
             words.push(std::mem::take(&mut word));
         }
@@ -148,15 +189,19 @@ fn words(text: &str) -> Vec<String> {
     words
 }
 
-/// The numbers inside a word, thousands separators dropped: "1,000" → 1000, "3pm" → 3, "1.5" → 1.5.
+/// The numbers inside a word, with their separators: "1,000" → 1000 (a comma before exactly
+/// three digits groups thousands), "1,5" → 1,5 (a decimal comma), "3pm" → 3, "05/03/2024" and
+/// "10:30" whole, "2-bedroom" → 2.
 fn digit_runs(word: &str) -> Vec<String> {
+    let chars: Vec<char> = word.chars().collect();
     let mut runs = Vec::new();
     let mut run = String::new();
-    for c in word.chars() {
+    for (i, &c) in chars.iter().enumerate() {
+        let digit_follows = chars.get(i + 1).is_some_and(char::is_ascii_digit);
         match c {
             '0'..='9' => run.push(c),
-            '.' if !run.is_empty() => run.push(c),
-            ',' if !run.is_empty() => {}
+            ',' if !run.is_empty() && thousands_group(&chars[i + 1..]) => {}
+            '.' | ',' | '/' | ':' | '-' if !run.is_empty() && digit_follows => run.push(c),
             _ if !run.is_empty() => runs.push(std::mem::take(&mut run)),
             _ => {}
         }
@@ -164,37 +209,64 @@ fn digit_runs(word: &str) -> Vec<String> {
     if !run.is_empty() {
         runs.push(run);
     }
-    runs.into_iter()
-        .map(|r| r.trim_end_matches('.').to_owned())
-        .collect()
+    runs
+}
+
+/// Whether `rest` starts with exactly three digits (then a non-digit or the end).
+fn thousands_group(rest: &[char]) -> bool {
+    rest.len() >= 3
+        && rest[..3].iter().all(char::is_ascii_digit)
+        && !rest.get(3).is_some_and(char::is_ascii_digit)
 }
 
 /// Number words as digits, so "two" and "2" agree. "one" is left out: it is mostly a pronoun
 /// ("which one"), and refusing on it would turn many paraphrases into misses.
-fn number_word(word: &str) -> Option<&'static str> {
+fn number_word(word: &str) -> Option<u64> {
     Some(match word {
-        "zero" => "0",
-        "two" => "2",
-        "three" => "3",
-        "four" => "4",
-        "five" => "5",
-        "six" => "6",
-        "seven" => "7",
-        "eight" => "8",
-        "nine" => "9",
-        "ten" => "10",
-        "eleven" => "11",
-        "twelve" => "12",
-        "twenty" => "20",
-        "thirty" => "30",
-        "forty" => "40",
-        "fifty" => "50",
-        "hundred" => "100",
-        "thousand" => "1000",
-        "million" => "1000000",
-        "billion" => "1000000000",
+        "zero" => 0,
+        "two" => 2,
+        "three" => 3,
+        "four" => 4,
+        "five" => 5,
+        "six" => 6,
+        "seven" => 7,
+        "eight" => 8,
+        "nine" => 9,
+        "ten" => 10,
+        "eleven" => 11,
+        "twelve" | "dozen" => 12,
+        "thirteen" => 13,
+        "fourteen" => 14,
+        "fifteen" => 15,
+        "sixteen" => 16,
+        "seventeen" => 17,
+        "eighteen" => 18,
+        "nineteen" => 19,
+        "twenty" => 20,
+        "thirty" => 30,
+        "forty" => 40,
+        "fifty" => 50,
+        "sixty" => 60,
+        "seventy" => 70,
+        "eighty" => 80,
+        "ninety" => 90,
+        "hundred" => 100,
+        "thousand" => 1000,
+        "million" => 1_000_000,
+        "billion" => 1_000_000_000,
         _ => return None,
     })
+}
+
+/// "twenty-five" → 25 (and "twenty-one", which "one" alone would not give).
+fn compound_number(word: &str) -> Option<String> {
+    let (tens, unit) = word.split_once('-')?;
+    let tens = number_word(tens).filter(|t| (20..=90).contains(t) && t % 10 == 0)?;
+    let unit = match unit {
+        "one" => 1,
+        other => number_word(other).filter(|u| (2..=9).contains(u))?,
+    };
+    Some((tens + unit).to_string())
 }
 
 const WEEKDAYS: [&str; 7] = [
@@ -222,9 +294,9 @@ const MONTHS: [&str; 11] = [
 ];
 const RELATIVE_DAYS: [&str; 4] = ["today", "tomorrow", "yesterday", "tonight"];
 
-/// A weekday, month or relative day, plurals folded ("sundays" → sunday). Weekdays and long month
-/// names also match with one typo ("mondys"), since users type fast; short month names would collide
-/// with ordinary words ("match").
+/// A weekday, month or relative day, plurals folded ("sundays" → sunday). A weekday also matches
+/// with one letter left out or two neighbours swapped ("mondys", "firday", "wendesday"), since
+/// users type fast; not with a letter changed, which would make "sundry" a Sunday.
 fn date_word(word: &str) -> Option<&'static str> {
     let singular = word.strip_suffix('s').unwrap_or(word);
     let exact = WEEKDAYS
@@ -235,17 +307,32 @@ fn date_word(word: &str) -> Option<&'static str> {
     if let Some(d) = exact {
         return Some(d);
     }
-    if word.chars().count() < 5 {
-        return None;
-    }
     WEEKDAYS
         .iter()
-        .chain(MONTHS.iter().filter(|m| m.len() >= 6))
-        .find(|d| {
-            strsim::damerau_levenshtein(d, word) <= 1
-                || strsim::damerau_levenshtein(d, singular) <= 1
-        })
+        .find(|d| [word, singular].iter().any(|w| is_slip_of(w, d)))
         .copied()
+}
+
+/// `typed` is `word` with one letter left out, or with two neighbouring letters swapped.
+fn is_slip_of(typed: &str, word: &str) -> bool {
+    let (t, w) = (typed.as_bytes(), word.as_bytes());
+    if t.len() + 1 == w.len() {
+        return (0..w.len()).any(|skip| {
+            w.iter()
+                .enumerate()
+                .filter(|(i, _)| *i != skip)
+                .map(|(_, b)| b)
+                .eq(t.iter())
+        });
+    }
+    if t.len() == w.len() {
+        let differ: Vec<usize> = (0..t.len()).filter(|i| t[*i] != w[*i]).collect();
+        return differ.len() == 2
+            && differ[1] == differ[0] + 1
+            && t[differ[0]] == w[differ[1]]
+            && t[differ[1]] == w[differ[0]];
+    }
+    false
 }
 
 fn is_negation(word: &str) -> bool {
@@ -308,6 +395,16 @@ mod tests {
             ),
             ("Book me for 3pm tomorrow", "Book me for 3pm on Friday"),
             ("Is it 1.5 litres?", "Is it 15 litres?"),
+            ("Is it 1,5 litres?", "Is it 15 litres?"),
+            ("Due on 05/03/2024?", "Due on 03/05/2024?"),
+            ("Meet at 10:30", "Meet at 30:10"),
+            ("What's today's weather?", "What's tomorrow's weather?"),
+            ("April's sales", "June's sales"),
+            (
+                "What's sixty percent of 200?",
+                "What's seventy percent of 200?",
+            ),
+            ("Book for twenty-five people", "Book for 26 people"),
             ("What happens in March?", "What happens in April?"),
             ("Deliver two boxes", "Deliver 3 boxes"),
             ("How old is the company?", "How old is the company in 2024?"),
@@ -337,6 +434,22 @@ mod tests {
             ),
             ("May I pay by card?", "Can I pay by card?"),
             ("Is there a match today?", "Any match on today?"),
+            (
+                "What are Sunday's opening hours?",
+                "When are you open on Sunday?",
+            ),
+            ("Is the '90s playlist on?", "Is the 90s playlist on?"),
+            ("Book for twenty-five people", "Book for 25 people"),
+            ("Is a dozen enough?", "Are 12 enough?"),
+            ("Open on Friday?", "Open on Firday?"),
+            ("Open on Thursday?", "Open on Thrusday?"),
+            ("Open Wednesday?", "Open wendesday?"),
+            (
+                "Where do I record sundry expenses?",
+                "Where do I record miscellaneous expenses?",
+            ),
+            ("Is this a well-known issue?", "Is this a known issue?"),
+            ("2 adults and 3 children", "3 children and 2 adults"),
         ] {
             assert_eq!(refused(a, b), None, "{a} / {b}");
         }
@@ -361,6 +474,19 @@ mod tests {
         }
         assert_eq!(refused("I can't log in", "I cannot log in"), None);
         assert_eq!(refused("I can't log in", "Unable to log in"), None);
+        assert_eq!(refused("Nothing's wrong", "It is fine"), Some("negation"));
+        assert_eq!(refused("I donʼt agree", "I do not agree"), None);
+        assert_eq!(refused("I donʼt agree", "I agree"), Some("negation"));
+    }
+
+    #[test]
+    fn only_the_head_of_a_huge_prompt_is_read() {
+        // One ASCII letter first, so the cut falls inside a two-byte character.
+        let mut text = format!("a{}", "é".repeat(MAX_SCANNED_BYTES / 2));
+        text.push_str(" in 2014");
+        assert!(text.len() > MAX_SCANNED_BYTES);
+        // Cut on a character boundary, before the year.
+        assert_eq!(Literals::of(&text), Literals::default());
     }
 
     #[test]

@@ -15,7 +15,6 @@ use crate::downstream::{Delivered, Delivery, Source};
 use crate::entry::{Entry, HitEvent, HitKind, RequestSummary};
 use crate::error::GatewayError;
 use crate::forward::{self, set_cache_outcome, set_request_id, RecordMeta, Served};
-use crate::guard::Literals;
 use crate::ingress::{Ingress, Route};
 use crate::key::Tenant;
 use crate::policy::{self, Pacing};
@@ -85,10 +84,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
             .lookup_alias(&keys.exact, &keys.partition, threshold, &policy)
             .filter(|(hit, _)| {
                 live.guards
-                    .refuses(
-                        &Literals::of(&keys.prompt),
-                        &Literals::of(&hit.entry.summary.prompt),
-                    )
+                    .refuses_texts(&keys.prompt, &hit.entry.summary.prompt)
                     .is_none()
             });
         if let Some((hit, similarity)) = alias {

@@ -38,7 +38,7 @@ pub struct Semantic {
 /// What one search looks for.
 struct Request {
     partition: [u8; 32],
-    literals: Literals,
+    prompt: String,
     threshold: f32,
     guards: Guards,
     max_age_s: Option<u64>,
@@ -69,7 +69,8 @@ pub struct Outcome {
     /// The guard that refuses the best candidate, whatever its similarity (`x-reprise-guard`): a
     /// lower threshold would not serve it either.
     pub nearest_guard: Option<Guard>,
-    /// The guard that refused a candidate at or above the threshold: a wrong answer not given.
+    /// The guard that refused a candidate at or above the threshold when no other was served: a
+    /// wrong answer not given.
     pub refused: Option<Guard>,
     /// The request's embedding, stored with its answer on a miss.
     pub vector: Option<Vec<f32>>,
@@ -169,7 +170,7 @@ impl Semantic {
             let (this, store, query) = (self.clone(), store.clone(), vector.clone());
             let request = Request {
                 partition: keys.partition.0,
-                literals: Literals::of(&keys.prompt),
+                prompt: keys.prompt.clone(),
                 threshold,
                 guards,
                 max_age_s,
@@ -195,7 +196,16 @@ impl Semantic {
     fn best_live(&self, store: &dyn Store, query: &[f32], request: &Request) -> Found {
         let neighbors = self.index.search(&request.partition, query, CANDIDATES);
         let now = unix_ms();
+        // The request's literals are read once, and only when a guard runs.
+        let literals = (!request.guards.is_empty()).then(|| Literals::of(&request.prompt));
+        let refuses = |entry: &Entry| {
+            let query = literals.as_ref()?;
+            request
+                .guards
+                .refuses(query, &Literals::of(&entry.summary.prompt))
+        };
         let mut found = Found::default();
+        let mut refused = None;
         for n in neighbors {
             let entry = match store.get(EntryId(n.id)) {
                 Ok(Some(e)) if !e.is_expired(now) && e.partition.0 == request.partition => e,
@@ -205,28 +215,34 @@ impl Semantic {
                 }
                 Err(_) => continue,
             };
-            let guard = request
-                .guards
-                .refuses(&request.literals, &Literals::of(&entry.summary.prompt));
-            if found.nearest.is_none() {
+            let nearest = found.nearest.is_none();
+            if !nearest && n.similarity < request.threshold {
+                break;
+            }
+            let guard = refuses(&entry);
+            if nearest {
                 found.nearest = Some(n.similarity);
                 found.nearest_guard = guard;
             }
             if n.similarity < request.threshold {
                 break;
             }
-            if let Some(guard) = guard {
-                // A close neighbour with other numbers or an opposite negation: the next one may
-                // still be the same question.
-                found.refused.get_or_insert(guard);
-                continue;
-            }
             let age_s = entry.age_s(now);
             if request.max_age_s.is_some_and(|max| age_s > max) {
                 continue;
             }
+            if let Some(guard) = guard {
+                // A close neighbour with other numbers or an opposite negation: the next one may
+                // still be the same question.
+                refused.get_or_insert(guard);
+                continue;
+            }
             found.hit = Some((entry, n.similarity));
             break;
+        }
+        // A refusal counts when it left the request without a match: a wrong answer not given.
+        if found.hit.is_none() {
+            found.refused = refused;
         }
         found
     }

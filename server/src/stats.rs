@@ -153,7 +153,7 @@ impl Stats {
         let guard_refusals = IntCounterVec::new(
             Opts::new(
                 "reprise_semantic_guard_refusals_total",
-                "Semantic candidates above the threshold refused by a literal guard (numbers, negation).",
+                "Semantic lookups left without a match because a literal guard (numbers, negation) refused a candidate above the threshold.",
             ),
             &["guard"],
         );
@@ -321,7 +321,8 @@ impl Stats {
         }
     }
 
-    /// Counts a semantic candidate above the threshold that a literal guard refused.
+    /// Counts a semantic lookup that a literal guard left without a match (a candidate above the
+    /// threshold was refused, and no other was served).
     pub fn guard_refused(&self, guard: Guard) {
         self.guard_refusals.with_label_values(&[guard.name()]).inc();
         *lock(&self.counts)
