@@ -662,6 +662,12 @@ pub struct RequestRecord {
     pub entry: Option<String>,
     #[serde(default)]
     pub similarity: Option<f64>,
+    /// On a miss: the best semantic candidate's similarity.
+    #[serde(default)]
+    pub nearest: Option<f64>,
+    /// On a miss: the literal guard that refused that candidate (`numbers`, `negation`).
+    #[serde(default)]
+    pub guard: Option<String>,
     #[serde(default)]
     pub ttft_saved_ms: Option<f64>,
 }

@@ -1200,9 +1200,13 @@ pub fn render_requests(page: &RequestsPage, now_ms: u64) -> String {
         &[4, 6, 7, 8],
     );
     for record in &page.data {
-        let cache = match record.similarity {
-            Some(similarity) => format!("{} ({similarity:.3})", record.cache),
-            None => record.cache.clone(),
+        let cache = match (record.similarity, record.nearest, &record.guard) {
+            (Some(similarity), _, _) => format!("{} ({similarity:.3})", record.cache),
+            (None, Some(nearest), Some(guard)) => {
+                format!("{} (nearest {nearest:.3}, {guard} guard)", record.cache)
+            }
+            (None, Some(nearest), None) => format!("{} (nearest {nearest:.3})", record.cache),
+            (None, None, _) => record.cache.clone(),
         };
         let status = if record.completion == "complete" {
             record.status.to_string()
@@ -1534,6 +1538,7 @@ mod tests {
             "411 ms",
             "e_00000000002a",
             "502 upstream error",
+            "miss (nearest 0.943, numbers guard)",
             "GET models",
             "15.5 ms",
         ] {

@@ -475,8 +475,10 @@ async fn invalidate_flush_config_and_requests_send_what_the_contract_says() {
         .expect("patch");
     assert_eq!(patched.cache_mode, "on");
     let requests = client.requests(Some(7)).await.expect("requests");
-    assert_eq!(requests.data[0].cache, "hit");
-    assert_eq!(requests.data[1].model, None);
+    assert_eq!(requests.data[0].cache, "miss");
+    assert_eq!(requests.data[0].guard.as_deref(), Some("numbers"));
+    assert_eq!(requests.data[1].cache, "hit");
+    assert_eq!(requests.data[2].model, None);
     client.requests(None).await.expect("requests");
     let openapi = client.openapi().await.expect("openapi");
     assert_eq!(openapi["openapi"], "3.1.0");

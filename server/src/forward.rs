@@ -22,6 +22,7 @@ use crate::config::{Config, Secret};
 use crate::downstream::{Delivered, Delivery, Source};
 use crate::entry::EntryId;
 use crate::error::GatewayError;
+use crate::guard::Guard;
 use crate::ingress::Ingress;
 use crate::record::{unix_ms, Completion, RequestLog, RequestRecord};
 use crate::sse::{classify, EventKind, SseFramer};
@@ -192,8 +193,17 @@ pub struct RecordMeta {
     pub cache: &'static str,
     /// Set when an entry served the request.
     pub served: Option<Served>,
+    /// What the semantic stage found on a miss.
+    pub nearest: Nearest,
     /// `code` of the gateway's error response, if it sent one.
     pub error: Option<&'static str>,
+}
+
+/// The best semantic candidate of a miss: its similarity, and the guard that refused it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Nearest {
+    pub similarity: Option<f32>,
+    pub guard: Option<Guard>,
 }
 
 /// What a hit adds to its record.
@@ -218,6 +228,8 @@ impl RecordMeta {
             phases: clock.phases(clock.delivered.unwrap_or_else(Instant::now)),
             entry: self.served.as_ref().map(|s| s.entry.to_string()),
             similarity: self.served.as_ref().and_then(|s| s.similarity),
+            nearest: self.nearest.similarity,
+            guard: self.nearest.guard.map(|g| g.name().to_owned()),
             ttft_saved_ms: self.served.as_ref().and_then(|s| s.ttft_saved_ms),
             error: self.error.map(str::to_owned),
         });
@@ -230,6 +242,7 @@ pub async fn relay_json(
     ingress: Ingress,
     request_id: String,
     cache: &'static str,
+    nearest: Nearest,
     recorder: Option<Recorder>,
 ) -> Response {
     let Ingress {
@@ -251,6 +264,7 @@ pub async fn relay_json(
         stream,
         cache,
         served: None,
+        nearest,
         error: None,
     };
     let upstream = &state.upstream;
@@ -715,6 +729,7 @@ pub async fn passthrough(state: &AppState, request: Request, request_id: String)
         stream: false,
         cache: "pass",
         served: None,
+        nearest: Nearest::default(),
         error: None,
     };
     let upstream = &state.upstream;

@@ -202,6 +202,10 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
         ingress,
         request_id,
         policy::miss_outcome(&policy),
+        forward::Nearest {
+            similarity: nearest,
+            guard: nearest_guard,
+        },
         recorder,
     )
     .await;
@@ -357,6 +361,7 @@ fn meta_for(ingress: &Ingress, request_id: &str, cache: &'static str) -> RecordM
         stream: ingress.stream,
         cache,
         served: None,
+        nearest: forward::Nearest::default(),
         error: None,
     }
 }

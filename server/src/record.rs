@@ -49,6 +49,12 @@ pub struct RequestRecord {
     /// Similarity of a semantic hit.
     #[serde(default)]
     pub similarity: Option<f32>,
+    /// On a miss: similarity of the best semantic candidate (`x-reprise-nearest`).
+    #[serde(default)]
+    pub nearest: Option<f32>,
+    /// On a miss: the literal guard that refused the best candidate (`x-reprise-guard`).
+    #[serde(default)]
+    pub guard: Option<String>,
     /// Network and prefill time of the stored miss, less this hit's TTFT.
     #[serde(default)]
     pub ttft_saved_ms: Option<f64>,
@@ -133,6 +139,8 @@ mod tests {
             phases: Phases::default(),
             entry: None,
             similarity: None,
+            nearest: None,
+            guard: None,
             ttft_saved_ms: None,
             error: None,
         }

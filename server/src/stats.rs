@@ -642,6 +642,8 @@ mod tests {
             },
             entry: None,
             similarity: None,
+            nearest: None,
+            guard: None,
             ttft_saved_ms: (cache == "hit").then_some(400.0),
             error: (completion == Completion::GatewayError).then(|| match status {
                 504 => "upstream_timeout".to_owned(),

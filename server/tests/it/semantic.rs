@@ -419,7 +419,20 @@ async fn literal_guards_refuse_other_numbers_and_negations_until_turned_off() {
             .expect("num");
         // The point of the guard: the embedding alone would have served this wrong answer.
         assert!(nearest >= 0.9, "{prompt} scored only {nearest}");
+        refused.bytes().await.expect("body");
     }
+    // The request log says the same, for /admin/requests and the dashboard.
+    let mut recorded = Vec::new();
+    for _ in 0..200 {
+        recorded = gw.state.requests.recent(2);
+        if recorded.len() == 2 && recorded[0].guard.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let guards: Vec<_> = recorded.iter().map(|r| r.guard.as_deref()).collect();
+    assert_eq!(guards, [Some("negation"), Some("numbers")]);
+    assert!(recorded.iter().all(|r| r.nearest.is_some_and(|n| n >= 0.9)));
     let refusals = gw.state.requests.stats.totals().guard_refusals;
     assert_eq!((refusals.numbers, refusals.negation), (1, 1));
 

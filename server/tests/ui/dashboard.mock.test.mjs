@@ -39,6 +39,11 @@ test("semantic mode: charts, entries, escaping, search, detail drawer and delete
 
     const hitRate = await page.locator("#kpis .kpi").first().locator(".value").textContent();
     assert.equal(hitRate, (mock.data.stats.rates.hit * 100).toFixed(1) + "%");
+    const refusals = page.locator("#system dt", { hasText: "Guard refusals" }).locator("xpath=following-sibling::dd[1]");
+    assert.equal(await refusals.textContent(), "7 numbers · 3 negation");
+    // Recent requests: a miss names its best candidate and the guard that refused it.
+    const firstRequest = await page.locator("#requests-body tr").first().textContent();
+    assert.ok(firstRequest.includes("nearest 0.943 · numbers guard"), firstRequest);
 
     const prompts = await promptsShown(page);
     assert.equal(prompts.length, MOCK_PROMPTS.length);
