@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # CI smoke of `reprise-client bench`: starts reprise-sim (fast figures) and an exact-only gateway from
-# REPRISE_BIN_DIR, drives a few seconds of a generated workload closed loop (with --report) and open loop
-# (with --compare against the simulator), and fails if the report or its charts are missing or nothing
-# was served from the cache.
+# REPRISE_BIN_DIR, drives a few seconds of a generated workload closed loop (with --report), open loop
+# (with --compare against the simulator) and open loop with Poisson arrivals, and fails if the report or
+# its charts are missing or nothing was served from the cache.
 #
 # Usage: REPRISE_BIN_DIR=target/debug scripts/smoke-bench.sh
 set -euo pipefail
@@ -47,4 +47,10 @@ echo "==> bench, open loop, --compare" >&2
   >"$WORK/open.txt"
 grep -q '^open loop: 80 arrivals scheduled' "$WORK/open.txt" || { cat "$WORK/open.txt" >&2; exit 1; }
 grep -q '^ratios \[2\] / \[1\]' "$WORK/open.txt" || { cat "$WORK/open.txt" >&2; exit 1; }
+
+echo "==> bench, open loop, Poisson arrivals" >&2
+"$bin/reprise-client" bench --url http://127.0.0.1:"$gw_port"/v1 --generate --repeat-share 0.5 \
+  --rate 40 --arrivals poisson --duration 2 --warmup 0 --quiet >"$WORK/poisson.txt"
+grep -q '^open loop: [0-9]* arrivals scheduled at 40/s (Poisson)' "$WORK/poisson.txt" \
+  || { cat "$WORK/poisson.txt" >&2; exit 1; }
 echo "smoke-bench: ok" >&2

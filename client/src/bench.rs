@@ -39,6 +39,10 @@ pub struct BenchConfig {
     pub concurrency: usize,
     /// Open loop: arrivals per second on a fixed schedule (`None`: closed loop).
     pub rate: Option<f64>,
+    /// Open loop: how arrivals are spaced (even, or Poisson at the same mean rate).
+    pub arrivals: openloop::Arrivals,
+    /// Seeds the Poisson schedule (the workload has its own seed from the same flag).
+    pub seed: u64,
     /// Open loop: requests in flight at most; an arrival finding them all busy is dropped.
     pub max_in_flight: usize,
     pub stream: bool,
@@ -949,6 +953,8 @@ mod tests {
             requests: 4,
             concurrency: 1,
             rate: None,
+            arrivals: openloop::Arrivals::Uniform,
+            seed: 1,
             max_in_flight: 8,
             stream: true,
             warmup: 0,

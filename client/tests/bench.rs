@@ -36,6 +36,8 @@ fn config(url: &str) -> BenchConfig {
         requests: 20,
         concurrency: 2,
         rate: None,
+        arrivals: reprise_client::bench::openloop::Arrivals::Uniform,
+        seed: 1,
         max_in_flight: 64,
         stream: true,
         warmup: 1,

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use super::openloop::{self, Arrivals};
 use super::workload::{self, Bank, GenSpec, Generator, Order, Workload};
-use super::{base_url, openloop, report, BenchConfig, Event, Progress};
+use super::{base_url, report, BenchConfig, Event, Progress};
 
 /// Measure TTFT, inter-token gaps and total time against an OpenAI-compatible base URL, by cache
 /// outcome (optionally against a second URL side by side).
@@ -47,6 +48,10 @@ pub struct BenchArgs {
     /// Open loop: arrivals per second on a fixed schedule, not waiting for answers.
     #[arg(long, conflicts_with = "concurrency")]
     pub rate: Option<f64>,
+    /// Open loop: arrivals evenly spaced, or a Poisson process at the same mean rate (seeded by
+    /// --seed).
+    #[arg(long, value_enum, default_value_t = Arrivals::Uniform, requires = "rate")]
+    pub arrivals: Arrivals,
     /// Open loop: most requests in flight; an arrival beyond it is dropped (and counted).
     #[arg(long, default_value_t = 256)]
     pub max_in_flight: usize,
@@ -200,6 +205,8 @@ pub fn config_of(args: &BenchArgs, run_id: &str) -> Result<BenchConfig, String> 
         requests,
         concurrency: args.concurrency.max(1),
         rate: args.rate,
+        arrivals: args.arrivals,
+        seed: args.seed,
         max_in_flight: args.max_in_flight.max(1),
         stream: !args.no_stream,
         warmup: args.warmup,
@@ -214,7 +221,16 @@ pub fn config_of(args: &BenchArgs, run_id: &str) -> Result<BenchConfig, String> 
 fn progress_bar(config: &BenchConfig, quiet: bool) -> ProgressBar {
     let per_arrival = config.targets.len() as u64;
     let length = match config.rate {
-        Some(rate) => Some(openloop::arrivals(rate, config.requests, config.max_duration) as u64),
+        Some(rate) => Some(
+            openloop::schedule(
+                rate,
+                config.requests,
+                config.max_duration,
+                config.arrivals,
+                config.seed,
+            )
+            .len() as u64,
+        ),
         None => (config.requests != usize::MAX).then_some(config.requests as u64),
     };
     let target = if quiet {
@@ -376,6 +392,15 @@ mod tests {
         assert_eq!((config.requests, config.namespace), (10, None));
         assert_eq!(config.max_duration, Duration::from_secs(5));
         assert!(config_of(&parse(&["--rate", "0"]).expect("parses"), "r").is_err());
+        let poisson =
+            parse(&["--rate", "5", "--arrivals", "poisson", "--seed", "9"]).expect("parses");
+        let config = config_of(&poisson, "r").expect("config");
+        assert_eq!((config.arrivals, config.seed), (Arrivals::Poisson, 9));
+        assert_eq!(
+            config_of(&args, "r").expect("config").arrivals,
+            Arrivals::Uniform
+        );
+        assert!(parse(&["--arrivals", "poisson"]).is_err(), "needs --rate");
     }
 
     #[test]

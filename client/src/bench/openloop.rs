@@ -1,5 +1,7 @@
-//! Open-loop load: arrivals on a fixed schedule (request i is due at i / rate seconds), sent
-//! whether or not earlier requests have answered, the way independent users arrive.
+//! Open-loop load: arrivals on a schedule fixed before the run, sent whether or not earlier requests
+//! have answered, the way independent users arrive. The schedule is evenly spaced (request i is due
+//! at i / rate seconds) or, with `--arrivals poisson`, a seeded Poisson process at the same mean rate
+//! (exponential gaps): real traffic comes in bursts, and bursts are what queues and coalescing see.
 //!
 //! A closed loop slows down with the server and so hides queueing; an open loop does not, but it
 //! can swamp the machine, so in-flight requests are capped: an arrival that finds the cap reached is
@@ -11,6 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use rand_distr::{Distribution, Exp};
 use serde::Serialize;
 
 use super::workload::Workload;
@@ -20,7 +25,52 @@ use super::{measure, BenchConfig, Event, Percentiles, Progress, Sample};
 /// millisecond granularity, so up to about 1 ms is the schedule working as intended).
 pub const LATE_AFTER_MS: f64 = 2.0;
 
-/// When arrival `i` is due, from the start of the run.
+/// How arrivals are spaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Arrivals {
+    /// Every 1/rate seconds.
+    #[default]
+    Uniform,
+    /// Exponential gaps with mean 1/rate (seeded).
+    Poisson,
+}
+
+/// When each arrival is due, from the start of the run: those due before `duration`, at most
+/// `requests`. The same arguments give the same schedule.
+pub fn schedule(
+    rate: f64,
+    requests: usize,
+    duration: Duration,
+    arrivals: Arrivals,
+    seed: u64,
+) -> Vec<Duration> {
+    match arrivals {
+        Arrivals::Uniform => (0..self::arrivals(rate, requests, duration))
+            .map(|i| offset(i, rate))
+            .collect(),
+        Arrivals::Poisson => {
+            let Ok(gap) = Exp::new(rate) else {
+                return Vec::new();
+            };
+            // Its own stream, so the workload's draws do not change with the schedule's.
+            let mut rng = StdRng::seed_from_u64(seed ^ 0x0a11_7e5a_c0ff_ee00);
+            let end = duration.as_secs_f64();
+            let mut due = Vec::new();
+            let mut t = 0.0;
+            while due.len() < requests {
+                t += gap.sample(&mut rng);
+                if t >= end {
+                    break;
+                }
+                due.push(Duration::from_secs_f64(t));
+            }
+            due
+        }
+    }
+}
+
+/// When arrival `i` is due on the even schedule, from the start of the run.
 pub fn offset(i: usize, rate: f64) -> Duration {
     Duration::from_secs_f64(i as f64 / rate)
 }
@@ -43,6 +93,7 @@ pub fn arrivals(rate: f64, requests: usize, duration: Duration) -> usize {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct OpenLoopStats {
     pub rate: f64,
+    pub arrivals: Arrivals,
     /// Arrivals on the schedule (each sent to every target).
     pub scheduled: usize,
     /// Requests sent (arrivals times targets, less the dropped ones).
@@ -66,8 +117,12 @@ impl OpenLoopStats {
                 l.p50, l.p99, self.max_lag_ms
             )
         });
+        let spacing = match self.arrivals {
+            Arrivals::Uniform => "",
+            Arrivals::Poisson => " (Poisson)",
+        };
         format!(
-            "open loop: {} arrivals scheduled at {}/s, {} requests sent, {} dropped (in-flight cap {}, peak {}), {} late (> {LATE_AFTER_MS} ms){lag}",
+            "open loop: {} arrivals scheduled at {}/s{spacing}, {} requests sent, {} dropped (in-flight cap {}, peak {}), {} late (> {LATE_AFTER_MS} ms){lag}",
             self.scheduled,
             self.rate,
             self.sent,
@@ -87,7 +142,14 @@ pub async fn run(
     workload: &mut Workload,
     progress: &Progress,
 ) -> (Vec<Sample>, OpenLoopStats) {
-    let scheduled = arrivals(rate, config.requests, config.max_duration);
+    let due_at = schedule(
+        rate,
+        config.requests,
+        config.max_duration,
+        config.arrivals,
+        config.seed,
+    );
+    let scheduled = due_at.len();
     let cap = config.max_in_flight.max(1);
     let in_flight = Arc::new(AtomicUsize::new(0));
     let mut tasks = tokio::task::JoinSet::new();
@@ -95,8 +157,8 @@ pub async fn run(
     let mut lags = Vec::with_capacity(scheduled.min(1 << 20));
     let (mut sent, mut dropped, mut peak) = (0usize, 0usize, 0usize);
     let started = Instant::now();
-    for i in 0..scheduled {
-        let due = started + offset(i, rate);
+    for (i, offset) in due_at.into_iter().enumerate() {
+        let due = started + offset;
         // Returns at once for an arrival already due: a late dispatcher catches up in a burst.
         tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
         let lag = Instant::now().saturating_duration_since(due).as_secs_f64() * 1000.0;
@@ -140,6 +202,7 @@ pub async fn run(
     }
     let stats = OpenLoopStats {
         rate,
+        arrivals: config.arrivals,
         scheduled,
         sent,
         dropped,
@@ -176,9 +239,46 @@ mod tests {
     }
 
     #[test]
+    fn poisson_schedules_are_seeded_bursty_and_at_the_mean_rate() {
+        let long = Duration::from_secs(1000);
+        let a = schedule(20.0, 4000, long, Arrivals::Poisson, 7);
+        assert_eq!(a, schedule(20.0, 4000, long, Arrivals::Poisson, 7));
+        assert_ne!(a, schedule(20.0, 4000, long, Arrivals::Poisson, 8));
+        assert_eq!(a.len(), 4000);
+        assert!(a.windows(2).all(|w| w[0] <= w[1]));
+        // 4000 gaps of mean 50 ms: the total is within a few percent of 200 s.
+        let span = a[a.len() - 1].as_secs_f64();
+        assert!((190.0..210.0).contains(&span), "{span}");
+        // Exponential gaps: their standard deviation equals their mean (even spacing has none).
+        let gaps: Vec<f64> = a.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).collect();
+        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        let sd = (gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64).sqrt();
+        assert!((0.9..1.1).contains(&(sd / mean)), "sd/mean {}", sd / mean);
+        // Bounded by time as well as count.
+        let short = schedule(
+            20.0,
+            usize::MAX,
+            Duration::from_secs(10),
+            Arrivals::Poisson,
+            7,
+        );
+        assert!((150..250).contains(&short.len()), "{}", short.len());
+        assert!(short.iter().all(|d| *d < Duration::from_secs(10)));
+        assert!(schedule(0.0, 10, long, Arrivals::Poisson, 7).is_empty());
+    }
+
+    #[test]
+    fn the_even_schedule_matches_the_arrival_count() {
+        let s = schedule(10.0, 1000, Duration::from_secs(1), Arrivals::Uniform, 0);
+        assert_eq!(s.len(), 10);
+        assert_eq!(s[3], Duration::from_millis(300));
+    }
+
+    #[test]
     fn the_summary_line_reports_drops_and_lateness() {
         let stats = OpenLoopStats {
             rate: 50.0,
+            arrivals: Arrivals::Poisson,
             scheduled: 100,
             sent: 97,
             dropped: 3,
@@ -194,6 +294,7 @@ mod tests {
             "{line}"
         );
         assert!(line.contains("2 late"), "{line}");
+        assert!(line.contains("at 50/s (Poisson)"), "{line}");
         assert!(line.contains("max 5.000 ms"), "{line}");
     }
 }
