@@ -164,8 +164,8 @@ pub struct Stats {
     pub ttft_saved_ms: TtftSaved,
     pub embedding: Option<EmbeddingStats>,
     pub upstream_errors: UpstreamErrors,
-    /// Semantic candidates above the threshold that a literal guard refused (absent from older
-    /// gateways, read as zeros).
+    /// Semantic lookups a literal guard left without a match, by the first guard that refused
+    /// (absent from older gateways, read as zeros).
     #[serde(default)]
     pub guard_refusals: GuardRefusals,
     pub latency: Latency,

@@ -281,10 +281,16 @@ pub struct Report {
 
 fn mode_of(config: &BenchConfig) -> String {
     match config.rate {
-        Some(rate) => format!(
-            "open loop, {rate} requests/s, at most {} in flight",
-            config.max_in_flight
-        ),
+        Some(rate) => match config.arrivals {
+            openloop::Arrivals::Uniform => format!(
+                "open loop, {rate} requests/s, at most {} in flight",
+                config.max_in_flight
+            ),
+            openloop::Arrivals::Poisson => format!(
+                "open loop, Poisson arrivals at {rate} requests/s (seed {}), at most {} in flight",
+                config.seed, config.max_in_flight
+            ),
+        },
         None => format!("closed loop, concurrency {}", config.concurrency),
     }
 }
@@ -1083,6 +1089,18 @@ mod tests {
         samples[3].ttft_saved_ms = Some(400.5);
         samples[0].gaps_ms = vec![1.0, 3.0];
         let report = summarize(&config, &samples, Duration::from_secs(1));
+        assert_eq!(report.run.mode, "closed loop, concurrency 1");
+        let poisson = BenchConfig {
+            rate: Some(8.0),
+            arrivals: openloop::Arrivals::Poisson,
+            ..test_config(&["a"])
+        };
+        assert_eq!(
+            summarize(&poisson, &samples, Duration::from_secs(1))
+                .run
+                .mode,
+            "open loop, Poisson arrivals at 8 requests/s (seed 1), at most 8 in flight"
+        );
         let t = &report.targets[0];
         assert_eq!(t.hit_speedup_p50, Some(800.0));
         assert_eq!(t.ttft_saved_s, 0.8);

@@ -532,8 +532,8 @@ pub struct Timeline {
     pub buckets: Vec<TimelineBucket>,
 }
 
-/// Semantic candidates at or above the threshold that a literal guard refused: wrong answers that
-/// were not served.
+/// Semantic lookups that a literal guard left without a match, by the first guard that refused:
+/// wrong answers that were not served.
 #[derive(Debug, Clone, Default, Serialize, ToSchema)]
 pub struct GuardRefusals {
     pub numbers: u64,

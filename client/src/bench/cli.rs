@@ -221,6 +221,7 @@ pub fn config_of(args: &BenchArgs, run_id: &str) -> Result<BenchConfig, String> 
 fn progress_bar(config: &BenchConfig, quiet: bool) -> ProgressBar {
     let per_arrival = config.targets.len() as u64;
     let length = match config.rate {
+        // A Poisson run's count is only known once drawn: the bar shows the expected one.
         Some(rate) => Some(
             openloop::schedule(
                 rate,
@@ -229,7 +230,7 @@ fn progress_bar(config: &BenchConfig, quiet: bool) -> ProgressBar {
                 config.arrivals,
                 config.seed,
             )
-            .len() as u64,
+            .expected_len() as u64,
         ),
         None => (config.requests != usize::MAX).then_some(config.requests as u64),
     };

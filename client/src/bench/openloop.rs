@@ -37,36 +37,82 @@ pub enum Arrivals {
 }
 
 /// When each arrival is due, from the start of the run: those due before `duration`, at most
-/// `requests`. The same arguments give the same schedule.
+/// `requests`, drawn one at a time (a day at 10k/s is never held in memory). The same arguments give
+/// the same schedule.
 pub fn schedule(
     rate: f64,
     requests: usize,
     duration: Duration,
     arrivals: Arrivals,
     seed: u64,
-) -> Vec<Duration> {
-    match arrivals {
-        Arrivals::Uniform => (0..self::arrivals(rate, requests, duration))
-            .map(|i| offset(i, rate))
-            .collect(),
-        Arrivals::Poisson => {
-            let Ok(gap) = Exp::new(rate) else {
-                return Vec::new();
-            };
-            // Its own stream, so the workload's draws do not change with the schedule's.
-            let mut rng = StdRng::seed_from_u64(seed ^ 0x0a11_7e5a_c0ff_ee00);
-            let end = duration.as_secs_f64();
-            let mut due = Vec::new();
-            let mut t = 0.0;
-            while due.len() < requests {
-                t += gap.sample(&mut rng);
-                if t >= end {
-                    break;
+) -> Schedule {
+    let poisson = match arrivals {
+        Arrivals::Uniform => None,
+        // Its own stream, so the workload's draws do not change with the schedule's.
+        Arrivals::Poisson => Exp::new(rate)
+            .ok()
+            .map(|gap| (gap, StdRng::seed_from_u64(seed ^ 0x0a11_7e5a_c0ff_ee00))),
+    };
+    let valid = rate.is_finite() && rate > 0.0;
+    Schedule {
+        rate,
+        left: if valid { requests } else { 0 },
+        end: duration.as_secs_f64(),
+        next: 0,
+        t: 0.0,
+        poisson,
+    }
+}
+
+/// The arrivals of a run, in order (see [`schedule`]).
+pub struct Schedule {
+    rate: f64,
+    left: usize,
+    end: f64,
+    next: usize,
+    t: f64,
+    poisson: Option<(Exp<f64>, StdRng)>,
+}
+
+impl Schedule {
+    /// How many arrivals the schedule holds: exact for even spacing, the expected count (capped by
+    /// `requests`) for Poisson. For a progress bar.
+    pub fn expected_len(&self) -> usize {
+        match self.poisson {
+            None => arrivals(self.rate, self.left, Duration::from_secs_f64(self.end)),
+            Some(_) => {
+                let expected = (self.rate * self.end).ceil();
+                if expected >= self.left as f64 {
+                    self.left
+                } else {
+                    expected as usize
                 }
-                due.push(Duration::from_secs_f64(t));
             }
-            due
         }
+    }
+}
+
+impl Iterator for Schedule {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        if self.left == 0 {
+            return None;
+        }
+        let t = match &mut self.poisson {
+            Some((gap, rng)) => {
+                self.t += gap.sample(rng);
+                self.t
+            }
+            None => self.next as f64 / self.rate,
+        };
+        if t >= self.end {
+            self.left = 0;
+            return None;
+        }
+        self.next += 1;
+        self.left -= 1;
+        Some(Duration::from_secs_f64(t))
     }
 }
 
@@ -149,15 +195,16 @@ pub async fn run(
         config.arrivals,
         config.seed,
     );
-    let scheduled = due_at.len();
+    let mut scheduled = 0;
     let cap = config.max_in_flight.max(1);
     let in_flight = Arc::new(AtomicUsize::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     let mut samples = Vec::new();
-    let mut lags = Vec::with_capacity(scheduled.min(1 << 20));
+    let mut lags = Vec::with_capacity(due_at.expected_len().min(1 << 20));
     let (mut sent, mut dropped, mut peak) = (0usize, 0usize, 0usize);
     let started = Instant::now();
-    for (i, offset) in due_at.into_iter().enumerate() {
+    for (i, offset) in due_at.enumerate() {
+        scheduled += 1;
         let due = started + offset;
         // Returns at once for an arrival already due: a late dispatcher catches up in a burst.
         tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
@@ -241,9 +288,12 @@ mod tests {
     #[test]
     fn poisson_schedules_are_seeded_bursty_and_at_the_mean_rate() {
         let long = Duration::from_secs(1000);
-        let a = schedule(20.0, 4000, long, Arrivals::Poisson, 7);
-        assert_eq!(a, schedule(20.0, 4000, long, Arrivals::Poisson, 7));
-        assert_ne!(a, schedule(20.0, 4000, long, Arrivals::Poisson, 8));
+        let draw = |seed| -> Vec<Duration> {
+            schedule(20.0, 4000, long, Arrivals::Poisson, seed).collect()
+        };
+        let a = draw(7);
+        assert_eq!(a, draw(7));
+        assert_ne!(a, draw(8));
         assert_eq!(a.len(), 4000);
         assert!(a.windows(2).all(|w| w[0] <= w[1]));
         // 4000 gaps of mean 50 ms: the total is within a few percent of 200 s.
@@ -262,16 +312,32 @@ mod tests {
             Arrivals::Poisson,
             7,
         );
+        assert_eq!(short.expected_len(), 200);
+        let short: Vec<Duration> = short.collect();
         assert!((150..250).contains(&short.len()), "{}", short.len());
         assert!(short.iter().all(|d| *d < Duration::from_secs(10)));
-        assert!(schedule(0.0, 10, long, Arrivals::Poisson, 7).is_empty());
+        assert_eq!(schedule(0.0, 10, long, Arrivals::Poisson, 7).count(), 0);
+        // A day at 10k/s is drawn lazily: taking the first few costs nothing.
+        let day = Duration::from_secs(86_400);
+        let huge = schedule(10_000.0, usize::MAX, day, Arrivals::Poisson, 7);
+        assert_eq!(huge.expected_len(), 864_000_000);
+        assert_eq!(huge.take(3).count(), 3);
     }
 
     #[test]
     fn the_even_schedule_matches_the_arrival_count() {
         let s = schedule(10.0, 1000, Duration::from_secs(1), Arrivals::Uniform, 0);
+        assert_eq!(s.expected_len(), 10);
+        let s: Vec<Duration> = s.collect();
         assert_eq!(s.len(), 10);
         assert_eq!(s[3], Duration::from_millis(300));
+        let capped: Vec<Duration> =
+            schedule(10.0, 4, Duration::from_secs(1), Arrivals::Uniform, 0).collect();
+        assert_eq!(capped.len(), 4);
+        assert_eq!(
+            schedule(f64::NAN, 4, Duration::from_secs(1), Arrivals::Uniform, 0).count(),
+            0
+        );
     }
 
     #[test]

@@ -193,7 +193,8 @@ pub struct StatsBody {
     pub ttft_saved_ms: TtftSaved,
     pub embedding: Option<EmbeddingStats>,
     pub upstream_errors: UpstreamErrors,
-    /// Semantic candidates above the threshold refused by a literal guard: wrong answers not given.
+    /// Semantic lookups that a literal guard left without a match (a candidate above the threshold
+    /// refused, none served), by the first guard that refused: wrong answers not given.
     pub guard_refusals: GuardRefusals,
     pub latency: LatencyWindow,
     pub ttft_histogram: TtftHistogram,

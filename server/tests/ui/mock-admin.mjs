@@ -234,7 +234,7 @@ export function buildData(mode, now = Date.now(), count = MOCK_PROMPTS.length) {
           itl_p50_ms: null, itl_p99_ms: null, tokens_per_s: null },
         entry: cache === "pass" || cache === "bypass" ? null : e.id,
         similarity: cache === "semantic-hit" ? 0.94 : null,
-        nearest: cache === "miss" ? 0.9426 : null,
+        nearest: cache === "miss" ? (i === 0 ? 0.9426 : 0.7113) : null,
         guard: cache === "miss" && i === 0 ? "numbers" : null,
         ttft_saved_ms: cache.includes("hit") ? 400 - ttft : null,
       });
