@@ -244,10 +244,12 @@ async fn hang_unreachable_and_broken_streams_give_documented_errors() {
 
     // A stream that breaks after it began: the client gets the tokens sent so far, then an
     // OpenAI-shaped error event, and never a `[DONE]`.
-    for (fault, code) in [
-        ("cut=3", "upstream_invalid_response"),
-        ("abort=3", "upstream_invalid_response"),
-        ("malformed=3", "upstream_invalid_response"),
+    // An abort resets the connection: the gateway's kernel may drop chunks it had received but the
+    // gateway had not read yet (a TCP reset discards them), so only a clean cut promises them all.
+    for (fault, code, delivered) in [
+        ("cut=3", "upstream_invalid_response", 3),
+        ("abort=3", "upstream_invalid_response", 0),
+        ("malformed=3", "upstream_invalid_response", 3),
     ] {
         let response = client()
             .post(gw.url("/v1/chat/completions"))
@@ -264,7 +266,7 @@ async fn hang_unreachable_and_broken_streams_give_documented_errors() {
         assert_eq!(last["error"]["code"], code, "{fault}: {text}");
         let tokens = data.iter().filter(|d| d.contains("\"content\":\"")).count();
         assert!(
-            tokens >= 3,
+            tokens >= delivered,
             "{fault}: tokens before the fault are delivered: {text}"
         );
         assert!(
