@@ -891,22 +891,8 @@ pub fn render(report: &Report) -> String {
                 "outcome", "ingress", "lookup", "embed", "search", "send", "ttft", "decode", "down", "total"
             ));
             for (o, p) in timed {
-                let m = &p.mean;
-                let f = |v: Option<f64>| fmt_ms(v.unwrap_or(0.0));
-                out.push_str(&format!(
-                    "  {:<24} {:<12} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n",
-                    "",
-                    o,
-                    f(m.ingress_ms),
-                    f(m.lookup_ms),
-                    f(m.embed_ms),
-                    f(m.search_ms),
-                    f(m.upstream_send_ms),
-                    f(m.ttft_ms),
-                    f(m.decode_ms),
-                    f(m.downstream_ms),
-                    f(m.total_ms)
-                ));
+                let cells: Vec<String> = p.mean_cells().iter().map(|c| format!("{c:>8}")).collect();
+                out.push_str(&format!("  {:<24} {:<12} {}\n", "", o, cells.join(" ")));
             }
         }
     }

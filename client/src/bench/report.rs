@@ -268,22 +268,7 @@ fn target_section(md: &mut String, i: usize, t: &TargetSummary, charts: &[(Strin
         );
         let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
         for (o, p) in timed {
-            let m = &p.mean;
-            let f = |v: Option<f64>| fmt_ms(v.unwrap_or(0.0));
-            let _ = writeln!(
-                md,
-                "| {o} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                p.timed,
-                f(m.ingress_ms),
-                f(m.lookup_ms),
-                f(m.embed_ms),
-                f(m.search_ms),
-                f(m.upstream_send_ms),
-                f(m.ttft_ms),
-                f(m.decode_ms),
-                f(m.downstream_ms),
-                f(m.total_ms)
-            );
+            let _ = writeln!(md, "| {o} | {} | {} |", p.timed, p.mean_cells().join(" | "));
         }
         md.push('\n');
     }

@@ -136,6 +136,13 @@ impl PhaseMeans {
     }
 }
 
+impl PhaseMeans {
+    /// The nine means as report cells, in phase order (ingress … total).
+    pub fn mean_cells(&self) -> [String; 9] {
+        fields(&self.mean).map(|v| crate::bench::fmt_ms(v.unwrap_or(0.0)))
+    }
+}
+
 fn fields(p: &Phases) -> [Option<f64>; 9] {
     [
         p.ingress_ms,

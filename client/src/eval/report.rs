@@ -133,6 +133,19 @@ fn weakness(t: &Tally) -> f64 {
     }
 }
 
+/// One row of the category table, in column order: pairs, should-hit served, traps served, error
+/// rate, no candidate, guarded. The text and Markdown tables lay out the same cells.
+fn tally_cells(t: &Tally) -> [String; 6] {
+    [
+        t.pairs.to_string(),
+        count(t.should_hit_served, t.should_hit),
+        count(t.traps_served, t.traps),
+        pct(t.error_rate()),
+        t.no_candidate.to_string(),
+        t.guarded.to_string(),
+    ]
+}
+
 fn pct(share: Option<f64>) -> String {
     share.map_or_else(|| "-".to_owned(), |s| format!("{:.1}%", s * 100.0))
 }
@@ -202,16 +215,10 @@ pub fn render_text(summary: &Summary) -> String {
     );
     let _ = writeln!(out, "{header}");
     let row = |out: &mut String, name: &str, t: &Tally| {
+        let [pairs, served, traps, error, none, guarded] = tally_cells(t);
         let _ = writeln!(
             out,
-            "{:<32} {:>6} {:>22} {:>22} {:>10} {:>12} {:>8}",
-            name,
-            t.pairs,
-            count(t.should_hit_served, t.should_hit),
-            count(t.traps_served, t.traps),
-            pct(t.error_rate()),
-            t.no_candidate,
-            t.guarded
+            "{name:<32} {pairs:>6} {served:>22} {traps:>22} {error:>10} {none:>12} {guarded:>8}"
         );
     };
     row(&mut out, "overall", &summary.overall);
@@ -300,16 +307,7 @@ pub fn render_markdown(summary: &Summary, svg_name: &str) -> String {
     );
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
     let row = |out: &mut String, name: &str, t: &Tally| {
-        let _ = writeln!(
-            out,
-            "| {name} | {} | {} | {} | {} | {} | {} |",
-            t.pairs,
-            count(t.should_hit_served, t.should_hit),
-            count(t.traps_served, t.traps),
-            pct(t.error_rate()),
-            t.no_candidate,
-            t.guarded
-        );
+        let _ = writeln!(out, "| {name} | {} |", tally_cells(t).join(" | "));
     };
     row(&mut out, "**overall**", &summary.overall);
     for g in &summary.categories {
