@@ -46,3 +46,7 @@ scripts/chromium.sh
   REPRISE_BIN_DIR="$OLDPWD/target/debug" REPRISE_MODELS_DIR="$OLDPWD/models" \
     REPRISE_ARTIFACTS_DIR="${REPRISE_ARTIFACTS_DIR:-$OLDPWD/target/artifacts}" node --test
 )
+
+# --- Strict third-party upstream (aiohttp): the gateway must front a real, strict HTTP server. ---
+echo "==> Strict upstream tests (aiohttp)"
+REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/strict

@@ -233,6 +233,9 @@ pub struct EmbeddingStats {
 pub struct UpstreamErrors {
     pub connect: u64,
     pub timeout: u64,
+    /// Answers that were not valid HTTP; absent from gateways older than this field.
+    #[serde(default)]
+    pub protocol: u64,
     pub status: u64,
     pub stream: u64,
 }

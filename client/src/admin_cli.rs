@@ -802,8 +802,8 @@ pub fn render_stats(stats: &Stats) -> String {
     summary.push((
         "Upstream errors",
         format!(
-            "connect {}, timeout {}, status {}, stream {}",
-            errors.connect, errors.timeout, errors.status, errors.stream
+            "connect {}, timeout {}, protocol {}, status {}, stream {}",
+            errors.connect, errors.timeout, errors.protocol, errors.status, errors.stream
         ),
     ));
     push_table(&mut out, &key_values(summary));
@@ -1364,7 +1364,7 @@ mod tests {
             "61.0% (exact 44.0%, semantic 11.0%, coalesced 6.0%); miss 33.0%, bypass 6.0%",
             "12.3 s over 30 hits (411 ms per hit)",
             "25 texts in 17 batches (mean 1.47), p50 5.10 ms, p99 12.0 ms, 2 fallbacks",
-            "connect 0, timeout 0, status 1, stream 0",
+            "connect 0, timeout 0, protocol 0, status 1, stream 0",
             "numbers 3, negation 1 (semantic matches not served)",
             "Latency (last 1000 requests)",
         ] {

@@ -22,7 +22,7 @@ pub enum GatewayError {
     PayloadTooLarge { limit: usize },
     #[error("Content-Type must be application/json (got {got}).")]
     UnsupportedMediaType { got: String },
-    /// The upstream could not be reached (DNS, connect, TLS, reset before a response).
+    /// The upstream could not be reached (DNS, connect, TLS).
     #[error("The upstream at {upstream} could not be reached.")]
     UpstreamUnreachable { upstream: String, detail: String },
     /// The upstream accepted the request but sent no first byte in time.
@@ -34,6 +34,15 @@ pub enum GatewayError {
         /// A fixed phrase safe to show the client.
         reason: &'static str,
         /// What exactly went wrong, for the log only.
+        detail: String,
+    },
+    /// The upstream was reached but its answer was not valid HTTP: a malformed status line or head,
+    /// or a connection closed or reset before the response was complete.
+    #[error("The upstream's response was not valid HTTP: {reason}.")]
+    UpstreamProtocolError {
+        /// A fixed phrase safe to show the client.
+        reason: &'static str,
+        /// The client library's error chain, for the log only.
         detail: String,
     },
     #[error("Missing or invalid admin token. Send `Authorization: Bearer <admin token>`.")]
@@ -96,6 +105,11 @@ impl GatewayError {
                 StatusCode::BAD_GATEWAY,
                 "upstream_error",
                 "upstream_invalid_response",
+            ),
+            Self::UpstreamProtocolError { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "upstream_protocol_error",
             ),
             Self::Unauthorized => (
                 StatusCode::UNAUTHORIZED,
@@ -167,6 +181,7 @@ impl GatewayError {
         match self {
             Self::UpstreamUnreachable { detail, .. }
             | Self::UpstreamProtocol { detail, .. }
+            | Self::UpstreamProtocolError { detail, .. }
             | Self::Internal { detail } => Some(detail),
             _ => None,
         }

@@ -56,6 +56,9 @@ impl Upstream {
     pub fn new(config: &Config) -> Result<Self, GatewayError> {
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout())
+            // A redirect is the upstream's answer, relayed as it is: following it would turn the
+            // POST into a body-less GET elsewhere and cache that under the prompt's key.
+            .redirect(reqwest::redirect::Policy::none())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)
             .tcp_nodelay(true)
@@ -84,26 +87,50 @@ impl Upstream {
         }
     }
 
-    /// Client headers as sent upstream: hop-by-hop and gateway controls removed, the client's
-    /// `Authorization` replaced when an upstream key is configured, compression refused so that
-    /// the relay can read the events it passes on.
-    fn outgoing_headers(&self, incoming: &HeaderMap, keep_length: bool) -> HeaderMap {
+    /// Client headers as sent upstream: hop-by-hop (and those the client's `Connection` names) and
+    /// gateway controls removed, the client's credentials replaced when an upstream key is
+    /// configured, compression refused so that the relay can read the events it passes on.
+    /// `json_body` is set on the cacheable routes, whose body the gateway checked is JSON: they get
+    /// exactly one `Content-Type` (a strict server rejects a duplicate one).
+    fn outgoing_headers(&self, incoming: &HeaderMap, json_body: bool) -> HeaderMap {
+        let named = connection_named(incoming);
         let mut out = HeaderMap::with_capacity(incoming.len());
         for (name, value) in incoming {
             let n = name.as_str();
             if HOP_BY_HOP.contains(&n)
+                || named.contains(name)
                 || n.starts_with("x-reprise-")
                 || n == "accept-encoding"
-                || (!keep_length && n == "content-length")
+                || (json_body && (n == "content-length" || n == "content-type"))
             {
                 continue;
             }
             out.append(name.clone(), value.clone());
         }
+        if json_body {
+            out.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
         if let Some(key) = &self.api_key {
-            if let Ok(value) = HeaderValue::from_str(&format!("Bearer {}", key.expose())) {
-                let mut value = value;
-                value.set_sensitive(true);
+            let credential = |text: String| {
+                HeaderValue::from_str(&text).ok().map(|mut v| {
+                    v.set_sensitive(true);
+                    v
+                })
+            };
+            // Azure-style clients send `api-key`: replaced like `Authorization`, so that no client
+            // credential goes upstream once the gateway holds its own.
+            let api_key = HeaderName::from_static("api-key");
+            out.remove(&api_key);
+            if incoming.contains_key(&api_key) {
+                if let Some(value) = credential(key.expose().to_owned()) {
+                    out.insert(api_key, value);
+                }
+            }
+            out.remove(header::AUTHORIZATION);
+            if let Some(value) = credential(format!("Bearer {}", key.expose())) {
                 out.insert(header::AUTHORIZATION, value);
             }
         }
@@ -122,12 +149,29 @@ impl Upstream {
     ) -> Result<reqwest::Response, GatewayError> {
         match timeout_at(deadline, request.send()).await {
             Err(_) => Err(self.timeout_error()),
-            Ok(Err(err)) if err.is_timeout() => Err(self.timeout_error()),
-            Ok(Err(err)) => Err(GatewayError::UpstreamUnreachable {
-                upstream: self.base_url.clone(),
-                detail: error_chain(&err),
-            }),
+            Ok(Err(err)) => Err(self.error_for(&err, self.first_byte_timeout)),
             Ok(Ok(response)) => Ok(response),
+        }
+    }
+
+    /// Names what went wrong with an upstream exchange: no connection (refused, DNS, TLS), no
+    /// answer in time, or an answer that is not valid HTTP (a malformed head, a connection closed
+    /// or reset before the response was complete).
+    fn error_for(&self, err: &reqwest::Error, timeout: Duration) -> GatewayError {
+        if err.is_timeout() {
+            return GatewayError::UpstreamTimeout {
+                timeout_ms: timeout.as_millis() as u64,
+            };
+        }
+        if err.is_connect() {
+            return GatewayError::UpstreamUnreachable {
+                upstream: self.base_url.clone(),
+                detail: error_chain(err),
+            };
+        }
+        GatewayError::UpstreamProtocolError {
+            reason: protocol_reason(err),
+            detail: error_chain(err),
         }
     }
 
@@ -136,6 +180,40 @@ impl Upstream {
             timeout_ms: self.first_byte_timeout.as_millis() as u64,
         }
     }
+}
+
+/// A phrase, safe to show the client, for an upstream response that was not valid HTTP.
+fn protocol_reason(err: &reqwest::Error) -> &'static str {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if let Some(h) = e.downcast_ref::<hyper::Error>() {
+            if h.is_parse() || h.is_parse_status() {
+                return "its response head was malformed";
+            }
+            if h.is_incomplete_message() {
+                return "it closed the connection before the response was complete";
+            }
+        }
+        if e.downcast_ref::<std::io::Error>().is_some() {
+            return "the connection failed during the exchange";
+        }
+        source = e.source();
+    }
+    if err.is_decode() || err.is_body() {
+        return "its response body was broken";
+    }
+    "the exchange failed"
+}
+
+/// Header names listed in `Connection` (RFC 9110 §7.6.1): meant for this hop only.
+fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect()
 }
 
 /// `reqwest` errors hide their cause (connection refused, DNS…) in the source chain.
@@ -276,8 +354,7 @@ pub async fn relay_json(
     let request = upstream
         .client
         .post(upstream.url(route.upstream_path(), query.as_deref()))
-        .headers(upstream.outgoing_headers(&headers, false))
-        .header(header::CONTENT_TYPE, "application/json")
+        .headers(upstream.outgoing_headers(&headers, true))
         .body(body);
     let deadline = tokio::time::Instant::now() + upstream.first_byte_timeout;
     let response = match upstream.send(request, deadline).await {
@@ -346,10 +423,11 @@ pub fn set_cache_outcome(headers: &mut HeaderMap, cache: &'static str) {
 
 /// Response headers of the upstream that the client should see.
 fn relayed_headers(upstream: &HeaderMap) -> HeaderMap {
+    let named = connection_named(upstream);
     let mut out = HeaderMap::with_capacity(upstream.len() + 2);
     for (name, value) in upstream {
         let n = name.as_str();
-        if HOP_BY_HOP.contains(&n) || n == "content-length" {
+        if HOP_BY_HOP.contains(&n) || named.contains(name) || n == "content-length" {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -381,10 +459,8 @@ async fn relay_whole(
             }
             Ok(None) => break,
             Ok(Some(Err(err))) => {
-                let err = GatewayError::UpstreamProtocol {
-                    reason: "the response body broke off",
-                    detail: error_chain(&err),
-                };
+                // A truncated or malformed body: the upstream's HTTP broke, not a stream's events.
+                let err = state.upstream.error_for(&err, idle);
                 if let Some(r) = recorder {
                     r.abandon();
                 }
@@ -504,6 +580,7 @@ async fn relay_stream(
         saw_done: false,
         saw_finish: false,
         saw_error_event: false,
+        invalid_utf8: false,
         failure: None,
         client_gone: false,
         recorder,
@@ -539,6 +616,9 @@ struct Pump {
     saw_done: bool,
     saw_finish: bool,
     saw_error_event: bool,
+    /// An event was not valid UTF-8: relayed as it came, but never stored (parsing it for the
+    /// recording would replace the bad bytes and store an answer the upstream never sent).
+    invalid_utf8: bool,
     failure: Option<GatewayError>,
     client_gone: bool,
     recorder: Option<Recorder>,
@@ -592,6 +672,7 @@ impl Pump {
         }
         let clean = self.failure.is_none()
             && !self.saw_error_event
+            && !self.invalid_utf8
             && (self.saw_done || self.saw_finish)
             && self.framer.remainder().iter().all(u8::is_ascii_whitespace);
         if let Some(recorder) = self.recorder.take() {
@@ -632,6 +713,7 @@ impl Pump {
     async fn handle(&mut self, events: Vec<Bytes>) -> bool {
         for event in events {
             let now = Instant::now();
+            self.invalid_utf8 |= std::str::from_utf8(&event).is_err();
             let outgoing = match classify(&event) {
                 EventKind::Chunk {
                     tokens,
@@ -739,7 +821,7 @@ pub async fn passthrough(state: &AppState, request: Request, request_id: String)
     let mut request = upstream
         .client
         .request(method, upstream.url(below_v1, parts.uri.query()))
-        .headers(upstream.outgoing_headers(&parts.headers, true));
+        .headers(upstream.outgoing_headers(&parts.headers, false));
     if has_body {
         request = request.body(reqwest::Body::wrap_stream(body.into_data_stream()));
     }
@@ -778,4 +860,78 @@ pub async fn passthrough(state: &AppState, request: Request, request_id: String)
     *out.status_mut() = status;
     *out.headers_mut() = headers;
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn connection_named_headers_stay_on_their_hop_both_ways() {
+        let upstream = headers(&[
+            ("connection", "close, X-Upstream-Hop"),
+            ("connection", "x-other-hop"),
+            ("x-upstream-hop", "1"),
+            ("x-other-hop", "1"),
+            ("x-request-id", "req-1"),
+            ("content-length", "12"),
+        ]);
+        let relayed = relayed_headers(&upstream);
+        let names: Vec<&str> = relayed.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["x-request-id"]);
+    }
+
+    #[test]
+    fn outgoing_headers_have_one_content_type_and_no_client_credential() {
+        let mut config = Config {
+            upstream_api_key: Some(Secret::new("sk-gateway")),
+            ..Config::default()
+        };
+        config.validate().expect("valid");
+        let upstream = Upstream::new(&config).expect("upstream");
+        let incoming = headers(&[
+            ("content-type", "application/json; charset=utf-8"),
+            ("content-length", "10"),
+            ("authorization", "Bearer sk-client"),
+            ("api-key", "client-azure"),
+            ("connection", "x-hop"),
+            ("x-hop", "1"),
+            ("x-reprise-cache", "no-store"),
+            ("x-kept", "1"),
+        ]);
+        let out = upstream.outgoing_headers(&incoming, true);
+        let all: Vec<(&str, &str)> = out
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap_or("?")))
+            .collect();
+        assert_eq!(
+            out.get_all(header::CONTENT_TYPE).iter().count(),
+            1,
+            "{all:?}"
+        );
+        assert_eq!(out[header::CONTENT_TYPE], "application/json");
+        assert_eq!(out[header::AUTHORIZATION], "Bearer sk-gateway");
+        assert_eq!(out["api-key"], "sk-gateway");
+        for gone in ["x-hop", "x-reprise-cache", "content-length", "connection"] {
+            assert!(!out.contains_key(gone), "{gone}: {all:?}");
+        }
+        assert_eq!(out["x-kept"], "1");
+        // Pass-through: the client's own framing stays; no `api-key` is invented.
+        let plain = headers(&[("content-type", "text/plain"), ("content-length", "3")]);
+        let out = upstream.outgoing_headers(&plain, false);
+        assert_eq!(out[header::CONTENT_TYPE], "text/plain");
+        assert_eq!(out[header::CONTENT_LENGTH], "3");
+        assert!(!out.contains_key("api-key"));
+    }
 }

@@ -207,6 +207,10 @@ pub fn paced(events: Vec<(f64, Bytes)>) -> impl futures_util::Stream<Item = Byte
 pub enum Uncacheable {
     NoFinishReason,
     Length,
+    /// A choice stopped at the provider's content filter: an error signal, not an answer.
+    ContentFilter,
+    /// The body carries an `error` member beside its choices.
+    Error,
     InvalidToolArguments,
     NotJson,
     NoChoices,
@@ -220,6 +224,9 @@ pub fn check_cacheable(route: Route, body: &Value, allow_length: bool) -> Result
             _ => Err(Uncacheable::NoChoices),
         };
     }
+    if body.get("error").is_some_and(|e| !e.is_null()) {
+        return Err(Uncacheable::Error);
+    }
     let choices = body
         .get("choices")
         .and_then(Value::as_array)
@@ -229,6 +236,7 @@ pub fn check_cacheable(route: Route, body: &Value, allow_length: bool) -> Result
         match choice.get("finish_reason").and_then(Value::as_str) {
             None => return Err(Uncacheable::NoFinishReason),
             Some("length") if !allow_length => return Err(Uncacheable::Length),
+            Some("content_filter") => return Err(Uncacheable::ContentFilter),
             Some(_) => {}
         }
         let calls = choice
@@ -557,6 +565,30 @@ mod tests {
         assert_eq!(
             check_cacheable(Route::ChatCompletions, &json!({"choices": []}), false),
             Err(Uncacheable::NoChoices)
+        );
+        // Any choice stopped by the content filter, even beside clean ones.
+        let mut two = body.clone();
+        two["choices"][0]["finish_reason"] = json!("stop");
+        two["choices"]
+            .as_array_mut()
+            .expect("choices")
+            .push(json!({"index": 1, "message": {"role": "assistant", "content": ""}, "finish_reason": "content_filter"}));
+        assert_eq!(
+            check_cacheable(Route::ChatCompletions, &two, true),
+            Err(Uncacheable::ContentFilter)
+        );
+        assert_eq!(
+            check_cacheable(
+                Route::Completions,
+                &json!({"choices": [{"text": "", "finish_reason": "content_filter"}]}),
+                true
+            ),
+            Err(Uncacheable::ContentFilter)
+        );
+        body["error"] = json!({"message": "partial"});
+        assert_eq!(
+            check_cacheable(Route::ChatCompletions, &body, true),
+            Err(Uncacheable::Error)
         );
     }
 

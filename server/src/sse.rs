@@ -84,7 +84,8 @@ pub enum EventKind {
         /// The parsed chunk, kept for recording.
         value: Value,
     },
-    /// A JSON object with an `error` member: the upstream failed mid-stream.
+    /// An event named `error` (`event: error`), or data that is a JSON object with an `error`
+    /// member: the upstream failed mid-stream. Holds the data (JSON if it parses, else the text).
     Error(Value),
     /// Comments, `retry:` or other events without data.
     NoData,
@@ -116,10 +117,29 @@ pub fn event_data(event: &[u8]) -> Option<String> {
     data
 }
 
+/// The `event:` field of an event (the last one wins, per the SSE spec), if it has one.
+pub fn event_name(event: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(event);
+    text.split(['\n', '\r'])
+        .filter_map(|line| line.strip_prefix("event:"))
+        .map(|name| name.strip_prefix(' ').unwrap_or(name).to_owned())
+        .next_back()
+}
+
 pub fn classify(event: &[u8]) -> EventKind {
+    // A named error event is an error whatever its data says: some servers send
+    // `event: error` with a plain message, or with a body that has no `error` member.
+    let named_error = event_name(event).as_deref() == Some("error");
     let Some(data) = event_data(event) else {
-        return EventKind::NoData;
+        return if named_error {
+            EventKind::Error(Value::Null)
+        } else {
+            EventKind::NoData
+        };
     };
+    if named_error {
+        return EventKind::Error(serde_json::from_str(&data).unwrap_or(Value::String(data)));
+    }
     if data.trim() == "[DONE]" {
         return EventKind::Done;
     }
@@ -234,6 +254,20 @@ mod tests {
             EventKind::Malformed(_)
         ));
         assert_eq!(classify(b": keep-alive\n\n"), EventKind::NoData);
+        // A named error event, whatever its data.
+        assert!(matches!(
+            classify(b"event: error\ndata: {\"message\":\"overloaded\"}\n\n"),
+            EventKind::Error(_)
+        ));
+        assert!(matches!(
+            classify(b"event:error\ndata: overloaded\n\n"),
+            EventKind::Error(Value::String(_))
+        ));
+        assert!(matches!(classify(b"event: error\n\n"), EventKind::Error(_)));
+        assert!(matches!(
+            classify(b"event: message\ndata: {\"choices\":[]}\n\n"),
+            EventKind::Chunk { .. }
+        ));
         let text = br#"data: {"choices":[{"text":"lo","index":0}]}
 
 "#;

@@ -93,6 +93,8 @@ fn upstream_error_kind(record: &RequestRecord) -> Option<&'static str> {
         Completion::GatewayError => match record.error.as_deref() {
             Some("upstream_unreachable") => Some("connect"),
             Some("upstream_timeout") => Some("timeout"),
+            // Not valid HTTP: a malformed head, or closed before the response was complete.
+            Some("upstream_protocol_error") => Some("protocol"),
             // Broke off or was malformed before the first event.
             Some("upstream_invalid_response") => Some("stream"),
             _ => None,
@@ -146,7 +148,7 @@ impl Stats {
         let upstream_errors = IntCounterVec::new(
             Opts::new(
                 "reprise_upstream_errors_total",
-                "Requests the upstream failed, by kind (connect, timeout, status, stream).",
+                "Requests the upstream failed, by kind (connect, timeout, protocol, status, stream).",
             ),
             &["kind"],
         );
@@ -399,6 +401,7 @@ impl Stats {
             upstream_errors: UpstreamErrors {
                 connect: err("connect"),
                 timeout: err("timeout"),
+                protocol: err("protocol"),
                 status: err("status"),
                 stream: err("stream"),
             },
@@ -509,8 +512,11 @@ pub struct TtftSaved {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct UpstreamErrors {
+    /// No connection: refused, DNS, TLS.
     pub connect: u64,
     pub timeout: u64,
+    /// Answers that were not valid HTTP (malformed head, closed before complete).
+    pub protocol: u64,
     /// Non-2xx answers relayed as they were.
     pub status: u64,
     /// Streams that failed after they started.
@@ -691,12 +697,18 @@ mod tests {
         let mut broke = record("miss", Completion::GatewayError, 502, 0.0);
         broke.error = Some("upstream_invalid_response".into());
         stats.observe(&broke);
+        let mut garbled = record("miss", Completion::GatewayError, 502, 0.0);
+        garbled.error = Some("upstream_protocol_error".into());
+        stats.observe(&garbled);
         stats.observe(&record("miss", Completion::GatewayError, 502, 0.0));
         let mut own = record("miss", Completion::GatewayError, 400, 0.0);
         own.error = Some("invalid_request".into());
         stats.observe(&own);
         let e = stats.totals().upstream_errors;
-        assert_eq!((e.connect, e.stream, e.timeout, e.status), (1, 1, 0, 0));
+        assert_eq!(
+            (e.connect, e.protocol, e.stream, e.timeout, e.status),
+            (1, 1, 1, 0, 0)
+        );
     }
 
     #[test]

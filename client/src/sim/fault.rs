@@ -17,6 +17,21 @@ pub enum Fault {
     ErrorEvent(u32),
     /// Tool-call arguments that are not valid JSON: `bad-tool-args`.
     BadToolArgs,
+    /// Answer `302 Found` to `/v1/sim/redirected`, which serves a complete answer to a `GET`: `redirect`.
+    Redirect,
+    /// The last choice stops with `finish_reason: "content_filter"`: `content-filter`.
+    ContentFilter,
+    /// A named `event: error` frame (data without an `error` member) after N tokens, then the
+    /// stream carries on to a clean end: `error-frame[=N]`.
+    ErrorFrame(u32),
+    /// Bytes that are not UTF-8 inside the answer's text (the Nth token of a stream): `bad-utf8[=N]`.
+    BadUtf8(u32),
+    /// Read the request, then close the connection without a response: `close-early`.
+    /// A transport fault: only as the `x-sim-fault` header (see [`super::transport`]).
+    CloseEarly,
+    /// Read the request, then answer a status line that is not HTTP and close: `garbage-status`.
+    /// A transport fault: only as the `x-sim-fault` header.
+    GarbageStatus,
 }
 
 const DEFAULT_AFTER: u32 = 2;
@@ -51,18 +66,39 @@ impl Fault {
             "malformed" => Ok(Self::Malformed(count(value)?)),
             "error-event" => Ok(Self::ErrorEvent(count(value)?)),
             "bad-tool-args" => Ok(Self::BadToolArgs),
+            "redirect" => Ok(Self::Redirect),
+            "content-filter" => Ok(Self::ContentFilter),
+            "error-frame" => Ok(Self::ErrorFrame(count(value)?)),
+            "bad-utf8" => Ok(Self::BadUtf8(count(value)?)),
+            "close-early" => Ok(Self::CloseEarly),
+            "garbage-status" => Ok(Self::GarbageStatus),
             other => Err(format!(
-                "unknown fault `{other}` (expected status=CODE, hang, cut[=N], abort[=N], malformed[=N], error-event[=N], bad-tool-args)"
+                "unknown fault `{other}` (expected status=CODE, hang, cut[=N], abort[=N], malformed[=N], error-event[=N], bad-tool-args, redirect, content-filter, error-frame[=N], bad-utf8[=N], close-early, garbage-status)"
             )),
         }
+    }
+}
+
+impl Fault {
+    /// Faults the connection applies rather than the handler: they cannot be set for every
+    /// request, since the connection sees only the header.
+    pub fn is_transport(&self) -> bool {
+        matches!(self, Self::CloseEarly | Self::GarbageStatus)
     }
 }
 
 impl std::str::FromStr for Fault {
     type Err = String;
 
+    /// The command line's `--fault`: every fault but the transport ones.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::parse(s)
+        let fault = Self::parse(s)?;
+        if fault.is_transport() {
+            return Err(format!(
+                "`{s}` is a transport fault: send it per request as the `x-sim-fault` header"
+            ));
+        }
+        Ok(fault)
     }
 }
 
@@ -80,6 +116,12 @@ mod tests {
         assert_eq!(Fault::parse("malformed"), Ok(Fault::Malformed(2)));
         assert_eq!(Fault::parse("error-event=0"), Ok(Fault::ErrorEvent(0)));
         assert_eq!(Fault::parse("bad-tool-args"), Ok(Fault::BadToolArgs));
+        assert_eq!(Fault::parse("redirect"), Ok(Fault::Redirect));
+        assert_eq!(Fault::parse("content-filter"), Ok(Fault::ContentFilter));
+        assert_eq!(Fault::parse("error-frame=1"), Ok(Fault::ErrorFrame(1)));
+        assert_eq!(Fault::parse("bad-utf8"), Ok(Fault::BadUtf8(2)));
+        assert_eq!(Fault::parse("close-early"), Ok(Fault::CloseEarly));
+        assert_eq!(Fault::parse("garbage-status"), Ok(Fault::GarbageStatus));
         assert!(Fault::parse("status=200").is_err());
         assert!(Fault::parse("explode").is_err());
         assert!(Fault::parse("cut=x").is_err());

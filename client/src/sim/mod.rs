@@ -4,11 +4,22 @@
 //! deterministic text (a hash of the prompt picks the words), paced like a real server: a time to
 //! first token that grows with prompt length (prefill) and a fixed inter-token latency (decode),
 //! both with optional jitter. Faults can be injected globally (`--fault`) or per request with the
-//! `x-sim-fault` header, and `GET /stats` counts what was served so tests can prove whether a
-//! gateway called upstream. It is not a model and must never be mistaken for one.
+//! `x-sim-fault` header, and `GET /stats` counts what was served (and keeps the last request's
+//! headers) so tests can prove whether and how a gateway called upstream. It is not a model and
+//! must never be mistaken for one.
+//!
+//! Faults (`x-sim-fault: NAME`, or `--fault NAME` for all requests): `status=CODE`, `hang`,
+//! `cut[=N]`, `abort[=N]`, `malformed[=N]`, `error-event[=N]` (a `data: {"error":…}` event, then
+//! stop), `bad-tool-args`, `redirect` (a 302 to `/v1/sim/redirected`, which answers a `GET` with a
+//! complete chat answer), `content-filter` (the last choice stops with `content_filter`),
+//! `error-frame[=N]` (an `event: error` frame, then a clean end), `bad-utf8[=N]` (bytes that are not
+//! UTF-8 in the answer's text), and the transport faults, header only: `close-early` (the request is
+//! read, then the connection closes without a response) and `garbage-status` (a status line that is
+//! not HTTP, then close). N counts the content tokens sent before the fault (default 2).
 
 mod fault;
 mod text;
+mod transport;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -114,6 +125,7 @@ pub struct SimStats {
     embeddings: AtomicU64,
     models: AtomicU64,
     last_authorization: Mutex<Option<String>>,
+    last_headers: Mutex<Vec<(String, String)>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -126,6 +138,9 @@ pub struct StatsSnapshot {
     pub models: u64,
     /// The `Authorization` header of the last request, so tests can check what a gateway forwarded.
     pub last_authorization: Option<String>,
+    /// Every header of the last generation request, in order, repeated names included.
+    #[serde(default)]
+    pub last_headers: Vec<(String, String)>,
 }
 
 impl SimStats {
@@ -141,6 +156,11 @@ impl SimStats {
             models: self.models.load(Ordering::SeqCst),
             last_authorization: self
                 .last_authorization
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            last_headers: self
+                .last_headers
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
@@ -167,6 +187,13 @@ impl SimStats {
             .last_authorization
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = auth;
+        *self.last_headers.lock().unwrap_or_else(|e| e.into_inner()) = headers
+            .iter()
+            .map(|(name, value)| {
+                let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+                (name.as_str().to_owned(), value)
+            })
+            .collect();
     }
 }
 
@@ -190,6 +217,7 @@ pub fn router(config: SimConfig) -> (Router, Arc<SimStats>) {
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
+        .route("/v1/sim/redirected", get(redirected))
         .route("/stats", get(stats_handler))
         .route("/stats/reset", post(stats_reset))
         .route("/healthz", get(|| async { "ok" }))
@@ -203,12 +231,8 @@ pub async fn serve(
     config: SimConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
     let (router, _) = router(config);
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router)
+    axum::serve(transport::FaultListener::new(listener), router)
         .with_graceful_shutdown(shutdown)
         .await
 }
@@ -235,13 +259,10 @@ impl Drop for SimHandle {
 
 /// Starts a simulator on an ephemeral loopback port.
 pub async fn spawn(config: SimConfig) -> std::io::Result<SimHandle> {
-    use axum::serve::ListenerExt;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let (router, stats) = router(config);
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    let listener = transport::FaultListener::new(listener);
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });
@@ -346,6 +367,14 @@ async fn early_fault(plan: &Plan) -> Option<Response> {
             let status = StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             Some(error_response(status, "injected fault"))
         }
+        Some(Fault::Redirect) => {
+            let mut response = error_response(StatusCode::FOUND, "moved to /v1/sim/redirected");
+            response.headers_mut().insert(
+                header::LOCATION,
+                HeaderValue::from_static("/v1/sim/redirected"),
+            );
+            Some(response)
+        }
         Some(Fault::Hang) => {
             // Long enough for any test or client timeout; the connection closing ends it.
             tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -415,6 +444,10 @@ async fn generate(sim: Sim, headers: HeaderMap, body: Bytes, kind: Kind) -> Resp
         let decode = plan.itl_ms * f64::from(answer.token_count().saturating_sub(1));
         tokio::time::sleep(plan.ttft + jittered(decode, plan.jitter)).await;
         let body = answer.full_body(&ids, kind == Kind::Chat);
+        if matches!(plan.fault, Some(Fault::BadUtf8(_))) {
+            let bytes = text::with_bad_utf8(body.to_string().as_bytes());
+            return ([(header::CONTENT_TYPE, "application/json")], bytes).into_response();
+        }
         (StatusCode::OK, Json(body)).into_response()
     }
 }
@@ -451,6 +484,19 @@ fn stream_response(events: Vec<text::Event>, plan: Plan) -> Response {
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
+}
+
+/// Where the `redirect` fault points: a complete, cacheable-looking chat answer to a `GET`, so a
+/// client that follows the redirect gets an answer to a question it never sent here.
+async fn redirected() -> Json<Value> {
+    Json(json!({
+        "id": "chatcmpl-simredirected",
+        "object": "chat.completion",
+        "created": text::unix_now(),
+        "model": "sim-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "You followed a redirect.", "refusal": null}, "logprobs": null, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 5, "total_tokens": 5}
+    }))
 }
 
 async fn embeddings(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {

@@ -105,6 +105,7 @@ impl Generation {
     pub fn answer(&self, tokens: u32, fault: Option<&Fault>) -> Answer {
         let limit = self.max_tokens.map_or(tokens, |m| m.min(tokens));
         let finish = if limit < tokens { "length" } else { "stop" };
+        let last = self.n.saturating_sub(1);
         let choices = (0..self.n)
             .map(|choice| {
                 let mut reader = blake3::Hasher::new()
@@ -141,7 +142,12 @@ impl Generation {
                     None => ChoiceAnswer {
                         words,
                         tool_call: None,
-                        finish_reason: finish,
+                        // Only the last choice: "any choice" is what a cache must look at.
+                        finish_reason: if fault == Some(&Fault::ContentFilter) && choice == last {
+                            "content_filter"
+                        } else {
+                            finish
+                        },
                     },
                 }
             })
@@ -198,6 +204,20 @@ pub enum Event {
     Immediate(Bytes),
     /// Break the connection here.
     Abort,
+}
+
+/// Puts two bytes that are not UTF-8 (`0xFF 0xFE`) inside the first JSON string value after a
+/// `content` or `text` key: the JSON stays well-formed byte-wise, its text does not.
+pub fn with_bad_utf8(json: &[u8]) -> Bytes {
+    let mut out = json.to_vec();
+    for key in [&b"\"content\":\""[..], &b"\"text\":\""[..]] {
+        if let Some(at) = out.windows(key.len()).position(|w| w == key) {
+            let at = at + key.len();
+            out.splice(at..at, [0xFF, 0xFE]);
+            return Bytes::from(out);
+        }
+    }
+    Bytes::from(out)
 }
 
 fn sse(value: &Value) -> Bytes {
@@ -359,6 +379,17 @@ impl Answer {
                                 "type": "server_error", "param": null, "code": null
                             }}))));
                             return events;
+                        }
+                        Some(Fault::ErrorFrame(n)) if sent == *n => {
+                            events.push(Event::Immediate(Bytes::from_static(
+                                b"event: error\ndata: {\"message\": \"injected error frame\"}\n\n",
+                            )));
+                        }
+                        Some(Fault::BadUtf8(n)) if sent == *n => {
+                            let bytes = sse(&chunk(json!([delta])));
+                            events.push(Event::Token(with_bad_utf8(&bytes)));
+                            sent += 1;
+                            continue;
                         }
                         Some(Fault::Malformed(n)) if sent == *n => {
                             events.push(Event::Immediate(Bytes::from_static(

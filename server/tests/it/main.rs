@@ -7,3 +7,4 @@ mod common;
 mod gateway;
 mod process;
 mod semantic;
+mod upstream;

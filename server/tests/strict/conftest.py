@@ -1,0 +1,75 @@
+"""Fixtures for the strict-upstream tests: the aiohttp upstream and a reprise gateway in front of it,
+as real processes (`REPRISE_BIN_DIR` names the gateway's build, like the SDK tests)."""
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+BIN_DIR = Path(os.environ.get("REPRISE_BIN_DIR", ROOT / "target" / "debug"))
+HERE = Path(__file__).resolve().parent
+
+UPSTREAM_KEY = "sk-strict-upstream-key"
+CLIENT_KEY = "sk-client-must-not-leak"
+CLIENT_AZURE_KEY = "azure-client-must-not-leak"
+ADMIN = "strict-admin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, seconds: float = 30.0) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready after {seconds}s")
+
+
+@pytest.fixture(scope="session")
+def upstream():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "strict_upstream.py"), "--port", str(port), "--api-key", UPSTREAM_KEY,
+         "--client-secret", CLIENT_KEY, "--client-secret", CLIENT_AZURE_KEY],
+    )
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/_strict/healthz", proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def gateway(upstream):
+    port = free_port()
+    data_dir = tempfile.mkdtemp(prefix="reprise-strict-")
+    proc = subprocess.Popen(
+        [str(BIN_DIR / "reprise"), "serve", "--listen", f"127.0.0.1:{port}",
+         "--upstream-url", f"{upstream}/v1", "--upstream-api-key", UPSTREAM_KEY,
+         "--data-dir", data_dir, "--admin-token", ADMIN, "--semantic", "false"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/healthz", proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0, "gateway must exit 0 on SIGTERM"
