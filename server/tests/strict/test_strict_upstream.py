@@ -5,6 +5,7 @@ reaching the upstream."""
 import http.client
 import json
 import socket
+import time
 import urllib.parse
 import urllib.request
 
@@ -42,6 +43,24 @@ def upstream_stats(upstream: str) -> dict:
         return json.loads(r.read())
 
 
+def admin_stats(gateway: str) -> dict:
+    request = urllib.request.Request(f"{gateway}/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"})
+    with urllib.request.urlopen(request, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def entries(gateway: str) -> int:
+    return admin_stats(gateway)["store"]["entries"]
+
+
+def wait_stored(gateway: str, at_least: int) -> None:
+    """Answers are written off the request path: wait for the store to hold them."""
+    deadline = time.time() + 10
+    while entries(gateway) < at_least:
+        assert time.time() < deadline, f"the store never reached {at_least} entries"
+        time.sleep(0.02)
+
+
 def sse_data(raw: bytes) -> list[str]:
     return [line[len("data: "):] for line in raw.decode().splitlines() if line.startswith("data: ")]
 
@@ -68,9 +87,11 @@ CASES = [
 @pytest.mark.parametrize("path,body", CASES, ids=[c[0] for c in CASES])
 def test_miss_then_hit_on_cacheable_routes(gateway, upstream, path, body):
     before = upstream_stats(upstream)["counts"].get(path, 0)
+    stored = entries(gateway)
     status, headers, first = call(gateway + path, body)
     assert status == 200, first
     assert headers.get("x-reprise-cache") == "miss"
+    wait_stored(gateway, stored + 1)
     status, headers, second = call(gateway + path, body)
     assert status == 200, second
     assert headers.get("x-reprise-cache") == "hit"
@@ -88,7 +109,10 @@ def test_streams_miss_then_hit(gateway, upstream, path, body):
     else:
         body["prompt"] = "strict completion, streamed"
     texts = []
+    stored = entries(gateway)
     for expected in ("miss", "hit"):
+        if expected == "hit":
+            wait_stored(gateway, stored + 1)
         status, headers, raw = call(gateway + path, body)
         assert status == 200, raw
         assert headers.get("x-reprise-cache") == expected
@@ -112,7 +136,5 @@ def test_no_rule_was_broken(gateway, upstream):
     stats = upstream_stats(upstream)
     assert stats["violations"] == [], stats["violations"]
     assert sum(stats["counts"].values()) >= 6
-    request = urllib.request.Request(f"{gateway}/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"})
-    with urllib.request.urlopen(request, timeout=5) as r:
-        errors = json.loads(r.read())["upstream_errors"]
+    errors = admin_stats(gateway)["upstream_errors"]
     assert errors["status"] == 0, errors
