@@ -79,8 +79,16 @@ async fn answers_with_an_error_signal_are_relayed_but_never_cached() {
     let sim = sim_default().await;
     let gw = start(config_for(sim.base_url())).await;
     let cases: [(&str, bool, &[u8]); 7] = [
-        ("content-filter", false, b"\"finish_reason\":\"content_filter\""),
-        ("content-filter", true, b"\"finish_reason\":\"content_filter\""),
+        (
+            "content-filter",
+            false,
+            b"\"finish_reason\":\"content_filter\"",
+        ),
+        (
+            "content-filter",
+            true,
+            b"\"finish_reason\":\"content_filter\"",
+        ),
         ("error-frame=2", true, b"event: error\n"),
         ("error-event=2", true, b"data: {\"error\""),
         ("bad-utf8=2", true, b"\xFF\xFE"),
@@ -141,7 +149,10 @@ async fn upstream_gets_one_content_type_no_hop_headers_and_no_client_credential(
     let gw = start(config).await;
     let routes = [
         ("/v1/chat/completions", chat_body("headers?", false)),
-        ("/v1/chat/completions", chat_body("headers, streamed?", true)),
+        (
+            "/v1/chat/completions",
+            chat_body("headers, streamed?", true),
+        ),
         (
             "/v1/completions",
             json!({"model": "sim-model", "prompt": "headers?", "stream": false}),
@@ -195,10 +206,7 @@ async fn upstream_gets_one_content_type_no_hop_headers_and_no_client_credential(
     let headers = seen(&sim);
     assert!(values(&headers, "x-hop-secret").is_empty());
     assert!(values(&headers, "api-key").is_empty());
-    assert_eq!(
-        values(&headers, "authorization"),
-        ["Bearer sk-gateway-key"]
-    );
+    assert_eq!(values(&headers, "authorization"), ["Bearer sk-gateway-key"]);
 }
 
 #[tokio::test]
@@ -257,7 +265,10 @@ async fn broken_upstream_http_is_a_protocol_error_not_a_connect_error() {
     assert_eq!(errors["protocol"], 4, "{errors}");
     assert_eq!(errors["connect"], 0, "{errors}");
     let errors = stats(&dead).await["upstream_errors"].clone();
-    assert_eq!((errors["connect"].clone(), errors["protocol"].clone()), (json!(1), json!(0)));
+    assert_eq!(
+        (errors["connect"].clone(), errors["protocol"].clone()),
+        (json!(1), json!(0))
+    );
     let metrics = client()
         .get(gw.url("/metrics"))
         .bearer_auth(ADMIN)
