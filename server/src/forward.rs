@@ -4,6 +4,8 @@
 //! The relay never rewrites the upstream's events. It only adds one SSE comment with the timings
 //! just before `data: [DONE]`, and, when the upstream fails after the stream has begun (cut, malformed
 //! event, idle timeout), one OpenAI-shaped `error` event so that SDKs raise instead of hanging.
+//! Redirects are never followed (a `3xx` is the upstream's answer, relayed and never cached), and a
+//! failed exchange is named by what happened: no connection, no answer in time, or broken HTTP.
 
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};

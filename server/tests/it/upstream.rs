@@ -224,6 +224,14 @@ async fn broken_upstream_http_is_a_protocol_error_not_a_connect_error() {
             assert_eq!(response.status(), 502, "{fault}");
             let body: Value = response.json().await.expect("json error");
             assert_eq!(body["error"]["code"], "upstream_protocol_error", "{body}");
+            // The message names what happened, in a fixed phrase (details stay in the log).
+            let what = if fault == "close-early" {
+                "closed the connection"
+            } else {
+                "head was malformed"
+            };
+            let message = body["error"]["message"].as_str().unwrap_or("");
+            assert!(message.contains(what), "{body}");
             assert_eq!(body["error"]["type"], "upstream_error", "{body}");
             assert!(body["error"]["message"].is_string(), "{body}");
             assert!(body["error"].get("param").is_some(), "{body}");
