@@ -189,22 +189,19 @@ fn protocol_reason(err: &reqwest::Error) -> &'static str {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = source {
         if let Some(h) = e.downcast_ref::<hyper::Error>() {
-            if h.is_parse() || h.is_parse_status() {
+            if h.is_parse() {
                 return "its response head was malformed";
             }
             if h.is_incomplete_message() {
                 return "it closed the connection before the response was complete";
             }
         }
-        if e.downcast_ref::<std::io::Error>().is_some() {
-            return "the connection failed during the exchange";
-        }
         source = e.source();
     }
-    if err.is_decode() || err.is_body() {
-        return "its response body was broken";
+    if err.is_body() || err.is_decode() {
+        return "its response body broke off";
     }
-    "the exchange failed"
+    "the connection failed during the exchange"
 }
 
 /// Header names listed in `Connection` (RFC 9110 §7.6.1): meant for this hop only.

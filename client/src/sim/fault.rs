@@ -9,7 +9,7 @@ pub enum Fault {
     Hang,
     /// End the stream cleanly after N tokens, without a finish reason or `[DONE]`: `cut[=N]`.
     Cut(u32),
-    /// Break the connection after N tokens: `abort[=N]`.
+    /// Break the connection after N tokens (a non-streamed body: halfway): `abort[=N]`.
     Abort(u32),
     /// Send one event whose data is not JSON after N tokens, then carry on: `malformed[=N]`.
     Malformed(u32),

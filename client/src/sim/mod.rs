@@ -9,7 +9,7 @@
 //! must never be mistaken for one.
 //!
 //! Faults (`x-sim-fault: NAME`, or `--fault NAME` for all requests): `status=CODE`, `hang`,
-//! `cut[=N]`, `abort[=N]`, `malformed[=N]`, `error-event[=N]` (a `data: {"error":…}` event, then
+//! `cut[=N]`, `abort[=N]` (a non-streamed body breaks halfway), `malformed[=N]`, `error-event[=N]` (a `data: {"error":…}` event, then
 //! stop), `bad-tool-args`, `redirect` (a 302 to `/v1/sim/redirected`, which answers a `GET` with a
 //! complete chat answer), `content-filter` (the last choice stops with `content_filter`),
 //! `error-frame[=N]` (an `event: error` frame, then a clean end), `bad-utf8[=N]` (bytes that are not
@@ -444,6 +444,20 @@ async fn generate(sim: Sim, headers: HeaderMap, body: Bytes, kind: Kind) -> Resp
         let decode = plan.itl_ms * f64::from(answer.token_count().saturating_sub(1));
         tokio::time::sleep(plan.ttft + jittered(decode, plan.jitter)).await;
         let body = answer.full_body(&ids, kind == Kind::Chat);
+        if matches!(plan.fault, Some(Fault::Abort(_))) {
+            // Half the body, then a broken connection: a truncated response, not a stream's fault.
+            let bytes = Bytes::from(body.to_string());
+            let parts: Vec<Result<Bytes, std::io::Error>> = vec![
+                Ok(bytes.slice(..bytes.len() / 2)),
+                Err(std::io::Error::other("injected abort")),
+            ];
+            let mut response = Response::new(Body::from_stream(stream::iter(parts)));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            return response;
+        }
         if matches!(plan.fault, Some(Fault::BadUtf8(_))) {
             let bytes = text::with_bad_utf8(body.to_string().as_bytes());
             return ([(header::CONTENT_TYPE, "application/json")], bytes).into_response();

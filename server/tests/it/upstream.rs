@@ -213,32 +213,37 @@ async fn upstream_gets_one_content_type_no_hop_headers_and_no_client_credential(
 async fn broken_upstream_http_is_a_protocol_error_not_a_connect_error() {
     let sim = sim_default().await;
     let gw = start(config_for(sim.base_url())).await;
-    for fault in ["close-early", "garbage-status"] {
-        for stream in [false, true] {
-            let response = post(
-                &gw,
-                &chat_body(&format!("{fault} {stream}"), stream),
-                &[("x-sim-fault", fault)],
-            )
-            .await;
-            assert_eq!(response.status(), 502, "{fault}");
-            let body: Value = response.json().await.expect("json error");
-            assert_eq!(body["error"]["code"], "upstream_protocol_error", "{body}");
-            // The message names what happened, in a fixed phrase (details stay in the log).
-            let what = if fault == "close-early" {
-                "closed the connection"
-            } else {
-                "head was malformed"
-            };
-            let message = body["error"]["message"].as_str().unwrap_or("");
-            assert!(message.contains(what), "{body}");
-            assert_eq!(body["error"]["type"], "upstream_error", "{body}");
-            assert!(body["error"]["message"].is_string(), "{body}");
-            assert!(body["error"].get("param").is_some(), "{body}");
-        }
+    let cases = [
+        ("close-early", false),
+        ("close-early", true),
+        ("garbage-status", false),
+        ("garbage-status", true),
+        // A non-streamed body cut halfway: truncated HTTP, not a stream's fault.
+        ("abort", false),
+    ];
+    for (fault, stream) in cases {
+        let response = post(
+            &gw,
+            &chat_body(&format!("{fault} {stream}"), stream),
+            &[("x-sim-fault", fault)],
+        )
+        .await;
+        assert_eq!(response.status(), 502, "{fault}");
+        let body: Value = response.json().await.expect("json error");
+        assert_eq!(body["error"]["code"], "upstream_protocol_error", "{body}");
+        // The message names what happened, in a fixed phrase (details stay in the log).
+        let what = match fault {
+            "garbage-status" => "head was malformed",
+            _ => "closed the connection before the response was complete",
+        };
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(message.contains(what), "{body}");
+        assert_eq!(body["error"]["type"], "upstream_error", "{body}");
+        assert!(body["error"]["message"].is_string(), "{body}");
+        assert!(body["error"].get("param").is_some(), "{body}");
     }
     // The simulator did answer each request's handler: the break was in its HTTP.
-    assert_eq!(upstream_calls(&sim), 4);
+    assert_eq!(upstream_calls(&sim), 5);
     // Still serving, over fresh connections.
     let ok = post(&gw, &chat_body("after the breakage", false), &[]).await;
     assert_eq!(ok.status(), 200);
@@ -270,7 +275,7 @@ async fn broken_upstream_http_is_a_protocol_error_not_a_connect_error() {
         }
     };
     let errors = stats(&gw).await["upstream_errors"].clone();
-    assert_eq!(errors["protocol"], 4, "{errors}");
+    assert_eq!(errors["protocol"], 5, "{errors}");
     assert_eq!(errors["connect"], 0, "{errors}");
     let errors = stats(&dead).await["upstream_errors"].clone();
     assert_eq!(
@@ -287,7 +292,7 @@ async fn broken_upstream_http_is_a_protocol_error_not_a_connect_error() {
         .await
         .expect("text");
     assert!(
-        metrics.contains("reprise_upstream_errors_total{kind=\"protocol\"} 4"),
+        metrics.contains("reprise_upstream_errors_total{kind=\"protocol\"} 5"),
         "{metrics}"
     );
     assert!(!metrics.contains("reprise_upstream_errors_total{kind=\"connect\"}"));
