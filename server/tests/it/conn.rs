@@ -3,7 +3,7 @@
 //! limit) cannot keep a normal request from being served.
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use reprise_client::sim::{self, SimConfig};
