@@ -629,6 +629,40 @@ mod tests {
         };
         let err = Config::load(&args).expect_err("zero");
         assert!(err.to_string().contains("idle_timeout_ms"), "{err}");
+
+        for (args, field) in [
+            (
+                ServeArgs {
+                    client_header_timeout_ms: Some(0),
+                    ..ServeArgs::default()
+                },
+                "client_header_timeout_ms",
+            ),
+            (
+                ServeArgs {
+                    client_body_timeout_ms: Some(u64::MAX),
+                    ..ServeArgs::default()
+                },
+                "client_body_timeout_ms",
+            ),
+            (
+                ServeArgs {
+                    keepalive_timeout_ms: Some(0),
+                    ..ServeArgs::default()
+                },
+                "keepalive_timeout_ms",
+            ),
+            (
+                ServeArgs {
+                    max_connections: Some(0),
+                    ..ServeArgs::default()
+                },
+                "max_connections",
+            ),
+        ] {
+            let err = Config::load(&args).expect_err(field);
+            assert!(err.to_string().contains(field), "{err}");
+        }
     }
 
     #[test]

@@ -156,6 +156,27 @@ async fn refused_request_heads_get_openai_shaped_errors() {
 }
 
 #[tokio::test]
+async fn h2c_with_prior_knowledge_is_served_and_not_mistaken_for_a_bad_head() {
+    let sim = sim_default().await;
+    let gw = start(quick(config_for(sim.base_url()))).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .expect("client");
+    for stream in [false, true] {
+        let response = h2
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat_body("over h2c", stream))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.version(), reqwest::Version::HTTP_2);
+        assert_eq!(response.status(), 200);
+        assert!(!content(response, stream).await.is_empty());
+    }
+}
+
+#[tokio::test]
 async fn stalled_request_heads_and_silent_connections_are_closed() {
     let sim = sim_default().await;
     let mut config = quick(config_for(sim.base_url()));
