@@ -374,6 +374,19 @@ struct Track {
 struct TrackState {
     /// Requests (h2: streams) between the head and the end of both bodies.
     open: usize,
+    /// Request bodies still being received.
+    bodies_open: usize,
+    /// Bytes arrived after every request body ended but before the answer did: a pipelined next
+    /// head, which hyper already holds, so the checks cannot see its start.
+    pipelined: bool,
+    /// Bytes read since the current head's first byte.
+    seen: u64,
+    /// Head plus body length of the current request, when its head was checked and it is not
+    /// chunked: more bytes than that were a pipelined next request.
+    expected: Option<u64>,
+    /// Heads are no longer checked on this connection (after pipelining or a chunked body, where
+    /// the start of the next head is unknown); hyper answers bad ones itself.
+    unchecked: bool,
     /// When the connection was accepted or last went idle.
     since: Instant,
     /// The first byte of the next request head, while it is incomplete.
@@ -393,6 +406,11 @@ impl TrackState {
     fn new() -> Self {
         Self {
             open: 0,
+            bodies_open: 0,
+            pipelined: false,
+            seen: 0,
+            expected: None,
+            unchecked: false,
             since: Instant::now(),
             head_started: None,
             fresh: true,
@@ -405,16 +423,21 @@ impl TrackState {
 }
 
 impl Track {
-    fn begin_request(self: &Arc<Self>) -> Arc<InFlight> {
+    fn begin_request(self: &Arc<Self>) -> (Arc<InFlight>, Receiving) {
         {
             let mut s = lock(&self.state);
             s.open += 1;
+            s.bodies_open += 1;
             s.head_started = None;
         }
         self.changed.notify_one();
-        Arc::new(InFlight {
+        let flight = Arc::new(InFlight {
             track: self.clone(),
-        })
+        });
+        let receiving = Receiving {
+            track: self.clone(),
+        };
+        (flight, receiving)
     }
 
     /// Since when the connection has been idle between requests with no byte of a next head.
@@ -448,13 +471,23 @@ impl Track {
     /// and checks the head; `Some` is the error to answer instead of handing the bytes to hyper.
     fn on_read(&self, bytes: &[u8]) -> Option<GatewayError> {
         let mut s = lock(&self.state);
-        // Body bytes, h2 frames, or the rest of a head already checked.
-        if s.h2 || s.open > 0 || s.head_checked {
+        if s.h2 {
+            return None;
+        }
+        s.seen += bytes.len() as u64;
+        if s.open > 0 {
+            if s.bodies_open == 0 {
+                s.pipelined = true;
+            }
             return None;
         }
         if s.head_started.is_none() {
             s.head_started = Some(Instant::now());
             self.changed.notify_one();
+        }
+        // Body bytes, or the rest of a head already checked (or not to be checked).
+        if s.head_checked || s.unchecked {
+            return None;
         }
         let room = (MAX_HEAD_BYTES + 1).saturating_sub(s.head.len());
         s.head.extend_from_slice(&bytes[..bytes.len().min(room)]);
@@ -485,7 +518,8 @@ impl Track {
         };
         match verdict {
             Check::Partial => None,
-            Check::Complete => {
+            Check::Complete { head, body } => {
+                s.expected = body.map(|body| head as u64 + body);
                 s.head_checked = true;
                 s.head = Vec::new();
                 None
@@ -510,12 +544,21 @@ impl Drop for InFlight {
             let mut s = lock(&self.track.state);
             s.open -= 1;
             if s.open == 0 {
-                s.since = Instant::now();
-                s.head_started = None;
+                let now = Instant::now();
+                s.since = now;
                 s.fresh = false;
                 s.head.clear();
-                s.head_checked = false;
                 s.head_parses = 0;
+                // A pipelined head is left to hyper; its header timer runs from now.
+                let pipelined = s.pipelined || s.expected.is_some_and(|e| s.seen > e);
+                if pipelined || s.expected.is_none() {
+                    s.unchecked = true;
+                }
+                s.head_checked = false;
+                s.head_started = pipelined.then_some(now);
+                s.pipelined = false;
+                s.seen = 0;
+                s.expected = None;
             }
             s.open == 0
         };
@@ -526,9 +569,25 @@ impl Drop for InFlight {
     }
 }
 
+/// A request body still being received; dropped at its end, on error, or with the body.
+struct Receiving {
+    track: Arc<Track>,
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        let mut s = lock(&self.track.state);
+        s.bodies_open = s.bodies_open.saturating_sub(1);
+    }
+}
+
 enum Check {
     Partial,
-    Complete,
+    /// The head's length, and its body's when known (`None`: chunked).
+    Complete {
+        head: usize,
+        body: Option<u64>,
+    },
     Reject(GatewayError),
 }
 
@@ -547,9 +606,9 @@ fn check_head(head: &[u8]) -> Check {
             if len > MAX_HEAD_BYTES {
                 return Check::Reject(too_large());
             }
-            match framing_error(&request) {
-                Some(why) => Check::Reject(malformed(why)),
-                None => Check::Complete,
+            match body_length(&request) {
+                Err(why) => Check::Reject(malformed(why)),
+                Ok(body) => Check::Complete { head: len, body },
             }
         }
         Ok(httparse::Status::Partial) => {
@@ -573,13 +632,14 @@ fn check_head(head: &[u8]) -> Check {
     }
 }
 
-/// What hyper refuses after httparse accepted the head: the target, and the body framing.
-fn framing_error(request: &httparse::Request<'_, '_>) -> Option<&'static str> {
+/// The body's length (`None`: chunked), or what hyper would refuse after httparse accepted the
+/// head: the target, and the body framing.
+fn body_length(request: &httparse::Request<'_, '_>) -> Result<Option<u64>, &'static str> {
     if request
         .path
         .is_some_and(|p| p.parse::<http::Uri>().is_err())
     {
-        return Some("invalid request target");
+        return Err("invalid request target");
     }
     let http11 = request.version == Some(1);
     let mut chunked = None;
@@ -587,7 +647,7 @@ fn framing_error(request: &httparse::Request<'_, '_>) -> Option<&'static str> {
     for field in request.headers.iter() {
         if field.name.eq_ignore_ascii_case("transfer-encoding") {
             if !http11 {
-                return Some("Transfer-Encoding is not allowed in HTTP/1.0");
+                return Err("Transfer-Encoding is not allowed in HTTP/1.0");
             }
             let last = field.value.rsplit(|b| *b == b',').next().unwrap_or(b"");
             chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
@@ -597,18 +657,19 @@ fn framing_error(request: &httparse::Request<'_, '_>) -> Option<&'static str> {
                 .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
                 .and_then(|v| v.parse::<u64>().ok());
             match (parsed, length) {
-                (None, _) => return Some("invalid Content-Length"),
+                (None, _) => return Err("invalid Content-Length"),
                 (Some(new), Some(old)) if new != old => {
-                    return Some("conflicting Content-Length headers")
+                    return Err("conflicting Content-Length headers")
                 }
                 (Some(new), _) => length = Some(new),
             }
         }
     }
-    if chunked == Some(false) {
-        return Some("Transfer-Encoding must end with chunked");
+    match chunked {
+        Some(false) => Err("Transfer-Encoding must end with chunked"),
+        Some(true) => Ok(None),
+        None => Ok(Some(length.unwrap_or(0))),
     }
-    None
 }
 
 fn malformed(why: &str) -> GatewayError {
@@ -657,16 +718,19 @@ async fn serve_connection(
     let service = hyper::service::service_fn({
         let track = track.clone();
         move |request: hyper::Request<Incoming>| {
-            let flight = track.begin_request();
+            let (flight, receiving) = track.begin_request();
             let router = router.clone();
             let timeout = track.pool.limits.body_timeout;
             async move {
                 let request = request.map(|body| {
+                    // An empty body is received already: later bytes belong to the next request.
+                    let receiving = (!body.is_end_stream()).then_some(receiving);
                     Body::new(TimedBody {
                         inner: body,
                         timeout,
                         sleep: Box::pin(tokio::time::sleep(timeout)),
                         flight: Some(flight.clone()),
+                        receiving,
                         timed_out: false,
                     })
                 });
@@ -843,6 +907,7 @@ struct TimedBody {
     timeout: Duration,
     sleep: Pin<Box<Sleep>>,
     flight: Option<Arc<InFlight>>,
+    receiving: Option<Receiving>,
     timed_out: bool,
 }
 
@@ -865,10 +930,12 @@ impl HttpBody for TimedBody {
             }
             Poll::Ready(Some(Err(err))) => {
                 this.flight = None;
+                this.receiving = None;
                 Poll::Ready(Some(Err(err.into())))
             }
             Poll::Ready(None) => {
                 this.flight = None;
+                this.receiving = None;
                 Poll::Ready(None)
             }
             Poll::Pending => {
@@ -934,7 +1001,7 @@ mod tests {
     fn verdict(head: &[u8]) -> Result<bool, u16> {
         match check_head(head) {
             Check::Partial => Ok(false),
-            Check::Complete => Ok(true),
+            Check::Complete { .. } => Ok(true),
             Check::Reject(err) => Err(err.status().as_u16()),
         }
     }

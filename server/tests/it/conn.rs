@@ -177,6 +177,49 @@ async fn h2c_with_prior_knowledge_is_served_and_not_mistaken_for_a_bad_head() {
 }
 
 #[tokio::test]
+async fn pipelined_requests_are_served_even_when_a_head_arrives_split() {
+    let sim = sim_default().await;
+    let gw = start(config_for(sim.base_url())).await;
+    let mut stream = TcpStream::connect(gw.addr).await.expect("connect");
+    // Two whole requests in one write, then a third whose head is split around the answers.
+    stream
+        .write_all(
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /hea",
+        )
+        .await
+        .expect("write");
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    while count(&seen, b"HTTP/1.1 200") < 2 {
+        let n = tokio::time::timeout(PATIENCE, stream.read(&mut buf))
+            .await
+            .expect("answers")
+            .expect("read");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stream
+        .write_all(b"lthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    seen.extend(read_to_close(&mut stream).await);
+    assert_eq!(
+        count(&seen, b"HTTP/1.1 200"),
+        3,
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
+}
+
+fn count(haystack: &[u8], needle: &[u8]) -> usize {
+    haystack
+        .windows(needle.len())
+        .filter(|w| *w == needle)
+        .count()
+}
+
+#[tokio::test]
 async fn stalled_request_heads_and_silent_connections_are_closed() {
     let sim = sim_default().await;
     let mut config = quick(config_for(sim.base_url()));
