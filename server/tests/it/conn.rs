@@ -483,3 +483,40 @@ fn metric(text: &str, name: &str) -> f64 {
         .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
         .unwrap_or(0.0)
 }
+
+#[tokio::test]
+async fn after_the_grace_period_in_flight_streams_are_dropped() {
+    // A stream that would take 20 s.
+    let sim = sim::spawn(SimConfig {
+        ttft_ms: 10.0,
+        itl_ms: 100.0,
+        tokens: 200,
+        ..SimConfig::default()
+    })
+    .await
+    .expect("sim");
+    let mut config = config_for(sim.base_url());
+    config.shutdown_grace_ms = 300;
+    let gw = start(config).await;
+    let mut response = post(&gw, &chat_body("a long stream", true), &[]).await;
+    assert_eq!(response.status(), 200);
+    let mut text = String::new();
+    let first = response.chunk().await.expect("first chunk").expect("bytes");
+    text.push_str(&String::from_utf8_lossy(&first));
+
+    let stopped = tokio::spawn(gw.shutdown());
+    let cut = tokio::time::timeout(PATIENCE, async {
+        while let Ok(Some(chunk)) = response.chunk().await {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        text
+    })
+    .await
+    .expect("the stream was cut after the grace period");
+    assert!(!cut.contains("[DONE]"), "{cut}");
+    tokio::time::timeout(PATIENCE, stopped)
+        .await
+        .expect("run returned")
+        .expect("join")
+        .expect("run");
+}
