@@ -129,7 +129,7 @@ pub async fn read_limited(
     axum::body::to_bytes(body, limit).await.map_err(|err| {
         if is_length_limit(&err) {
             GatewayError::PayloadTooLarge { limit }
-        } else if let Some(stalled) = body_timeout(&err) {
+        } else if let Some(stalled) = crate::serve::BodyTimeout::in_chain(&err) {
             GatewayError::RequestTimeout {
                 timeout_ms: stalled.timeout_ms,
             }
@@ -148,18 +148,6 @@ fn is_length_limit(err: &axum::Error) -> bool {
         source = e.source();
     }
     false
-}
-
-/// The client's body stalled (the server's body-read timeout fired), as opposed to a broken body.
-fn body_timeout(err: &axum::Error) -> Option<&crate::serve::BodyTimeout> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = source {
-        if let Some(stalled) = e.downcast_ref::<crate::serve::BodyTimeout>() {
-            return Some(stalled);
-        }
-        source = e.source();
-    }
-    None
 }
 
 fn parse_object(raw: &[u8]) -> Result<Map<String, Value>, GatewayError> {

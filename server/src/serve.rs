@@ -177,6 +177,20 @@ pub struct BodyTimeout {
     pub timeout_ms: u64,
 }
 
+impl BodyTimeout {
+    /// The body timeout behind `err`, however deeply the body's consumer wrapped it.
+    pub fn in_chain<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a Self> {
+        let mut source = Some(err);
+        while let Some(e) = source {
+            if let Some(stalled) = e.downcast_ref::<Self>() {
+                return Some(stalled);
+            }
+            source = e.source();
+        }
+        None
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown` is cancelled, then stops accepting, asks every
 /// connection to finish (in-flight requests complete, idle connections close) and returns when
 /// all have. Dropping the future drops every connection.

@@ -298,6 +298,30 @@ async fn a_stalled_request_body_gets_an_openai_shaped_408() {
 }
 
 #[tokio::test]
+async fn a_stalled_body_on_a_passthrough_route_is_the_clients_408_not_an_upstream_error() {
+    // An upstream that reads whatever it is sent and never answers.
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let upstream_addr = upstream.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = upstream.accept().await {
+            tokio::spawn(async move {
+                let mut sink = vec![0u8; 4096];
+                while socket.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+            });
+        }
+    });
+    let gw = start(quick(config_for(format!("http://{upstream_addr}/v1")))).await;
+    let request =
+        "POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n\
+                   Content-Length: 100\r\n\r\nten bytes.";
+    let (status, body) = exchange(gw.addr, request.as_bytes()).await;
+    assert_eq!(status, 408, "{body}");
+    assert_openai_error(&body, "request_timeout");
+}
+
+#[tokio::test]
 async fn at_the_connection_limit_idle_connections_make_room_and_busy_ones_finish() {
     let sim = sim::spawn(SimConfig {
         ttft_ms: 400.0,
