@@ -76,6 +76,13 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// How often a connection's watcher looks at its phase. A deadline is a phase change plus a
+    /// timeout of at least this period, so the last check before it comes after the change and
+    /// sleeps until the deadline exactly.
+    fn check_every(&self) -> Duration {
+        self.header_timeout.min(self.keepalive_timeout)
+    }
+
     /// Takes the configured values; an unset `max_connections` is derived from the open-file limit.
     pub fn for_config(config: &Config) -> Self {
         let max_connections = match config.max_connections {
@@ -379,7 +386,8 @@ impl Drop for Slot {
 struct Track {
     pool: Arc<Pool>,
     state: Mutex<TrackState>,
-    /// Wakes the watcher when the phase changes or a reclaim is asked.
+    /// Wakes the watcher when a reclaim is asked. Phase changes do not wake it: it checks every
+    /// [`Limits::check_every`], which is enough to meet every deadline on time (see there).
     changed: Notify,
     /// The accept loop asks this idle connection to close to make room.
     reclaim: AtomicBool,
@@ -444,7 +452,6 @@ impl Track {
             s.bodies_open += 1;
             s.head_started = None;
         }
-        self.changed.notify_one();
         let flight = Arc::new(InFlight {
             track: self.clone(),
         });
@@ -497,7 +504,6 @@ impl Track {
         }
         if s.head_started.is_none() {
             s.head_started = Some(Instant::now());
-            self.changed.notify_one();
         }
         // Body bytes, or the rest of a head already checked (or not to be checked).
         if s.head_checked || s.unchecked {
@@ -513,7 +519,6 @@ impl Track {
                     s.head = Vec::new();
                     s.head_started = None;
                     s.since = Instant::now();
-                    self.changed.notify_one();
                 }
                 return None;
             }
@@ -576,7 +581,6 @@ impl Drop for InFlight {
             }
             s.open == 0
         };
-        self.track.changed.notify_one();
         if idle {
             self.track.pool.idle.notify_one();
         }
@@ -742,7 +746,8 @@ async fn serve_connection(
                     Body::new(TimedBody {
                         inner: body,
                         timeout,
-                        sleep: Box::pin(tokio::time::sleep(timeout)),
+                        sleep: None,
+                        stale: false,
                         flight: Some(flight.clone()),
                         receiving,
                         timed_out: false,
@@ -772,7 +777,13 @@ async fn serve_connection(
             track.reclaim.store(false, Ordering::Release);
             track.pool.idle.notify_one();
         }
-        let due = track.deadline();
+        // Sleeping at most one check period keeps the watcher off the request path: no wake-up per
+        // request, yet every deadline is met on time (see `Limits::check_every`).
+        let next_check = Instant::now() + track.pool.limits.check_every();
+        let due = match track.deadline() {
+            Some((at, reason)) if at < next_check => Some((at, reason)),
+            _ => Some((next_check, "check")),
+        };
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(err) = result {
@@ -919,7 +930,10 @@ impl AsyncWrite for WatchedIo {
 struct TimedBody {
     inner: Incoming,
     timeout: Duration,
-    sleep: Pin<Box<Sleep>>,
+    /// Made on the first wait only: most bodies arrive whole and never need a timer.
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// A frame arrived since the timer was set: restart it before the next wait.
+    stale: bool,
     flight: Option<Arc<InFlight>>,
     receiving: Option<Receiving>,
     timed_out: bool,
@@ -939,7 +953,7 @@ impl HttpBody for TimedBody {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                this.sleep.as_mut().reset(Instant::now() + this.timeout);
+                this.stale = true;
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(err))) => {
@@ -953,7 +967,14 @@ impl HttpBody for TimedBody {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                ready!(this.sleep.as_mut().poll(cx));
+                let deadline = Instant::now() + this.timeout;
+                let sleep = this
+                    .sleep
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if std::mem::take(&mut this.stale) {
+                    sleep.as_mut().reset(deadline);
+                }
+                ready!(sleep.as_mut().poll(cx));
                 this.timed_out = true;
                 if let Some(flight) = &this.flight {
                     flight.track.pool.metrics.closed("body_timeout");
