@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use reprise_client::sim::{self, SimConfig};
 use reprise_server::config::Config;
 use serde_json::Value;
@@ -429,6 +430,11 @@ async fn descriptor_exhaustion_does_not_stop_a_normal_request() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // This test process needs 400 descriptors for the flood, whatever its own soft limit.
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    if soft < 2048 && hard > soft {
+        setrlimit(Resource::RLIMIT_NOFILE, hard.min(4096), hard).expect("setrlimit");
+    }
     let mut idle = Vec::new();
     for _ in 0..400 {
         idle.push(
