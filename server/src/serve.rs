@@ -16,6 +16,11 @@
 //! Request heads are checked with httparse before hyper reads them: hyper answers a malformed,
 //! too long or too large head itself with an empty-bodied 400, 414 or 431, so the checks here
 //! are stricter than hyper's and answer first, in the OpenAI error shape.
+//!
+//! What these checks cannot see is left to hyper: after a pipelined request or a chunked body on a
+//! connection, where the next head starts is unknown, so that connection's bad heads get hyper's
+//! bare answers. HTTP/2 connections have no heads to check or time; the keep-alive timeout closes
+//! them when no stream is open.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
