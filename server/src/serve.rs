@@ -65,6 +65,8 @@ const MIN_DERIVED_CONNECTIONS: usize = 16;
 /// A connection must have been idle this long before it is closed to make room: a client that
 /// just connected or just got its answer is most likely about to send a request.
 const MIN_IDLE_TO_RECLAIM: Duration = Duration::from_millis(500);
+/// Idle connections closed at once when accepting runs out of descriptors.
+const EMFILE_RECLAIM: usize = 16;
 /// At most one warning per this interval for the connection limit and for accept errors.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 /// A head arriving in more reads than this (each ending a line) is refused: a trickle, not a client.
@@ -90,11 +92,21 @@ impl Limits {
 
     /// Takes the configured values; an unset `max_connections` is derived from the open-file limit.
     pub fn for_config(config: &Config) -> Self {
+        let nofile = open_file_limit();
+        let derived = derived_max_connections(nofile);
         let max_connections = match config.max_connections {
-            Some(n) => n,
+            Some(n) => {
+                if n > derived {
+                    tracing::warn!(
+                        open_file_limit = nofile,
+                        max_connections = n,
+                        "max_connections leaves too few descriptors for upstream sockets and the \
+                         store (at most {derived} would): accepting may fail under load"
+                    );
+                }
+                n
+            }
             None => {
-                let nofile = open_file_limit();
-                let derived = derived_max_connections(nofile);
                 tracing::info!(
                     open_file_limit = nofile,
                     max_connections = derived,
@@ -346,6 +358,15 @@ impl Pool {
         next_try
     }
 
+    /// Asks up to `n` connections idle long enough to close.
+    fn reclaim_many(&self, n: usize) {
+        let conns = lock(&self.conns);
+        for track in conns.values().filter(|t| t.reclaimable()).take(n) {
+            track.reclaim.store(true, Ordering::Release);
+            track.changed.notify_one();
+        }
+    }
+
     /// Accept errors other than a client giving up (descriptors or memory exhausted) repeat at
     /// once while the listener stays readable: log them rate-limited and pause briefly.
     async fn accept_failed(&self, err: io::Error) {
@@ -357,6 +378,15 @@ impl Pool {
         }
         if due(&self.last_accept_warning) {
             tracing::warn!(error = %err, "accepting a client connection failed; retrying");
+        }
+        // Out of descriptors (a --max-connections above what the open-file limit allows): free
+        // some held by idle connections, as nginx does, so that accepted requests can still open
+        // their upstream socket.
+        if matches!(
+            err.raw_os_error(),
+            Some(nix::libc::EMFILE | nix::libc::ENFILE)
+        ) {
+            self.reclaim_many(EMFILE_RECLAIM);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -392,6 +392,46 @@ async fn at_the_connection_limit_idle_connections_make_room_and_busy_ones_finish
 /// failed with EMFILE, silently) so that a normal request timed out.
 #[tokio::test]
 async fn descriptor_exhaustion_does_not_stop_a_normal_request() {
+    let log = flood_under_256_descriptors(&[]).await;
+    assert!(log.contains("max_connections=64"), "{log}");
+    assert!(log.contains("client connection limit reached"), "{log}");
+    // Rate-limited: one line for hundreds of waits.
+    assert_eq!(
+        log.matches("client connection limit reached").count(),
+        1,
+        "{log}"
+    );
+}
+
+/// With a connection cap above what the descriptors allow, accept fails with EMFILE: idle
+/// connections are then closed to free descriptors, and a normal request still gets through.
+#[tokio::test]
+async fn running_out_of_descriptors_frees_idle_connections() {
+    let log = flood_under_256_descriptors(&[
+        "--max-connections",
+        "10000",
+        "--client-header-timeout-ms",
+        "60000",
+    ])
+    .await;
+    assert!(
+        log.contains("max_connections leaves too few descriptors"),
+        "{log}"
+    );
+    assert!(
+        log.contains("accepting a client connection failed"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("accepting a client connection failed").count(),
+        1,
+        "{log}"
+    );
+}
+
+/// Runs the binary under `ulimit -n 256` with `args`, opens 400 idle sockets, checks that a chat
+/// request is answered, stops the gateway and returns its log.
+async fn flood_under_256_descriptors(args: &[&str]) -> String {
     let sim = sim_default().await;
     let data_dir = tempfile::tempdir().expect("tempdir");
     let log_path = data_dir.path().join("gateway.log");
@@ -411,6 +451,7 @@ async fn descriptor_exhaustion_does_not_stop_a_normal_request() {
         .arg("--data-dir")
         .arg(data_dir.path().join("data"))
         .args(["--semantic", "false"])
+        .args(args)
         .env_remove("REPRISE_MAX_CONNECTIONS")
         .env("RUST_LOG", "info")
         .stdout(log.try_clone().expect("log file"))
@@ -465,15 +506,7 @@ async fn descriptor_exhaustion_does_not_stop_a_normal_request() {
         .expect("join")
         .expect("wait");
     assert!(status.success(), "{status}");
-    let log = strip_ansi(&std::fs::read_to_string(&log_path).expect("log"));
-    assert!(log.contains("max_connections=64"), "{log}");
-    assert!(log.contains("client connection limit reached"), "{log}");
-    // Rate-limited: one line for hundreds of waits.
-    assert_eq!(
-        log.matches("client connection limit reached").count(),
-        1,
-        "{log}"
-    );
+    strip_ansi(&std::fs::read_to_string(&log_path).expect("log"))
 }
 
 /// The text log without its colour codes.
