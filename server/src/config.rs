@@ -106,6 +106,20 @@ pub struct ServeArgs {
     /// How long in-flight requests may run after SIGINT/SIGTERM, in ms [default: 10000].
     #[arg(long, env = "REPRISE_SHUTDOWN_GRACE_MS")]
     pub shutdown_grace_ms: Option<u64>,
+    /// Longest wait for a client's complete request head, from its first byte (or from accepting a
+    /// new connection), in ms; then the connection is closed [default: 10000].
+    #[arg(long, env = "REPRISE_CLIENT_HEADER_TIMEOUT_MS")]
+    pub client_header_timeout_ms: Option<u64>,
+    /// Longest silence between two pieces of a client's request body, in ms; then 408 [default: 30000].
+    #[arg(long, env = "REPRISE_CLIENT_BODY_TIMEOUT_MS")]
+    pub client_body_timeout_ms: Option<u64>,
+    /// How long an idle keep-alive client connection stays open, in ms [default: 75000].
+    #[arg(long, env = "REPRISE_KEEPALIVE_TIMEOUT_MS")]
+    pub keepalive_timeout_ms: Option<u64>,
+    /// Most client connections served at once; beyond it new ones wait and idle ones are closed
+    /// [default: (open-file limit - 128) / 2].
+    #[arg(long, env = "REPRISE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// How many recent requests `/admin/requests` keeps [default: 1000].
     #[arg(long, env = "REPRISE_REQUEST_LOG_SIZE")]
     pub request_log_size: Option<usize>,
@@ -172,6 +186,11 @@ pub struct Config {
     pub first_byte_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub shutdown_grace_ms: u64,
+    pub client_header_timeout_ms: u64,
+    pub client_body_timeout_ms: u64,
+    pub keepalive_timeout_ms: u64,
+    /// `None`: derived from the open-file limit at start (see [`crate::serve::Limits`]).
+    pub max_connections: Option<usize>,
     pub request_log_size: usize,
     pub default_ttl_s: u64,
     pub share_across_keys: bool,
@@ -217,6 +236,12 @@ impl Default for Config {
             first_byte_timeout_ms: 600_000,
             idle_timeout_ms: 120_000,
             shutdown_grace_ms: 10_000,
+            // nginx's and envoy's habits: a head takes milliseconds, so 10 s is generous; a body may
+            // pause; a keep-alive connection outlives the SDKs' own pool expiry (4-5 s) by far.
+            client_header_timeout_ms: 10_000,
+            client_body_timeout_ms: 30_000,
+            keepalive_timeout_ms: 75_000,
+            max_connections: None,
             request_log_size: 1000,
             default_ttl_s: 7 * 24 * 3600,
             share_across_keys: false,
@@ -297,6 +322,10 @@ impl Config {
             first_byte_timeout_ms,
             idle_timeout_ms,
             shutdown_grace_ms,
+            client_header_timeout_ms,
+            client_body_timeout_ms,
+            keepalive_timeout_ms,
+            max_connections,
             request_log_size,
             default_ttl_s,
             share_across_keys,
@@ -329,6 +358,12 @@ impl Config {
         set(&mut self.first_byte_timeout_ms, first_byte_timeout_ms);
         set(&mut self.idle_timeout_ms, idle_timeout_ms);
         set(&mut self.shutdown_grace_ms, shutdown_grace_ms);
+        set(&mut self.client_header_timeout_ms, client_header_timeout_ms);
+        set(&mut self.client_body_timeout_ms, client_body_timeout_ms);
+        set(&mut self.keepalive_timeout_ms, keepalive_timeout_ms);
+        if max_connections.is_some() {
+            self.max_connections = max_connections;
+        }
         set(&mut self.request_log_size, request_log_size);
         set(&mut self.default_ttl_s, default_ttl_s);
         set(&mut self.share_across_keys, share_across_keys);
@@ -401,6 +436,27 @@ impl Config {
                     reason: "must be greater than 0".into(),
                 });
             }
+        }
+        for (field, value) in [
+            ("client_header_timeout_ms", self.client_header_timeout_ms),
+            ("client_body_timeout_ms", self.client_body_timeout_ms),
+            ("keepalive_timeout_ms", self.keepalive_timeout_ms),
+        ] {
+            // A day is far beyond any sane client timeout, and keeps deadline arithmetic in range.
+            if value == 0 || value > MAX_CLIENT_TIMEOUT_MS {
+                return Err(ConfigError::Invalid {
+                    field,
+                    reason: format!("{value} is not between 1 and {MAX_CLIENT_TIMEOUT_MS} ms"),
+                });
+            }
+        }
+        if self.max_connections == Some(0) {
+            return Err(ConfigError::Invalid {
+                field: "max_connections",
+                reason:
+                    "must be greater than 0 (leave it unset to derive it from the open-file limit)"
+                        .into(),
+            });
         }
         if self.default_ttl_s > crate::policy::MAX_TTL_S {
             return Err(ConfigError::Invalid {
@@ -501,10 +557,25 @@ impl Config {
         Duration::from_millis(self.idle_timeout_ms)
     }
 
+    pub fn client_header_timeout(&self) -> Duration {
+        Duration::from_millis(self.client_header_timeout_ms)
+    }
+
+    pub fn client_body_timeout(&self) -> Duration {
+        Duration::from_millis(self.client_body_timeout_ms)
+    }
+
+    pub fn keepalive_timeout(&self) -> Duration {
+        Duration::from_millis(self.keepalive_timeout_ms)
+    }
+
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_millis(self.shutdown_grace_ms)
     }
 }
+
+/// The longest client-side timeout accepted: one day.
+const MAX_CLIENT_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
 
 fn set<T>(slot: &mut T, value: Option<T>) {
     if let Some(value) = value {
@@ -558,6 +629,40 @@ mod tests {
         };
         let err = Config::load(&args).expect_err("zero");
         assert!(err.to_string().contains("idle_timeout_ms"), "{err}");
+
+        for (args, field) in [
+            (
+                ServeArgs {
+                    client_header_timeout_ms: Some(0),
+                    ..ServeArgs::default()
+                },
+                "client_header_timeout_ms",
+            ),
+            (
+                ServeArgs {
+                    client_body_timeout_ms: Some(u64::MAX),
+                    ..ServeArgs::default()
+                },
+                "client_body_timeout_ms",
+            ),
+            (
+                ServeArgs {
+                    keepalive_timeout_ms: Some(0),
+                    ..ServeArgs::default()
+                },
+                "keepalive_timeout_ms",
+            ),
+            (
+                ServeArgs {
+                    max_connections: Some(0),
+                    ..ServeArgs::default()
+                },
+                "max_connections",
+            ),
+        ] {
+            let err = Config::load(&args).expect_err(field);
+            assert!(err.to_string().contains(field), "{err}");
+        }
     }
 
     #[test]

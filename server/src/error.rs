@@ -22,6 +22,15 @@ pub enum GatewayError {
     PayloadTooLarge { limit: usize },
     #[error("Content-Type must be application/json (got {got}).")]
     UnsupportedMediaType { got: String },
+    /// The client stopped sending its request body (see `client_body_timeout_ms`).
+    #[error("The request body stalled: no bytes arrived for {timeout_ms} ms.")]
+    RequestTimeout { timeout_ms: u64 },
+    #[error("The request target is longer than the gateway's limit of {limit} bytes.")]
+    UriTooLong { limit: usize },
+    #[error(
+        "The request's header section is too large: at most {max_fields} fields and {max_bytes} bytes."
+    )]
+    HeadersTooLarge { max_fields: usize, max_bytes: usize },
     /// The upstream could not be reached (DNS, connect, TLS).
     #[error("The upstream at {upstream} could not be reached.")]
     UpstreamUnreachable { upstream: String, detail: String },
@@ -90,6 +99,21 @@ impl GatewayError {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "invalid_request_error",
                 "unsupported_media_type",
+            ),
+            Self::RequestTimeout { .. } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                "request_timeout",
+            ),
+            Self::UriTooLong { .. } => (
+                StatusCode::URI_TOO_LONG,
+                "invalid_request_error",
+                "uri_too_long",
+            ),
+            Self::HeadersTooLarge { .. } => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "invalid_request_error",
+                "request_header_fields_too_large",
             ),
             Self::UpstreamUnreachable { .. } => (
                 StatusCode::BAD_GATEWAY,
@@ -206,6 +230,12 @@ impl IntoResponse for GatewayError {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        // The rest of a stalled body may still arrive: the connection cannot carry another request.
+        if matches!(self, Self::RequestTimeout { .. }) {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }

@@ -821,13 +821,28 @@ pub async fn passthrough(state: &AppState, request: Request, request_id: String)
         .client
         .request(method, upstream.url(below_v1, parts.uri.query()))
         .headers(upstream.outgoing_headers(&parts.headers, false));
+    // A client whose body stalls makes the upstream send fail: that is the client's 408, not an
+    // unreachable upstream.
+    let stalled = Arc::new(OnceLock::new());
     if has_body {
-        request = request.body(reqwest::Body::wrap_stream(body.into_data_stream()));
+        let seen = stalled.clone();
+        let stream = futures_util::TryStreamExt::inspect_err(body.into_data_stream(), move |err| {
+            if let Some(timeout) = crate::serve::BodyTimeout::in_chain(err) {
+                let _ = seen.set(timeout.timeout_ms);
+            }
+        });
+        request = request.body(reqwest::Body::wrap_stream(stream));
     }
     let deadline = tokio::time::Instant::now() + upstream.first_byte_timeout;
     let response = match upstream.send(request, deadline).await {
         Ok(r) => r,
-        Err(err) => return fail_before_response(state, meta, clock, err, &request_id),
+        Err(err) => {
+            let err = match stalled.get() {
+                Some(&timeout_ms) => GatewayError::RequestTimeout { timeout_ms },
+                None => err,
+            };
+            return fail_before_response(state, meta, clock, err, &request_id);
+        }
     };
     let now = Instant::now();
     clock.upstream_head = Some(now);

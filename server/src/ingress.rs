@@ -129,6 +129,10 @@ pub async fn read_limited(
     axum::body::to_bytes(body, limit).await.map_err(|err| {
         if is_length_limit(&err) {
             GatewayError::PayloadTooLarge { limit }
+        } else if let Some(stalled) = crate::serve::BodyTimeout::in_chain(&err) {
+            GatewayError::RequestTimeout {
+                timeout_ms: stalled.timeout_ms,
+            }
         } else {
             GatewayError::invalid(format!("Could not read the request body: {err}."), None)
         }

@@ -20,7 +20,8 @@
 //!    the store through the cache's writer thread, off the request path.
 //!
 //! Around them: [`config`] (layered settings), [`error`] (the one error enum and its OpenAI-shaped
-//! responses), [`admin`] (authenticated operator routes), and [`app`]/[`run`] here.
+//! responses), [`admin`] (authenticated operator routes), [`serve`] (connections: timeouts, the
+//! connection cap, refused request heads), and [`app`]/[`run`] here.
 
 pub mod admin;
 pub mod cache;
@@ -40,6 +41,7 @@ pub mod policy;
 pub mod record;
 pub mod replay;
 pub mod semantic;
+pub mod serve;
 pub mod sse;
 pub mod stats;
 pub mod store;
@@ -214,27 +216,27 @@ pub async fn run(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
     let token = state.shutdown.clone();
     let grace = state.config.shutdown_grace();
-    // Small SSE writes must leave at once, not wait on Nagle's algorithm.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let serve = axum::serve(listener, app(state.clone())).with_graceful_shutdown({
+    let limits = serve::Limits::for_config(&state.config);
+    let metrics = serve::ConnMetrics::new(&state.requests.stats);
+    let serve = serve::serve(listener, app(state.clone()), limits, metrics, token.clone());
+    let requested = {
         let token = token.clone();
         async move {
             shutdown.await;
             tracing::info!("shutdown requested: no new connections, finishing in-flight requests");
             token.cancel();
+            std::future::pending::<()>().await;
         }
-    });
+    };
     let bounded = async {
         token.cancelled().await;
         tokio::time::sleep(grace).await;
     };
     tokio::select! {
-        result = serve => result?,
+        () = serve => {}
+        () = requested => {}
         () = bounded => tracing::warn!(grace_ms = grace.as_millis() as u64, "grace period over: dropping in-flight requests"),
     }
     state.tasks.close();

@@ -245,6 +245,13 @@ impl Stats {
         stats
     }
 
+    /// Adds metrics kept elsewhere (the connection counters of [`crate::serve`]).
+    pub fn register(&self, collector: Box<dyn prometheus::core::Collector>) {
+        if let Err(err) = self.registry.register(collector) {
+            tracing::error!(error = %err, "registering a metric failed");
+        }
+    }
+
     /// Counts one finished request.
     pub fn observe(&self, record: &RequestRecord) {
         let cache = record.cache.as_str();

@@ -4,6 +4,7 @@
 mod admin;
 mod cache;
 mod common;
+mod conn;
 mod gateway;
 mod process;
 mod semantic;
