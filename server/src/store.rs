@@ -143,6 +143,9 @@ impl StoreError {
             }
             _ => return self,
         };
+        if is_lock_error(sled_error) {
+            return Self::Locked { path };
+        }
         match sled_error {
             sled::Error::Io(e) => match e.kind() {
                 ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => Self::Unwritable {
@@ -254,6 +257,13 @@ fn id_floor(meta: &sled::Tree) -> Result<u64, StoreError> {
         .unwrap_or(0))
 }
 
+/// True for sled's "could not acquire lock" error: sled reports the lock held elsewhere as an
+/// `Other` I/O error that carries the `WouldBlock` only in its message.
+fn is_lock_error(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock
+        || io.to_string().contains("could not acquire lock"))
+}
+
 /// Opens the sled database, waiting briefly for the lock: sled releases a closed database's file lock
 /// from its background flusher, a moment after the last handle is dropped (a restart in the same
 /// process, or a supervisor restarting the gateway at once, would otherwise fail).
@@ -265,10 +275,7 @@ fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
             .cache_capacity(128 * 1024 * 1024)
             .open()
         {
-            Err(sled::Error::Io(e))
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    && std::time::Instant::now() < deadline =>
-            {
+            Err(e) if is_lock_error(&e) && std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
             other => return Ok(other?),
@@ -1953,6 +1960,128 @@ mod tests {
         assert!(store.get_by_key(&key(7)).expect("by key").is_some());
         assert!(!staging.exists());
         assert!(!dir.path().join("rebuild.ready").exists());
+    }
+
+    /// A data dir with 40 entries (some chunked), flushed and closed.
+    fn filled_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        for n in 0..40 {
+            if n % 4 == 0 {
+                store.put(big_entry(n, 1_000, 9_000)).expect("put");
+            } else {
+                store.put(entry(n, 1_000, 60_000)).expect("put");
+            }
+        }
+        store.flush().expect("flush");
+        drop(store);
+        std::fs::create_dir(dir.path().join("index")).expect("index dir");
+        dir
+    }
+
+    fn snapshot_file(dir: &Path) -> Option<PathBuf> {
+        std::fs::read_dir(dir)
+            .expect("list")
+            .flatten()
+            .map(|i| i.path())
+            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("snap.")))
+            .max()
+    }
+
+    /// The ways the issue damaged a data dir, each applied to a fresh copy.
+    fn damage(kind: &str, dir: &Path) {
+        let db = dir.join("db");
+        match kind {
+            "truncated db" => {
+                let len = std::fs::metadata(&db).expect("db").len();
+                let f = std::fs::OpenOptions::new().write(true).open(&db).expect("open");
+                f.set_len(len / 3).expect("truncate");
+            }
+            "garbage conf" => std::fs::write(dir.join("conf"), b"\x00\xffgarbage\nsegment_size: banana\n").expect("write"),
+            "corrupt snapshot" => {
+                // Damage the newest snapshot; a store this small may not have written one yet, so
+                // plant one that sorts last (the newest), as a torn write would leave it.
+                let snap = snapshot_file(dir)
+                    .unwrap_or_else(|| dir.join("snap.0FFFFFFFFFFFFFFF"));
+                let mut bytes = std::fs::read(&snap).unwrap_or_else(|_| vec![7u8; 200]);
+                for b in bytes.iter_mut().take(64) {
+                    *b ^= 0x5a;
+                }
+                std::fs::write(&snap, bytes).expect("write");
+            }
+            "flipped bytes in db" => {
+                let mut bytes = std::fs::read(&db).expect("read");
+                let step = bytes.len() / 21;
+                for k in 1..=20 {
+                    bytes[k * step] ^= 0xff;
+                }
+                std::fs::write(&db, bytes).expect("write");
+            }
+            other => panic!("unknown damage {other}"),
+        }
+    }
+
+    #[test]
+    fn corrupt_store_is_moved_aside_and_an_empty_one_opened_unless_strict() {
+        for kind in ["truncated db", "garbage conf", "corrupt snapshot", "flipped bytes in db"] {
+            let dir = filled_dir();
+            damage(kind, dir.path());
+            let strict = SledStore::open_or_recover(dir.path(), true);
+            let detected = match &strict {
+                Ok(_) => false,
+                Err(e) => {
+                    assert!(e.is_corrupt(), "{kind}: strict open failed with {e}");
+                    true
+                }
+            };
+            drop(strict);
+            let (store, aside) =
+                SledStore::open_or_recover(dir.path(), false).expect("opens whatever the damage");
+            eprintln!("{kind}: detected {detected}, aside {aside:?}, {} entries kept", store.len());
+            assert_eq!(aside.is_some(), detected, "{kind}");
+            if let Some(aside) = aside {
+                assert_eq!(store.len(), 0, "{kind}: starts empty");
+                assert!(aside.starts_with(dir.path()));
+                assert!(aside.join("db").exists(), "{kind}: old files kept for inspection");
+                assert!(aside.join("index").exists(), "{kind}: the old index goes with them");
+            }
+            // Whatever survived is whole, and the store works.
+            assert_consistent(&store);
+            store.put(entry(99, 2_000, 60_000)).expect("put after recovery");
+            assert!(store.get_by_key(&key(99)).expect("by key").is_some());
+        }
+    }
+
+    #[test]
+    fn unusable_paths_fail_naming_the_cause_and_touch_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, b"user data").expect("write");
+        let err = SledStore::open_or_recover(&file, false).err().expect("not a directory");
+        assert!(matches!(err, StoreError::NotADirectory { .. }), "{err}");
+        assert!(err.to_string().contains("not a directory"), "{err}");
+        assert_eq!(std::fs::read(&file).expect("kept"), b"user data");
+
+        let under_file = file.join("data");
+        let err = SledStore::open_or_recover(&under_file, false).err().expect("under a file");
+        assert!(err.to_string().contains("not a directory"), "{err}");
+
+        let held = open(&dir.path().join("held"));
+        let err = SledStore::open_or_recover(&dir.path().join("held"), false)
+            .err()
+            .expect("locked");
+        assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+        assert!(err.to_string().contains("locked"), "{err}");
+        assert!(held.get_by_key(&key(1)).expect("still usable").is_none());
+        let listing: Vec<_> = std::fs::read_dir(dir.path().join("held"))
+            .expect("list")
+            .flatten()
+            .map(|i| i.file_name())
+            .collect();
+        assert!(
+            listing.iter().all(|n| !n.to_string_lossy().starts_with("corrupt-")),
+            "a locked store is not corrupt: {listing:?}"
+        );
     }
 
     /// Environment variable that turns [`crash_child_writer`] into the child of the crash test.
