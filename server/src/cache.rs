@@ -561,3 +561,87 @@ impl Drop for Recorder {
         self.land_failed();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+    use std::time::Duration;
+
+    /// A store whose flush never returns (until the test is long over): a write stuck in a
+    /// failing disk.
+    struct StuckStore;
+
+    impl Store for StuckStore {
+        fn get(&self, _: EntryId) -> Result<Option<Entry>, StoreError> {
+            Ok(None)
+        }
+        fn get_by_key(&self, _: &CacheKey) -> Result<Option<Entry>, StoreError> {
+            Ok(None)
+        }
+        fn put(&self, _: Entry) -> Result<EntryId, StoreError> {
+            Err(StoreError::Unavailable)
+        }
+        fn delete(&self, _: EntryId) -> Result<bool, StoreError> {
+            Ok(false)
+        }
+        fn touch(&self, _: EntryId, _: u64, _: &[HitEvent]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn list_newest(&self, _: Option<EntryId>, _: usize) -> Result<Vec<Entry>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn list(&self, _: Option<EntryId>, _: usize) -> Result<Vec<Entry>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn len(&self) -> usize {
+            0
+        }
+        fn bytes(&self) -> u64 {
+            0
+        }
+        fn sweep(&self, _: u64, _: usize, _: u64) -> Result<(usize, usize), StoreError> {
+            Ok((0, 0))
+        }
+        fn flush(&self) -> Result<(), StoreError> {
+            std::thread::sleep(Duration::from_secs(120));
+            Ok(())
+        }
+        fn clear(&self) -> Result<usize, StoreError> {
+            Ok(0)
+        }
+    }
+
+    fn settings() -> CacheSettings {
+        CacheSettings {
+            share_across_keys: false,
+            cache_length_finish: false,
+            complete_on_disconnect: false,
+            disconnect_budget_ms: 0,
+            max_entries: 10,
+            max_bytes: 1 << 20,
+            sweep_interval_ms: 3_600_000,
+        }
+    }
+
+    /// Before, `close` joined the writer thread without a deadline, so SIGTERM hung for as long
+    /// as a store write did (forever, on the full disk).
+    #[test]
+    fn close_gives_up_on_a_writer_stuck_in_the_store() {
+        let cache = Cache::new(Arc::new(StuckStore), None, settings());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let closed = cache.close(Duration::from_millis(300));
+            // Dropping the cache must not wait for the writer either.
+            drop(cache);
+            let _ = tx.send(closed);
+        });
+        let closed = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("close and drop returned while the store was stuck");
+        assert!(!closed, "close reports the writer it left behind");
+    }
+}

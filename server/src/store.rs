@@ -341,8 +341,9 @@ fn remove_unfinished_snapshots(dir: &Path) {
         let name = item.file_name();
         let name = name.to_string_lossy();
         if name.starts_with("snap.") && name.ends_with(".generating") {
+            // At debug: a degraded store retrying its open would repeat this every few seconds.
             match std::fs::remove_file(item.path()) {
-                Ok(()) => warn!(file = %item.path().display(), "removed an unfinished store snapshot"),
+                Ok(()) => debug!(file = %item.path().display(), "removed an unfinished store snapshot"),
                 Err(e) => warn!(file = %item.path().display(), error = %e, "cannot remove an unfinished store snapshot"),
             }
         }
@@ -353,7 +354,12 @@ impl SledStore {
     /// Opens (creating if needed) the data directory, brings its schema up to [`SCHEMA_VERSION`],
     /// and rebuilds the ledger with one scan, dropping unreadable entries and dangling index rows.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        Self::open_inner(dir).map_err(|e| e.classify(dir))
+        Self::open_inner(dir).map_err(|e| {
+            // sled may have started a snapshot it could not finish (a full disk): it would make
+            // the directory unopenable later, so it goes now rather than at the next open.
+            remove_unfinished_snapshots(dir);
+            e.classify(dir)
+        })
     }
 
     /// Opens the store like [`SledStore::open`], catching sled's panics on damaged files. A corrupt

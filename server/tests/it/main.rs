@@ -4,6 +4,7 @@
 mod admin;
 mod cache;
 mod common;
+mod disk;
 mod gateway;
 mod process;
 mod semantic;
