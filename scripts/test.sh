@@ -46,3 +46,10 @@ scripts/chromium.sh
   REPRISE_BIN_DIR="$OLDPWD/target/debug" REPRISE_MODELS_DIR="$OLDPWD/models" \
     REPRISE_ARTIFACTS_DIR="${REPRISE_ARTIFACTS_DIR:-$OLDPWD/target/artifacts}" node --test
 )
+
+# ---- kill -9 loss rate ----
+# The SIGKILL process test already ran above; run it again uncaptured to print the share of
+# completed answers that the kill lost (see README, "Durability and failure").
+echo "==> kill -9 loss rate (process test)"
+cargo test -p reprise-server --test it process::sigkill_while_writing -- --nocapture 2>&1 \
+  | grep -E "kill -9 loss|test result"

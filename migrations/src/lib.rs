@@ -326,7 +326,10 @@ mod tests {
             entries.get(3u64.to_be_bytes()).expect("get").as_deref(),
             Some(&b"short"[..])
         );
-        let record = entries.get(4u64.to_be_bytes()).expect("get").expect("record");
+        let record = entries
+            .get(4u64.to_be_bytes())
+            .expect("get")
+            .expect("record");
         assert_eq!(record.as_ref(), v2_record(&long, 4096).as_slice());
         let joined: Vec<u8> = chunks
             .scan_prefix(4u64.to_be_bytes())

@@ -325,7 +325,8 @@ fn move_aside(dir: &Path) -> Result<PathBuf, StoreError> {
         if name.to_string_lossy().starts_with("corrupt-") {
             continue;
         }
-        std::fs::rename(item.path(), aside.join(&name)).map_err(|e| io("moving", &item.path(), e))?;
+        std::fs::rename(item.path(), aside.join(&name))
+            .map_err(|e| io("moving", &item.path(), e))?;
     }
     Ok(aside)
 }
@@ -343,8 +344,12 @@ fn remove_unfinished_snapshots(dir: &Path) {
         if name.starts_with("snap.") && name.ends_with(".generating") {
             // At debug: a degraded store retrying its open would repeat this every few seconds.
             match std::fs::remove_file(item.path()) {
-                Ok(()) => debug!(file = %item.path().display(), "removed an unfinished store snapshot"),
-                Err(e) => warn!(file = %item.path().display(), error = %e, "cannot remove an unfinished store snapshot"),
+                Ok(()) => {
+                    debug!(file = %item.path().display(), "removed an unfinished store snapshot")
+                }
+                Err(e) => {
+                    warn!(file = %item.path().display(), error = %e, "cannot remove an unfinished store snapshot")
+                }
             }
         }
     }
@@ -1325,7 +1330,11 @@ mod tests {
         }
         assert_eq!(store.len(), len, "len counter");
         assert_eq!(store.bytes(), bytes, "bytes counter");
-        assert_eq!(store.chunks.len(), chunks, "every chunk belongs to an entry");
+        assert_eq!(
+            store.chunks.len(),
+            chunks,
+            "every chunk belongs to an entry"
+        );
         for item in store.entries.iter().chain(store.chunks.iter()) {
             let (_, value) = item.expect("iter");
             assert!(value.len() <= CHUNK, "a value sled would write as a blob");
@@ -1344,7 +1353,9 @@ mod tests {
     /// An entry whose answer is `size` bytes of text: its encoding is longer than a chunk.
     fn big_entry(n: u64, created_at_ms: u64, size: usize) -> Entry {
         let mut e = entry(n, created_at_ms, 1_000_000_000);
-        let text: String = (0..size).map(|i| (b'a' + ((i as u64 + n) % 26) as u8) as char).collect();
+        let text: String = (0..size)
+            .map(|i| (b'a' + ((i as u64 + n) % 26) as u8) as char)
+            .collect();
         e.body = json!({"choices": [{"message": {"content": text}}]});
         e
     }
@@ -1376,8 +1387,17 @@ mod tests {
         let big = store.put(big_entry(2, 1_000, 300_000)).expect("put");
         assert!(store.chunks.len() > 70, "{} chunks", store.chunks.len());
         let read = store.get(big).expect("get").expect("present");
-        assert_eq!(read, Entry { id: big, ..big_entry(2, 1_000, 300_000) });
-        assert_eq!(store.get_by_key(&key(2)).expect("by key").map(|e| e.id), Some(big));
+        assert_eq!(
+            read,
+            Entry {
+                id: big,
+                ..big_entry(2, 1_000, 300_000)
+            }
+        );
+        assert_eq!(
+            store.get_by_key(&key(2)).expect("by key").map(|e| e.id),
+            Some(big)
+        );
         // A touch rewrites the chunks; a replacement by a shorter answer removes them all.
         store.touch(big, 2, &hits(2, 5_000)).expect("touch");
         assert_eq!(store.get(big).expect("get").map(|e| e.hit_count), Some(2));
@@ -1893,7 +1913,10 @@ mod tests {
     fn opens_a_v1_data_dir_with_a_blob_and_reclaims_the_blob() {
         let dir = tempfile::tempdir().expect("tempdir");
         let v1_entry = |id: u64, e: Entry| {
-            let e = Entry { id: EntryId(id), ..e };
+            let e = Entry {
+                id: EntryId(id),
+                ..e
+            };
             (id, e.key.0, encode(&e).expect("encode"))
         };
         let rows = vec![
@@ -1905,16 +1928,25 @@ mod tests {
         // The index lives beside the store and must survive the rebuild untouched.
         std::fs::create_dir(dir.path().join("index")).expect("index dir");
         std::fs::write(dir.path().join("index/keep"), b"x").expect("index file");
-        assert!(blob_files(dir.path()) > 0, "the fixture must hold a blob file");
+        assert!(
+            blob_files(dir.path()) > 0,
+            "the fixture must hold a blob file"
+        );
 
         let store = open(dir.path());
         assert_eq!(blob_files(dir.path()), 0, "blob files reclaimed");
         assert!(!dir.path().join("rebuild.tmp").exists());
         assert!(!dir.path().join("rebuild.ready").exists());
-        assert_eq!(std::fs::read(dir.path().join("index/keep")).expect("kept"), b"x");
+        assert_eq!(
+            std::fs::read(dir.path().join("index/keep")).expect("kept"),
+            b"x"
+        );
         assert_eq!(store.len(), 3);
         for (n, id) in [(1, 3), (2, 5), (3, 6)] {
-            let found = store.get_by_key(&key(n)).expect("by key").expect("entry kept");
+            let found = store
+                .get_by_key(&key(n))
+                .expect("by key")
+                .expect("entry kept");
             assert_eq!(found.id, EntryId(id));
         }
         assert_eq!(
@@ -1990,7 +2022,10 @@ mod tests {
             .expect("list")
             .flatten()
             .map(|i| i.path())
-            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("snap.")))
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("snap."))
+            })
             .max()
     }
 
@@ -2000,15 +2035,20 @@ mod tests {
         match kind {
             "truncated db" => {
                 let len = std::fs::metadata(&db).expect("db").len();
-                let f = std::fs::OpenOptions::new().write(true).open(&db).expect("open");
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&db)
+                    .expect("open");
                 f.set_len(len / 3).expect("truncate");
             }
-            "garbage conf" => std::fs::write(dir.join("conf"), b"\x00\xffgarbage\nsegment_size: banana\n").expect("write"),
+            "garbage conf" => {
+                std::fs::write(dir.join("conf"), b"\x00\xffgarbage\nsegment_size: banana\n")
+                    .expect("write")
+            }
             "corrupt snapshot" => {
                 // Damage the newest snapshot; a store this small may not have written one yet, so
                 // plant one that sorts last (the newest), as a torn write would leave it.
-                let snap = snapshot_file(dir)
-                    .unwrap_or_else(|| dir.join("snap.0FFFFFFFFFFFFFFF"));
+                let snap = snapshot_file(dir).unwrap_or_else(|| dir.join("snap.0FFFFFFFFFFFFFFF"));
                 let mut bytes = std::fs::read(&snap).unwrap_or_else(|_| vec![7u8; 200]);
                 for b in bytes.iter_mut().take(64) {
                     *b ^= 0x5a;
@@ -2029,7 +2069,12 @@ mod tests {
 
     #[test]
     fn corrupt_store_is_moved_aside_and_an_empty_one_opened_unless_strict() {
-        for kind in ["truncated db", "garbage conf", "corrupt snapshot", "flipped bytes in db"] {
+        for kind in [
+            "truncated db",
+            "garbage conf",
+            "corrupt snapshot",
+            "flipped bytes in db",
+        ] {
             let dir = filled_dir();
             damage(kind, dir.path());
             let strict = SledStore::open_or_recover(dir.path(), true);
@@ -2043,17 +2088,28 @@ mod tests {
             drop(strict);
             let (store, aside) =
                 SledStore::open_or_recover(dir.path(), false).expect("opens whatever the damage");
-            eprintln!("{kind}: detected {detected}, aside {aside:?}, {} entries kept", store.len());
+            eprintln!(
+                "{kind}: detected {detected}, aside {aside:?}, {} entries kept",
+                store.len()
+            );
             assert_eq!(aside.is_some(), detected, "{kind}");
             if let Some(aside) = aside {
                 assert_eq!(store.len(), 0, "{kind}: starts empty");
                 assert!(aside.starts_with(dir.path()));
-                assert!(aside.join("db").exists(), "{kind}: old files kept for inspection");
-                assert!(aside.join("index").exists(), "{kind}: the old index goes with them");
+                assert!(
+                    aside.join("db").exists(),
+                    "{kind}: old files kept for inspection"
+                );
+                assert!(
+                    aside.join("index").exists(),
+                    "{kind}: the old index goes with them"
+                );
             }
             // Whatever survived is whole, and the store works.
             assert_consistent(&store);
-            store.put(entry(99, 2_000, 60_000)).expect("put after recovery");
+            store
+                .put(entry(99, 2_000, 60_000))
+                .expect("put after recovery");
             assert!(store.get_by_key(&key(99)).expect("by key").is_some());
         }
     }
@@ -2063,13 +2119,17 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("a-file");
         std::fs::write(&file, b"user data").expect("write");
-        let err = SledStore::open_or_recover(&file, false).err().expect("not a directory");
+        let err = SledStore::open_or_recover(&file, false)
+            .err()
+            .expect("not a directory");
         assert!(matches!(err, StoreError::NotADirectory { .. }), "{err}");
         assert!(err.to_string().contains("not a directory"), "{err}");
         assert_eq!(std::fs::read(&file).expect("kept"), b"user data");
 
         let under_file = file.join("data");
-        let err = SledStore::open_or_recover(&under_file, false).err().expect("under a file");
+        let err = SledStore::open_or_recover(&under_file, false)
+            .err()
+            .expect("under a file");
         assert!(err.to_string().contains("not a directory"), "{err}");
 
         let held = open(&dir.path().join("held"));
@@ -2085,7 +2145,9 @@ mod tests {
             .map(|i| i.file_name())
             .collect();
         assert!(
-            listing.iter().all(|n| !n.to_string_lossy().starts_with("corrupt-")),
+            listing
+                .iter()
+                .all(|n| !n.to_string_lossy().starts_with("corrupt-")),
             "a locked store is not corrupt: {listing:?}"
         );
     }

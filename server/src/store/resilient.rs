@@ -149,11 +149,7 @@ impl ResilientStore {
             state.attempted_at = Some(Instant::now());
         }
         // Readers see no store from here (a miss each); sled's file lock goes with the last handle.
-        let old = self
-            .inner
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let old = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
         drop(old);
         match SledStore::open(&self.dir) {
             Ok(store) => {
@@ -236,7 +232,10 @@ impl Store for ResilientStore {
         max_entries: usize,
         max_bytes: u64,
     ) -> Result<(usize, usize), StoreError> {
-        self.with(|| Err(refused()), |s| s.sweep(now_ms, max_entries, max_bytes))
+        self.with(
+            || Err(refused()),
+            |s| s.sweep(now_ms, max_entries, max_bytes),
+        )
     }
 
     fn flush(&self) -> Result<(), StoreError> {

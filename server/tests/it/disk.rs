@@ -39,7 +39,9 @@ struct Tmpfs {
 }
 
 impl Tmpfs {
-    fn mount(size: &str, read_only: bool) -> Self {
+    /// `None` (after saying why) when the mount is refused outside CI, e.g. root in a container
+    /// without the capability; under `CI` a refused mount fails the test.
+    fn mount(size: &str, read_only: bool) -> Option<Self> {
         let dir = tempfile::tempdir().expect("tempdir");
         let options = format!("size={size}{}", if read_only { ",ro" } else { "" });
         let status = Command::new("mount")
@@ -47,8 +49,15 @@ impl Tmpfs {
             .arg(dir.path())
             .status()
             .expect("run mount");
-        assert!(status.success(), "mount tmpfs failed");
-        Self { dir }
+        if status.success() {
+            return Some(Self { dir });
+        }
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "mount tmpfs failed under CI"
+        );
+        eprintln!("SKIPPED: cannot mount a tmpfs here (not in CI, so not a failure)");
+        None
     }
 
     fn path(&self) -> &Path {
@@ -58,7 +67,10 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }
 
@@ -267,7 +279,9 @@ async fn full_disk_degrades_to_pass_through_and_recovers() {
         return;
     }
     let sim = sim_long_answers().await;
-    let fs = Tmpfs::mount("6m", false);
+    let Some(fs) = Tmpfs::mount("6m", false) else {
+        return;
+    };
     let data = fs.path().join("data");
     let mut gw = Proc::start(&sim.base_url(), &data, &[]);
     gw.ready().await;
@@ -327,7 +341,10 @@ async fn full_disk_degrades_to_pass_through_and_recovers() {
         .map(|i| i.file_name().to_string_lossy().into_owned())
         .filter(|n| n.ends_with(".generating"))
         .collect();
-    assert!(leftovers.is_empty(), "unfinished snapshots left: {leftovers:?}");
+    assert!(
+        leftovers.is_empty(),
+        "unfinished snapshots left: {leftovers:?}"
+    );
     next.terminate(Duration::from_secs(15)).await;
 }
 
@@ -336,7 +353,12 @@ fn start_failure(data_dir: &Path, extra: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_reprise"))
         .arg("serve")
         .args(["--listen", &format!("127.0.0.1:{}", free_port())])
-        .args(["--upstream-url", "http://127.0.0.1:9/v1", "--semantic", "false"])
+        .args([
+            "--upstream-url",
+            "http://127.0.0.1:9/v1",
+            "--semantic",
+            "false",
+        ])
         .arg("--data-dir")
         .arg(data_dir)
         .args(extra)
@@ -375,7 +397,8 @@ async fn start_up_errors_name_their_cause() {
     {
         let mut gw = Proc::start(&sim.base_url(), &corrupt, &[]);
         gw.ready().await;
-        gw.until_hit("a stored answer", Duration::from_secs(10)).await;
+        gw.until_hit("a stored answer", Duration::from_secs(10))
+            .await;
         gw.terminate(Duration::from_secs(15)).await;
     }
     std::fs::write(corrupt.join("conf"), b"segment_size: banana\n").expect("damage");
@@ -392,19 +415,26 @@ async fn start_up_errors_name_their_cause() {
         .expect("list")
         .flatten()
         .map(|i| i.path())
-        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("corrupt-")))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("corrupt-"))
+        })
         .collect();
     assert_eq!(aside.len(), 1, "{log}");
-    assert!(aside[0].join("db").exists(), "old files kept for inspection");
+    assert!(
+        aside[0].join("db").exists(),
+        "old files kept for inspection"
+    );
     assert!(log.contains(&*aside[0].to_string_lossy()), "{log}");
     assert_eq!(gw.ask("a stored answer").await, (200, "miss".to_owned()));
     gw.terminate(Duration::from_secs(15)).await;
 
     // Unwritable: a read-only filesystem (root ignores file modes), or a read-only directory.
     if is_root() {
-        let ro = Tmpfs::mount("1m", true);
-        let stderr = start_failure(&ro.path().join("data"), &[]);
-        assert!(stderr.contains("not writable"), "{stderr}");
+        if let Some(ro) = Tmpfs::mount("1m", true) {
+            let stderr = start_failure(&ro.path().join("data"), &[]);
+            assert!(stderr.contains("not writable"), "{stderr}");
+        }
     } else {
         use std::os::unix::fs::PermissionsExt;
         let ro = dir.path().join("read-only");
