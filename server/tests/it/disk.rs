@@ -5,7 +5,7 @@
 //! skip and return.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use reprise_client::sim::{self, SimConfig, SimHandle};
