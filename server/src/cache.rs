@@ -402,6 +402,8 @@ fn writer_loop(
                 Ok(_) => {}
                 Err(err) => tracing::debug!(error = %err, "cache sweep failed"),
             }
+            // sled's log may hold far more than the live entries: rebuild it past its budget.
+            store.enforce_disk_budget(max_bytes);
             last_sweep = Instant::now();
             dirty = false;
         }

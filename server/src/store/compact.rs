@@ -1,5 +1,6 @@
 //! Rebuilds the store's sled database into a fresh one beside it, so that files sled no longer
-//! needs but never deleted (the `blobs/` of schema version 1) are reclaimed. It must never remove
+//! needs but never deleted (the `blobs/` of schema version 1), and log space its cleaner fell
+//! behind on (past [`super::disk_budget`]), are reclaimed. It must never remove
 //! the old files before the new copy is complete and durable, and must leave alone every file in
 //! the data directory that is not sled's (the vector index).
 //!
@@ -96,7 +97,7 @@ pub fn rebuild(dir: &Path, old: sled::Db) -> Result<sled::Db, StoreError> {
         dir = %dir.display(),
         bytes_before,
         bytes_after = db.size_on_disk().unwrap_or(0),
-        "rebuilt the store without its leftover blob files"
+        "rebuilt the store into a fresh file"
     );
     Ok(db)
 }

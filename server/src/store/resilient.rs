@@ -176,6 +176,40 @@ impl ResilientStore {
     }
 }
 
+impl ResilientStore {
+    /// Rebuilds the store into a fresh file when sled's files outgrew
+    /// [`super::disk_budget`]`(max_bytes)`. Lookups miss while it runs (about a second per
+    /// 100 MB of live entries); a failure degrades the store, and recovery reopens it.
+    pub fn enforce_disk_budget(&self, max_bytes: u64) -> bool {
+        let Some(store) = self.current() else {
+            return false;
+        };
+        let on_disk = store.size_on_disk();
+        if on_disk <= super::disk_budget(max_bytes) {
+            return false;
+        }
+        drop(store);
+        let old = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
+        drop(old);
+        match SledStore::open_compacted(&self.dir) {
+            Ok(store) => {
+                info!(
+                    before = on_disk,
+                    after = store.size_on_disk(),
+                    entries = store.len(),
+                    "rebuilt the cache store: its files had outgrown the disk budget"
+                );
+                *self.inner.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(store));
+                true
+            }
+            Err(e) => {
+                self.fail(&e);
+                false
+            }
+        }
+    }
+}
+
 /// Errors of the disk or of sled, as opposed to one unreadable entry or an unencodable one.
 fn is_storage_failure(e: &StoreError) -> bool {
     !matches!(e, StoreError::Corrupt { .. } | StoreError::Encode(_))
@@ -252,5 +286,9 @@ impl Store for ResilientStore {
 
     fn recover(&self) -> bool {
         ResilientStore::recover(self)
+    }
+
+    fn enforce_disk_budget(&self, max_bytes: u64) -> bool {
+        ResilientStore::enforce_disk_budget(self, max_bytes)
     }
 }
