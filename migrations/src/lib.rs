@@ -186,6 +186,39 @@ pub mod fixtures {
         db.flush()?;
         Ok(())
     }
+
+    /// Writes a version-2 data directory at `dir` holding `entries` as (id, exact key, raw encoded
+    /// value): values longer than 4096 bytes split into `chunks` behind a tag-2 record, and
+    /// `meta["id_floor"]` set to `id_floor` (a rebuilt directory's generator restarts at zero).
+    pub fn write_v2_data_dir(
+        dir: &Path,
+        entries: &[(u64, [u8; 32], Vec<u8>)],
+        id_floor: u64,
+    ) -> sled::Result<()> {
+        const CHUNK: usize = 4096;
+        let db = sled::open(dir)?;
+        let entry_tree = db.open_tree("entries")?;
+        let chunks = db.open_tree("chunks")?;
+        let exact = db.open_tree("exact")?;
+        let meta = db.open_tree("meta")?;
+        for (id, key, value) in entries {
+            if value.len() <= CHUNK {
+                entry_tree.insert(id.to_be_bytes(), value.as_slice())?;
+            } else {
+                for (n, piece) in value.chunks(CHUNK).enumerate() {
+                    let mut chunk_key = id.to_be_bytes().to_vec();
+                    chunk_key.extend_from_slice(&(n as u32).to_be_bytes());
+                    chunks.insert(chunk_key, piece)?;
+                }
+                entry_tree.insert(id.to_be_bytes(), super::v2_record(value, CHUNK))?;
+            }
+            exact.insert(key, &id.to_be_bytes()[..])?;
+        }
+        meta.insert("schema_version", &2u32.to_be_bytes()[..])?;
+        meta.insert("id_floor", &id_floor.to_be_bytes()[..])?;
+        db.flush()?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

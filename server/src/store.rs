@@ -1973,6 +1973,34 @@ mod tests {
         assert_consistent(&store);
     }
 
+    /// A directory as version 2 lays it out (a chunked entry, an id floor from a rebuild) opens
+    /// with every entry, and new ids start above the floor.
+    #[test]
+    fn opens_a_v2_data_dir() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let v2_entry = |id: u64, e: Entry| {
+            let e = Entry {
+                id: EntryId(id),
+                ..e
+            };
+            (id, e.key.0, encode(&e).expect("encode"))
+        };
+        let rows = vec![
+            v2_entry(1_001, entry(1, 1_000, 60_000)),
+            v2_entry(1_002, big_entry(2, 1_000, 30_000)),
+        ];
+        reprise_migrations::fixtures::write_v2_data_dir(dir.path(), &rows, 1_500)
+            .expect("write v2 dir");
+        let store = open(dir.path());
+        assert_eq!(store.len(), 2);
+        assert_eq!(
+            store.get_by_key(&key(2)).expect("by key").map(|e| e.body),
+            Some(big_entry(2, 1_000, 30_000).body)
+        );
+        assert!(store.put(entry(3, 2_000, 60_000)).expect("put") > EntryId(1_500));
+        assert_consistent(&store);
+    }
+
     /// A version-1 directory holding an entry above sled's blob threshold (so `blobs/` holds its
     /// file) opens as version 2: the entry is chunked, the blob file is gone, nothing is lost.
     #[test]
