@@ -109,9 +109,10 @@ fn open_store(config: &Config) -> Result<ResilientStore, StartError> {
     let dir = &config.data_dir;
     match SledStore::open_or_recover(dir, config.strict_store) {
         Ok((store, _moved_aside)) => Ok(ResilientStore::new(dir, store)),
-        Err(e) if e.is_corrupt() => Err(StartError::StrictStore(e)),
+        Err(e) if e.is_corrupt() && config.strict_store => Err(StartError::StrictStore(e)),
         Err(
-            e @ (StoreError::NotADirectory { .. }
+            e @ (StoreError::CorruptStore { .. }
+            | StoreError::NotADirectory { .. }
             | StoreError::Unwritable { .. }
             | StoreError::Locked { .. }
             | StoreError::Migration(store::MigrationError::Newer { .. })
