@@ -50,3 +50,10 @@ scripts/chromium.sh
 # --- Strict third-party upstream (aiohttp): the gateway must front a real, strict HTTP server. ---
 echo "==> Strict upstream tests (aiohttp)"
 REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/strict
+
+# ---- kill -9 loss rate ----
+# The SIGKILL process test already ran above; run it again uncaptured to print the share of
+# completed answers that the kill lost (see README, "Durability and failure").
+echo "==> kill -9 loss rate (process test)"
+cargo test -p reprise-server --test it process::sigkill_while_writing -- --nocapture 2>&1 \
+  | grep -E "kill -9 loss|test result"

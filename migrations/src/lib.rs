@@ -4,8 +4,10 @@
 
 use std::path::Path;
 
+use sled::Transactional;
+
 /// The schema version this build writes and reads.
-pub const CURRENT: u32 = 1;
+pub const CURRENT: u32 = 2;
 
 /// Where the version is recorded. These two names never change, whatever later versions do, because
 /// every release must be able to read the version of a directory written by any other.
@@ -19,6 +21,9 @@ pub mod layout {
     pub const ENTRIES: &str = "entries";
     /// Exact cache key (32 bytes) -> entry id (u64 big-endian).
     pub const EXACT: &str = "exact";
+    /// Entry id (u64 BE) ++ chunk number (u32 BE) -> one piece of an encoded entry too long to
+    /// keep in `entries` (version 2 on).
+    pub const CHUNKS: &str = "chunks";
     pub use super::META_TREE as META;
 }
 
@@ -42,7 +47,7 @@ pub type Step = fn(&sled::Db) -> Result<(), MigrationError>;
 
 /// Every step, in version order, from 1 up to [`CURRENT`] (a test checks that there is no gap).
 /// A step may be run again after a crash interrupted it, so each must be safe to repeat.
-pub static STEPS: &[(u32, Step)] = &[(1, v1)];
+pub static STEPS: &[(u32, Step)] = &[(1, v1), (2, v2)];
 
 /// Brings `db` up to [`CURRENT`] and returns the version it found.
 ///
@@ -109,6 +114,54 @@ fn v1(db: &sled::Db) -> Result<(), MigrationError> {
     Ok(())
 }
 
+/// Version 2: no value handed to sled is longer than 4096 bytes. sled 0.34 writes any page above
+/// a quarter of its 512 KiB segment as a file under `blobs/`, and those files were not reclaimed
+/// when the entry went, so disk use grew past `--max-bytes` without bound. A leaf page holds up to
+/// about 20 values, so 4 KiB values keep every page well below that threshold.
+///
+/// An encoded entry longer than 4096 bytes moves to the new tree `chunks`, keyed by id (u64 BE)
+/// ++ chunk number (u32 BE), 4096 bytes per chunk; `entries` then holds a 45-byte record
+/// `[tag 2][blake3 of the whole encoded entry: 32 bytes][its length: u64 BE][chunk count: u32 BE]`.
+/// Shorter entries stay as version 1 wrote them (tag 1). Each entry is rewritten in one
+/// transaction, and a chunked record (tag 2) is never rewritten again, so the step can repeat.
+fn v2(db: &sled::Db) -> Result<(), MigrationError> {
+    const CHUNK: usize = 4096;
+    let entries = db.open_tree("entries")?;
+    let chunks = db.open_tree("chunks")?;
+    for item in entries.iter() {
+        let (id, value) = item?;
+        if value.len() <= CHUNK {
+            continue;
+        }
+        let record = v2_record(&value, CHUNK);
+        (&entries, &chunks)
+            .transaction(|(entries, chunks)| {
+                for (n, piece) in value.chunks(CHUNK).enumerate() {
+                    let mut key = id.to_vec();
+                    key.extend_from_slice(&(n as u32).to_be_bytes());
+                    chunks.insert(key, piece)?;
+                }
+                entries.insert(&id, record.as_slice())?;
+                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| MigrationError::Step {
+                version: 2,
+                reason: format!("{e:?}"),
+            })?;
+    }
+    Ok(())
+}
+
+/// The version-2 `entries` record naming a value split into `chunk`-byte pieces.
+fn v2_record(value: &[u8], chunk: usize) -> Vec<u8> {
+    let mut record = Vec::with_capacity(45);
+    record.push(2);
+    record.extend_from_slice(blake3::hash(value).as_bytes());
+    record.extend_from_slice(&(value.len() as u64).to_be_bytes());
+    record.extend_from_slice(&(value.len().div_ceil(chunk) as u32).to_be_bytes());
+    record
+}
+
 /// Writers of data directories exactly as a past version laid them out, for tests that open them
 /// with the current code. Like the steps, they spell out their layout rather than use [`layout`].
 pub mod fixtures {
@@ -130,6 +183,39 @@ pub mod fixtures {
         let max_id = entries.iter().map(|(id, _, _)| *id).max().unwrap_or(0);
         // The store assigns `generate_id() + 1`, so the generator must have passed every stored id.
         while db.generate_id()? < max_id {}
+        db.flush()?;
+        Ok(())
+    }
+
+    /// Writes a version-2 data directory at `dir` holding `entries` as (id, exact key, raw encoded
+    /// value): values longer than 4096 bytes split into `chunks` behind a tag-2 record, and
+    /// `meta["id_floor"]` set to `id_floor` (a rebuilt directory's generator restarts at zero).
+    pub fn write_v2_data_dir(
+        dir: &Path,
+        entries: &[(u64, [u8; 32], Vec<u8>)],
+        id_floor: u64,
+    ) -> sled::Result<()> {
+        const CHUNK: usize = 4096;
+        let db = sled::open(dir)?;
+        let entry_tree = db.open_tree("entries")?;
+        let chunks = db.open_tree("chunks")?;
+        let exact = db.open_tree("exact")?;
+        let meta = db.open_tree("meta")?;
+        for (id, key, value) in entries {
+            if value.len() <= CHUNK {
+                entry_tree.insert(id.to_be_bytes(), value.as_slice())?;
+            } else {
+                for (n, piece) in value.chunks(CHUNK).enumerate() {
+                    let mut chunk_key = id.to_be_bytes().to_vec();
+                    chunk_key.extend_from_slice(&(n as u32).to_be_bytes());
+                    chunks.insert(chunk_key, piece)?;
+                }
+                entry_tree.insert(id.to_be_bytes(), super::v2_record(value, CHUNK))?;
+            }
+            exact.insert(key, &id.to_be_bytes()[..])?;
+        }
+        meta.insert("schema_version", &2u32.to_be_bytes()[..])?;
+        meta.insert("id_floor", &id_floor.to_be_bytes()[..])?;
         db.flush()?;
         Ok(())
     }
@@ -161,7 +247,7 @@ mod tests {
         assert_eq!(migrate(&db).expect("migrate"), CURRENT);
         assert_eq!(version(&db), Some(CURRENT));
         let names: Vec<Vec<u8>> = db.tree_names().iter().map(|n| n.to_vec()).collect();
-        for tree in [layout::ENTRIES, layout::EXACT, layout::META] {
+        for tree in [layout::ENTRIES, layout::EXACT, layout::CHUNKS, layout::META] {
             assert!(
                 names.contains(&tree.as_bytes().to_vec()),
                 "missing tree {tree}"
@@ -254,6 +340,40 @@ mod tests {
     }
 
     #[test]
+    fn v2_splits_long_values_into_chunks_and_can_repeat() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let long: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        fixtures::write_v1_data_dir(
+            dir.path(),
+            &[(3, [7; 32], b"short".to_vec()), (4, [8; 32], long.clone())],
+        )
+        .expect("write fixture");
+        let db = open(dir.path());
+        assert_eq!(migrate(&db).expect("migrate"), 1);
+        assert_eq!(version(&db), Some(2));
+        // Running the step again (a crash before the stamp) changes nothing.
+        v2(&db).expect("repeat");
+        let entries = db.open_tree("entries").expect("entries");
+        let chunks = db.open_tree("chunks").expect("chunks");
+        assert_eq!(
+            entries.get(3u64.to_be_bytes()).expect("get").as_deref(),
+            Some(&b"short"[..])
+        );
+        let record = entries
+            .get(4u64.to_be_bytes())
+            .expect("get")
+            .expect("record");
+        assert_eq!(record.as_ref(), v2_record(&long, 4096).as_slice());
+        let joined: Vec<u8> = chunks
+            .scan_prefix(4u64.to_be_bytes())
+            .values()
+            .flat_map(|v| v.expect("chunk").to_vec())
+            .collect();
+        assert_eq!(joined, long);
+        assert_eq!(chunks.len(), 3);
+    }
+
+    #[test]
     fn v1_fixture_is_a_v1_directory() {
         let dir = tempfile::tempdir().expect("tempdir");
         fixtures::write_v1_data_dir(dir.path(), &[(3, [7; 32], b"value".to_vec())])
@@ -272,5 +392,6 @@ mod tests {
         );
         assert!(db.generate_id().expect("id") >= 3);
         assert_eq!(migrate(&db).expect("migrate"), 1);
+        assert_eq!(version(&db), Some(CURRENT));
     }
 }

@@ -2,7 +2,9 @@
 //! concurrent identical misses, and recording (clean answers only, written off the request path).
 //!
 //! Writes and hit bookkeeping go through one writer thread, so a request never waits on the disk;
-//! shutdown drains it and flushes the store.
+//! shutdown drains it and flushes the store, waiting no longer than it is given: a write stuck in
+//! a failing disk must not hold the process (and the store's lock) past the grace period. While
+//! the store is degraded, the writer also tries to bring it back.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -109,6 +111,8 @@ pub struct Cache {
     pub settings: CacheSettings,
     writer: Mutex<Option<std::sync::mpsc::Sender<WriteOp>>>,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Disconnects when the writer thread ends, so stopping it can wait with a deadline.
+    writer_done: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     inflight: Mutex<HashMap<CacheKey, Arc<Flight>>>,
     aliases: Mutex<Aliases>,
 }
@@ -146,9 +150,14 @@ impl Cache {
             settings.max_bytes,
             settings.sweep_interval_ms,
         );
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("reprise-writer".into())
-            .spawn(move || writer_loop(writer_store, writer_index, rx, sweep))
+            .spawn(move || {
+                // Dropped when the loop ends, however it ends.
+                let _done = done_tx;
+                writer_loop(writer_store, writer_index, rx, sweep);
+            })
             .ok();
         Arc::new(Self {
             store,
@@ -156,6 +165,7 @@ impl Cache {
             settings,
             writer: Mutex::new(Some(tx)),
             writer_thread: Mutex::new(thread),
+            writer_done: Mutex::new(Some(done_rx)),
             inflight: Mutex::new(HashMap::new()),
             aliases: Mutex::new(Aliases::default()),
         })
@@ -172,8 +182,9 @@ impl Cache {
         let entry = match self.store.get_by_key(key) {
             Ok(found) => found?,
             Err(err) => {
-                // Fail open: a store error is a miss, never an error to the client.
-                tracing::warn!(error = %err, "cache lookup failed; treating as a miss");
+                // Fail open: a store error is a miss, never an error to the client. The store logs
+                // its own failures once; one line per request would flood the log.
+                tracing::debug!(error = %err, "cache lookup failed; treating as a miss");
                 return None;
             }
         };
@@ -280,26 +291,50 @@ impl Cache {
         let _ = rx.recv_timeout(std::time::Duration::from_secs(30));
     }
 
-    /// Drains pending writes and flushes the store (shutdown).
-    pub fn close(&self) {
+    /// Drains pending writes and flushes the store (shutdown), waiting at most `within`. Returns
+    /// false when the writer did not finish in time (stuck on the disk): it is then left behind,
+    /// and the process can exit without it.
+    pub fn close(&self, within: std::time::Duration) -> bool {
+        let deadline = Instant::now() + within;
         let (tx, rx) = std::sync::mpsc::channel();
         self.send(WriteOp::Flush(tx));
-        let _ = rx.recv_timeout(std::time::Duration::from_secs(30));
+        let _ = rx.recv_timeout(within);
+        self.stop_writer(deadline.saturating_duration_since(Instant::now()))
+    }
+
+    /// Ends the writer thread (it applies what is queued and flushes first); false if it has not
+    /// ended within `within`.
+    fn stop_writer(&self, within: std::time::Duration) -> bool {
         lock(&self.writer).take();
-        if let Some(thread) = lock(&self.writer_thread).take() {
-            let _ = thread.join();
+        let Some(done) = lock(&self.writer_done).take() else {
+            return true;
+        };
+        match done.recv_timeout(within) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                tracing::warn!(
+                    "the cache writer did not finish in time (a store write is stuck): exiting \
+                     without it; writes still queued are lost"
+                );
+                false
+            }
+            _ => {
+                if let Some(thread) = lock(&self.writer_thread).take() {
+                    let _ = thread.join();
+                }
+                true
+            }
         }
     }
 }
+
+/// How long a cache dropped without `close` waits for its writer.
+const DROP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Drop for Cache {
     fn drop(&mut self) {
         // A cache dropped without `close` (a test, an early exit) still stops its writer, which
         // would otherwise keep the store, and its file lock, alive.
-        lock(&self.writer).take();
-        if let Some(thread) = lock(&self.writer_thread).take() {
-            let _ = thread.join();
-        }
+        self.stop_writer(DROP_WAIT);
     }
 }
 
@@ -325,7 +360,8 @@ fn writer_loop(
                             index.insert(id.0, partition, &vector);
                         }
                     }
-                    Err(err) => tracing::warn!(error = %err, "storing a cache entry failed"),
+                    // At debug: a failing store logs its state once, not once per answer.
+                    Err(err) => tracing::debug!(error = %err, "storing a cache entry failed"),
                 }
                 dirty = true;
             }
@@ -341,7 +377,7 @@ fn writer_loop(
             Ok(WriteOp::Flush(done)) => {
                 apply_touches(store.as_ref(), &mut touches);
                 if let Err(err) = store.flush() {
-                    tracing::warn!(error = %err, "flushing the store failed");
+                    tracing::debug!(error = %err, "flushing the store failed");
                 }
                 let _ = done.send(());
             }
@@ -352,6 +388,10 @@ fn writer_loop(
                 return;
             }
         }
+        // Degraded (its disk failed): try to reopen it, busy or not; the store rate-limits this.
+        if store.degraded().is_some() {
+            store.recover();
+        }
         // Hit counts are batched; TTL expiry and caps are enforced in the same quiet moments.
         if last_sweep.elapsed() >= interval || dirty && store.len() > max_entries {
             apply_touches(store.as_ref(), &mut touches);
@@ -360,8 +400,10 @@ fn writer_loop(
                     tracing::debug!(expired, evicted, "cache sweep");
                 }
                 Ok(_) => {}
-                Err(err) => tracing::warn!(error = %err, "cache sweep failed"),
+                Err(err) => tracing::debug!(error = %err, "cache sweep failed"),
             }
+            // sled's log may hold far more than the live entries: rebuild it past its budget.
+            store.enforce_disk_budget(max_bytes);
             last_sweep = Instant::now();
             dirty = false;
         }
@@ -519,5 +561,89 @@ impl Drop for Recorder {
     fn drop(&mut self) {
         // A recorder dropped without a verdict (a panic, a cancelled task) must not strand followers.
         self.land_failed();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+    use std::time::Duration;
+
+    /// A store whose flush never returns (until the test is long over): a write stuck in a
+    /// failing disk.
+    struct StuckStore;
+
+    impl Store for StuckStore {
+        fn get(&self, _: EntryId) -> Result<Option<Entry>, StoreError> {
+            Ok(None)
+        }
+        fn get_by_key(&self, _: &CacheKey) -> Result<Option<Entry>, StoreError> {
+            Ok(None)
+        }
+        fn put(&self, _: Entry) -> Result<EntryId, StoreError> {
+            Err(StoreError::Unavailable)
+        }
+        fn delete(&self, _: EntryId) -> Result<bool, StoreError> {
+            Ok(false)
+        }
+        fn touch(&self, _: EntryId, _: u64, _: &[HitEvent]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn list_newest(&self, _: Option<EntryId>, _: usize) -> Result<Vec<Entry>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn list(&self, _: Option<EntryId>, _: usize) -> Result<Vec<Entry>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn len(&self) -> usize {
+            0
+        }
+        fn bytes(&self) -> u64 {
+            0
+        }
+        fn sweep(&self, _: u64, _: usize, _: u64) -> Result<(usize, usize), StoreError> {
+            Ok((0, 0))
+        }
+        fn flush(&self) -> Result<(), StoreError> {
+            std::thread::sleep(Duration::from_secs(120));
+            Ok(())
+        }
+        fn clear(&self) -> Result<usize, StoreError> {
+            Ok(0)
+        }
+    }
+
+    fn settings() -> CacheSettings {
+        CacheSettings {
+            share_across_keys: false,
+            cache_length_finish: false,
+            complete_on_disconnect: false,
+            disconnect_budget_ms: 0,
+            max_entries: 10,
+            max_bytes: 1 << 20,
+            sweep_interval_ms: 3_600_000,
+        }
+    }
+
+    /// Before, `close` joined the writer thread without a deadline, so SIGTERM hung for as long
+    /// as a store write did (forever, on the issue's full disk).
+    #[test]
+    fn close_gives_up_on_a_writer_stuck_in_the_store() {
+        let cache = Cache::new(Arc::new(StuckStore), None, settings());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let closed = cache.close(Duration::from_millis(300));
+            // Dropping the cache must not wait for the writer either.
+            drop(cache);
+            let _ = tx.send(closed);
+        });
+        let closed = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("close and drop returned while the store was stuck");
+        assert!(!closed, "close reports the writer it left behind");
     }
 }

@@ -85,6 +85,9 @@ pub struct ServeArgs {
     /// Folder for the cache store [default: ./reprise-data].
     #[arg(long, env = "REPRISE_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Refuse to start on a corrupt store instead of moving it aside and starting empty [default: false].
+    #[arg(long, env = "REPRISE_STRICT_STORE", num_args = 0..=1, default_missing_value = "true")]
+    pub strict_store: Option<bool>,
     /// Bearer token for `/admin/*`; without one the admin routes are disabled.
     #[arg(long, env = "REPRISE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
@@ -179,6 +182,8 @@ pub struct Config {
     pub upstream_url: String,
     pub upstream_api_key: Option<Secret>,
     pub data_dir: PathBuf,
+    /// Refuse to start on a corrupt store (else it is moved aside and the cache starts empty).
+    pub strict_store: bool,
     pub admin_token: Option<Secret>,
     pub log_format: LogFormat,
     pub max_body_bytes: usize,
@@ -227,6 +232,7 @@ impl Default for Config {
             upstream_url: "https://api.openai.com/v1".to_owned(),
             upstream_api_key: None,
             data_dir: PathBuf::from("./reprise-data"),
+            strict_store: false,
             admin_token: None,
             log_format: LogFormat::Text,
             max_body_bytes: 8 * 1024 * 1024,
@@ -315,6 +321,7 @@ impl Config {
             upstream_url,
             upstream_api_key,
             data_dir,
+            strict_store,
             admin_token,
             log_format,
             max_body_bytes,
@@ -349,6 +356,7 @@ impl Config {
             self.upstream_api_key = Some(Secret::new(key));
         }
         set(&mut self.data_dir, data_dir);
+        set(&mut self.strict_store, strict_store);
         if let Some(token) = admin_token {
             self.admin_token = Some(Secret::new(token));
         }

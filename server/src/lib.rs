@@ -69,7 +69,7 @@ use crate::index::VectorIndex;
 use crate::ingress::Route;
 use crate::record::RequestLog;
 use crate::semantic::Semantic;
-use crate::store::{SledStore, Store};
+use crate::store::{ResilientStore, SledStore, Store, StoreError};
 
 /// Shared state of the gateway: cheap to clone, one `Arc` per part.
 #[derive(Clone)]
@@ -90,15 +90,48 @@ pub struct AppState {
     pub shutdown: CancellationToken,
 }
 
+/// Why the gateway could not start, worded for the operator who reads it on stderr.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot open the cache store: {0}")]
+    Store(StoreError),
+    #[error(
+        "cannot open the cache store: {0}; refusing to start because --strict-store is set \
+         (move the data directory aside, or start without --strict-store to do that automatically)"
+    )]
+    StrictStore(StoreError),
+    #[error("cannot set up the upstream client: {0}")]
+    Upstream(String),
+}
+
+/// Opens the store in `config.data_dir`. A corrupt store is moved aside (unless `strict_store`),
+/// and a disk that is full or failing starts the gateway degraded (answering, not caching) rather
+/// than not at all. A path that is not a directory, cannot be written or is locked stops the start.
+fn open_store(config: &Config) -> Result<ResilientStore, StartError> {
+    let dir = &config.data_dir;
+    match SledStore::open_or_recover(dir, config.strict_store) {
+        Ok((store, _moved_aside)) => Ok(ResilientStore::new(dir, store)),
+        Err(e) if e.is_corrupt() && config.strict_store => Err(StartError::StrictStore(e)),
+        Err(
+            e @ (StoreError::CorruptStore { .. }
+            | StoreError::NotADirectory { .. }
+            | StoreError::Unwritable { .. }
+            | StoreError::Locked { .. }
+            | StoreError::Migration(store::MigrationError::Newer { .. })
+            | StoreError::CreateDir { .. }),
+        ) => Err(StartError::Store(e)),
+        // A full or failing disk may recover: serve meanwhile, and let the writer retry.
+        Err(e) => {
+            tracing::error!(error = %e, "CACHE STORE UNAVAILABLE at start: serving without caching until it opens");
+            Ok(ResilientStore::unavailable(dir, &e))
+        }
+    }
+}
+
 impl AppState {
     /// Opens the store in the configured data dir (running its migrations) and builds the state.
-    pub fn new(config: Config) -> Result<Self, GatewayError> {
-        let store: Arc<dyn Store> =
-            Arc::new(
-                SledStore::open(&config.data_dir).map_err(|e| GatewayError::Internal {
-                    detail: format!("opening the store in {}: {e}", config.data_dir.display()),
-                })?,
-            );
+    pub fn new(config: Config) -> Result<Self, StartError> {
+        let store: Arc<dyn Store> = Arc::new(open_store(&config)?);
         let (semantic, semantic_disabled) = match Semantic::start(&config, store.as_ref()) {
             semantic::Status::Ready(s) => (Some(s), None),
             semantic::Status::Disabled(why) => {
@@ -115,8 +148,12 @@ impl AppState {
         if let Some(s) = &semantic {
             s.embedder.observe_batches(requests.stats.embed_observer());
         }
+        let upstream = Upstream::new(&config).map_err(|e| match e {
+            GatewayError::Internal { detail } => StartError::Upstream(detail),
+            other => StartError::Upstream(other.to_string()),
+        })?;
         Ok(Self {
-            upstream: Arc::new(Upstream::new(&config)?),
+            upstream: Arc::new(upstream),
             requests,
             cache: Cache::new(store, index, config.cache_settings()),
             live: Arc::new(live::Live::new(config.clone())),
@@ -191,11 +228,18 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
         }),
         (None, why) => json!({"status": "disabled", "detail": why.as_deref()}),
     };
+    // Degraded still answers (every request passes through), so this stays a 200: a probe that
+    // restarted the gateway would not bring the disk back.
+    let degraded = state.cache.store.degraded();
     Json(json!({
-        "status": "ok",
+        "status": if degraded.is_some() { "degraded" } else { "ok" },
         "version": env!("CARGO_PKG_VERSION"),
         "upstream": state.upstream.base_url(),
         "mode": if state.semantic.is_some() { "semantic" } else { "exact-only" },
+        "store": match &degraded {
+            None => json!({"status": "ok"}),
+            Some(d) => json!({"status": "degraded", "reason": d.reason, "since_ms": d.since_ms, "failures": d.failures}),
+        },
         "entries": state.cache.store.len(),
         "semantic": semantic,
         "admin": state.config.admin_token.is_some(),
@@ -247,16 +291,23 @@ pub async fn run(
         tracing::warn!("background tasks still running at exit");
     }
     // Pending cache writes land, and the store is flushed, before `run` returns; then the vector
-    // index is saved so the next start can load it instead of rebuilding.
+    // index is saved so the next start can load it instead of rebuilding. A failing disk can stall
+    // either: shutdown then goes on without them after the grace period, and the process exit
+    // releases the store's lock so a replacement can start.
     let cache = state.cache.clone();
     let semantic = state.semantic.clone();
-    let _ = tokio::task::spawn_blocking(move || {
-        cache.close();
+    let closing = tokio::task::spawn_blocking(move || {
+        cache.close(grace);
         if let Some(s) = semantic {
             s.stop();
         }
-    })
-    .await;
+    });
+    if tokio::time::timeout(grace, closing).await.is_err() {
+        tracing::warn!(
+            grace_ms = grace.as_millis() as u64,
+            "the store did not close within the grace period: exiting without it"
+        );
+    }
     Ok(())
 }
 

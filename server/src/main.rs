@@ -33,14 +33,18 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(config)) {
+    let code = match runtime.block_on(serve(config)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err}");
             eprintln!("reprise: {err}");
             std::process::ExitCode::FAILURE
         }
-    }
+    };
+    // Dropping a runtime waits for every blocking task; one stuck on a failing disk must not keep
+    // the process (and the store's lock) alive: `run` has already waited its grace period.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    code
 }
 
 async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {

@@ -4,16 +4,29 @@
 //! hand out a corrupt or half-written entry, and must never hold its writer lock for more than one
 //! small batch of sled writes: every put and delete shares that lock with eviction.
 //!
-//! On disk (schema version 1, laid out by `reprise-migrations`):
-//! - `entries`: entry id as u64 big-endian (so iteration is in id order) -> encoded entry;
+//! On disk (schema version 2, laid out by `reprise-migrations`):
+//! - `entries`: entry id as u64 big-endian (so iteration is in id order) -> encoded entry, or the
+//!   record of a chunked one;
+//! - `chunks`: entry id (u64 BE) ++ chunk number (u32 BE) -> up to [`CHUNK`] bytes of an encoded
+//!   entry longer than [`CHUNK`];
 //! - `exact`: 32-byte [`CacheKey`] -> entry id as u64 big-endian;
 //! - `meta`: `schema_version` -> u32 big-endian.
 //!
 //! An encoded entry is `[format tag = 1][blake3 of the payload: 32 bytes][payload]`, the payload
-//! being the serde_json of the [`Entry`].
-//! An entry and its index row are written and removed in one sled transaction, which sled recovers
-//! atomically after a crash, so no index row can name a missing entry unless the entry was found
-//! corrupt and dropped; readers treat such a row as absent and remove it.
+//! being the serde_json of the [`Entry`]. One longer than [`CHUNK`] is kept in `chunks`, and its
+//! `entries` value is `[tag = 2][blake3 of the encoded entry: 32][its length: u64 BE][chunk count:
+//! u32 BE]`. No value handed to sled is longer than [`CHUNK`]: sled 0.34 writes a page above a
+//! quarter of its segment as a file under `blobs/` that it does not reliably delete, and a leaf page
+//! holds about 20 values, so small values keep every page inline, where `--max-bytes` governs it.
+//! An entry, its chunks and its index row are written and removed in one sled transaction, which
+//! sled recovers atomically after a crash, so no index row can name a missing entry unless the
+//! entry was found corrupt and dropped; readers treat such a row as absent and remove it.
+//!
+//! At open, a data directory whose `blobs/` holds files (written by an older version, or left
+//! behind by sled) is rebuilt: every tree is copied into a fresh database beside it, which then
+//! replaces the old files (see [`compact`]); an interrupted rebuild is finished or discarded at
+//! the next open. While serving, the same rebuild runs when sled's files outgrow
+//! [`disk_budget`] (see [`ResilientStore::enforce_disk_budget`]).
 //!
 //! Beside sled, an in-memory ledger holds the id, key, expiry, recency and size of every entry,
 //! built by one scan at open. It makes `len`/`bytes` O(1) and lets `sweep` find expired entries and
@@ -37,12 +50,28 @@ use crate::key::CacheKey;
 use reprise_migrations::layout;
 pub use reprise_migrations::MigrationError;
 
+mod compact;
+mod resilient;
+
+pub use resilient::{Degraded, ResilientStore};
+
+/// `meta` key of the number added to sled's id generator (u64 BE, absent = 0): a rebuilt database
+/// starts its generator at zero, and entry ids must never be reused.
+const ID_FLOOR_KEY: &str = "id_floor";
+
 /// The data-directory schema version this build reads and writes.
 pub const SCHEMA_VERSION: u32 = reprise_migrations::CURRENT;
 
 /// Format tag of an encoded entry: serde_json payload with a blake3 checksum.
 const FORMAT_JSON: u8 = 1;
 const HEADER_LEN: usize = 1 + blake3::OUT_LEN;
+/// Longest value handed to sled; a longer encoded entry is split into chunks of this size.
+pub const CHUNK: usize = 4096;
+/// Tag of the `entries` record that stands for a chunked entry.
+const FORMAT_CHUNKED: u8 = 2;
+const CHUNKED_RECORD_LEN: usize = 1 + blake3::OUT_LEN + 8 + 4;
+/// Reads of a chunked entry retried when a writer replaced it mid-read.
+const READ_ATTEMPTS: usize = 3;
 /// Entries compared per eviction: Redis-style approximate LRU, close to exact LRU at a fixed cost.
 const EVICTION_SAMPLE: usize = 16;
 /// Entries removed per locked step of `sweep`, so that puts wait at most one small batch.
@@ -66,6 +95,91 @@ pub enum StoreError {
     },
     #[error("cannot encode entry: {0}")]
     Encode(#[from] serde_json::Error),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("data directory {} exists and is not a directory", path.display())]
+    NotADirectory { path: PathBuf },
+    #[error("data directory {} is not writable: {source}", path.display())]
+    Unwritable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "data directory {} is locked by another process (is another Reprise running on it?)",
+        path.display()
+    )]
+    Locked { path: PathBuf },
+    #[error("no space left on the disk of data directory {}: {source}", path.display())]
+    Full {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the cache store in {} is corrupt: {reason}", path.display())]
+    CorruptStore { path: PathBuf, reason: String },
+    #[error("the cache store is unavailable (degraded) and not caching")]
+    Unavailable,
+}
+
+impl StoreError {
+    /// Gives an error from opening the store in `dir` a cause a reader can act on.
+    fn classify(self, dir: &Path) -> Self {
+        use std::io::ErrorKind;
+        let path = dir.to_owned();
+        let sled_error = match &self {
+            Self::Sled(e) | Self::Migration(MigrationError::Sled(e)) => e,
+            Self::Migration(MigrationError::BadVersion { .. }) => {
+                return Self::CorruptStore {
+                    path,
+                    reason: self.to_string(),
+                }
+            }
+            Self::Io { source, .. } if source.kind() == ErrorKind::StorageFull => {
+                return Self::Full {
+                    path,
+                    source: std::io::Error::new(source.kind(), source.to_string()),
+                }
+            }
+            _ => return self,
+        };
+        if is_lock_error(sled_error) {
+            return Self::Locked { path };
+        }
+        match sled_error {
+            sled::Error::Io(e) => match e.kind() {
+                ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => Self::Unwritable {
+                    path,
+                    source: std::io::Error::new(e.kind(), e.to_string()),
+                },
+                ErrorKind::WouldBlock => Self::Locked { path },
+                ErrorKind::StorageFull | ErrorKind::QuotaExceeded => Self::Full {
+                    path,
+                    source: std::io::Error::new(e.kind(), e.to_string()),
+                },
+                ErrorKind::NotADirectory => Self::NotADirectory { path },
+                ErrorKind::InvalidData | ErrorKind::UnexpectedEof => Self::CorruptStore {
+                    path,
+                    reason: e.to_string(),
+                },
+                _ => self,
+            },
+            sled::Error::Corruption { .. }
+            | sled::Error::ReportableBug(_)
+            | sled::Error::Unsupported(_) => Self::CorruptStore {
+                path,
+                reason: sled_error.to_string(),
+            },
+            sled::Error::CollectionNotFound(_) => self,
+        }
+    }
+
+    /// True when the store's files cannot be read as a store: moving them aside may help, unlike
+    /// a permission, a lock, a full disk or a newer schema.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, Self::CorruptStore { .. })
+    }
 }
 
 /// Storage of cache entries. Blocking: call it on blocking threads, never inside a handler's poll.
@@ -107,12 +221,35 @@ pub trait Store: Send + Sync + 'static {
     fn flush(&self) -> Result<(), StoreError>;
     /// Removes every entry; returns how many there were.
     fn clear(&self) -> Result<usize, StoreError>;
+    /// Why the store is not caching (its disk failed), if it is not.
+    fn degraded(&self) -> Option<Degraded> {
+        None
+    }
+    /// Tries to bring a degraded store back (blocking, rate-limited); true when it is healthy.
+    fn recover(&self) -> bool {
+        true
+    }
+    /// Rebuilds the store when its files take more than [`disk_budget`]`(max_bytes)`; true if
+    /// it did. Blocking; called by the cache's writer thread after a sweep.
+    fn enforce_disk_budget(&self, _max_bytes: u64) -> bool {
+        false
+    }
+}
+
+/// The most the store's files may take before they are rebuilt for a cap of `max_bytes`: sled
+/// cleans a log segment only once less than half of it is live and only in its flusher's spare
+/// time, so under a steady stream of long answers its file grew to 20x the live data and more.
+/// A rebuild copies the live data (at most `max_bytes`) into a fresh file, so the data dir stays
+/// within `disk_budget(max_bytes) + max_bytes` plus a few segments.
+pub fn disk_budget(max_bytes: u64) -> u64 {
+    max_bytes.saturating_mul(3).saturating_add(32 << 20)
 }
 
 /// The embedded store: one sled database in the data directory.
 pub struct SledStore {
     db: sled::Db,
     entries: sled::Tree,
+    chunks: sled::Tree,
     exact: sled::Tree,
     /// Taken by every write, so the ledger always mirrors sled; readers never take it.
     ledger: Mutex<Ledger>,
@@ -122,6 +259,24 @@ pub struct SledStore {
     /// Copies of the ledger's totals, for lock-free `len`/`bytes`.
     len: AtomicUsize,
     bytes: AtomicU64,
+    /// Added to sled's id generator (see [`ID_FLOOR_KEY`]).
+    id_floor: u64,
+}
+
+/// The id floor recorded in `meta`.
+fn id_floor(meta: &sled::Tree) -> Result<u64, StoreError> {
+    Ok(meta
+        .get(ID_FLOOR_KEY)?
+        .as_deref()
+        .and_then(parse_id)
+        .unwrap_or(0))
+}
+
+/// True for sled's "could not acquire lock" error: sled reports the lock held elsewhere as an
+/// `Other` I/O error that carries the `WouldBlock` only in its message.
+fn is_lock_error(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock
+        || io.to_string().contains("could not acquire lock"))
 }
 
 /// Opens the sled database, waiting briefly for the lock: sled releases a closed database's file lock
@@ -135,13 +290,82 @@ fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
             .cache_capacity(128 * 1024 * 1024)
             .open()
         {
-            Err(sled::Error::Io(e))
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    && std::time::Instant::now() < deadline =>
-            {
+            Err(e) if is_lock_error(&e) && std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
             other => return Ok(other?),
+        }
+    }
+}
+
+/// [`SledStore::open`], with a panic inside sled (it asserts on some damaged files) reported as a
+/// corrupt store instead of unwinding through start-up.
+fn open_catching_panics(dir: &Path) -> Result<SledStore, StoreError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| SledStore::open(dir))) {
+        Ok(result) => result,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".to_owned());
+            Err(StoreError::CorruptStore {
+                path: dir.to_owned(),
+                reason: format!("sled panicked reading it: {what}"),
+            })
+        }
+    }
+}
+
+/// Moves everything in `dir` except earlier `corrupt-*` folders into a new `corrupt-<unix
+/// seconds>` folder inside it (the vector index too: it names entries of the old store).
+fn move_aside(dir: &Path) -> Result<PathBuf, StoreError> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut aside = dir.join(format!("corrupt-{secs}"));
+    let mut n = 1;
+    while aside.exists() {
+        aside = dir.join(format!("corrupt-{secs}-{n}"));
+        n += 1;
+    }
+    let io = |what: &str, path: &Path, source| StoreError::Io {
+        what: format!("{what} {}", path.display()),
+        source,
+    };
+    std::fs::create_dir(&aside).map_err(|e| io("creating", &aside, e))?;
+    for item in std::fs::read_dir(dir).map_err(|e| io("listing", dir, e))? {
+        let item = item.map_err(|e| io("listing", dir, e))?;
+        let name = item.file_name();
+        if name.to_string_lossy().starts_with("corrupt-") {
+            continue;
+        }
+        std::fs::rename(item.path(), aside.join(&name))
+            .map_err(|e| io("moving", &item.path(), e))?;
+    }
+    Ok(aside)
+}
+
+/// Deletes `snap.*.generating` files: sled writes a snapshot under that name and renames it when
+/// complete, so one left behind (a crash, a full disk) is always unfinished, yet sled would pick it
+/// as the newest snapshot and refuse to open the directory.
+fn remove_unfinished_snapshots(dir: &Path) {
+    let Ok(listing) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for item in listing.flatten() {
+        let name = item.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            // At debug: a degraded store retrying its open would repeat this every few seconds.
+            match std::fs::remove_file(item.path()) {
+                Ok(()) => {
+                    debug!(file = %item.path().display(), "removed an unfinished store snapshot")
+                }
+                Err(e) => {
+                    warn!(file = %item.path().display(), error = %e, "cannot remove an unfinished store snapshot")
+                }
+            }
         }
     }
 }
@@ -150,11 +374,77 @@ impl SledStore {
     /// Opens (creating if needed) the data directory, brings its schema up to [`SCHEMA_VERSION`],
     /// and rebuilds the ledger with one scan, dropping unreadable entries and dangling index rows.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
-            path: dir.to_owned(),
-            source,
+        Self::open_inner(dir).map_err(|e| {
+            // sled may have started a snapshot it could not finish (a full disk): it would make
+            // the directory unopenable later, so it goes now rather than at the next open.
+            remove_unfinished_snapshots(dir);
+            e.classify(dir)
+        })
+    }
+
+    /// Opens the store like [`SledStore::open`], catching sled's panics on damaged files. A corrupt
+    /// store is moved aside into `<dir>/corrupt-<unix seconds>/` (kept for inspection) and an empty
+    /// one is opened in its place, unless `strict`. Returns the store and where the old files went.
+    pub fn open_or_recover(
+        dir: &Path,
+        strict: bool,
+    ) -> Result<(Self, Option<PathBuf>), StoreError> {
+        let err = match open_catching_panics(dir) {
+            Ok(store) => return Ok((store, None)),
+            Err(err) => err,
+        };
+        if strict || !err.is_corrupt() {
+            return Err(err);
+        }
+        let aside = move_aside(dir)?;
+        error!(
+            dir = %dir.display(),
+            moved_to = %aside.display(),
+            error = %err,
+            "CACHE STORE CORRUPT: moved its files aside for inspection; starting with an empty cache"
+        );
+        Ok((open_catching_panics(dir)?, Some(aside)))
+    }
+
+    /// Bytes sled's files take on disk (its log file and any blob files).
+    pub fn size_on_disk(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
+    }
+
+    /// Opens the store in `dir` rebuilt into a fresh file (see [`compact`]), dropping the space
+    /// sled's log has not cleaned. The caller must have closed every other handle on `dir`.
+    pub fn open_compacted(dir: &Path) -> Result<Self, StoreError> {
+        Self::open_with(dir, true).map_err(|e| e.classify(dir))
+    }
+
+    fn open_inner(dir: &Path) -> Result<Self, StoreError> {
+        Self::open_with(dir, false)
+    }
+
+    fn open_with(dir: &Path, rebuild: bool) -> Result<Self, StoreError> {
+        if dir.exists() && !dir.is_dir() {
+            return Err(StoreError::NotADirectory {
+                path: dir.to_owned(),
+            });
+        }
+        std::fs::create_dir_all(dir).map_err(|source| match source.kind() {
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+                StoreError::Unwritable {
+                    path: dir.to_owned(),
+                    source,
+                }
+            }
+            std::io::ErrorKind::NotADirectory => StoreError::NotADirectory {
+                path: dir.to_owned(),
+            },
+            _ => StoreError::CreateDir {
+                path: dir.to_owned(),
+                source,
+            },
         })?;
-        let db = open_db(dir)?;
+        remove_unfinished_snapshots(dir);
+        compact::finish_or_discard(dir)?;
+        let mut db = open_db(dir)?;
         let found = reprise_migrations::migrate(&db)?;
         if found != SCHEMA_VERSION {
             info!(
@@ -163,9 +453,14 @@ impl SledStore {
                 "upgraded data directory schema"
             );
         }
+        if rebuild || compact::has_blobs(dir) {
+            db = compact::rebuild(dir, db)?;
+        }
         let entries = db.open_tree(layout::ENTRIES)?;
+        let chunks = db.open_tree(layout::CHUNKS)?;
         let exact = db.open_tree(layout::EXACT)?;
-        let ledger = load_ledger(&entries, &exact)?;
+        let id_floor = id_floor(&db.open_tree(layout::META)?)?;
+        let ledger = load_ledger(&entries, &chunks, &exact)?;
         info!(
             dir = %dir.display(),
             entries = ledger.slots.len(),
@@ -175,9 +470,11 @@ impl SledStore {
         Ok(Self {
             db,
             entries,
+            chunks,
             exact,
             len: AtomicUsize::new(ledger.slots.len()),
             bytes: AtomicU64::new(ledger.bytes),
+            id_floor,
             ledger: Mutex::new(ledger),
             quarantine: Mutex::new(HashSet::new()),
         })
@@ -213,7 +510,7 @@ impl SledStore {
             let Some(id) = parse_id(&raw_id) else {
                 continue;
             };
-            if let Some(entry) = self.decode_or_quarantine(EntryId(id), &raw) {
+            if let Some(entry) = self.read_entry(EntryId(id), raw)? {
                 out.push(entry);
                 if out.len() == limit {
                     break;
@@ -241,6 +538,20 @@ impl SledStore {
         }
     }
 
+    /// The entry that the `entries` record `raw` stands for: decoded in place, or joined from its
+    /// chunks first. Unreadable entries are quarantined and read as absent.
+    fn read_entry(&self, id: EntryId, raw: sled::IVec) -> Result<Option<Entry>, StoreError> {
+        Ok(match resolve(&self.entries, &self.chunks, id.0, raw)? {
+            Resolved::Value(value) => self.decode_or_quarantine(id, &value),
+            Resolved::Gone => None,
+            Resolved::Corrupt(reason) => {
+                warn!(%id, reason, "unreadable cache entry read as absent; next sweep deletes it");
+                self.lock_quarantine().insert(id.0);
+                None
+            }
+        })
+    }
+
     /// Removes `ids` (entries and the index rows that still name them) in one transaction, then
     /// from the ledger. Returns how many entries were actually on disk.
     fn remove_locked(&self, ledger: &mut Ledger, ids: &[u64]) -> Result<usize, StoreError> {
@@ -252,12 +563,12 @@ impl SledStore {
             .iter()
             .map(|&id| (id, ledger.get(id).map(|slot| slot.key)))
             .collect();
-        let removed = (&self.entries, &self.exact)
-            .transaction(|(entries, exact)| -> TxResult<usize> {
+        let removed = (&self.entries, &self.chunks, &self.exact)
+            .transaction(|(entries, chunks, exact)| -> TxResult<usize> {
                 let mut removed = 0;
                 for (id, key) in &targets {
                     let id_bytes = id.to_be_bytes();
-                    if entries.remove(&id_bytes[..])?.is_some() {
+                    if remove_value(entries, chunks, *id)? {
                         removed += 1;
                     }
                     if let Some(key) = key {
@@ -283,7 +594,7 @@ impl Store for SledStore {
         let Some(raw) = self.entries.get(id.0.to_be_bytes())? else {
             return Ok(None);
         };
-        Ok(self.decode_or_quarantine(id, &raw))
+        self.read_entry(id, raw)
     }
 
     fn get_by_key(&self, key: &CacheKey) -> Result<Option<Entry>, StoreError> {
@@ -314,9 +625,7 @@ impl Store for SledStore {
                 }
                 continue;
             };
-            return Ok(self
-                .decode_or_quarantine(id, &raw)
-                .filter(|entry| entry.key == *key));
+            return Ok(self.read_entry(id, raw)?.filter(|entry| entry.key == *key));
         }
         Ok(None)
     }
@@ -325,7 +634,10 @@ impl Store for SledStore {
         loop {
             // sled persists its id generator, so ids are unique across restarts and never reused;
             // +1 keeps 0 free to mean "none" wherever an id is packed into an integer.
-            let id = self.db.generate_id()?.saturating_add(1);
+            let id = self
+                .id_floor
+                .saturating_add(self.db.generate_id()?)
+                .saturating_add(1);
             entry.id = EntryId(id);
             // Encode before taking the lock: every writer queues behind it.
             let value = encode(&entry)?;
@@ -337,14 +649,14 @@ impl Store for SledStore {
                 continue;
             }
             let id_bytes = id.to_be_bytes();
-            let replaced = (&self.entries, &self.exact)
-                .transaction(|(entries, exact)| -> TxResult<Option<u64>> {
+            let replaced = (&self.entries, &self.chunks, &self.exact)
+                .transaction(|(entries, chunks, exact)| -> TxResult<Option<u64>> {
                     let old = exact.insert(&entry.key.0[..], &id_bytes[..])?;
                     let old_id = old.as_deref().and_then(parse_id);
                     if let Some(old_id) = old_id {
-                        entries.remove(&old_id.to_be_bytes()[..])?;
+                        remove_value(entries, chunks, old_id)?;
                     }
-                    entries.insert(&id_bytes[..], value.as_slice())?;
+                    write_value(entries, chunks, id, &value)?;
                     Ok(old_id)
                 })
                 .map_err(storage_error)?;
@@ -376,7 +688,7 @@ impl Store for SledStore {
         let Some(raw) = self.entries.get(id_bytes)? else {
             return Ok(());
         };
-        let Some(mut entry) = self.decode_or_quarantine(id, &raw) else {
+        let Some(mut entry) = self.read_entry(id, raw)? else {
             return Ok(());
         };
         entry.hit_count = entry.hit_count.saturating_add(hits);
@@ -388,7 +700,12 @@ impl Store for SledStore {
         entry.hit_history.drain(..excess);
         let value = encode(&entry)?;
         let slot = Slot::new(&entry, value.len());
-        self.entries.insert(id_bytes, value)?;
+        (&self.entries, &self.chunks)
+            .transaction(|(entries, chunks)| -> TxResult<()> {
+                remove_value(entries, chunks, id.0)?;
+                write_value(entries, chunks, id.0, &value)
+            })
+            .map_err(storage_error)?;
         ledger.insert(slot);
         self.publish(&ledger);
         Ok(())
@@ -480,6 +797,7 @@ impl Store for SledStore {
         // Entries first: a crash in between leaves index rows naming nothing, which reads treat as
         // absent and remove; the other order would leave entries no key can reach.
         self.entries.clear()?;
+        self.chunks.clear()?;
         self.exact.clear()?;
         *ledger = Ledger::new();
         self.publish(&ledger);
@@ -507,6 +825,159 @@ fn storage_error(e: TransactionError<Infallible>) -> StoreError {
 
 fn parse_id(raw: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(raw.try_into().ok()?))
+}
+
+/// Key of chunk `n` of entry `id`: chunks of one entry are contiguous and in order.
+fn chunk_key(id: u64, n: u32) -> [u8; 12] {
+    let mut key = [0u8; 12];
+    key[..8].copy_from_slice(&id.to_be_bytes());
+    key[8..].copy_from_slice(&n.to_be_bytes());
+    key
+}
+
+/// The `entries` record of a chunked entry.
+struct ChunkedRecord {
+    hash: [u8; blake3::OUT_LEN],
+    len: u64,
+    count: u32,
+}
+
+impl ChunkedRecord {
+    fn of(value: &[u8]) -> Self {
+        Self {
+            hash: *blake3::hash(value).as_bytes(),
+            len: value.len() as u64,
+            count: value.len().div_ceil(CHUNK) as u32,
+        }
+    }
+
+    fn parse(raw: &[u8]) -> Option<Self> {
+        if raw.len() != CHUNKED_RECORD_LEN || raw[0] != FORMAT_CHUNKED {
+            return None;
+        }
+        let (hash, rest) = raw[1..].split_at(blake3::OUT_LEN);
+        let (len, count) = rest.split_at(8);
+        Some(Self {
+            hash: hash.try_into().ok()?,
+            len: u64::from_be_bytes(len.try_into().ok()?),
+            count: u32::from_be_bytes(count.try_into().ok()?),
+        })
+    }
+
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(CHUNKED_RECORD_LEN);
+        out.push(FORMAT_CHUNKED);
+        out.extend_from_slice(&self.hash);
+        out.extend_from_slice(&self.len.to_be_bytes());
+        out.extend_from_slice(&self.count.to_be_bytes());
+        out
+    }
+}
+
+/// Writes encoded entry `value` as entry `id`: in `entries` when it fits in [`CHUNK`] bytes, else
+/// as chunks plus a record. The caller removes any older value of `id` first.
+fn write_value(
+    entries: &sled::transaction::TransactionalTree,
+    chunks: &sled::transaction::TransactionalTree,
+    id: u64,
+    value: &[u8],
+) -> TxResult<()> {
+    let id_bytes = id.to_be_bytes();
+    if value.len() <= CHUNK {
+        entries.insert(&id_bytes[..], value)?;
+        return Ok(());
+    }
+    for (n, piece) in value.chunks(CHUNK).enumerate() {
+        chunks.insert(&chunk_key(id, n as u32)[..], piece)?;
+    }
+    entries.insert(&id_bytes[..], ChunkedRecord::of(value).to_bytes())?;
+    Ok(())
+}
+
+/// Removes entry `id` and its chunks; false when there was no such entry.
+fn remove_value(
+    entries: &sled::transaction::TransactionalTree,
+    chunks: &sled::transaction::TransactionalTree,
+    id: u64,
+) -> TxResult<bool> {
+    let Some(old) = entries.remove(&id.to_be_bytes()[..])? else {
+        return Ok(false);
+    };
+    if let Some(record) = ChunkedRecord::parse(&old) {
+        for n in 0..record.count {
+            chunks.remove(&chunk_key(id, n)[..])?;
+        }
+    }
+    Ok(true)
+}
+
+/// What an `entries` record stands for.
+enum Resolved {
+    /// The encoded entry.
+    Value(Vec<u8>),
+    /// Deleted while it was being read.
+    Gone,
+    /// Its chunks are missing or do not match its record.
+    Corrupt(String),
+}
+
+/// Joins and checks the chunks of a chunked record; an inline record is its own value. A writer
+/// may replace the entry between reading the record and reading its chunks, so a mismatch counts
+/// as corruption only when the record is still the one that was read.
+fn resolve(
+    entries: &sled::Tree,
+    chunks: &sled::Tree,
+    id: u64,
+    mut raw: sled::IVec,
+) -> Result<Resolved, StoreError> {
+    for _ in 0..READ_ATTEMPTS {
+        let Some(record) = ChunkedRecord::parse(&raw) else {
+            return Ok(Resolved::Value(raw.to_vec()));
+        };
+        let why = match join_chunks(chunks, id, &record)? {
+            Ok(value) => return Ok(Resolved::Value(value)),
+            Err(why) => why,
+        };
+        match entries.get(id.to_be_bytes())? {
+            None => return Ok(Resolved::Gone),
+            Some(now) if now == raw => return Ok(Resolved::Corrupt(why)),
+            Some(now) => raw = now,
+        }
+    }
+    // Rewritten on every attempt: busy, not corrupt.
+    Ok(Resolved::Gone)
+}
+
+/// The chunks of `record`, joined, or why they do not add up to it.
+fn join_chunks(
+    chunks: &sled::Tree,
+    id: u64,
+    record: &ChunkedRecord,
+) -> Result<Result<Vec<u8>, String>, StoreError> {
+    let Ok(len) = usize::try_from(record.len) else {
+        return Ok(Err(format!("chunked length {} too large", record.len)));
+    };
+    let mut value = Vec::with_capacity(len.min(1 << 30));
+    let mut n = 0u32;
+    for item in chunks.range(chunk_key(id, 0)..=chunk_key(id, u32::MAX)) {
+        let (key, piece) = item?;
+        if key[..] != chunk_key(id, n)[..] {
+            return Ok(Err(format!("chunk {n} missing")));
+        }
+        value.extend_from_slice(&piece);
+        n += 1;
+    }
+    if n != record.count || value.len() != len {
+        return Ok(Err(format!(
+            "{n} chunks of {} bytes, the record says {} of {len}",
+            value.len(),
+            record.count
+        )));
+    }
+    if blake3::hash(&value).as_bytes() != &record.hash {
+        return Ok(Err("chunk checksum mismatch".to_owned()));
+    }
+    Ok(Ok(value))
 }
 
 fn encode(entry: &Entry) -> Result<Vec<u8>, StoreError> {
@@ -564,11 +1035,27 @@ struct EntryHead {
 
 /// Scans both trees once: a ledger of every readable entry; unreadable entries and index rows that
 /// do not name a readable entry of their key are deleted.
-fn load_ledger(entries: &sled::Tree, exact: &sled::Tree) -> Result<Ledger, StoreError> {
+fn load_ledger(
+    entries: &sled::Tree,
+    chunks: &sled::Tree,
+    exact: &sled::Tree,
+) -> Result<Ledger, StoreError> {
     let mut ledger = Ledger::new();
     let mut unreadable = Vec::new();
     for item in entries.iter() {
-        let (raw_id, raw) = item?;
+        let (raw_id, record) = item?;
+        let raw = match parse_id(&raw_id).map(|id| resolve(entries, chunks, id, record)) {
+            Some(Ok(Resolved::Value(raw))) => raw,
+            Some(Ok(Resolved::Gone)) => continue,
+            Some(Ok(Resolved::Corrupt(reason))) => {
+                warn!(reason, "deleting unreadable cache entry");
+                unreadable.push(raw_id);
+                continue;
+            }
+            Some(Err(e)) => return Err(e),
+            // An id of the wrong length; reported below.
+            None => Vec::new(),
+        };
         let head =
             parse_id(&raw_id)
                 .ok_or_else(|| StoreError::Corrupt {
@@ -605,6 +1092,23 @@ fn load_ledger(entries: &sled::Tree, exact: &sled::Tree) -> Result<Ledger, Store
     }
     for raw_id in unreadable {
         entries.remove(raw_id)?;
+    }
+    // Chunks no readable entry owns (their entry was unreadable, or a crash undid what a failed
+    // write left half-done).
+    let mut orphans = 0usize;
+    for key in chunks.iter().keys() {
+        let key = key?;
+        let owned = key
+            .get(..8)
+            .and_then(parse_id)
+            .is_some_and(|id| ledger.get(id).is_some());
+        if !owned {
+            chunks.remove(key)?;
+            orphans += 1;
+        }
+    }
+    if orphans > 0 {
+        warn!(orphans, "deleted chunks that no readable entry owns");
     }
     let mut dangling = 0usize;
     for item in exact.iter() {
@@ -829,17 +1333,40 @@ mod tests {
         SledStore::open(dir).expect("open store")
     }
 
+    /// The most the data dir may take for a given `max_bytes`, as the README states it: the
+    /// rebuild budget, plus the live copy a rebuild writes beside the old file, plus a few segments.
+    fn disk_bound(max_bytes: u64) -> u64 {
+        disk_budget(max_bytes) + max_bytes + 4_000_000
+    }
+
     /// The counters agree with what is on disk, and every index row names an entry of its key.
     fn assert_consistent(store: &SledStore) {
         let mut len = 0;
         let mut bytes = 0;
+        let mut chunks = 0;
         for item in store.entries.iter() {
-            let (_, raw) = item.expect("iter");
+            let (raw_id, raw) = item.expect("iter");
+            let id = parse_id(&raw_id).expect("8-byte id");
+            chunks += ChunkedRecord::parse(&raw).map_or(0, |r| r.count as usize);
+            let Resolved::Value(value) =
+                resolve(&store.entries, &store.chunks, id, raw).expect("resolve")
+            else {
+                panic!("entry {id} does not resolve");
+            };
             len += 1;
-            bytes += raw.len() as u64;
+            bytes += value.len() as u64;
         }
         assert_eq!(store.len(), len, "len counter");
         assert_eq!(store.bytes(), bytes, "bytes counter");
+        assert_eq!(
+            store.chunks.len(),
+            chunks,
+            "every chunk belongs to an entry"
+        );
+        for item in store.entries.iter().chain(store.chunks.iter()) {
+            let (_, value) = item.expect("iter");
+            assert!(value.len() <= CHUNK, "a value sled would write as a blob");
+        }
         for item in store.exact.iter() {
             let (raw_key, row) = item.expect("iter");
             let id = parse_id(&row).expect("8-byte row");
@@ -849,6 +1376,193 @@ mod tests {
                 .expect("row names an entry");
             assert_eq!(entry.key.0[..], raw_key[..]);
         }
+    }
+
+    /// An entry whose answer is `size` bytes of text: its encoding is longer than a chunk.
+    fn big_entry(n: u64, created_at_ms: u64, size: usize) -> Entry {
+        let mut e = entry(n, created_at_ms, 1_000_000_000);
+        let text: String = (0..size)
+            .map(|i| (b'a' + ((i as u64 + n) % 26) as u8) as char)
+            .collect();
+        e.body = json!({"choices": [{"message": {"content": text}}]});
+        e
+    }
+
+    /// Bytes the files under `dir` take on disk, as `du` counts them.
+    fn disk_usage(dir: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let mut total = 0;
+        for item in std::fs::read_dir(dir).expect("read dir").flatten() {
+            let meta = item.metadata().expect("metadata");
+            total += if meta.is_dir() {
+                disk_usage(&item.path())
+            } else {
+                meta.blocks() * 512
+            };
+        }
+        total
+    }
+
+    fn blob_files(dir: &Path) -> usize {
+        std::fs::read_dir(dir.join("blobs")).map_or(0, |d| d.count())
+    }
+
+    #[test]
+    fn large_entries_are_chunked_roundtrip_and_leave_nothing_behind() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        let small = store.put(entry(1, 1_000, 60_000)).expect("put");
+        let big = store.put(big_entry(2, 1_000, 300_000)).expect("put");
+        assert!(store.chunks.len() > 70, "{} chunks", store.chunks.len());
+        let read = store.get(big).expect("get").expect("present");
+        assert_eq!(
+            read,
+            Entry {
+                id: big,
+                ..big_entry(2, 1_000, 300_000)
+            }
+        );
+        assert_eq!(
+            store.get_by_key(&key(2)).expect("by key").map(|e| e.id),
+            Some(big)
+        );
+        // A touch rewrites the chunks; a replacement by a shorter answer removes them all.
+        store.touch(big, 2, &hits(2, 5_000)).expect("touch");
+        assert_eq!(store.get(big).expect("get").map(|e| e.hit_count), Some(2));
+        assert_consistent(&store);
+        let replaced = store.put(big_entry(2, 2_000, 10_000)).expect("put");
+        assert_eq!(store.get(big).expect("get"), None);
+        assert_consistent(&store);
+        assert!(store.delete(replaced).expect("delete"));
+        assert_eq!(store.chunks.len(), 0, "chunks removed with their entry");
+        assert_eq!(store.get(small).expect("get").map(|e| e.id), Some(small));
+        assert_consistent(&store);
+        store.flush().expect("flush");
+        drop(store);
+        assert_eq!(blob_files(dir.path()), 0, "sled wrote a blob file");
+        let store = open(dir.path());
+        assert_eq!(store.len(), 1);
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn chunks_that_do_not_match_their_record_read_as_absent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        let damaged = store.put(big_entry(1, 1_000, 20_000)).expect("put");
+        let kept = store.put(big_entry(2, 1_000, 20_000)).expect("put");
+        let mut piece = store
+            .chunks
+            .get(chunk_key(damaged.0, 1))
+            .expect("get")
+            .expect("chunk 1")
+            .to_vec();
+        piece[10] ^= 0x20;
+        store
+            .chunks
+            .insert(chunk_key(damaged.0, 1), piece)
+            .expect("insert");
+        assert_eq!(store.get(damaged).expect("get"), None);
+        assert!(store.get(kept).expect("get").is_some());
+        store.sweep(2_000, 100, u64::MAX).expect("sweep");
+        assert_eq!(store.len(), 1);
+        assert_consistent(&store);
+
+        // A missing chunk, found at open: the entry and its other chunks are deleted.
+        store.chunks.remove(chunk_key(kept.0, 0)).expect("remove");
+        store.flush().expect("flush");
+        drop(store);
+        let store = open(dir.path());
+        assert_eq!(store.len(), 0);
+        assert_consistent(&store);
+    }
+
+    /// The issue's churn: many unique long answers under a small `max_bytes`. Before chunking,
+    /// sled kept each evicted answer as a file under `blobs/`, and the directory grew without bound.
+    #[test]
+    fn churn_of_large_answers_keeps_the_data_dir_within_max_bytes() {
+        const MAX_BYTES: u64 = 2_000_000;
+        let dir = tempfile::tempdir().expect("tempdir");
+        // As the gateway runs it: behind the resilient wrapper, which rebuilds past the budget.
+        let store = ResilientStore::new(dir.path(), open(dir.path()));
+        let mut peak = 0;
+        for n in 0..1_500u64 {
+            store.put(big_entry(n, 1_000 + n, 60_000)).expect("put");
+            store.sweep(2_000, usize::MAX, MAX_BYTES).expect("sweep");
+            store.enforce_disk_budget(MAX_BYTES);
+            if n % 100 == 99 {
+                store.flush().expect("flush");
+                peak = peak.max(disk_usage(dir.path()));
+            }
+        }
+        assert!(store.bytes() <= MAX_BYTES);
+        store.flush().expect("flush");
+        let used = disk_usage(dir.path());
+        eprintln!(
+            "churn: {} live entries, {} live bytes, data dir {used} bytes (peak {peak}), {} blob files",
+            store.len(),
+            store.bytes(),
+            blob_files(dir.path())
+        );
+        assert_eq!(blob_files(dir.path()), 0);
+        assert!(
+            peak.max(used) <= disk_bound(MAX_BYTES),
+            "data dir {} bytes > {} for max_bytes {MAX_BYTES}",
+            peak.max(used),
+            disk_bound(MAX_BYTES)
+        );
+    }
+
+    /// sled does not shrink its file when entries go; past the budget the store is rebuilt into a
+    /// fresh file holding only the live entries, which stay readable under their ids.
+    #[test]
+    fn store_over_its_disk_budget_is_rebuilt_keeping_live_entries() {
+        const MAX_BYTES: u64 = 1_000_000;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = ResilientStore::new(dir.path(), open(dir.path()));
+        for n in 0..700u64 {
+            store.put(big_entry(n, 1_000 + n, 60_000)).expect("put");
+        }
+        store.sweep(2_000, usize::MAX, MAX_BYTES).expect("sweep");
+        store.flush().expect("flush");
+        let kept: Vec<Entry> = store.list(None, 1_000).expect("list");
+        assert!(!kept.is_empty());
+        let before = disk_usage(dir.path());
+        assert!(
+            before > disk_budget(MAX_BYTES),
+            "{before}: churn too small to test"
+        );
+
+        assert!(store.enforce_disk_budget(MAX_BYTES), "rebuilt");
+        let after = disk_usage(dir.path());
+        eprintln!("disk budget rebuild: {before} -> {after} bytes");
+        assert!(after < disk_budget(MAX_BYTES), "{after}");
+        assert!(!store.enforce_disk_budget(MAX_BYTES), "within budget now");
+        assert_eq!(store.list(None, 1_000).expect("list"), kept);
+        for e in &kept {
+            assert_eq!(
+                store.get_by_key(&e.key).expect("by key").map(|f| f.id),
+                Some(e.id)
+            );
+        }
+        let newest = kept.iter().map(|e| e.id).max().expect("some");
+        assert!(store.put(entry(9_999, 5_000, 60_000)).expect("put") > newest);
+        assert_eq!(store.degraded(), None);
+    }
+
+    #[test]
+    fn unfinished_snapshot_left_by_a_full_disk_is_removed_at_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let store = open(dir.path());
+            store.put(entry(1, 1_000, 60_000)).expect("put");
+            store.flush().expect("flush");
+        }
+        // What sled leaves when it cannot write a snapshot: an empty file that sorts last.
+        std::fs::write(dir.path().join("snap.FFFFFFFFFFFFFFF0.generating"), b"").expect("write");
+        let store = open(dir.path());
+        assert_eq!(store.len(), 1);
+        assert!(!dir.path().join("snap.FFFFFFFFFFFFFFF0.generating").exists());
     }
 
     #[test]
@@ -1257,6 +1971,279 @@ mod tests {
         // The id generator was carried over: a new entry cannot collide with the old one.
         assert!(store.put(entry(42, 3_000, 60_000)).expect("put") > EntryId(7));
         assert_consistent(&store);
+    }
+
+    /// A directory as version 2 lays it out (a chunked entry, an id floor from a rebuild) opens
+    /// with every entry, and new ids start above the floor.
+    #[test]
+    fn opens_a_v2_data_dir() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let v2_entry = |id: u64, e: Entry| {
+            let e = Entry {
+                id: EntryId(id),
+                ..e
+            };
+            (id, e.key.0, encode(&e).expect("encode"))
+        };
+        let rows = vec![
+            v2_entry(1_001, entry(1, 1_000, 60_000)),
+            v2_entry(1_002, big_entry(2, 1_000, 30_000)),
+        ];
+        reprise_migrations::fixtures::write_v2_data_dir(dir.path(), &rows, 1_500)
+            .expect("write v2 dir");
+        let store = open(dir.path());
+        assert_eq!(store.len(), 2);
+        assert_eq!(
+            store.get_by_key(&key(2)).expect("by key").map(|e| e.body),
+            Some(big_entry(2, 1_000, 30_000).body)
+        );
+        assert!(store.put(entry(3, 2_000, 60_000)).expect("put") > EntryId(1_500));
+        assert_consistent(&store);
+    }
+
+    /// A version-1 directory holding an entry above sled's blob threshold (so `blobs/` holds its
+    /// file) opens as version 2: the entry is chunked, the blob file is gone, nothing is lost.
+    #[test]
+    fn opens_a_v1_data_dir_with_a_blob_and_reclaims_the_blob() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let v1_entry = |id: u64, e: Entry| {
+            let e = Entry {
+                id: EntryId(id),
+                ..e
+            };
+            (id, e.key.0, encode(&e).expect("encode"))
+        };
+        let rows = vec![
+            v1_entry(3, entry(1, 1_000, 60_000)),
+            v1_entry(5, big_entry(2, 1_000, 400_000)),
+            v1_entry(6, big_entry(3, 1_000, 9_000)),
+        ];
+        reprise_migrations::fixtures::write_v1_data_dir(dir.path(), &rows).expect("write v1 dir");
+        // The index lives beside the store and must survive the rebuild untouched.
+        std::fs::create_dir(dir.path().join("index")).expect("index dir");
+        std::fs::write(dir.path().join("index/keep"), b"x").expect("index file");
+        assert!(
+            blob_files(dir.path()) > 0,
+            "the fixture must hold a blob file"
+        );
+
+        let store = open(dir.path());
+        assert_eq!(blob_files(dir.path()), 0, "blob files reclaimed");
+        assert!(!dir.path().join("rebuild.tmp").exists());
+        assert!(!dir.path().join("rebuild.ready").exists());
+        assert_eq!(
+            std::fs::read(dir.path().join("index/keep")).expect("kept"),
+            b"x"
+        );
+        assert_eq!(store.len(), 3);
+        for (n, id) in [(1, 3), (2, 5), (3, 6)] {
+            let found = store
+                .get_by_key(&key(n))
+                .expect("by key")
+                .expect("entry kept");
+            assert_eq!(found.id, EntryId(id));
+        }
+        assert_eq!(
+            store.get(EntryId(5)).expect("get").map(|e| e.body),
+            Some(big_entry(2, 1_000, 400_000).body)
+        );
+        // Ids keep growing past the old ones though the rebuilt database's generator restarted.
+        assert!(store.put(entry(9, 2_000, 60_000)).expect("put") > EntryId(6));
+        assert_consistent(&store);
+        drop(store);
+        let store = open(dir.path());
+        assert_eq!(store.len(), 4);
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn interrupted_rebuild_is_finished_or_discarded_at_open() {
+        // Discarded: a staging copy without the ready list.
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let store = open(dir.path());
+            store.put(entry(1, 1_000, 60_000)).expect("put");
+        }
+        std::fs::create_dir(dir.path().join("rebuild.tmp")).expect("staging");
+        std::fs::write(dir.path().join("rebuild.tmp/db"), b"half a copy").expect("write");
+        let store = open(dir.path());
+        assert_eq!(store.len(), 1);
+        assert!(!dir.path().join("rebuild.tmp").exists());
+        drop(store);
+
+        // Finished: a complete copy (another store's files) with its list is moved into place.
+        let other = tempfile::tempdir().expect("tempdir");
+        {
+            let store = open(other.path());
+            store.put(entry(7, 1_000, 60_000)).expect("put");
+            store.put(entry(8, 1_000, 60_000)).expect("put");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let staging = dir.path().join("rebuild.tmp");
+        std::fs::rename(other.path(), &staging).expect("stage");
+        let names: Vec<String> = std::fs::read_dir(&staging)
+            .expect("list")
+            .flatten()
+            .map(|i| i.file_name().to_string_lossy().into_owned())
+            .collect();
+        std::fs::write(dir.path().join("rebuild.ready"), names.join("\n")).expect("ready");
+        let store = open(dir.path());
+        assert_eq!(store.len(), 2);
+        assert!(store.get_by_key(&key(7)).expect("by key").is_some());
+        assert!(!staging.exists());
+        assert!(!dir.path().join("rebuild.ready").exists());
+    }
+
+    /// A data dir with 40 entries (some chunked), flushed and closed.
+    fn filled_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        for n in 0..40 {
+            if n % 4 == 0 {
+                store.put(big_entry(n, 1_000, 9_000)).expect("put");
+            } else {
+                store.put(entry(n, 1_000, 60_000)).expect("put");
+            }
+        }
+        store.flush().expect("flush");
+        drop(store);
+        std::fs::create_dir(dir.path().join("index")).expect("index dir");
+        dir
+    }
+
+    fn snapshot_file(dir: &Path) -> Option<PathBuf> {
+        std::fs::read_dir(dir)
+            .expect("list")
+            .flatten()
+            .map(|i| i.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("snap."))
+            })
+            .max()
+    }
+
+    /// The ways the issue damaged a data dir, each applied to a fresh copy.
+    fn damage(kind: &str, dir: &Path) {
+        let db = dir.join("db");
+        match kind {
+            "truncated db" => {
+                let len = std::fs::metadata(&db).expect("db").len();
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&db)
+                    .expect("open");
+                f.set_len(len / 3).expect("truncate");
+            }
+            "garbage conf" => {
+                std::fs::write(dir.join("conf"), b"\x00\xffgarbage\nsegment_size: banana\n")
+                    .expect("write")
+            }
+            "corrupt snapshot" => {
+                // Damage the newest snapshot; a store this small may not have written one yet, so
+                // plant one that sorts last (the newest), as a torn write would leave it.
+                let snap = snapshot_file(dir).unwrap_or_else(|| dir.join("snap.0FFFFFFFFFFFFFFF"));
+                let mut bytes = std::fs::read(&snap).unwrap_or_else(|_| vec![7u8; 200]);
+                for b in bytes.iter_mut().take(64) {
+                    *b ^= 0x5a;
+                }
+                std::fs::write(&snap, bytes).expect("write");
+            }
+            "flipped bytes in db" => {
+                let mut bytes = std::fs::read(&db).expect("read");
+                let step = bytes.len() / 21;
+                for k in 1..=20 {
+                    bytes[k * step] ^= 0xff;
+                }
+                std::fs::write(&db, bytes).expect("write");
+            }
+            other => panic!("unknown damage {other}"),
+        }
+    }
+
+    #[test]
+    fn corrupt_store_is_moved_aside_and_an_empty_one_opened_unless_strict() {
+        for kind in [
+            "truncated db",
+            "garbage conf",
+            "corrupt snapshot",
+            "flipped bytes in db",
+        ] {
+            let dir = filled_dir();
+            damage(kind, dir.path());
+            let strict = SledStore::open_or_recover(dir.path(), true);
+            let detected = match &strict {
+                Ok(_) => false,
+                Err(e) => {
+                    assert!(e.is_corrupt(), "{kind}: strict open failed with {e}");
+                    true
+                }
+            };
+            drop(strict);
+            let (store, aside) =
+                SledStore::open_or_recover(dir.path(), false).expect("opens whatever the damage");
+            eprintln!(
+                "{kind}: detected {detected}, aside {aside:?}, {} entries kept",
+                store.len()
+            );
+            assert_eq!(aside.is_some(), detected, "{kind}");
+            if let Some(aside) = aside {
+                assert_eq!(store.len(), 0, "{kind}: starts empty");
+                assert!(aside.starts_with(dir.path()));
+                assert!(
+                    aside.join("db").exists(),
+                    "{kind}: old files kept for inspection"
+                );
+                assert!(
+                    aside.join("index").exists(),
+                    "{kind}: the old index goes with them"
+                );
+            }
+            // Whatever survived is whole, and the store works.
+            assert_consistent(&store);
+            store
+                .put(entry(99, 2_000, 60_000))
+                .expect("put after recovery");
+            assert!(store.get_by_key(&key(99)).expect("by key").is_some());
+        }
+    }
+
+    #[test]
+    fn unusable_paths_fail_naming_the_cause_and_touch_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, b"user data").expect("write");
+        let err = SledStore::open_or_recover(&file, false)
+            .err()
+            .expect("not a directory");
+        assert!(matches!(err, StoreError::NotADirectory { .. }), "{err}");
+        assert!(err.to_string().contains("not a directory"), "{err}");
+        assert_eq!(std::fs::read(&file).expect("kept"), b"user data");
+
+        let under_file = file.join("data");
+        let err = SledStore::open_or_recover(&under_file, false)
+            .err()
+            .expect("under a file");
+        assert!(err.to_string().contains("not a directory"), "{err}");
+
+        let held = open(&dir.path().join("held"));
+        let err = SledStore::open_or_recover(&dir.path().join("held"), false)
+            .err()
+            .expect("locked");
+        assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+        assert!(err.to_string().contains("locked"), "{err}");
+        assert!(held.get_by_key(&key(1)).expect("still usable").is_none());
+        let listing: Vec<_> = std::fs::read_dir(dir.path().join("held"))
+            .expect("list")
+            .flatten()
+            .map(|i| i.file_name())
+            .collect();
+        assert!(
+            listing
+                .iter()
+                .all(|n| !n.to_string_lossy().starts_with("corrupt-")),
+            "a locked store is not corrupt: {listing:?}"
+        );
     }
 
     /// Environment variable that turns [`crash_child_writer`] into the child of the crash test.

@@ -141,11 +141,25 @@ where
     })
 }
 
-/// Store size.
+/// Store size and health.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StoreStats {
+    /// `ok`, or `degraded` when its disk failed and the gateway serves without caching.
+    pub status: String,
+    /// Why it is degraded; `null` when ok.
+    pub degraded: Option<StoreDegraded>,
     pub entries: u64,
     pub bytes: u64,
+}
+
+/// Why the store stopped caching.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StoreDegraded {
+    pub reason: String,
+    /// Unix ms when caching stopped.
+    pub since_ms: u64,
+    /// Store operations failed or refused since then.
+    pub failures: u64,
 }
 
 /// Vector index size; `null` in exact-only mode.
@@ -206,6 +220,7 @@ pub struct StatsBody {
     responses((status = 200, body = StatsBody), (status = 401, description = "Missing or wrong admin token")),
     security(("admin_token" = [])))]
 pub async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
+    let degraded = state.cache.store.degraded();
     let totals = state.requests.stats.totals();
     let recent = state.requests.recent(usize::MAX);
     let embedding = state.semantic.as_ref().map(|s| {
@@ -231,6 +246,12 @@ pub async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
         uptime_s: state.requests.stats.uptime_s(),
         mode: mode(&state).to_owned(),
         store: StoreStats {
+            status: if degraded.is_some() { "degraded" } else { "ok" }.to_owned(),
+            degraded: degraded.map(|d| StoreDegraded {
+                reason: d.reason,
+                since_ms: d.since_ms,
+                failures: d.failures,
+            }),
             entries: state.cache.store.len() as u64,
             bytes: state.cache.store.bytes(),
         },

@@ -5,6 +5,7 @@ mod admin;
 mod cache;
 mod common;
 mod conn;
+mod disk;
 mod gateway;
 mod process;
 mod semantic;

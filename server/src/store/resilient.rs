@@ -1,0 +1,294 @@
+//! A [`Store`] that keeps the gateway answering when the disk under the store fails (full, I/O
+//! errors, a store that could not be opened at start): it reports itself degraded, reads as empty
+//! (every lookup a miss, so requests pass through), refuses writes at once, logs the failure once
+//! rather than per request, and reopens the store when space returns. It must never make a
+//! request wait on recovery.
+//!
+//! Why reopen: after a failed write sled 0.34 keeps a global error and fails every later operation,
+//! so the only way back is a fresh `sled::Db` on the same directory. [`ResilientStore::recover`]
+//! does that; the cache's writer thread calls it while degraded, at most every [`RETRY`].
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+use super::{SledStore, Store, StoreError};
+use crate::entry::{Entry, EntryId, HitEvent};
+use crate::key::CacheKey;
+
+/// Shortest time between two attempts to reopen a failed store.
+pub const RETRY: Duration = Duration::from_secs(2);
+/// Shortest time between two log lines about the same degraded spell.
+const LOG_EVERY: Duration = Duration::from_secs(300);
+
+/// Why the store is not caching, and since when.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Degraded {
+    pub reason: String,
+    /// Unix ms when caching stopped.
+    pub since_ms: u64,
+    /// Store operations that failed or were refused since then.
+    pub failures: u64,
+}
+
+pub struct ResilientStore {
+    dir: PathBuf,
+    /// `None` while the store is closed for recovery (or never opened).
+    inner: RwLock<Option<Arc<SledStore>>>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    degraded: Option<Degraded>,
+    logged_at: Option<Instant>,
+    attempted_at: Option<Instant>,
+}
+
+impl ResilientStore {
+    /// An open store.
+    pub fn new(dir: &Path, store: SledStore) -> Self {
+        Self {
+            dir: dir.to_owned(),
+            inner: RwLock::new(Some(Arc::new(store))),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// A store that could not be opened for a reason that may pass (a full disk): the gateway
+    /// starts without caching, and [`ResilientStore::recover`] keeps trying to open it.
+    pub fn unavailable(dir: &Path, why: &StoreError) -> Self {
+        let this = Self {
+            dir: dir.to_owned(),
+            inner: RwLock::new(None),
+            state: Mutex::new(State::default()),
+        };
+        this.fail(why);
+        this
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn current(&self) -> Option<Arc<SledStore>> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Why the store is not caching, if it is not.
+    pub fn degraded(&self) -> Option<Degraded> {
+        self.lock_state().degraded.clone()
+    }
+
+    /// Notes a failed operation: the first one of a spell is logged, later ones only counted (one
+    /// reminder per [`LOG_EVERY`]).
+    fn fail(&self, why: &StoreError) {
+        let mut state = self.lock_state();
+        let now = Instant::now();
+        let quiet = state.logged_at.is_some_and(|at| now - at < LOG_EVERY);
+        match &mut state.degraded {
+            Some(d) => {
+                d.failures += 1;
+                if quiet {
+                    return;
+                }
+                warn!(
+                    reason = %d.reason,
+                    failures = d.failures,
+                    "cache store still degraded: serving without caching"
+                );
+            }
+            None => {
+                state.degraded = Some(Degraded {
+                    reason: why.to_string(),
+                    since_ms: crate::record::unix_ms(),
+                    failures: 1,
+                });
+                warn!(error = %why, dir = %self.dir.display(),
+                    "CACHE STORE DEGRADED: serving without caching until the store can write again");
+            }
+        }
+        state.logged_at = Some(now);
+    }
+
+    /// Runs `op` on the open store; a storage failure degrades the store, and `fallback` answers
+    /// in its place (reads fail open), while an entry-level error passes through.
+    fn with<T>(
+        &self,
+        fallback: impl FnOnce() -> Result<T, StoreError>,
+        op: impl FnOnce(&SledStore) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let Some(store) = self.current() else {
+            if let Some(d) = &mut self.lock_state().degraded {
+                d.failures += 1;
+            }
+            return fallback();
+        };
+        match op(&store) {
+            Err(e) if is_storage_failure(&e) => {
+                self.fail(&e);
+                fallback()
+            }
+            other => other,
+        }
+    }
+
+    /// While degraded, and at most every [`RETRY`]: closes the store and opens it again. Returns
+    /// true when the store is (again) healthy. Blocking; called by the cache's writer thread.
+    pub fn recover(&self) -> bool {
+        {
+            let mut state = self.lock_state();
+            if state.degraded.is_none() {
+                return true;
+            }
+            if state.attempted_at.is_some_and(|at| at.elapsed() < RETRY) {
+                return false;
+            }
+            state.attempted_at = Some(Instant::now());
+        }
+        // Readers see no store from here (a miss each); sled's file lock goes with the last handle.
+        let old = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
+        drop(old);
+        match SledStore::open(&self.dir) {
+            Ok(store) => {
+                *self.inner.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(store));
+                let mut state = self.lock_state();
+                if let Some(d) = state.degraded.take() {
+                    info!(
+                        down_ms = crate::record::unix_ms().saturating_sub(d.since_ms),
+                        refused = d.failures,
+                        "cache store recovered: caching again"
+                    );
+                }
+                state.logged_at = None;
+                true
+            }
+            Err(e) => {
+                let mut state = self.lock_state();
+                if let Some(d) = &mut state.degraded {
+                    d.reason = e.to_string();
+                }
+                false
+            }
+        }
+    }
+}
+
+impl ResilientStore {
+    /// Rebuilds the store into a fresh file when sled's files outgrew
+    /// [`super::disk_budget`]`(max_bytes)`. Lookups miss while it runs (about a second per
+    /// 100 MB of live entries); a failure degrades the store, and recovery reopens it.
+    pub fn enforce_disk_budget(&self, max_bytes: u64) -> bool {
+        let Some(store) = self.current() else {
+            return false;
+        };
+        let on_disk = store.size_on_disk();
+        if on_disk <= super::disk_budget(max_bytes) {
+            return false;
+        }
+        drop(store);
+        let old = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
+        drop(old);
+        match SledStore::open_compacted(&self.dir) {
+            Ok(store) => {
+                info!(
+                    before = on_disk,
+                    after = store.size_on_disk(),
+                    entries = store.len(),
+                    "rebuilt the cache store: its files had outgrown the disk budget"
+                );
+                *self.inner.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(store));
+                true
+            }
+            Err(e) => {
+                self.fail(&e);
+                false
+            }
+        }
+    }
+}
+
+/// Errors of the disk or of sled, as opposed to one unreadable entry or an unencodable one.
+fn is_storage_failure(e: &StoreError) -> bool {
+    !matches!(e, StoreError::Corrupt { .. } | StoreError::Encode(_))
+}
+
+fn refused() -> StoreError {
+    StoreError::Unavailable
+}
+
+impl Store for ResilientStore {
+    fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
+        self.with(|| Ok(None), |s| s.get(id))
+    }
+
+    fn get_by_key(&self, key: &CacheKey) -> Result<Option<Entry>, StoreError> {
+        self.with(|| Ok(None), |s| s.get_by_key(key))
+    }
+
+    fn put(&self, entry: Entry) -> Result<EntryId, StoreError> {
+        self.with(|| Err(refused()), |s| s.put(entry))
+    }
+
+    fn delete(&self, id: EntryId) -> Result<bool, StoreError> {
+        self.with(|| Err(refused()), |s| s.delete(id))
+    }
+
+    fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError> {
+        self.with(|| Err(refused()), |s| s.touch(id, hits, recent))
+    }
+
+    fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
+        self.with(|| Ok(Vec::new()), |s| s.list_newest(before, limit))
+    }
+
+    fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
+        self.with(|| Ok(Vec::new()), |s| s.list(after, limit))
+    }
+
+    fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
+        self.with(|| Ok(Vec::new()), SledStore::ids)
+    }
+
+    fn len(&self) -> usize {
+        self.current().map_or(0, |s| s.len())
+    }
+
+    fn bytes(&self) -> u64 {
+        self.current().map_or(0, |s| s.bytes())
+    }
+
+    fn sweep(
+        &self,
+        now_ms: u64,
+        max_entries: usize,
+        max_bytes: u64,
+    ) -> Result<(usize, usize), StoreError> {
+        self.with(
+            || Err(refused()),
+            |s| s.sweep(now_ms, max_entries, max_bytes),
+        )
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.with(|| Err(refused()), SledStore::flush)
+    }
+
+    fn clear(&self) -> Result<usize, StoreError> {
+        self.with(|| Err(refused()), SledStore::clear)
+    }
+
+    fn degraded(&self) -> Option<Degraded> {
+        ResilientStore::degraded(self)
+    }
+
+    fn recover(&self) -> bool {
+        ResilientStore::recover(self)
+    }
+
+    fn enforce_disk_budget(&self, max_bytes: u64) -> bool {
+        ResilientStore::enforce_disk_budget(self, max_bytes)
+    }
+}
