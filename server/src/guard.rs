@@ -1,5 +1,6 @@
-//! Literal guards, the check after the vector search: a semantic candidate is refused when its prompt
-//! and the request's disagree on a number, a date or a negation.
+//! Guards, the check after the vector search: a semantic candidate is refused when its prompt and the
+//! request's disagree on a number, a date or a negation (the literal guards), hold opposite words at
+//! the same place ([`antonym`]), or put the same things in reversed roles ([`direction`]).
 //!
 //! Sentence embeddings place "Who won the World Cup in 2014?" and "… in 2018?" (or "Cancel my
 //! subscription" and "Don't cancel my subscription") almost on top of each other: on the public
@@ -9,6 +10,11 @@
 
 use std::collections::BTreeSet;
 
+use similar::{capture_diff_slices, Algorithm, DiffTag};
+
+mod antonym;
+mod direction;
+
 /// One literal check, as named in configuration (`semantic_guards`) and in `x-reprise-guard`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Guard {
@@ -16,31 +22,42 @@ pub enum Guard {
     Numbers,
     /// Both prompts must hold the same number of negations (not, no, never, n't, without, …).
     Negation,
+    /// The same things must keep their roles around relational words ("USD to EUR" against "EUR to
+    /// USD"), and no relation may turn into its converse ("before" against "after").
+    Direction,
+    /// No word may stand at the same place as its antonym on the other side ("open" against
+    /// "closed", "safe" against "unsafe"), from WordNet.
+    Antonym,
 }
 
 impl Guard {
-    pub const ALL: [Guard; 2] = [Guard::Numbers, Guard::Negation];
+    pub const ALL: [Guard; 4] = [
+        Guard::Numbers,
+        Guard::Negation,
+        Guard::Direction,
+        Guard::Antonym,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Guard::Numbers => "numbers",
             Guard::Negation => "negation",
+            Guard::Direction => "direction",
+            Guard::Antonym => "antonym",
         }
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
     }
 }
 
-/// The guards a gateway runs: parsed from `numbers,negation`, `numbers`, `negation` or `none`.
+/// The guards a gateway runs: parsed from a comma-separated list of guard names, or `none`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Guards {
-    numbers: bool,
-    negation: bool,
-}
+pub struct Guards(u8);
 
 impl Guards {
-    pub const ALL: Guards = Guards {
-        numbers: true,
-        negation: true,
-    };
+    pub const ALL: Guards = Guards(0b1111);
 
     pub fn parse(s: &str) -> Option<Self> {
         let mut guards = Guards::default();
@@ -49,24 +66,20 @@ impl Guards {
             return Some(guards);
         }
         for name in s.split(',').map(str::trim) {
-            match name.to_ascii_lowercase().as_str() {
-                "numbers" => guards.numbers = true,
-                "negation" => guards.negation = true,
-                _ => return None,
-            }
+            let guard = Guard::ALL
+                .into_iter()
+                .find(|g| g.name().eq_ignore_ascii_case(name))?;
+            guards.0 |= guard.bit();
         }
         Some(guards)
     }
 
     pub fn is_empty(&self) -> bool {
-        !self.numbers && !self.negation
+        self.0 == 0
     }
 
     fn runs(&self, guard: Guard) -> bool {
-        match guard {
-            Guard::Numbers => self.numbers,
-            Guard::Negation => self.negation,
-        }
+        self.0 & guard.bit() != 0
     }
 
     /// [`Guards::refuses`] on two prompts; reads nothing when no guard runs.
@@ -79,14 +92,68 @@ impl Guards {
 
     /// The first guard that refuses serving `candidate`'s answer to `query`, if any.
     pub fn refuses(&self, query: &Literals, candidate: &Literals) -> Option<Guard> {
+        // The word alignment is computed once, and only when a guard that reads it runs.
+        let mut hunks = None;
         Guard::ALL.into_iter().find(|g| {
             self.runs(*g)
                 && match g {
                     Guard::Numbers => query.numbers != candidate.numbers,
                     Guard::Negation => query.negations != candidate.negations,
+                    Guard::Direction => {
+                        direction::roles_swapped(&query.words, &candidate.words)
+                            || hunks
+                                .get_or_insert_with(|| replaced(&query.words, &candidate.words))
+                                .iter()
+                                .any(|(q, c)| opposed(q, c, direction::converse))
+                    }
+                    Guard::Antonym => hunks
+                        .get_or_insert_with(|| replaced(&query.words, &candidate.words))
+                        .iter()
+                        .any(|(q, c)| opposed(q, c, antonym::opposite)),
                 }
         })
     }
+}
+
+/// The longest replaced stretch, in words, still read as one place of the sentence: "open" for
+/// "closed", "cheapest" for "least expensive". Longer rewrites say something else in other words,
+/// and the opposites inside them no longer face each other.
+const MAX_REPLACED_WORDS: usize = 4;
+
+/// The places where the two texts differ, aligned word by word (Myers' diff): the stretch of the
+/// query and the stretch of the candidate standing there instead. Pure insertions and deletions
+/// are not places where one word replaces another.
+fn replaced<'a>(query: &'a [String], candidate: &'a [String]) -> Vec<(&'a [String], &'a [String])> {
+    capture_diff_slices(Algorithm::Myers, query, candidate)
+        .iter()
+        .filter_map(|op| match op.as_tag_tuple() {
+            (DiffTag::Replace, q, c)
+                if q.len() <= MAX_REPLACED_WORDS && c.len() <= MAX_REPLACED_WORDS =>
+            {
+                Some((&query[q], &candidate[c]))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Words that flip what follows: with one of them in the replaced stretch, "least expensive" is
+/// "cheapest" and "not open" is "closed", so opposites there agree (a bare negation is still
+/// counted by the negation guard).
+fn flips_polarity(word: &str) -> bool {
+    is_negation(word) || matches!(word, "less" | "least" | "fewer" | "hardly" | "barely")
+}
+
+/// Whether one stretch holds a word opposed (by `opposite`) to a word of the other, neither stretch
+/// flipping polarity.
+fn opposed(query: &[String], candidate: &[String], opposite: fn(&str, &str) -> bool) -> bool {
+    let flipped = |s: &[String]| s.iter().any(|w| flips_polarity(w));
+    if flipped(query) != flipped(candidate) {
+        return false;
+    }
+    query
+        .iter()
+        .any(|q| candidate.iter().any(|c| opposite(q, c)))
 }
 
 impl std::fmt::Display for Guards {
@@ -117,7 +184,13 @@ pub struct Literals {
     /// children and 2 adults" agree.
     numbers: BTreeSet<String>,
     negations: usize,
+    /// The first [`MAX_ALIGNED_WORDS`] words, lowercased, for the guards that align the two texts.
+    words: Vec<String>,
 }
+
+/// How many words the aligning guards read: what the embedding sees (256 word pieces) and more,
+/// with a word-by-word diff bounded to well under a millisecond.
+const MAX_ALIGNED_WORDS: usize = 384;
 
 impl Literals {
     pub fn of(text: &str) -> Self {
@@ -126,7 +199,9 @@ impl Literals {
             end -= 1;
         }
         let mut literals = Literals::default();
-        for word in words(&text[..end]) {
+        let words = words(&text[..end]);
+        literals.words = words.iter().take(MAX_ALIGNED_WORDS).cloned().collect();
+        for word in words {
             // A possessive or quotes are not part of the word: "Sunday's" is Sunday, "nothing's"
             // is a negation. "n't" is kept whole for the negation check.
             let base = word.strip_suffix("'s").unwrap_or(&word).trim_matches('\'');
@@ -486,17 +561,27 @@ mod tests {
         text.push_str(" in 2014");
         assert!(text.len() > MAX_SCANNED_BYTES);
         // Cut on a character boundary, before the year.
-        assert_eq!(Literals::of(&text), Literals::default());
+        let literals = Literals::of(&text);
+        assert!(literals.numbers.is_empty(), "{:?}", literals.numbers);
     }
 
     #[test]
     fn guards_parse_and_display_and_can_be_turned_off() {
-        assert_eq!(Guards::parse("numbers,negation"), Some(Guards::ALL));
-        assert_eq!(Guards::parse(" Negation , numbers "), Some(Guards::ALL));
+        assert_eq!(
+            Guards::parse("numbers,negation,direction,antonym"),
+            Some(Guards::ALL)
+        );
+        assert_eq!(
+            Guards::parse(" Antonym, Negation , numbers,DIRECTION "),
+            Some(Guards::ALL)
+        );
         assert_eq!(Guards::parse("none").map(|g| g.is_empty()), Some(true));
         assert_eq!(Guards::parse("numbers, sarcasm"), None);
         assert_eq!(Guards::parse(""), None);
-        assert_eq!(Guards::ALL.to_string(), "numbers,negation");
+        assert_eq!(
+            Guards::ALL.to_string(),
+            "numbers,negation,direction,antonym"
+        );
         let numbers = Guards::parse("numbers").expect("valid");
         assert_eq!(numbers.to_string(), "numbers");
         assert_eq!(
@@ -509,5 +594,108 @@ mod tests {
             none.refuses(&Literals::of("in 2014"), &Literals::of("in 2018")),
             None
         );
+    }
+
+    #[test]
+    fn reversed_roles_and_converse_relations_are_refused_by_direction() {
+        for (a, b) in [
+            ("Convert 100 USD to EUR", "Convert 100 EUR to USD"),
+            (
+                "How do I merge main into dev?",
+                "How do I merge dev into main?",
+            ),
+            ("Is Rust faster than Go?", "Is Go faster than Rust?"),
+            (
+                "Can I cancel my order after it ships?",
+                "Can I cancel my order before it ships?",
+            ),
+            ("How do I log in?", "How do I log out?"),
+            (
+                "Sort the list in ascending order",
+                "Sort the list in descending order",
+            ),
+        ] {
+            assert_eq!(refused(a, b), Some("direction"), "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn opposite_words_at_the_same_place_are_refused_by_antonym() {
+        for (a, b) in [
+            (
+                "Is the clinic open on Sundays?",
+                "Is the clinic closed on Sundays?",
+            ),
+            (
+                "Is ibuprofen safe to take with alcohol?",
+                "Is ibuprofen unsafe to take with alcohol?",
+            ),
+            (
+                "Which plans include international calls?",
+                "Which plans exclude international calls?",
+            ),
+            ("How do I enable dark mode?", "How do I disable dark mode?"),
+            (
+                "Should I buy Tesla stock now?",
+                "Should I sell Tesla stock now?",
+            ),
+            (
+                "How do I increase the font size?",
+                "How do I decrease the font size?",
+            ),
+            (
+                "Are dogs allowed in the restaurant?",
+                "Are dogs disallowed in the restaurant?",
+            ),
+        ] {
+            assert_eq!(refused(a, b), Some("antonym"), "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn paraphrases_pass_every_guard() {
+        for (a, b) in [
+            (
+                "What's the cheapest flight to Rome?",
+                "What's the least expensive flight to Rome?",
+            ),
+            ("Is the shop open late?", "Does the shop stay open late?"),
+            (
+                "How do I convert a string to an int in Python?",
+                "In Python, how do I convert a string to an int?",
+            ),
+            (
+                "How far is it from Paris to London?",
+                "How far is it to London from Paris?",
+            ),
+            (
+                "pls how do i resett my pasword",
+                "How do I reset my password?",
+            ),
+            (
+                "Kindly advise how one may reset the password.",
+                "how do i reset my password",
+            ),
+            (
+                "Can you tell me, like, what the weather is in Oslo?",
+                "What's the weather in Oslo?",
+            ),
+            (
+                "Is it hot or cold in Cairo in July?",
+                "How hot is Cairo in July?",
+            ),
+            ("Take a look at my code", "Have a look at my code"),
+            (
+                "Is the museum closed on Mondays?",
+                "Is the museum shut on Mondays?",
+            ),
+            (
+                "How do I turn on dark mode?",
+                "How do I switch on dark mode?",
+            ),
+        ] {
+            assert_eq!(refused(a, b), None, "{a} / {b}");
+            assert_eq!(refused(b, a), None, "{b} / {a}");
+        }
     }
 }
