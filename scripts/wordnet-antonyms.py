@@ -2,7 +2,8 @@
 """Turns WordNet 3.0 (Debian's wordnet-base) into the antonym table the `antonym` guard reads.
 
 Writes, sorted, one line per entry:
-  `= a b`     a and b are antonyms: a WordNet antonym pointer (`!`) between two one-word lemmas, or a
+  `= a b`     a and b are antonyms: a WordNet antonym pointer (`!`) between the one-word lemmas of two
+              senses, an adjective satellite and its head's antonym (WordNet's indirect antonyms), or a
               negative prefix (un-, in-/im-/il-/ir-, dis-, non-) on an adjective or adverb lemma whose
               stem is itself a lemma of the same part of speech ("safe"/"unsafe"), or un-/dis- on a verb
               ("install"/"uninstall", "connect"/"disconnect"), which reverses the action;
@@ -24,8 +25,9 @@ def lemma(raw):
 
 
 def read(name):
-    """Synsets of one data file: offset -> words, and the antonym pointers found there."""
-    words, pointers = {}, []
+    """Synsets of one data file: offset -> words, the antonym pointers found there, and each adjective
+    satellite's head (its `&` similar-to pointer)."""
+    words, pointers, similar = {}, [], {}
     with open(f"{DIR}/data.{name}", encoding="latin-1") as f:
         for line in f:
             if line.startswith("  "):
@@ -39,21 +41,40 @@ def read(name):
                 i += 4
                 if symbol == "!":
                     pointers.append((offset, int(source_target[:2], 16), FILES[pos], target, int(source_target[2:], 16)))
-    return words, pointers
+                elif symbol == "&" and fields[2] == "s":
+                    similar.setdefault(target, []).append(offset)
+    return words, pointers, similar
 
 
-synsets, pointers = {}, []
+synsets, pointers, satellites = {}, [], {}
 for name in ("noun", "verb", "adj", "adv"):
-    words, found = read(name)
+    words, found, similar = read(name)
     synsets[name] = words
     pointers += [(name, *p) for p in found]
+    if name == "adj":
+        satellites = similar
 
+
+def add(pairs, left, right):
+    for a in left:
+        for b in right:
+            if WORD.match(a) and WORD.match(b) and a != b:
+                pairs.add(tuple(sorted((a, b))))
+
+
+# A pointer joins two words, in two senses; the opposition holds for every word of those senses
+# ("refuse" -> "accept" also makes "decline" and "reject" opposites of "accept"). For adjectives,
+# WordNet's indirect antonyms: a satellite of a head ("compulsory" of "obligatory") opposes the
+# head's antonym ("optional").
 pairs = set()
 for name, offset, source, target_file, target, target_word in pointers:
-    a = synsets[name][offset][source - 1]
-    b = synsets[target_file][target][target_word - 1]
-    if WORD.match(a) and WORD.match(b) and a != b:
-        pairs.add(tuple(sorted((a, b))))
+    left, right = synsets[name][offset], synsets[target_file][target]
+    add(pairs, left, right)
+    if name == "adj" and target_file == "adj":
+        for satellite in satellites.get(offset, []):
+            add(pairs, synsets["adj"][satellite], right)
+        for satellite in satellites.get(target, []):
+            add(pairs, left, synsets["adj"][satellite])
 
 lemmas = {name: {w for ws in synsets[name].values() for w in ws if WORD.match(w)} for name in synsets}
 PREFIXES = {"adj": ("un", "in", "im", "il", "ir", "dis", "non", "non-"), "adv": ("un", "in", "im", "il", "ir", "dis", "non", "non-"), "verb": ("un", "dis")}
@@ -64,6 +85,15 @@ for name, prefixes in PREFIXES.items():
             # Short stems ("in" + "n") are not words a reader would split off.
             if word.startswith(prefix) and len(stem) >= 4 and stem in lemmas[name]:
                 pairs.add(tuple(sorted((stem, word))))
+
+# Two words that share a sense somewhere are synonyms there ("fast": quick, and fixed firmly), and a
+# reader may mean that sense: such a pair is no evidence of opposition.
+together = set()
+for name in synsets:
+    for members in synsets[name].values():
+        one_word = sorted(w for w in set(members) if WORD.match(w))
+        together.update((a, b) for i, a in enumerate(one_word) for b in one_word[i + 1 :])
+pairs -= together
 
 vocabulary = {w for pair in pairs for w in pair}
 inflections = set()

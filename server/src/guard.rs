@@ -14,6 +14,8 @@ use similar::{capture_diff_slices, Algorithm, DiffTag};
 
 mod antonym;
 mod direction;
+mod entity;
+mod request;
 
 /// One literal check, as named in configuration (`semantic_guards`) and in `x-reprise-guard`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -28,14 +30,26 @@ pub enum Guard {
     /// No word may stand at the same place as its antonym on the other side ("open" against
     /// "closed", "safe" against "unsafe"), from WordNet.
     Antonym,
+    /// Both prompts' instructions must ask for the same kind of task ("summarize" against
+    /// "translate").
+    Task,
+    /// Both prompts must ask for the same output: format, language, length and register ("as JSON",
+    /// "in French", "in one sentence", "formally").
+    Format,
+    /// A name, quoted string, identifier, path or URL on one side may not be replaced by another on
+    /// the other ("PayPal" against "Klarna"). Last, so that "JSON" against "CSV" is named a format.
+    Entity,
 }
 
 impl Guard {
-    pub const ALL: [Guard; 4] = [
+    pub const ALL: [Guard; 7] = [
         Guard::Numbers,
         Guard::Negation,
+        Guard::Format,
+        Guard::Task,
         Guard::Direction,
         Guard::Antonym,
+        Guard::Entity,
     ];
 
     pub fn name(self) -> &'static str {
@@ -44,6 +58,9 @@ impl Guard {
             Guard::Negation => "negation",
             Guard::Direction => "direction",
             Guard::Antonym => "antonym",
+            Guard::Entity => "entity",
+            Guard::Task => "task",
+            Guard::Format => "format",
         }
     }
 
@@ -57,7 +74,7 @@ impl Guard {
 pub struct Guards(u8);
 
 impl Guards {
-    pub const ALL: Guards = Guards(0b1111);
+    pub const ALL: Guards = Guards(0b111_1111);
 
     pub fn parse(s: &str) -> Option<Self> {
         let mut guards = Guards::default();
@@ -110,6 +127,16 @@ impl Guards {
                         .get_or_insert_with(|| replaced(&query.words, &candidate.words))
                         .iter()
                         .any(|(q, c)| opposed(q, c, antonym::opposite)),
+                    Guard::Entity => {
+                        query.names.difference(&candidate.names).next().is_some()
+                            && candidate.names.difference(&query.names).next().is_some()
+                    }
+                    Guard::Task => {
+                        !query.asks.tasks.is_empty()
+                            && !candidate.asks.tasks.is_empty()
+                            && query.asks.tasks != candidate.asks.tasks
+                    }
+                    Guard::Format => query.asks.formats != candidate.asks.formats,
                 }
         })
     }
@@ -186,6 +213,10 @@ pub struct Literals {
     negations: usize,
     /// The first [`MAX_ALIGNED_WORDS`] words, lowercased, for the guards that align the two texts.
     words: Vec<String>,
+    /// Names, quoted strings, identifiers, paths and URLs (the entity guard).
+    names: BTreeSet<String>,
+    /// The task and output the prompt asks for (the task and format guards).
+    asks: request::Asks,
 }
 
 /// How many words the aligning guards read: what the embedding sees (256 word pieces) and more,
@@ -199,7 +230,10 @@ impl Literals {
             end -= 1;
         }
         let mut literals = Literals::default();
-        let words = words(&text[..end]);
+        let text = &text[..end];
+        literals.names = entity::names(text);
+        literals.asks = request::Asks::of(text);
+        let words = words(text);
         literals.words = words.iter().take(MAX_ALIGNED_WORDS).cloned().collect();
         for word in words {
             // A possessive or quotes are not part of the word: "Sunday's" is Sunday, "nothing's"
@@ -568,11 +602,11 @@ mod tests {
     #[test]
     fn guards_parse_and_display_and_can_be_turned_off() {
         assert_eq!(
-            Guards::parse("numbers,negation,direction,antonym"),
+            Guards::parse("numbers,negation,format,task,direction,antonym,entity"),
             Some(Guards::ALL)
         );
         assert_eq!(
-            Guards::parse(" Antonym, Negation , numbers,DIRECTION "),
+            Guards::parse(" Antonym, Negation , numbers,DIRECTION,format,Task,entity "),
             Some(Guards::ALL)
         );
         assert_eq!(Guards::parse("none").map(|g| g.is_empty()), Some(true));
@@ -580,7 +614,7 @@ mod tests {
         assert_eq!(Guards::parse(""), None);
         assert_eq!(
             Guards::ALL.to_string(),
-            "numbers,negation,direction,antonym"
+            "numbers,negation,format,task,direction,antonym,entity"
         );
         let numbers = Guards::parse("numbers").expect("valid");
         assert_eq!(numbers.to_string(), "numbers");
@@ -653,6 +687,66 @@ mod tests {
     }
 
     #[test]
+    fn another_name_task_or_format_is_refused() {
+        for (a, b, guard) in [
+            ("Can I pay with PayPal?", "Can I pay with Klarna?", "entity"),
+            (
+                "Who wrote Wuthering Heights?",
+                "Who wrote Jane Eyre?",
+                "entity",
+            ),
+            (
+                "What's Mary's phone number?",
+                "What's Mark's phone number?",
+                "entity",
+            ),
+            (
+                "Why does `config.toml` fail to load?",
+                "Why does `Cargo.toml` fail to load?",
+                "entity",
+            ),
+            (
+                "What does \"ephemeral\" mean?",
+                "What does \"ubiquitous\" mean?",
+                "entity",
+            ),
+            (
+                "Summarize this contract for me",
+                "Translate this contract for me",
+                "task",
+            ),
+            (
+                "Explain the water cycle",
+                "List the water cycle stages",
+                "task",
+            ),
+            (
+                "List the planets as JSON",
+                "List the planets as CSV",
+                "format",
+            ),
+            ("List the planets", "List the planets in a table", "format"),
+            (
+                "Explain recursion in one sentence",
+                "Explain recursion in detail",
+                "format",
+            ),
+            (
+                "Write a thank-you note formally",
+                "Write a thank-you note casually",
+                "format",
+            ),
+            (
+                "Translate 'good morning' into German",
+                "Translate 'good morning' into Italian",
+                "format",
+            ),
+        ] {
+            assert_eq!(refused(a, b), Some(guard), "{a} / {b}");
+        }
+    }
+
+    #[test]
     fn paraphrases_pass_every_guard() {
         for (a, b) in [
             (
@@ -692,6 +786,30 @@ mod tests {
             (
                 "How do I turn on dark mode?",
                 "How do I switch on dark mode?",
+            ),
+            (
+                "What is the capital of France?",
+                "Tell me France's capital.",
+            ),
+            (
+                "Can I pay with PayPal?",
+                "Is PayPal accepted as a payment method?",
+            ),
+            ("Describe the water cycle", "Explain the water cycle"),
+            (
+                "Summarize this article",
+                "Could you please summarise this article?",
+            ),
+            ("Explain it briefly", "Give a concise explanation of it"),
+            ("Translate this into English", "Translate this"),
+            ("What is a hash table?", "Explain what a hash table is"),
+            (
+                "I need help. How do I reset my password?",
+                "How do I reset my password? Thanks!",
+            ),
+            (
+                "Is the clinic open on Sundays?",
+                "Is the clinic open on a Sunday?",
             ),
         ] {
             assert_eq!(refused(a, b), None, "{a} / {b}");

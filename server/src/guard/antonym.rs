@@ -3,7 +3,10 @@
 //!
 //! The table is made by `scripts/wordnet-antonyms.py` from Debian's `wordnet-base` (a lexical database
 //! written by lexicographers, not a list typed to match examples): every antonym pointer between two
-//! one-word lemmas ("open"/"closed", "include"/"exclude", "allow"/"deny"), plus the negative prefixes
+//! one-word lemmas ("open"/"closed", "include"/"exclude", "allow"/"deny"), spread to the other words
+//! of the two senses it joins ("decline" and "reject" of "refuse") and to adjective satellites
+//! (WordNet's indirect antonyms: "compulsory" of "obligatory" against "optional"), less any pair that
+//! shares a sense somewhere (synonyms there); plus the negative prefixes
 //! English uses productively on adjectives and adverbs ("safe"/"unsafe", "legal"/"illegal") and the
 //! reversing un-/dis- of verbs ("connect"/"disconnect"). CI regenerates it and fails on any difference.
 //! This module only answers "are these two words opposites?"; where they must stand is the guard's rule.
@@ -105,10 +108,29 @@ fn lemmas(word: &str) -> Vec<&'static str> {
     found
 }
 
-/// Whether some reading of `a` is an antonym of some reading of `b` ("opened" / "shut").
+/// Negative prefixes that English still forms new words with ("unmute", "non-refundable"), so
+/// their words are missing from a 2006 dictionary; the older in-/dis- forms are in the table.
+const LIVE_PREFIXES: &[&str] = &["un", "non-", "non"];
+
+/// A stem this short is no word of its own: "unit" is not "un" + "it".
+const MIN_STEM: usize = 4;
+
+/// `word` is `stem` with a live negative prefix.
+fn negated_form(word: &str, stem: &str) -> bool {
+    stem.len() >= MIN_STEM
+        && LIVE_PREFIXES
+            .iter()
+            .any(|p| word.strip_prefix(p) == Some(stem))
+}
+
+/// Whether some reading of `a` is an antonym of some reading of `b` ("opened" / "shut"), or one is
+/// the other with a live negative prefix ("archive" / "unarchive").
 pub(super) fn opposite(a: &str, b: &str) -> bool {
     if a == b {
         return false;
+    }
+    if negated_form(a, b) || negated_form(b, a) {
+        return true;
     }
     let (left, right) = (lemmas(a), lemmas(b));
     left.iter().any(|l| {
@@ -143,6 +165,11 @@ mod tests {
             ("enable", "disable"),
             ("upload", "download"),
             ("hot", "cold"),
+            ("mute", "unmute"),
+            ("refundable", "non-refundable"),
+            ("accept", "decline"),
+            ("allowed", "forbidden"),
+            ("compulsory", "optional"),
         ] {
             assert!(opposite(a, b), "{a} / {b}");
             assert!(opposite(b, a), "{b} / {a}");
@@ -161,6 +188,8 @@ mod tests {
             ("order", "ship"),
             ("python", "java"),
             ("uncle", "cle"),
+            ("it", "unit"),
+            ("fast", "quick"),
         ] {
             assert!(!opposite(a, b), "{a} / {b}");
         }
