@@ -171,16 +171,16 @@ fn flips_polarity(word: &str) -> bool {
     is_negation(word) || matches!(word, "less" | "least" | "fewer" | "hardly" | "barely")
 }
 
-/// Whether one stretch holds a word opposed (by `opposite`) to a word of the other, neither stretch
-/// flipping polarity.
+/// Whether one stretch holds a word opposed (by `opposite`) to a word of the other, unless another
+/// word of one stretch flips its polarity ("least expensive" against "cheapest"; "least" against
+/// "most" is itself the opposition).
 fn opposed(query: &[String], candidate: &[String], opposite: fn(&str, &str) -> bool) -> bool {
-    let flipped = |s: &[String]| s.iter().any(|w| flips_polarity(w));
-    if flipped(query) != flipped(candidate) {
-        return false;
-    }
-    query
-        .iter()
-        .any(|q| candidate.iter().any(|c| opposite(q, c)))
+    let flipped = |s: &[String], except: &str| s.iter().any(|w| w != except && flips_polarity(w));
+    query.iter().any(|q| {
+        candidate
+            .iter()
+            .any(|c| opposite(q, c) && flipped(query, q) == flipped(candidate, c))
+    })
 }
 
 impl std::fmt::Display for Guards {
@@ -235,17 +235,47 @@ impl Literals {
         literals.asks = request::Asks::of(text);
         let words = words(text);
         literals.words = words.iter().take(MAX_ALIGNED_WORDS).cloned().collect();
-        for word in words {
+        // Words already read as the unit of the number before them ("5 thousand", "7 a.m.").
+        let mut skip = 0;
+        for (i, word) in words.iter().enumerate() {
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
             // A possessive or quotes are not part of the word: "Sunday's" is Sunday, "nothing's"
             // is a negation. "n't" is kept whole for the negation check.
-            let base = word.strip_suffix("'s").unwrap_or(&word).trim_matches('\'');
-            if is_negation(&word) || is_negation(base) {
+            let base = word.strip_suffix("'s").unwrap_or(word).trim_matches('\'');
+            let next = words.get(i + 1).map(String::as_str);
+            let after_next = words.get(i + 2).map(String::as_str);
+            if is_negation(word) || is_negation(base) || is_negative_implicative(base, next) {
                 literals.negations += 1;
             } else if base.bytes().any(|b| b.is_ascii_digit()) {
-                // "3pm", "£50", "2-bedroom", "1st": the digits are the literal, the rest is its unit.
-                literals.numbers.extend(digit_runs(base));
+                // "3pm", "2-bedroom", "1st": the digits are the literal; a unit that changes what
+                // they mean ("7am" against "7pm", "5k", "14 days") is read with them.
+                let runs = digit_runs(base);
+                if let [run] = runs.as_slice() {
+                    let suffix = base
+                        .rsplit(|c: char| c.is_ascii_digit())
+                        .next()
+                        .unwrap_or("");
+                    let (literal, used) = if suffix.is_empty() {
+                        quantity(run, next, after_next)
+                    } else {
+                        (quantity(run, Some(suffix), None).0, 0)
+                    };
+                    literals.numbers.insert(literal);
+                    skip = used;
+                } else {
+                    literals.numbers.extend(runs);
+                }
             } else if let Some(n) = compound_number(base) {
-                literals.numbers.insert(n);
+                let (literal, used) = quantity(&n, next, after_next);
+                literals.numbers.insert(literal);
+                skip = used;
+            } else if let (Some(n), false) = (number_word(base), base.contains('-')) {
+                let (literal, used) = quantity(&n.to_string(), next, after_next);
+                literals.numbers.insert(literal);
+                skip = used;
             } else {
                 // "Sunday-morning": each part on its own.
                 for part in base.split('-') {
@@ -319,6 +349,96 @@ fn digit_runs(word: &str) -> Vec<String> {
         runs.push(run);
     }
     runs
+}
+
+/// A number as the literal it means with its unit: the time of day ("7am", "7:30pm"), a count
+/// with its multiplier ("5k" and "5 thousand" are `5000`), and a duration in one base unit, so that
+/// equal quantities written differently agree ("14 days" and "two weeks" are `1209600s`, "a year"
+/// typed "12 months" is `12mo`). Other units leave the number as it is.
+/// Returns the literal and how many of the following words it read as its unit.
+fn quantity(number: &str, unit: Option<&str>, after: Option<&str>) -> (String, usize) {
+    let unit = unit.unwrap_or("");
+    let value = || number.parse::<f64>().ok().filter(|v| v.is_finite());
+    let scaled = |factor: f64, suffix: &str| match value() {
+        Some(v) => {
+            let n = v * factor;
+            if n.fract() == 0.0 && n.abs() < 1e15 {
+                format!("{}{suffix}", n as i64)
+            } else {
+                format!("{n}{suffix}")
+            }
+        }
+        None => number.to_owned(),
+    };
+    let literal = match unit {
+        "am" | "pm" => format!("{number}{unit}"),
+        // "7 a.m." is read as the words "a" and "m".
+        "a" | "p" if after == Some("m") => return (format!("{number}{unit}m"), 2),
+        "k" | "thousand" => scaled(1e3, ""),
+        "million" | "mn" => scaled(1e6, ""),
+        "billion" | "bn" => scaled(1e9, ""),
+        "s" | "sec" | "secs" | "second" | "seconds" => scaled(1.0, "s"),
+        "min" | "mins" | "minute" | "minutes" => scaled(60.0, "s"),
+        "h" | "hr" | "hrs" | "hour" | "hours" => scaled(3600.0, "s"),
+        "day" | "days" => scaled(86_400.0, "s"),
+        "week" | "weeks" => scaled(604_800.0, "s"),
+        "fortnight" | "fortnights" => scaled(1_209_600.0, "s"),
+        "month" | "months" => scaled(1.0, "mo"),
+        "year" | "years" | "yr" | "yrs" => scaled(12.0, "mo"),
+        _ => return (number.to_owned(), 0),
+    };
+    (literal, 1)
+}
+
+/// Verbs that assert their complement did not or will not happen (Karttunen's negative
+/// implicatives): "stop watering" is not watering, "avoid it" is not taking it, "forgot to pay" is
+/// not paying. They count as negations, so "Which foods should I avoid?" does not get the answer to
+/// "Which foods should I eat?", while "I forgot to pay" and "I didn't pay" still agree. forget,
+/// fail and neglect are implicative only before "to": "I forgot my password" is a plain report.
+fn is_negative_implicative(word: &str, next: Option<&str>) -> bool {
+    let before_to = matches!(
+        word,
+        "forget"
+            | "forgets"
+            | "forgot"
+            | "forgotten"
+            | "forgetting"
+            | "fail"
+            | "fails"
+            | "failed"
+            | "failing"
+            | "neglect"
+            | "neglects"
+            | "neglected"
+            | "neglecting"
+    );
+    (before_to && next == Some("to"))
+        || matches!(
+            word,
+            "avoid"
+                | "avoids"
+                | "avoided"
+                | "avoiding"
+                | "stop"
+                | "stops"
+                | "stopped"
+                | "stopping"
+                | "quit"
+                | "quits"
+                | "quitting"
+                | "cease"
+                | "ceases"
+                | "ceased"
+                | "ceasing"
+                | "prevent"
+                | "prevents"
+                | "prevented"
+                | "preventing"
+                | "refrain"
+                | "refrains"
+                | "refrained"
+                | "refraining"
+        )
 }
 
 /// Whether `rest` starts with exactly three digits (then a non-digit or the end).
@@ -401,7 +521,18 @@ const MONTHS: [&str; 11] = [
     "november",
     "december",
 ];
-const RELATIVE_DAYS: [&str; 4] = ["today", "tomorrow", "yesterday", "tonight"];
+/// Days relative to now, and the other named parts of the calendar and the clock: "on weekdays" is
+/// not "at weekends", "at noon" not "at midnight".
+const RELATIVE_DAYS: [&str; 8] = [
+    "today",
+    "tomorrow",
+    "yesterday",
+    "tonight",
+    "weekday",
+    "weekend",
+    "noon",
+    "midnight",
+];
 
 /// A weekday, month or relative day, plurals folded ("sundays" → sunday). A weekday also matches
 /// with one letter left out or two neighbours swapped ("mondys", "firday", "wendesday"), since
@@ -815,5 +946,79 @@ mod tests {
             assert_eq!(refused(a, b), None, "{a} / {b}");
             assert_eq!(refused(b, a), None, "{b} / {a}");
         }
+    }
+
+    #[test]
+    fn units_that_change_a_number_are_read_with_it() {
+        for (a, b) in [
+            ("Remind me at 7am", "Remind me at 7pm"),
+            ("Call-out fee at 2pm?", "Call-out fee at 2 a.m.?"),
+            ("Is 5k steps enough?", "Is 50 steps enough?"),
+            (
+                "Can I return it after 14 days?",
+                "Can I return it after 14 weeks?",
+            ),
+            (
+                "What time does the pharmacy close on weekdays?",
+                "What time does the pharmacy close on weekends?",
+            ),
+        ] {
+            assert_eq!(refused(a, b), Some("numbers"), "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn equal_quantities_written_differently_agree() {
+        for (a, b) in [
+            (
+                "Can I return it after 14 days?",
+                "Can I still send it back after two weeks?",
+            ),
+            ("Is 5k a good salary bump?", "Is 5000 a good salary bump?"),
+            (
+                "Is 5 thousand a good salary bump?",
+                "Is 5000 a good salary bump?",
+            ),
+            ("Run for 90 minutes", "Run for 1.5 hours"),
+            ("Warranty for 24 months?", "Warranty for 2 years?"),
+            ("Wake me at 7am", "Wake me at 7 am"),
+        ] {
+            assert_eq!(refused(a, b), None, "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn verbs_that_deny_their_complement_count_as_negations() {
+        for (a, b) in [
+            (
+                "Which foods should I eat before surgery?",
+                "Which foods should I avoid before surgery?",
+            ),
+            (
+                "Should I water succulents in winter?",
+                "Should I stop watering succulents in winter?",
+            ),
+        ] {
+            assert_eq!(refused(a, b), Some("negation"), "{a} / {b}");
+        }
+        // A denial said two ways is the same question.
+        assert_eq!(
+            refused(
+                "I forgot to pay my bill, what now?",
+                "I didn't pay my bill, what now?"
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn superlatives_that_oppose_each_other_are_refused() {
+        assert_eq!(
+            refused(
+                "Which appliances use the most electricity?",
+                "Which appliances use the least electricity?"
+            ),
+            Some("antonym")
+        );
     }
 }
