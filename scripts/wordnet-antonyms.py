@@ -27,7 +27,7 @@ def lemma(raw):
 def read(name):
     """Synsets of one data file: offset -> words, the antonym pointers found there, and each adjective
     satellite's head (its `&` similar-to pointer)."""
-    words, pointers, similar = {}, [], {}
+    words, pointers, similar, hyponyms = {}, [], {}, {}
     with open(f"{DIR}/data.{name}", encoding="latin-1") as f:
         for line in f:
             if line.startswith("  "):
@@ -43,13 +43,16 @@ def read(name):
                     pointers.append((offset, int(source_target[:2], 16), FILES[pos], target, int(source_target[2:], 16)))
                 elif symbol == "&" and fields[2] == "s":
                     similar.setdefault(target, []).append(offset)
-    return words, pointers, similar
+                elif symbol == "~" and FILES[pos] == name:
+                    hyponyms.setdefault(offset, []).append(target)
+    return words, pointers, similar, hyponyms
 
 
-synsets, pointers, satellites = {}, [], {}
+synsets, pointers, satellites, kinds = {}, [], {}, {}
 for name in ("noun", "verb", "adj", "adv"):
-    words, found, similar = read(name)
+    words, found, similar, hyponyms = read(name)
     synsets[name] = words
+    kinds[name] = hyponyms
     pointers += [(name, *p) for p in found]
     if name == "adj":
         satellites = similar
@@ -70,6 +73,13 @@ pairs = set()
 for name, offset, source, target_file, target, target_word in pointers:
     left, right = synsets[name][offset], synsets[target_file][target]
     add(pairs, left, right)
+    # A kind of one sense opposes the other sense too: "ban" is a way to "forbid", so it opposes
+    # "allow" (verb troponyms and noun hyponyms, one level down).
+    if name == target_file and name in ("verb", "noun"):
+        for kind in kinds[name].get(offset, []):
+            add(pairs, synsets[name][kind], right)
+        for kind in kinds[name].get(target, []):
+            add(pairs, left, synsets[name][kind])
     if name == "adj" and target_file == "adj":
         for satellite in satellites.get(offset, []):
             add(pairs, synsets["adj"][satellite], right)

@@ -88,6 +88,11 @@ impl Guards {
                 .find(|g| g.name().eq_ignore_ascii_case(name))?;
             guards.0 |= guard.bit();
         }
+        // The antonym table (50k pairs) is built on first use: at start-up or on a live change of
+        // the guards, never on the first request that needs it.
+        if guards.runs(Guard::Antonym) {
+            antonym::load();
+        }
         Some(guards)
     }
 
@@ -114,7 +119,15 @@ impl Guards {
         Guard::ALL.into_iter().find(|g| {
             self.runs(*g)
                 && match g {
-                    Guard::Numbers => query.numbers != candidate.numbers,
+                    Guard::Numbers => {
+                        query.numbers != candidate.numbers
+                            || query.meridiems.iter().any(|(hour, half)| {
+                                candidate
+                                    .meridiems
+                                    .iter()
+                                    .any(|(h, other)| h == hour && other != half)
+                            })
+                    }
                     Guard::Negation => query.negations != candidate.negations,
                     Guard::Direction => {
                         direction::roles_swapped(&query.words, &candidate.words)
@@ -210,6 +223,10 @@ pub struct Literals {
     /// `25` (from "twenty-five"), `sunday`, `march`. A set: "2 adults and 3 children" and "3
     /// children and 2 adults" agree.
     numbers: BTreeSet<String>,
+    /// Times of day with their half: `7` → `pm`. Kept apart from `numbers` because a half is often
+    /// left to context ("seven this evening" is 7pm): only two prompts that both state a half for
+    /// the same hour must agree on it.
+    meridiems: BTreeSet<(String, &'static str)>,
     negations: usize,
     /// The first [`MAX_ALIGNED_WORDS`] words, lowercased, for the guards that align the two texts.
     words: Vec<String>,
@@ -263,24 +280,26 @@ impl Literals {
                     } else {
                         (quantity(run, Some(suffix), None).0, 0)
                     };
-                    literals.numbers.insert(literal);
+                    literals.insert_number(literal);
                     skip = used;
                 } else {
                     literals.numbers.extend(runs);
                 }
             } else if let Some(n) = compound_number(base) {
                 let (literal, used) = quantity(&n, next, after_next);
-                literals.numbers.insert(literal);
+                literals.insert_number(literal);
                 skip = used;
             } else if let (Some(n), false) = (number_word(base), base.contains('-')) {
                 let (literal, used) = quantity(&n.to_string(), next, after_next);
-                literals.numbers.insert(literal);
+                literals.insert_number(literal);
                 skip = used;
             } else {
-                // "Sunday-morning": each part on its own.
-                for part in base.split('-') {
+                // "Sunday-morning": each part on its own; "two-year" as "two years".
+                let parts: Vec<&str> = base.split('-').collect();
+                for (j, part) in parts.iter().enumerate() {
                     if let Some(n) = number_word(part) {
-                        literals.numbers.insert(n.to_string());
+                        let unit = parts.get(j + 1).copied();
+                        literals.insert_number(quantity(&n.to_string(), unit, None).0);
                     } else if let Some(day) = date_word(part) {
                         literals.numbers.insert(day.to_owned());
                     }
@@ -288,6 +307,18 @@ impl Literals {
             }
         }
         literals
+    }
+
+    /// Adds a number literal, its half of the day ("7pm") kept apart.
+    fn insert_number(&mut self, literal: String) {
+        for half in ["am", "pm"] {
+            if let Some(hour) = literal.strip_suffix(half) {
+                self.meridiems.insert((hour.to_owned(), half));
+                self.numbers.insert(hour.to_owned());
+                return;
+            }
+        }
+        self.numbers.insert(literal);
     }
 }
 
@@ -374,6 +405,7 @@ fn quantity(number: &str, unit: Option<&str>, after: Option<&str>) -> (String, u
         "am" | "pm" => format!("{number}{unit}"),
         // "7 a.m." is read as the words "a" and "m".
         "a" | "p" if after == Some("m") => return (format!("{number}{unit}m"), 2),
+        "o'clock" | "oclock" => number.to_owned(),
         "k" | "thousand" => scaled(1e3, ""),
         "million" | "mn" => scaled(1e6, ""),
         "billion" | "bn" => scaled(1e9, ""),
@@ -982,6 +1014,11 @@ mod tests {
             ("Run for 90 minutes", "Run for 1.5 hours"),
             ("Warranty for 24 months?", "Warranty for 2 years?"),
             ("Wake me at 7am", "Wake me at 7 am"),
+            (
+                "Remind me at 7am",
+                "Set a reminder for seven in the morning",
+            ),
+            ("Fixed for a 2-year term?", "Fixed for a two-year term?"),
         ] {
             assert_eq!(refused(a, b), None, "{a} / {b}");
         }

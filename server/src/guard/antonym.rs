@@ -54,6 +54,11 @@ static ANTONYMS: LazyLock<Table> = LazyLock::new(|| {
     table
 });
 
+/// Builds the table now rather than on first use.
+pub(super) fn load() {
+    LazyLock::force(&ANTONYMS);
+}
+
 /// Regular inflections, undone the way WordNet's own `morphy` does: a suffix replaced by an ending,
 /// each tried in turn; only candidates that are words of the table are kept.
 const SUFFIXES: &[(&str, &str)] = &[
