@@ -3,8 +3,9 @@
 # provisions the embedding model, builds release binaries, starts reprise-sim and a gateway (default
 # matching settings) on free ports with a temporary data dir, runs `reprise-client eval` on the
 # single questions (pairs.jsonl) and on the conversations (conv-parts/, conv-long/), then the single
-# questions again through a second gateway with the literal guards off (`--semantic-guards none`), so
-# what the guards change is measured in the same run. Writes benches/results/eval-<date>.md with one
+# questions again through a second gateway with the guards off (`--semantic-guards none`), and once
+# more for each guard with only that guard off, so what each guard buys and costs is measured in the
+# same run (scripts/eval-guards.py tabulates it, with every guard's refusals per category). Writes benches/results/eval-<date>.md with one
 # threshold curve per set beside it. Nothing of the data set is copied into the repository.
 #
 # Usage: scripts/eval.sh [--concurrency N]   (default 8)
@@ -41,6 +42,7 @@ start_stack
 default_url=$GATEWAY_URL
 start_stack --semantic-guards none
 unguarded_url=$GATEWAY_URL
+all_guards=$(curl -fsS "$default_url/healthz" | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["semantic"]["guards"])')
 echo "==> gateways at $default_url (defaults) and $unguarded_url (guards off)" >&2
 
 # run_set URL NAME TITLE FILES...: evaluates FILES (relative to the data dir, so reports name them
@@ -57,7 +59,23 @@ run_set "$default_url" questions "Single questions (pairs.jsonl)" pairs.jsonl
 mapfile -t conv_files <"$WORK/conv-files"
 run_set "$default_url" conversations "Conversations (conv-parts/, conv-long/)" "${conv_files[@]}"
 run_set "$unguarded_url" questions-unguarded \
-  "Single questions with the literal guards off (comparison)" pairs.jsonl
+  "Single questions with the guards off (comparison)" pairs.jsonl
+# One gateway at a time with a single guard switched off: what that guard buys and costs.
+ablations=()
+for guard in ${all_guards//,/ }; do
+  others=$(echo ",$all_guards," | sed "s/,$guard,/,/; s/^,//; s/,$//")
+  start_stack --semantic-guards "${others:-none}"
+  run_set "$GATEWAY_URL" "without-$guard" "Single questions without the $guard guard" pairs.jsonl >/dev/null
+  stop_last_stack
+  ablations+=("without $guard=$WORK/without-$guard")
+done
+ablations+=("none=$WORK/questions-unguarded")
+
+# Per-pair results hold the data set's text: kept out of the repository, in target/eval-last/.
+rm -rf target/eval-last && mkdir -p target/eval-last
+for dir in "$WORK"/questions* "$WORK"/conversations "$WORK"/without-*; do
+  [ -f "$dir/results.jsonl" ] && cp "$dir/results.jsonl" "target/eval-last/$(basename "$dir").jsonl"
+done
 
 day=$(date -u +%Y-%m-%d)
 mkdir -p benches/results
@@ -79,5 +97,9 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
     sed "s|(threshold-curve.svg)|(eval-$day-$name.svg)|" "$WORK/$name/eval.md"
     cp "$WORK/$name/threshold-curve.svg" "benches/results/eval-$day-$name.svg"
   done
+  echo
+  echo "## Guards, one by one (single questions)"
+  echo
+  .venv/bin/python scripts/eval-guards.py "$WORK/questions" "${ablations[@]}"
 } >"$out"
 echo "==> wrote $out and benches/results/eval-$day-{questions,conversations,questions-unguarded}.svg in $elapsed s" >&2

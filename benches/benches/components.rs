@@ -1,6 +1,6 @@
 //! Criterion benches of the hot components on the request path, with fixed inputs and seeds:
 //! key canonicalization and hashing, store get/put, rendering a replayed entry as SSE, the literal
-//! guards (reading a prompt's numbers and negations, and one candidate check), embedding
+//! guards (reading a prompt's literals, one candidate check, and a 2 KB lookup with every guard), embedding
 //! (one text and batches; needs the provisioned model), and vector index search (exact partition
 //! scan, filtered graph search, and the admin's cross-partition scan) at 10k and 100k vectors.
 //!
@@ -166,6 +166,16 @@ fn guard(c: &mut Criterion) {
     });
     group.bench_function("check/question-vs-candidate", |b| {
         b.iter(|| guards.refuses(&Literals::of(black_box(question)), black_box(&candidate)))
+    });
+    // The worst case of a lookup: every guard runs (none refuses), aligning two 2 KB prompts that
+    // differ in a few words; the request's literals are read once, the candidate's every time.
+    let reworded = format!("Hello there. {long} Thanks a lot!");
+    group.bench_function("lookup/2KB-all-guards-pass", |b| {
+        b.iter(|| {
+            let query = Literals::of(black_box(&long));
+            let verdict = guards.refuses(&query, &Literals::of(black_box(&reworded)));
+            assert!(verdict.is_none(), "{verdict:?}");
+        })
     });
     group.finish();
 }

@@ -240,11 +240,22 @@ pub struct UpstreamErrors {
     pub stream: u64,
 }
 
-/// Wrong answers a literal guard kept from being served, by guard.
+/// Wrong answers a guard kept from being served, by guard.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GuardRefusals {
     pub numbers: u64,
     pub negation: u64,
+    /// The five below are absent from gateways that predate them.
+    #[serde(default)]
+    pub direction: u64,
+    #[serde(default)]
+    pub antonym: u64,
+    #[serde(default)]
+    pub task: u64,
+    #[serde(default)]
+    pub format: u64,
+    #[serde(default)]
+    pub entity: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -611,7 +622,7 @@ pub struct Flush {
 pub struct LiveConfig {
     pub similarity_threshold: f32,
     pub namespace_thresholds: BTreeMap<String, f32>,
-    /// `numbers,negation`, one of them, or `none` (empty from gateways that predate the guards).
+    /// `numbers,negation,direction,antonym`, some of them, or `none` (empty from gateways that predate the guards).
     #[serde(default)]
     pub semantic_guards: String,
     pub default_ttl_s: Option<u64>,

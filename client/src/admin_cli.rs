@@ -193,7 +193,7 @@ pub enum ConfigCommand {
     /// Show the live configuration (the default).
     Get,
     /// Change settings: similarity_threshold=0.92 default_ttl_s=1d replay=recorded
-    /// cache_mode=read-only semantic_guards=numbers,negation|none
+    /// cache_mode=read-only semantic_guards=numbers,negation,direction,antonym|none
     /// namespace_thresholds.support=0.95 (=null removes it).
     Set {
         #[arg(required = true, value_name = "KEY=VALUE")]
@@ -793,8 +793,15 @@ pub fn render_stats(stats: &Stats) -> String {
         summary.push((
             "Guard refusals",
             format!(
-                "numbers {}, negation {} (semantic matches not served)",
-                refused.numbers, refused.negation
+                "numbers {}, negation {}, format {}, task {}, direction {}, antonym {}, entity {} \
+                 (semantic matches not served)",
+                refused.numbers,
+                refused.negation,
+                refused.format,
+                refused.task,
+                refused.direction,
+                refused.antonym,
+                refused.entity
             ),
         ));
     }
@@ -1365,7 +1372,7 @@ mod tests {
             "12.3 s over 30 hits (411 ms per hit)",
             "25 texts in 17 batches (mean 1.47), p50 5.10 ms, p99 12.0 ms, 2 fallbacks",
             "connect 0, timeout 0, protocol 0, status 1, stream 0",
-            "numbers 3, negation 1 (semantic matches not served)",
+            "numbers 3, negation 1, format 0, task 0, direction 0, antonym 0, entity 0 (semantic matches not served)",
             "Latency (last 1000 requests)",
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");

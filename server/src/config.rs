@@ -168,8 +168,8 @@ pub struct ServeArgs {
     /// Embedding deadline in ms; a later embedding falls back to exact matching [default: 250].
     #[arg(long, env = "REPRISE_EMBED_DEADLINE_MS")]
     pub embed_deadline_ms: Option<u64>,
-    /// Literal checks a semantic match must pass: `numbers,negation`, one of them, or `none`
-    /// [default: numbers,negation].
+    /// Guards a semantic match must pass: a comma-separated list of numbers, negation, direction,
+    /// antonym, or `none` [default: numbers,negation,direction,antonym].
     #[arg(long, env = "REPRISE_SEMANTIC_GUARDS")]
     pub semantic_guards: Option<String>,
 }
@@ -502,7 +502,7 @@ impl Config {
                 return Err(ConfigError::Invalid {
                     field: "semantic_guards",
                     reason: format!(
-                        "`{}` is not a comma-separated list of numbers and negation, or none",
+                        "`{}` is not a comma-separated list of numbers, negation, direction and antonym, or none",
                         self.semantic_guards
                     ),
                 })

@@ -1,5 +1,6 @@
-//! Literal guards, the check after the vector search: a semantic candidate is refused when its prompt
-//! and the request's disagree on a number, a date or a negation.
+//! Guards, the check after the vector search: a semantic candidate is refused when its prompt and the
+//! request's disagree on a number, a date or a negation (the literal guards), hold opposite words at
+//! the same place ([`antonym`]), or put the same things in reversed roles ([`direction`]).
 //!
 //! Sentence embeddings place "Who won the World Cup in 2014?" and "… in 2018?" (or "Cancel my
 //! subscription" and "Don't cancel my subscription") almost on top of each other: on the public
@@ -9,6 +10,13 @@
 
 use std::collections::BTreeSet;
 
+use similar::{capture_diff_slices, Algorithm, DiffTag};
+
+mod antonym;
+mod direction;
+mod entity;
+mod request;
+
 /// One literal check, as named in configuration (`semantic_guards`) and in `x-reprise-guard`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Guard {
@@ -16,31 +24,57 @@ pub enum Guard {
     Numbers,
     /// Both prompts must hold the same number of negations (not, no, never, n't, without, …).
     Negation,
+    /// The same things must keep their roles around relational words ("USD to EUR" against "EUR to
+    /// USD"), and no relation may turn into its converse ("before" against "after").
+    Direction,
+    /// No word may stand at the same place as its antonym on the other side ("open" against
+    /// "closed", "safe" against "unsafe"), from WordNet.
+    Antonym,
+    /// Both prompts' instructions must ask for the same kind of task ("summarize" against
+    /// "translate").
+    Task,
+    /// Both prompts must ask for the same output: format, language, length and register ("as JSON",
+    /// "in French", "in one sentence", "formally").
+    Format,
+    /// A name, quoted string, identifier, path or URL on one side may not be replaced by another on
+    /// the other ("PayPal" against "Klarna"). Last, so that "JSON" against "CSV" is named a format.
+    Entity,
 }
 
 impl Guard {
-    pub const ALL: [Guard; 2] = [Guard::Numbers, Guard::Negation];
+    pub const ALL: [Guard; 7] = [
+        Guard::Numbers,
+        Guard::Negation,
+        Guard::Format,
+        Guard::Task,
+        Guard::Direction,
+        Guard::Antonym,
+        Guard::Entity,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Guard::Numbers => "numbers",
             Guard::Negation => "negation",
+            Guard::Direction => "direction",
+            Guard::Antonym => "antonym",
+            Guard::Entity => "entity",
+            Guard::Task => "task",
+            Guard::Format => "format",
         }
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
     }
 }
 
-/// The guards a gateway runs: parsed from `numbers,negation`, `numbers`, `negation` or `none`.
+/// The guards a gateway runs: parsed from a comma-separated list of guard names, or `none`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Guards {
-    numbers: bool,
-    negation: bool,
-}
+pub struct Guards(u8);
 
 impl Guards {
-    pub const ALL: Guards = Guards {
-        numbers: true,
-        negation: true,
-    };
+    pub const ALL: Guards = Guards(0b111_1111);
 
     pub fn parse(s: &str) -> Option<Self> {
         let mut guards = Guards::default();
@@ -49,24 +83,25 @@ impl Guards {
             return Some(guards);
         }
         for name in s.split(',').map(str::trim) {
-            match name.to_ascii_lowercase().as_str() {
-                "numbers" => guards.numbers = true,
-                "negation" => guards.negation = true,
-                _ => return None,
-            }
+            let guard = Guard::ALL
+                .into_iter()
+                .find(|g| g.name().eq_ignore_ascii_case(name))?;
+            guards.0 |= guard.bit();
+        }
+        // The antonym table (50k pairs) is built on first use: at start-up or on a live change of
+        // the guards, never on the first request that needs it.
+        if guards.runs(Guard::Antonym) {
+            antonym::load();
         }
         Some(guards)
     }
 
     pub fn is_empty(&self) -> bool {
-        !self.numbers && !self.negation
+        self.0 == 0
     }
 
     fn runs(&self, guard: Guard) -> bool {
-        match guard {
-            Guard::Numbers => self.numbers,
-            Guard::Negation => self.negation,
-        }
+        self.0 & guard.bit() != 0
     }
 
     /// [`Guards::refuses`] on two prompts; reads nothing when no guard runs.
@@ -79,14 +114,86 @@ impl Guards {
 
     /// The first guard that refuses serving `candidate`'s answer to `query`, if any.
     pub fn refuses(&self, query: &Literals, candidate: &Literals) -> Option<Guard> {
+        // The word alignment is computed once, and only when a guard that reads it runs.
+        let mut hunks = None;
         Guard::ALL.into_iter().find(|g| {
             self.runs(*g)
                 && match g {
-                    Guard::Numbers => query.numbers != candidate.numbers,
+                    Guard::Numbers => {
+                        query.numbers != candidate.numbers
+                            || query.meridiems.iter().any(|(hour, half)| {
+                                candidate
+                                    .meridiems
+                                    .iter()
+                                    .any(|(h, other)| h == hour && other != half)
+                            })
+                    }
                     Guard::Negation => query.negations != candidate.negations,
+                    Guard::Direction => {
+                        direction::roles_swapped(&query.words, &candidate.words)
+                            || hunks
+                                .get_or_insert_with(|| replaced(&query.words, &candidate.words))
+                                .iter()
+                                .any(|(q, c)| opposed(q, c, direction::converse))
+                    }
+                    Guard::Antonym => hunks
+                        .get_or_insert_with(|| replaced(&query.words, &candidate.words))
+                        .iter()
+                        .any(|(q, c)| opposed(q, c, antonym::opposite)),
+                    Guard::Entity => {
+                        query.names.difference(&candidate.names).next().is_some()
+                            && candidate.names.difference(&query.names).next().is_some()
+                    }
+                    Guard::Task => {
+                        !query.asks.tasks.is_empty()
+                            && !candidate.asks.tasks.is_empty()
+                            && query.asks.tasks != candidate.asks.tasks
+                    }
+                    Guard::Format => query.asks.formats != candidate.asks.formats,
                 }
         })
     }
+}
+
+/// The longest replaced stretch, in words, still read as one place of the sentence: "open" for
+/// "closed", "cheapest" for "least expensive". Longer rewrites say something else in other words,
+/// and the opposites inside them no longer face each other.
+const MAX_REPLACED_WORDS: usize = 4;
+
+/// The places where the two texts differ, aligned word by word (Myers' diff): the stretch of the
+/// query and the stretch of the candidate standing there instead. Pure insertions and deletions
+/// are not places where one word replaces another.
+fn replaced<'a>(query: &'a [String], candidate: &'a [String]) -> Vec<(&'a [String], &'a [String])> {
+    capture_diff_slices(Algorithm::Myers, query, candidate)
+        .iter()
+        .filter_map(|op| match op.as_tag_tuple() {
+            (DiffTag::Replace, q, c)
+                if q.len() <= MAX_REPLACED_WORDS && c.len() <= MAX_REPLACED_WORDS =>
+            {
+                Some((&query[q], &candidate[c]))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Words that flip what follows: with one of them in the replaced stretch, "least expensive" is
+/// "cheapest" and "not open" is "closed", so opposites there agree (a bare negation is still
+/// counted by the negation guard).
+fn flips_polarity(word: &str) -> bool {
+    is_negation(word) || matches!(word, "less" | "least" | "fewer" | "hardly" | "barely")
+}
+
+/// Whether one stretch holds a word opposed (by `opposite`) to a word of the other, unless another
+/// word of one stretch flips its polarity ("least expensive" against "cheapest"; "least" against
+/// "most" is itself the opposition).
+fn opposed(query: &[String], candidate: &[String], opposite: fn(&str, &str) -> bool) -> bool {
+    let flipped = |s: &[String], except: &str| s.iter().any(|w| w != except && flips_polarity(w));
+    query.iter().any(|q| {
+        candidate
+            .iter()
+            .any(|c| opposite(q, c) && flipped(query, q) == flipped(candidate, c))
+    })
 }
 
 impl std::fmt::Display for Guards {
@@ -116,8 +223,22 @@ pub struct Literals {
     /// `25` (from "twenty-five"), `sunday`, `march`. A set: "2 adults and 3 children" and "3
     /// children and 2 adults" agree.
     numbers: BTreeSet<String>,
+    /// Times of day with their half: `7` → `pm`. Kept apart from `numbers` because a half is often
+    /// left to context ("seven this evening" is 7pm): only two prompts that both state a half for
+    /// the same hour must agree on it.
+    meridiems: BTreeSet<(String, &'static str)>,
     negations: usize,
+    /// The first [`MAX_ALIGNED_WORDS`] words, lowercased, for the guards that align the two texts.
+    words: Vec<String>,
+    /// Names, quoted strings, identifiers, paths and URLs (the entity guard).
+    names: BTreeSet<String>,
+    /// The task and output the prompt asks for (the task and format guards).
+    asks: request::Asks,
 }
+
+/// How many words the aligning guards read: what the embedding sees (256 word pieces) and more,
+/// with a word-by-word diff bounded to well under a millisecond.
+const MAX_ALIGNED_WORDS: usize = 384;
 
 impl Literals {
     pub fn of(text: &str) -> Self {
@@ -126,22 +247,59 @@ impl Literals {
             end -= 1;
         }
         let mut literals = Literals::default();
-        for word in words(&text[..end]) {
+        let text = &text[..end];
+        literals.names = entity::names(text);
+        literals.asks = request::Asks::of(text);
+        let words = words(text);
+        literals.words = words.iter().take(MAX_ALIGNED_WORDS).cloned().collect();
+        // Words already read as the unit of the number before them ("5 thousand", "7 a.m.").
+        let mut skip = 0;
+        for (i, word) in words.iter().enumerate() {
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
             // A possessive or quotes are not part of the word: "Sunday's" is Sunday, "nothing's"
             // is a negation. "n't" is kept whole for the negation check.
-            let base = word.strip_suffix("'s").unwrap_or(&word).trim_matches('\'');
-            if is_negation(&word) || is_negation(base) {
+            let base = word.strip_suffix("'s").unwrap_or(word).trim_matches('\'');
+            let next = words.get(i + 1).map(String::as_str);
+            let after_next = words.get(i + 2).map(String::as_str);
+            if is_negation(word) || is_negation(base) || is_negative_implicative(base, next) {
                 literals.negations += 1;
             } else if base.bytes().any(|b| b.is_ascii_digit()) {
-                // "3pm", "£50", "2-bedroom", "1st": the digits are the literal, the rest is its unit.
-                literals.numbers.extend(digit_runs(base));
+                // "3pm", "2-bedroom", "1st": the digits are the literal; a unit that changes what
+                // they mean ("7am" against "7pm", "5k", "14 days") is read with them.
+                let runs = digit_runs(base);
+                if let [run] = runs.as_slice() {
+                    let suffix = base
+                        .rsplit(|c: char| c.is_ascii_digit())
+                        .next()
+                        .unwrap_or("");
+                    let (literal, used) = if suffix.is_empty() {
+                        quantity(run, next, after_next)
+                    } else {
+                        (quantity(run, Some(suffix), None).0, 0)
+                    };
+                    literals.insert_number(literal);
+                    skip = used;
+                } else {
+                    literals.numbers.extend(runs);
+                }
             } else if let Some(n) = compound_number(base) {
-                literals.numbers.insert(n);
+                let (literal, used) = quantity(&n, next, after_next);
+                literals.insert_number(literal);
+                skip = used;
+            } else if let (Some(n), false) = (number_word(base), base.contains('-')) {
+                let (literal, used) = quantity(&n.to_string(), next, after_next);
+                literals.insert_number(literal);
+                skip = used;
             } else {
-                // "Sunday-morning": each part on its own.
-                for part in base.split('-') {
+                // "Sunday-morning": each part on its own; "two-year" as "two years".
+                let parts: Vec<&str> = base.split('-').collect();
+                for (j, part) in parts.iter().enumerate() {
                     if let Some(n) = number_word(part) {
-                        literals.numbers.insert(n.to_string());
+                        let unit = parts.get(j + 1).copied();
+                        literals.insert_number(quantity(&n.to_string(), unit, None).0);
                     } else if let Some(day) = date_word(part) {
                         literals.numbers.insert(day.to_owned());
                     }
@@ -149,6 +307,18 @@ impl Literals {
             }
         }
         literals
+    }
+
+    /// Adds a number literal, its half of the day ("7pm") kept apart.
+    fn insert_number(&mut self, literal: String) {
+        for half in ["am", "pm"] {
+            if let Some(hour) = literal.strip_suffix(half) {
+                self.meridiems.insert((hour.to_owned(), half));
+                self.numbers.insert(hour.to_owned());
+                return;
+            }
+        }
+        self.numbers.insert(literal);
     }
 }
 
@@ -210,6 +380,97 @@ fn digit_runs(word: &str) -> Vec<String> {
         runs.push(run);
     }
     runs
+}
+
+/// A number as the literal it means with its unit: the time of day ("7am", "7:30pm"), a count
+/// with its multiplier ("5k" and "5 thousand" are `5000`), and a duration in one base unit, so that
+/// equal quantities written differently agree ("14 days" and "two weeks" are `1209600s`, "a year"
+/// typed "12 months" is `12mo`). Other units leave the number as it is.
+/// Returns the literal and how many of the following words it read as its unit.
+fn quantity(number: &str, unit: Option<&str>, after: Option<&str>) -> (String, usize) {
+    let unit = unit.unwrap_or("");
+    let value = || number.parse::<f64>().ok().filter(|v| v.is_finite());
+    let scaled = |factor: f64, suffix: &str| match value() {
+        Some(v) => {
+            let n = v * factor;
+            if n.fract() == 0.0 && n.abs() < 1e15 {
+                format!("{}{suffix}", n as i64)
+            } else {
+                format!("{n}{suffix}")
+            }
+        }
+        None => number.to_owned(),
+    };
+    let literal = match unit {
+        "am" | "pm" => format!("{number}{unit}"),
+        // "7 a.m." is read as the words "a" and "m".
+        "a" | "p" if after == Some("m") => return (format!("{number}{unit}m"), 2),
+        "o'clock" | "oclock" => number.to_owned(),
+        "k" | "thousand" => scaled(1e3, ""),
+        "million" | "mn" => scaled(1e6, ""),
+        "billion" | "bn" => scaled(1e9, ""),
+        "s" | "sec" | "secs" | "second" | "seconds" => scaled(1.0, "s"),
+        "min" | "mins" | "minute" | "minutes" => scaled(60.0, "s"),
+        "h" | "hr" | "hrs" | "hour" | "hours" => scaled(3600.0, "s"),
+        "day" | "days" => scaled(86_400.0, "s"),
+        "week" | "weeks" => scaled(604_800.0, "s"),
+        "fortnight" | "fortnights" => scaled(1_209_600.0, "s"),
+        "month" | "months" => scaled(1.0, "mo"),
+        "year" | "years" | "yr" | "yrs" => scaled(12.0, "mo"),
+        _ => return (number.to_owned(), 0),
+    };
+    (literal, 1)
+}
+
+/// Verbs that assert their complement did not or will not happen (Karttunen's negative
+/// implicatives): "stop watering" is not watering, "avoid it" is not taking it, "forgot to pay" is
+/// not paying. They count as negations, so "Which foods should I avoid?" does not get the answer to
+/// "Which foods should I eat?", while "I forgot to pay" and "I didn't pay" still agree. forget,
+/// fail and neglect are implicative only before "to": "I forgot my password" is a plain report.
+fn is_negative_implicative(word: &str, next: Option<&str>) -> bool {
+    let before_to = matches!(
+        word,
+        "forget"
+            | "forgets"
+            | "forgot"
+            | "forgotten"
+            | "forgetting"
+            | "fail"
+            | "fails"
+            | "failed"
+            | "failing"
+            | "neglect"
+            | "neglects"
+            | "neglected"
+            | "neglecting"
+    );
+    (before_to && next == Some("to"))
+        || matches!(
+            word,
+            "avoid"
+                | "avoids"
+                | "avoided"
+                | "avoiding"
+                | "stop"
+                | "stops"
+                | "stopped"
+                | "stopping"
+                | "quit"
+                | "quits"
+                | "quitting"
+                | "cease"
+                | "ceases"
+                | "ceased"
+                | "ceasing"
+                | "prevent"
+                | "prevents"
+                | "prevented"
+                | "preventing"
+                | "refrain"
+                | "refrains"
+                | "refrained"
+                | "refraining"
+        )
 }
 
 /// Whether `rest` starts with exactly three digits (then a non-digit or the end).
@@ -292,7 +553,18 @@ const MONTHS: [&str; 11] = [
     "november",
     "december",
 ];
-const RELATIVE_DAYS: [&str; 4] = ["today", "tomorrow", "yesterday", "tonight"];
+/// Days relative to now, and the other named parts of the calendar and the clock: "on weekdays" is
+/// not "at weekends", "at noon" not "at midnight".
+const RELATIVE_DAYS: [&str; 8] = [
+    "today",
+    "tomorrow",
+    "yesterday",
+    "tonight",
+    "weekday",
+    "weekend",
+    "noon",
+    "midnight",
+];
 
 /// A weekday, month or relative day, plurals folded ("sundays" → sunday). A weekday also matches
 /// with one letter left out or two neighbours swapped ("mondys", "firday", "wendesday"), since
@@ -486,17 +758,27 @@ mod tests {
         text.push_str(" in 2014");
         assert!(text.len() > MAX_SCANNED_BYTES);
         // Cut on a character boundary, before the year.
-        assert_eq!(Literals::of(&text), Literals::default());
+        let literals = Literals::of(&text);
+        assert!(literals.numbers.is_empty(), "{:?}", literals.numbers);
     }
 
     #[test]
     fn guards_parse_and_display_and_can_be_turned_off() {
-        assert_eq!(Guards::parse("numbers,negation"), Some(Guards::ALL));
-        assert_eq!(Guards::parse(" Negation , numbers "), Some(Guards::ALL));
+        assert_eq!(
+            Guards::parse("numbers,negation,format,task,direction,antonym,entity"),
+            Some(Guards::ALL)
+        );
+        assert_eq!(
+            Guards::parse(" Antonym, Negation , numbers,DIRECTION,format,Task,entity "),
+            Some(Guards::ALL)
+        );
         assert_eq!(Guards::parse("none").map(|g| g.is_empty()), Some(true));
         assert_eq!(Guards::parse("numbers, sarcasm"), None);
         assert_eq!(Guards::parse(""), None);
-        assert_eq!(Guards::ALL.to_string(), "numbers,negation");
+        assert_eq!(
+            Guards::ALL.to_string(),
+            "numbers,negation,format,task,direction,antonym,entity"
+        );
         let numbers = Guards::parse("numbers").expect("valid");
         assert_eq!(numbers.to_string(), "numbers");
         assert_eq!(
@@ -508,6 +790,272 @@ mod tests {
         assert_eq!(
             none.refuses(&Literals::of("in 2014"), &Literals::of("in 2018")),
             None
+        );
+    }
+
+    #[test]
+    fn reversed_roles_and_converse_relations_are_refused_by_direction() {
+        for (a, b) in [
+            ("Convert 100 USD to EUR", "Convert 100 EUR to USD"),
+            (
+                "How do I merge main into dev?",
+                "How do I merge dev into main?",
+            ),
+            ("Is Rust faster than Go?", "Is Go faster than Rust?"),
+            (
+                "Can I cancel my order after it ships?",
+                "Can I cancel my order before it ships?",
+            ),
+            ("How do I log in?", "How do I log out?"),
+            (
+                "Sort the list in ascending order",
+                "Sort the list in descending order",
+            ),
+        ] {
+            assert_eq!(refused(a, b), Some("direction"), "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn opposite_words_at_the_same_place_are_refused_by_antonym() {
+        for (a, b) in [
+            (
+                "Is the clinic open on Sundays?",
+                "Is the clinic closed on Sundays?",
+            ),
+            (
+                "Is ibuprofen safe to take with alcohol?",
+                "Is ibuprofen unsafe to take with alcohol?",
+            ),
+            (
+                "Which plans include international calls?",
+                "Which plans exclude international calls?",
+            ),
+            ("How do I enable dark mode?", "How do I disable dark mode?"),
+            (
+                "Should I buy Tesla stock now?",
+                "Should I sell Tesla stock now?",
+            ),
+            (
+                "How do I increase the font size?",
+                "How do I decrease the font size?",
+            ),
+            (
+                "Are dogs allowed in the restaurant?",
+                "Are dogs disallowed in the restaurant?",
+            ),
+        ] {
+            assert_eq!(refused(a, b), Some("antonym"), "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn another_name_task_or_format_is_refused() {
+        for (a, b, guard) in [
+            ("Can I pay with PayPal?", "Can I pay with Klarna?", "entity"),
+            (
+                "Who wrote Wuthering Heights?",
+                "Who wrote Jane Eyre?",
+                "entity",
+            ),
+            (
+                "What's Mary's phone number?",
+                "What's Mark's phone number?",
+                "entity",
+            ),
+            (
+                "Why does `config.toml` fail to load?",
+                "Why does `Cargo.toml` fail to load?",
+                "entity",
+            ),
+            (
+                "What does \"ephemeral\" mean?",
+                "What does \"ubiquitous\" mean?",
+                "entity",
+            ),
+            (
+                "Summarize this contract for me",
+                "Translate this contract for me",
+                "task",
+            ),
+            (
+                "Explain the water cycle",
+                "List the water cycle stages",
+                "task",
+            ),
+            (
+                "List the planets as JSON",
+                "List the planets as CSV",
+                "format",
+            ),
+            ("List the planets", "List the planets in a table", "format"),
+            (
+                "Explain recursion in one sentence",
+                "Explain recursion in detail",
+                "format",
+            ),
+            (
+                "Write a thank-you note formally",
+                "Write a thank-you note casually",
+                "format",
+            ),
+            (
+                "Translate 'good morning' into German",
+                "Translate 'good morning' into Italian",
+                "format",
+            ),
+        ] {
+            assert_eq!(refused(a, b), Some(guard), "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn paraphrases_pass_every_guard() {
+        for (a, b) in [
+            (
+                "What's the cheapest flight to Rome?",
+                "What's the least expensive flight to Rome?",
+            ),
+            ("Is the shop open late?", "Does the shop stay open late?"),
+            (
+                "How do I convert a string to an int in Python?",
+                "In Python, how do I convert a string to an int?",
+            ),
+            (
+                "How far is it from Paris to London?",
+                "How far is it to London from Paris?",
+            ),
+            (
+                "pls how do i resett my pasword",
+                "How do I reset my password?",
+            ),
+            (
+                "Kindly advise how one may reset the password.",
+                "how do i reset my password",
+            ),
+            (
+                "Can you tell me, like, what the weather is in Oslo?",
+                "What's the weather in Oslo?",
+            ),
+            (
+                "Is it hot or cold in Cairo in July?",
+                "How hot is Cairo in July?",
+            ),
+            ("Take a look at my code", "Have a look at my code"),
+            (
+                "Is the museum closed on Mondays?",
+                "Is the museum shut on Mondays?",
+            ),
+            (
+                "How do I turn on dark mode?",
+                "How do I switch on dark mode?",
+            ),
+            (
+                "What is the capital of France?",
+                "Tell me France's capital.",
+            ),
+            (
+                "Can I pay with PayPal?",
+                "Is PayPal accepted as a payment method?",
+            ),
+            ("Describe the water cycle", "Explain the water cycle"),
+            (
+                "Summarize this article",
+                "Could you please summarise this article?",
+            ),
+            ("Explain it briefly", "Give a concise explanation of it"),
+            ("Translate this into English", "Translate this"),
+            ("What is a hash table?", "Explain what a hash table is"),
+            (
+                "I need help. How do I reset my password?",
+                "How do I reset my password? Thanks!",
+            ),
+            (
+                "Is the clinic open on Sundays?",
+                "Is the clinic open on a Sunday?",
+            ),
+        ] {
+            assert_eq!(refused(a, b), None, "{a} / {b}");
+            assert_eq!(refused(b, a), None, "{b} / {a}");
+        }
+    }
+
+    #[test]
+    fn units_that_change_a_number_are_read_with_it() {
+        for (a, b) in [
+            ("Remind me at 7am", "Remind me at 7pm"),
+            ("Call-out fee at 2pm?", "Call-out fee at 2 a.m.?"),
+            ("Is 5k steps enough?", "Is 50 steps enough?"),
+            (
+                "Can I return it after 14 days?",
+                "Can I return it after 14 weeks?",
+            ),
+            (
+                "What time does the pharmacy close on weekdays?",
+                "What time does the pharmacy close on weekends?",
+            ),
+        ] {
+            assert_eq!(refused(a, b), Some("numbers"), "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn equal_quantities_written_differently_agree() {
+        for (a, b) in [
+            (
+                "Can I return it after 14 days?",
+                "Can I still send it back after two weeks?",
+            ),
+            ("Is 5k a good salary bump?", "Is 5000 a good salary bump?"),
+            (
+                "Is 5 thousand a good salary bump?",
+                "Is 5000 a good salary bump?",
+            ),
+            ("Run for 90 minutes", "Run for 1.5 hours"),
+            ("Warranty for 24 months?", "Warranty for 2 years?"),
+            ("Wake me at 7am", "Wake me at 7 am"),
+            (
+                "Remind me at 7am",
+                "Set a reminder for seven in the morning",
+            ),
+            ("Fixed for a 2-year term?", "Fixed for a two-year term?"),
+        ] {
+            assert_eq!(refused(a, b), None, "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn verbs_that_deny_their_complement_count_as_negations() {
+        for (a, b) in [
+            (
+                "Which foods should I eat before surgery?",
+                "Which foods should I avoid before surgery?",
+            ),
+            (
+                "Should I water succulents in winter?",
+                "Should I stop watering succulents in winter?",
+            ),
+        ] {
+            assert_eq!(refused(a, b), Some("negation"), "{a} / {b}");
+        }
+        // A denial said two ways is the same question.
+        assert_eq!(
+            refused(
+                "I forgot to pay my bill, what now?",
+                "I didn't pay my bill, what now?"
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn superlatives_that_oppose_each_other_are_refused() {
+        assert_eq!(
+            refused(
+                "Which appliances use the most electricity?",
+                "Which appliances use the least electricity?"
+            ),
+            Some("antonym")
         );
     }
 }

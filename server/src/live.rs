@@ -23,7 +23,7 @@ pub struct LiveConfig {
     pub similarity_threshold: f32,
     /// Floors of namespaces that differ from the global one.
     pub namespace_thresholds: BTreeMap<String, f32>,
-    /// Literal checks a semantic match must pass: `numbers,negation`, one of them, or `none`.
+    /// Guards a semantic match must pass: a list of numbers, negation, direction, antonym, or `none`.
     pub semantic_guards: String,
     /// TTL of new entries when the request does not set one.
     pub default_ttl_s: u64,

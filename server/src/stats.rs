@@ -155,7 +155,7 @@ impl Stats {
         let guard_refusals = IntCounterVec::new(
             Opts::new(
                 "reprise_semantic_guard_refusals_total",
-                "Semantic lookups left without a match because a literal guard (numbers, negation) refused a candidate above the threshold.",
+                "Semantic lookups left without a match because a guard (numbers, negation, format, task, direction, antonym, entity) refused a candidate above the threshold.",
             ),
             &["guard"],
         );
@@ -415,6 +415,11 @@ impl Stats {
             guard_refusals: GuardRefusals {
                 numbers: refused(Guard::Numbers),
                 negation: refused(Guard::Negation),
+                format: refused(Guard::Format),
+                task: refused(Guard::Task),
+                direction: refused(Guard::Direction),
+                antonym: refused(Guard::Antonym),
+                entity: refused(Guard::Entity),
             },
             ttft_histogram: TtftHistogram {
                 bounds_ms: TTFT_BOUNDS_MS.to_vec(),
@@ -545,12 +550,17 @@ pub struct Timeline {
     pub buckets: Vec<TimelineBucket>,
 }
 
-/// Semantic lookups that a literal guard left without a match, by the first guard that refused:
+/// Semantic lookups that a guard left without a match, by the first guard that refused:
 /// wrong answers that were not served.
 #[derive(Debug, Clone, Default, Serialize, ToSchema)]
 pub struct GuardRefusals {
     pub numbers: u64,
     pub negation: u64,
+    pub format: u64,
+    pub task: u64,
+    pub direction: u64,
+    pub antonym: u64,
+    pub entity: u64,
 }
 
 /// Everything the counters know, for `/admin/stats`.
