@@ -40,7 +40,10 @@ test("semantic mode: charts, entries, escaping, search, detail drawer and delete
     const hitRate = await page.locator("#kpis .kpi").first().locator(".value").textContent();
     assert.equal(hitRate, (mock.data.stats.rates.hit * 100).toFixed(1) + "%");
     const refusals = page.locator("#system dt", { hasText: "Guard refusals" }).locator("xpath=following-sibling::dd[1]");
-    assert.equal(await refusals.textContent(), "7 numbers · 3 negation");
+    assert.equal(
+      await refusals.textContent(),
+      "7 numbers · 3 negation · 0 format · 1 task · 2 direction · 4 antonym · 5 entity",
+    );
     // Recent requests: a miss names its best candidate and the guard that refused it.
     const firstRequest = await page.locator("#requests-body tr").first().textContent();
     assert.ok(firstRequest.includes("nearest 0.943 · numbers guard"), firstRequest);

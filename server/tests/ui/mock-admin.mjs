@@ -210,7 +210,10 @@ export function buildData(mode, now = Date.now(), count = MOCK_PROMPTS.length) {
       ? { fallbacks: empty ? 0 : 2, batches: empty ? 0 : 311, texts: empty ? 0 : 402, mean_batch_size: empty ? null : 1.29, p50_ms: empty ? null : 4.8, p99_ms: empty ? null : 11.6 }
       : { fallbacks: 0, batches: 0, texts: 0, mean_batch_size: null, p50_ms: null, p99_ms: null },
     upstream_errors: { connect: 0, timeout: 0, protocol: 0, status: empty ? 0 : 1, stream: 0 },
-    guard_refusals: { numbers: empty ? 0 : 7, negation: empty ? 0 : 3 },
+    guard_refusals: {
+      numbers: empty ? 0 : 7, negation: empty ? 0 : 3, format: 0, task: empty ? 0 : 1,
+      direction: empty ? 0 : 2, antonym: empty ? 0 : 4, entity: empty ? 0 : 5,
+    },
     latency: { window: 1000, by_outcome: byOutcome },
     ttft_histogram: { bounds_ms: BOUNDS, by_outcome: by },
     timeline: { bucket_s: bucketS, buckets },
