@@ -115,7 +115,7 @@ pub struct ServeArgs {
     /// Share entries across API keys (one tenant) instead of partitioning by key [default: false].
     #[arg(long, env = "REPRISE_SHARE_ACROSS_KEYS")]
     pub share_across_keys: Option<bool>,
-    /// Default cache mode: on, off, read-only, write-only, exact-only [default: on].
+    /// Default cache mode: on, off, read-only, write-only, exact-only, shadow [default: on].
     #[arg(long, env = "REPRISE_CACHE_MODE")]
     pub cache_mode: Option<String>,
     /// Default replay pacing of hits: instant, recorded, tokens-per-second=N [default: instant].
@@ -426,7 +426,7 @@ impl Config {
             return Err(ConfigError::Invalid {
                 field: "cache_mode",
                 reason: format!(
-                    "`{}` is not one of on, off, read-only, write-only, exact-only",
+                    "`{}` is not one of on, off, read-only, write-only, exact-only, shadow",
                     self.cache_mode
                 ),
             });

@@ -29,6 +29,7 @@ pub mod downstream;
 pub mod embed;
 pub mod entry;
 pub mod error;
+pub mod feedback;
 pub mod forward;
 pub mod guard;
 pub mod index;
@@ -40,6 +41,7 @@ pub mod policy;
 pub mod record;
 pub mod replay;
 pub mod semantic;
+pub mod shadow;
 pub mod sse;
 pub mod stats;
 pub mod store;
@@ -82,6 +84,8 @@ pub struct AppState {
     pub semantic: Option<Arc<Semantic>>,
     /// Why semantic matching is off, when it is.
     pub semantic_disabled: Option<Arc<str>>,
+    /// Operators' verdicts on semantic matches, and the shadow decisions.
+    pub feedback: Arc<feedback::Feedback>,
     /// Background work that must finish before exit (stream pumps).
     pub tasks: TaskTracker,
     /// Cancelled when shutdown begins.
@@ -109,6 +113,12 @@ impl AppState {
         let index = semantic
             .as_ref()
             .map(|s| s.index.clone() as Arc<dyn VectorIndex>);
+        let feedback_dir = config.data_dir.join("feedback");
+        let feedback = feedback::Feedback::open(&feedback_dir).map_err(|e| {
+            GatewayError::Internal {
+                detail: format!("opening the feedback store in {}: {e}", feedback_dir.display()),
+            }
+        })?;
         let requests = Arc::new(RequestLog::new(config.request_log_size));
         if let Some(s) = &semantic {
             s.embedder.observe_batches(requests.stats.embed_observer());
@@ -120,6 +130,7 @@ impl AppState {
             live: Arc::new(live::Live::new(config.clone())),
             semantic,
             semantic_disabled,
+            feedback: Arc::new(feedback),
             config: Arc::new(config),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
