@@ -256,10 +256,7 @@ impl Feedback {
         if self.approvals.is_empty() {
             return None;
         }
-        let bytes = self
-            .approvals
-            .get(approval_key(partition, prompt))
-            .ok()??;
+        let bytes = self.approvals.get(approval_key(partition, prompt)).ok()??;
         let a: Approval = serde_json::from_slice(&bytes).ok()?;
         Some((EntryId(a.entry), a.similarity))
     }
@@ -414,10 +411,7 @@ pub fn approved_hit(
     policy: &crate::policy::Policy,
 ) -> Option<(crate::cache::Hit, f32)> {
     let (id, similarity) = feedback.approved(&keys.partition, &keys.prompt)?;
-    let entry = cache
-        .store
-        .get(id)
-        .ok()??;
+    let entry = cache.store.get(id).ok()??;
     let now = unix_ms();
     let age_s = entry.age_s(now);
     let live = entry.partition == keys.partition
@@ -490,13 +484,19 @@ mod tests {
     fn right_on_a_shadow_decision_approves_and_exact_hits_or_unknown_ids_are_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let f = Feedback::open(dir.path()).expect("open");
-        f.note("req_s", encounter(Met::Shadow, 3, "reset my password", 0.91));
+        f.note(
+            "req_s",
+            encounter(Met::Shadow, 3, "reset my password", 0.91),
+        );
         judge(&f, "req_s", Verdict::Right).expect("judged");
         assert_eq!(
             f.approved(&PartitionKey([7; 32]), "Reset my password"),
             Some((EntryId(3), 0.91))
         );
-        assert_eq!(f.approved(&PartitionKey([8; 32]), "reset my password"), None);
+        assert_eq!(
+            f.approved(&PartitionKey([8; 32]), "reset my password"),
+            None
+        );
 
         f.note("req_h", encounter(Met::Hit, 3, "x", 1.0));
         let err = judge(&f, "req_h", Verdict::Wrong).expect_err("exact hit");

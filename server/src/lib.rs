@@ -114,11 +114,13 @@ impl AppState {
             .as_ref()
             .map(|s| s.index.clone() as Arc<dyn VectorIndex>);
         let feedback_dir = config.data_dir.join("feedback");
-        let feedback = feedback::Feedback::open(&feedback_dir).map_err(|e| {
-            GatewayError::Internal {
-                detail: format!("opening the feedback store in {}: {e}", feedback_dir.display()),
-            }
-        })?;
+        let feedback =
+            feedback::Feedback::open(&feedback_dir).map_err(|e| GatewayError::Internal {
+                detail: format!(
+                    "opening the feedback store in {}: {e}",
+                    feedback_dir.display()
+                ),
+            })?;
         let requests = Arc::new(RequestLog::new(config.request_log_size));
         if let Some(s) = &semantic {
             s.embedder.observe_batches(requests.stats.embed_observer());

@@ -16,8 +16,8 @@ use crate::entry::{Entry, HitEvent, HitKind, RequestSummary};
 use crate::error::GatewayError;
 use crate::feedback::{self, Encounter, Met};
 use crate::forward::{self, set_cache_outcome, set_request_id, RecordMeta, Served};
-use crate::ingress::{Ingress, Route};
 use crate::guard::Guards;
+use crate::ingress::{Ingress, Route};
 use crate::key::Tenant;
 use crate::policy::{self, Pacing};
 use crate::record::{unix_ms, Completion};
@@ -279,7 +279,11 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
     }
     if let Some(decision) = shadowed {
         // What `on` would have served: the response itself is the upstream's.
-        set_header(response.headers_mut(), "x-reprise-shadow", decision.header());
+        set_header(
+            response.headers_mut(),
+            "x-reprise-shadow",
+            decision.header(),
+        );
     }
     if let Some(entry) = vetoed {
         set_header(

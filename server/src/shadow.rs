@@ -18,13 +18,15 @@ pub const MAX_DECISIONS: usize = 10_000;
 
 /// What `on` would have done with the nearest candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "kebab-case")]
 pub enum Would {
     /// Similar enough and every running guard lets it through: a semantic hit.
+    #[serde(rename = "would-hit")]
     Hit,
     /// Similar enough, but a running guard refuses it.
+    #[serde(rename = "would-refuse")]
     Refuse,
     /// Below the threshold: a miss, whatever the guards say.
+    #[serde(rename = "would-miss")]
     Miss,
 }
 

@@ -5,5 +5,6 @@ mod admin;
 mod cache;
 mod common;
 mod gateway;
+mod learn;
 mod process;
 mod semantic;
