@@ -190,6 +190,9 @@ pub struct Config {
     pub similarity_threshold: f32,
     /// Per-namespace threshold floors (TOML only), e.g. `[namespace_thresholds]` `support = 0.95`.
     pub namespace_thresholds: BTreeMap<String, f32>,
+    /// Per-namespace default cache modes (TOML only), e.g. `[namespace_modes]` `support = "shadow"`:
+    /// a request of that namespace without `x-reprise-cache-mode` runs in that mode.
+    pub namespace_modes: BTreeMap<String, String>,
     /// Literal guards a semantic candidate must pass (see [`crate::guard`]).
     pub semantic_guards: String,
     pub embed_deadline_ms: u64,
@@ -233,6 +236,7 @@ impl Default for Config {
             semantic: true,
             similarity_threshold: 0.9,
             namespace_thresholds: BTreeMap::new(),
+            namespace_modes: BTreeMap::new(),
             semantic_guards: Guards::ALL.to_string(),
             embed_deadline_ms: 250,
             embed_max_batch: 16,
@@ -419,6 +423,16 @@ impl Config {
                 return Err(ConfigError::Invalid {
                     field,
                     reason: format!("{t} is not a similarity between 0 and 1"),
+                });
+            }
+        }
+        for (namespace, mode) in &self.namespace_modes {
+            if CacheMode::parse(mode).is_none() {
+                return Err(ConfigError::Invalid {
+                    field: "namespace_modes",
+                    reason: format!(
+                        "`{mode}` (namespace `{namespace}`) is not one of on, off, read-only, write-only, exact-only, shadow"
+                    ),
                 });
             }
         }

@@ -28,7 +28,8 @@ use crate::AppState;
 /// Runs the cache stages for a parsed request and returns the response.
 pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) -> Response {
     let live = state.live.current();
-    let policy = match policy::from_headers(&ingress.headers, &live.defaults) {
+    let policy = match policy::from_headers(&ingress.headers, &live.defaults_for(&ingress.headers))
+    {
         Ok(p) => p,
         Err(err) => return error_response(err, &request_id),
     };

@@ -295,9 +295,27 @@ async fn right_on_a_shadow_decision_makes_the_next_identical_prompt_a_hit() {
     let before = ask(&gw, PARAPHRASE, &strict).await;
     assert_eq!(cache_of(&before), "miss", "not approved yet");
 
-    let (status, record) = feedback(&gw, &request_id(&shadowed), "right").await;
-    assert_eq!(status, 200, "{record}");
-    assert_eq!(record["effect"], "approved alias");
+    // Through the typed client, as `reprise-client shadow` and `reprise-client feedback` do.
+    let typed = reprise_client::admin::AdminClient::new(&gw.url(""), Some(TOKEN)).expect("client");
+    let page = typed
+        .shadow(&reprise_client::admin::ShadowQuery {
+            would: Some("miss".into()),
+            ..Default::default()
+        })
+        .await
+        .expect("shadow");
+    assert_eq!(page.data.len(), 1);
+    let table = reprise_client::admin_cli::render_shadow(&page, page.data[0].at_ms);
+    assert!(
+        table.contains("would-miss") && table.contains(&page.data[0].request_id),
+        "{table}"
+    );
+    let record = typed
+        .feedback(&page.data[0].request_id, "right")
+        .await
+        .expect("feedback");
+    assert_eq!(record.request_id, request_id(&shadowed));
+    assert_eq!(record.effect, "approved alias");
 
     let calls = sim.stats.snapshot().chat_completions;
     let hit = ask(&gw, PARAPHRASE, &strict).await;
@@ -312,4 +330,79 @@ async fn right_on_a_shadow_decision_makes_the_next_identical_prompt_a_hit() {
     let (_, stats) = admin(&gw, reqwest::Method::GET, "/admin/stats", None).await;
     assert_eq!(stats["feedback"]["right"], 1, "{stats}");
     assert_eq!(stats["feedback"]["approvals"], 1);
+}
+
+#[tokio::test]
+async fn a_namespace_runs_in_shadow_mode_and_gets_its_own_threshold_from_the_live_config() {
+    let Some(models) = models() else { return };
+    let sim = sim_default().await;
+    let gw = start(semantic_config(sim.base_url(), &models)).await;
+    let support = ("x-reprise-namespace", "support");
+    let before = vectors(&gw);
+    assert_eq!(cache_of(&ask(&gw, QUESTION, &[support]).await), "miss");
+    for _ in 0..500 {
+        if vectors(&gw) > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let patch = |body: Value| admin(&gw, reqwest::Method::PATCH, "/admin/config", Some(body));
+    let (status, err) = patch(json!({"namespace_modes": {"support": "sometimes"}})).await;
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["error"]["param"], "namespace_modes");
+    let (status, config) = patch(json!({"namespace_modes": {"support": "shadow"}})).await;
+    assert_eq!(status, 200, "{config}");
+    assert_eq!(config["namespace_modes"]["support"], "shadow");
+
+    let shadowed = ask(&gw, PARAPHRASE, &[support, ("cache-control", "no-store")]).await;
+    assert_eq!(cache_of(&shadowed), "miss");
+    assert!(header(&shadowed, "x-reprise-shadow").is_some_and(|s| s.starts_with("would-hit")));
+    let (_, page) = admin(
+        &gw,
+        reqwest::Method::GET,
+        "/admin/shadow?namespace=support",
+        None,
+    )
+    .await;
+    assert_eq!(page["data"][0]["namespace"], "support", "{page}");
+    let (_, other) = admin(
+        &gw,
+        reqwest::Method::GET,
+        "/admin/shadow?namespace=sales",
+        None,
+    )
+    .await;
+    assert_eq!(other["data"].as_array().map(Vec::len), Some(0));
+    // The request's own mode wins over its namespace's.
+    let on = [
+        support,
+        ("cache-control", "no-store"),
+        ("x-reprise-cache-mode", "on"),
+    ];
+    assert_eq!(cache_of(&ask(&gw, PARAPHRASE, &on).await), "semantic-hit");
+
+    // A namespace threshold set live applies at once, and a request can still only raise it.
+    let (status, _) = patch(json!({"namespace_thresholds": {"support": 0.995}})).await;
+    assert_eq!(status, 200);
+    let on_fresh = [
+        support,
+        ("cache-control", "no-store"),
+        ("x-reprise-cache-mode", "on"),
+    ];
+    let strict = ask(&gw, "I forgot my password, how do I reset it?", &on_fresh).await;
+    assert_eq!(cache_of(&strict), "miss");
+    let lower = ask(
+        &gw,
+        PARAPHRASE,
+        &[
+            support,
+            ("x-reprise-cache-mode", "on"),
+            ("x-reprise-threshold", "0.95"),
+        ],
+    )
+    .await;
+    assert_eq!(lower.status(), 400);
+    let (status, err) = patch(json!({"namespace_thresholds": {"support": 1.5}})).await;
+    assert_eq!(status, 400);
+    assert_eq!(err["error"]["param"], "namespace_thresholds");
 }
