@@ -1542,6 +1542,8 @@ mod tests {
             "semantic_guards=none",
             "namespace_thresholds.support=0.95",
             "namespace_thresholds.legal=null",
+            "namespace_modes.support=shadow",
+            "namespace_modes.legal=null",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -1555,7 +1557,8 @@ mod tests {
                 "replay": "tokens-per-second=40",
                 "cache_mode": "read-only",
                 "semantic_guards": "none",
-                "namespace_thresholds": {"support": 0.95_f32, "legal": null}
+                "namespace_thresholds": {"support": 0.95_f32, "legal": null},
+                "namespace_modes": {"support": "shadow", "legal": null}
             })
         );
         for bad in [

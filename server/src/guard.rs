@@ -514,6 +514,32 @@ mod tests {
     }
 
     #[test]
+    fn verdicts_judge_every_guard_whether_it_runs_or_not() {
+        let running = Guards::parse("numbers,negation").expect("valid");
+        let verdicts = running.verdicts(
+            &Literals::of("Convert 100 USD to EUR"),
+            &Literals::of("Convert 100 EUR to USD"),
+        );
+        assert_eq!(verdicts.len(), Guard::ALL.len());
+        let direction = verdicts
+            .iter()
+            .find(|(g, _, _)| *g == Guard::Direction)
+            .expect("direction");
+        // Off, and it would refuse: what shadow mode shows an operator about turning it on.
+        assert_eq!(*direction, (Guard::Direction, false, true));
+        assert!(verdicts
+            .iter()
+            .all(|(g, runs, _)| *runs == matches!(g, Guard::Numbers | Guard::Negation)));
+        assert_eq!(
+            running.refuses(
+                &Literals::of("Convert 100 USD to EUR"),
+                &Literals::of("Convert 100 EUR to USD")
+            ),
+            None
+        );
+    }
+
+    #[test]
     fn different_numbers_and_dates_are_refused() {
         for (a, b) in [
             (
