@@ -61,7 +61,9 @@ pub fn patch_for(namespace: Option<&str>, threshold: f64) -> ConfigPatch {
 /// none does or the run failed, 2 for bad input.
 pub async fn run(args: CalibrateArgs) -> ExitCode {
     if !(0.0..=1.0).contains(&args.max_wrong) {
-        eprintln!("reprise-client calibrate: --max-wrong must be a share between 0 and 1, like 0.01");
+        eprintln!(
+            "reprise-client calibrate: --max-wrong must be a share between 0 and 1, like 0.01"
+        );
         return ExitCode::from(2);
     }
     if args.apply && args.admin_token.is_none() {
@@ -97,7 +99,9 @@ pub async fn run(args: CalibrateArgs) -> ExitCode {
     let target = args
         .namespace
         .as_deref()
-        .map_or("the global threshold".to_owned(), |n| format!("namespace {n}"));
+        .map_or("the global threshold".to_owned(), |n| {
+            format!("namespace {n}")
+        });
     if args.eval.json {
         let out = Calibration {
             max_wrong: args.max_wrong,
@@ -147,8 +151,14 @@ mod tests {
     #[test]
     fn the_patch_names_the_namespace_or_the_global_threshold() {
         let ns = serde_json::to_value(patch_for(Some("support"), 0.934_449_9)).expect("json");
-        assert_eq!(ns, serde_json::json!({"namespace_thresholds": {"support": 0.9344_f32}}));
+        assert_eq!(
+            ns,
+            serde_json::json!({"namespace_thresholds": {"support": 0.9344_f32}})
+        );
         let global = serde_json::to_value(patch_for(None, 0.95)).expect("json");
-        assert_eq!(global, serde_json::json!({"similarity_threshold": 0.95_f32}));
+        assert_eq!(
+            global,
+            serde_json::json!({"similarity_threshold": 0.95_f32})
+        );
     }
 }

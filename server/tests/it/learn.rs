@@ -406,3 +406,81 @@ async fn a_namespace_runs_in_shadow_mode_and_gets_its_own_threshold_from_the_liv
     assert_eq!(status, 400);
     assert_eq!(err["error"]["param"], "namespace_thresholds");
 }
+
+#[tokio::test]
+async fn calibrate_finds_the_threshold_within_the_budget_and_applies_it_to_a_namespace() {
+    use clap::Parser;
+    let Some(models) = models() else { return };
+    let sim = sim_default().await;
+    let gw = start(semantic_config(sim.base_url(), &models)).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pairs = dir.path().join("pairs.jsonl");
+    let lines = [
+        json!({"a": QUESTION, "b": PARAPHRASE, "same_answer": true, "category": "paraphrase"}),
+        json!({"a": "What are your opening hours?", "b": "When are you open?", "same_answer": true, "category": "paraphrase"}),
+        // Unguarded traps: only the threshold keeps them out.
+        json!({"a": "How do I reset my password?", "b": "How do I reset my username?", "same_answer": false, "category": "entity"}),
+        json!({"a": "What are your opening hours?", "b": "What are your opening hours on holidays?", "same_answer": false, "category": "scope"}),
+    ];
+    let text: Vec<String> = lines.iter().map(Value::to_string).collect();
+    std::fs::write(&pairs, text.join("\n")).expect("pairs");
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: reprise_client::eval::calibrate::CalibrateArgs,
+    }
+    let url = gw.url("");
+    let cli = Cli::try_parse_from([
+        "calibrate",
+        "--url",
+        url.as_str(),
+        "--pairs",
+        pairs.to_str().expect("path"),
+        "--max-wrong",
+        "0",
+        "--namespace",
+        "support",
+        "--apply",
+        "--admin-token",
+        TOKEN,
+        "--concurrency",
+        "2",
+    ])
+    .expect("arguments");
+    let code = reprise_client::eval::calibrate::run(cli.args).await;
+    assert_eq!(
+        format!("{code:?}"),
+        format!("{:?}", std::process::ExitCode::SUCCESS)
+    );
+
+    // The floor set for the namespace keeps both traps out and serves what it can.
+    let (_, config) = admin(&gw, reqwest::Method::GET, "/admin/config", None).await;
+    let floor = config["namespace_thresholds"]["support"]
+        .as_f64()
+        .expect("namespace threshold applied");
+    assert!((0.0..=1.0).contains(&floor), "{config}");
+    let support = ("x-reprise-namespace", "support");
+    for (a, b) in [
+        ("How do I reset my password?", "How do I reset my username?"),
+        (
+            "What are your opening hours?",
+            "What are your opening hours on holidays?",
+        ),
+    ] {
+        let before = vectors(&gw);
+        assert_eq!(cache_of(&ask(&gw, a, &[support]).await), "miss");
+        for _ in 0..500 {
+            if vectors(&gw) > before {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let trap = ask(&gw, b, &[support, ("cache-control", "no-store")]).await;
+        assert_eq!(
+            cache_of(&trap),
+            "miss",
+            "{b} at the calibrated floor {floor}"
+        );
+    }
+}
