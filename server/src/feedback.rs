@@ -416,7 +416,7 @@ pub fn approved_hit(
     let age_s = entry.age_s(now);
     let live = entry.partition == keys.partition
         && !entry.is_expired(now)
-        && !policy.max_age_s.is_some_and(|max| age_s > max);
+        && policy.max_age_s.is_none_or(|max| age_s <= max);
     live.then(|| {
         (
             crate::cache::Hit {
