@@ -68,13 +68,44 @@ pub enum Met {
     Shadow,
 }
 
+/// How many characters of a prompt feedback keeps for display; the prompt itself is keyed by hash.
+pub const PREVIEW_CHARS: usize = 500;
+
+/// A prompt as feedback keys it: the blake3 hash of its words, lowercased and single-spaced, so
+/// case and spacing do not make another question.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptKey([u8; 32]);
+
+impl PromptKey {
+    pub fn of(prompt: &str) -> Self {
+        let mut hasher = blake3::Hasher::new();
+        for (i, word) in prompt.split_whitespace().enumerate() {
+            if i > 0 {
+                hasher.update(b" ");
+            }
+            hasher.update(word.to_lowercase().as_bytes());
+        }
+        Self(*hasher.finalize().as_bytes())
+    }
+}
+
+/// The first [`PREVIEW_CHARS`] characters of `text`.
+pub fn preview(text: &str) -> String {
+    match text.char_indices().nth(PREVIEW_CHARS) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
 /// What feedback on a request needs to know: the entry and the prompt it was matched with.
 #[derive(Debug, Clone)]
 pub struct Encounter {
     pub met: Met,
     pub entry: EntryId,
     pub partition: PartitionKey,
-    pub prompt: String,
+    pub prompt: PromptKey,
+    /// The prompt's head, for the verdict list.
+    pub preview: String,
     pub similarity: Option<f32>,
 }
 
@@ -144,25 +175,15 @@ struct Recent {
     order: VecDeque<String>,
 }
 
-/// The prompt as feedback keys it: case and spacing do not make another question.
-fn prompt_hash(prompt: &str) -> [u8; 32] {
-    let normalized = prompt
-        .split_whitespace()
-        .map(str::to_lowercase)
-        .collect::<Vec<_>>()
-        .join(" ");
-    *blake3::hash(normalized.as_bytes()).as_bytes()
-}
-
-fn veto_key(entry: EntryId, prompt: &str) -> Vec<u8> {
+fn veto_key(entry: EntryId, prompt: &PromptKey) -> Vec<u8> {
     let mut key = entry.0.to_be_bytes().to_vec();
-    key.extend_from_slice(&prompt_hash(prompt));
+    key.extend_from_slice(&prompt.0);
     key
 }
 
-fn approval_key(partition: &PartitionKey, prompt: &str) -> Vec<u8> {
+fn approval_key(partition: &PartitionKey, prompt: &PromptKey) -> Vec<u8> {
     let mut key = partition.0.to_vec();
-    key.extend_from_slice(&prompt_hash(prompt));
+    key.extend_from_slice(&prompt.0);
     key
 }
 
@@ -230,7 +251,7 @@ impl Feedback {
     /// Whether `entry` may be served to `prompt` at `similarity`: the pair is not vetoed and the
     /// similarity clears the entry's own threshold. Fails open on a read error (logged), like the
     /// rest of the lookup, except that it never fails towards serving a vetoed pair it could read.
-    pub fn allows(&self, entry: EntryId, prompt: &str, similarity: f32) -> bool {
+    pub fn allows(&self, entry: EntryId, prompt: &PromptKey, similarity: f32) -> bool {
         // Most gateways never receive a `wrong`: skip the hashing then.
         if self.floors.is_empty() {
             return true;
@@ -252,7 +273,7 @@ impl Feedback {
 
     /// The entry an operator approved for this prompt in this partition, with the similarity
     /// it was judged at.
-    pub fn approved(&self, partition: &PartitionKey, prompt: &str) -> Option<(EntryId, f32)> {
+    pub fn approved(&self, partition: &PartitionKey, prompt: &PromptKey) -> Option<(EntryId, f32)> {
         if self.approvals.is_empty() {
             return None;
         }
@@ -295,7 +316,7 @@ impl Feedback {
             verdict: request.verdict,
             met: encounter.met,
             entry: encounter.entry.to_string(),
-            prompt: encounter.prompt.clone(),
+            prompt: encounter.preview.clone(),
             similarity: encounter.similarity,
             effect,
         };
@@ -408,9 +429,10 @@ pub fn approved_hit(
     feedback: &Feedback,
     cache: &crate::cache::Cache,
     keys: &crate::key::Keys,
+    prompt: &PromptKey,
     policy: &crate::policy::Policy,
 ) -> Option<(crate::cache::Hit, f32)> {
-    let (id, similarity) = feedback.approved(&keys.partition, &keys.prompt)?;
+    let (id, similarity) = feedback.approved(&keys.partition, prompt)?;
     let entry = cache.store.get(id).ok()??;
     let now = unix_ms();
     let age_s = entry.age_s(now);
@@ -444,7 +466,8 @@ mod tests {
             met,
             entry: EntryId(entry),
             partition: PartitionKey([7; 32]),
-            prompt: prompt.to_owned(),
+            prompt: PromptKey::of(prompt),
+            preview: preview(prompt),
             similarity: Some(similarity),
         }
     }
@@ -461,7 +484,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         {
             let f = Feedback::open(dir.path()).expect("open");
-            assert!(f.allows(EntryId(1), "Can I cancel before it ships?", 0.95));
+            assert!(f.allows(
+                EntryId(1),
+                &PromptKey::of("Can I cancel before it ships?"),
+                0.95
+            ));
             f.note(
                 "req_1",
                 encounter(Met::SemanticHit, 1, "Can I cancel before it ships?", 0.95),
@@ -469,13 +496,25 @@ mod tests {
             let record = judge(&f, "req_1", Verdict::Wrong).expect("judged");
             assert!(record.effect.starts_with("vetoed"), "{}", record.effect);
             // The same prompt, respaced and recased, never again; other prompts need more.
-            assert!(!f.allows(EntryId(1), "can I cancel  BEFORE it ships?", 0.999));
-            assert!(!f.allows(EntryId(1), "another paraphrase", 0.95));
-            assert!(f.allows(EntryId(1), "another paraphrase", 0.96));
-            assert!(f.allows(EntryId(2), "Can I cancel before it ships?", 0.95));
+            assert!(!f.allows(
+                EntryId(1),
+                &PromptKey::of("can I cancel  BEFORE it ships?"),
+                0.999
+            ));
+            assert!(!f.allows(EntryId(1), &PromptKey::of("another paraphrase"), 0.95));
+            assert!(f.allows(EntryId(1), &PromptKey::of("another paraphrase"), 0.96));
+            assert!(f.allows(
+                EntryId(2),
+                &PromptKey::of("Can I cancel before it ships?"),
+                0.95
+            ));
         }
         let f = Feedback::open(dir.path()).expect("reopen");
-        assert!(!f.allows(EntryId(1), "Can I cancel before it ships?", 0.999));
+        assert!(!f.allows(
+            EntryId(1),
+            &PromptKey::of("Can I cancel before it ships?"),
+            0.999
+        ));
         assert_eq!(f.counts().wrong, 1);
         assert_eq!(f.list(None, 10).0.len(), 1);
     }
@@ -490,11 +529,11 @@ mod tests {
         );
         judge(&f, "req_s", Verdict::Right).expect("judged");
         assert_eq!(
-            f.approved(&PartitionKey([7; 32]), "Reset my password"),
+            f.approved(&PartitionKey([7; 32]), &PromptKey::of("Reset my password")),
             Some((EntryId(3), 0.91))
         );
         assert_eq!(
-            f.approved(&PartitionKey([8; 32]), "reset my password"),
+            f.approved(&PartitionKey([8; 32]), &PromptKey::of("reset my password")),
             None
         );
 

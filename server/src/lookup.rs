@@ -14,7 +14,7 @@ use crate::cache::{Flight, Join, Recorder};
 use crate::downstream::{Delivered, Delivery, Source};
 use crate::entry::{Entry, HitEvent, HitKind, RequestSummary};
 use crate::error::GatewayError;
-use crate::feedback::{self, Encounter, Met};
+use crate::feedback::{self, Encounter, Met, PromptKey};
 use crate::forward::{self, set_cache_outcome, set_request_id, RecordMeta, Served};
 use crate::guard::Guards;
 use crate::ingress::{Ingress, Route};
@@ -62,7 +62,10 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
     }
     let threshold = policy.threshold.unwrap_or(floor);
 
-    // What feedback on this request will need to know about the entry it met.
+    // What feedback on this request will need to know about the entry it met. The prompt's
+    // feedback key is hashed once, and only when a path needs it.
+    let prompt_key = std::sync::OnceLock::new();
+    let prompt_key = || *prompt_key.get_or_init(|| PromptKey::of(&keys.prompt));
     let note = |met, entry, similarity| {
         state.feedback.note(
             &request_id,
@@ -70,7 +73,8 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
                 met,
                 entry,
                 partition: keys.partition,
-                prompt: keys.prompt.clone(),
+                prompt: prompt_key(),
+                preview: feedback::preview(&keys.prompt),
                 similarity,
             },
         )
@@ -97,22 +101,23 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
         // A paraphrase served before: the same answer, without embedding it again.
         // The guards are checked again: they may have been turned on since the alias was made.
         // An alias an operator approved is served as it is; one an operator vetoed, never.
-        let alias = feedback::approved_hit(&state.feedback, &state.cache, &keys, &policy)
-            .or_else(|| {
-                state
-                    .cache
-                    .lookup_alias(&keys.exact, &keys.partition, threshold, &policy)
-                    .filter(|(hit, _)| {
-                        live.guards
-                            .refuses_texts(&keys.prompt, &hit.entry.summary.prompt)
-                            .is_none()
-                    })
-            })
-            .filter(|(hit, similarity)| {
-                state
-                    .feedback
-                    .allows(hit.entry.id, &keys.prompt, *similarity)
-            });
+        let alias =
+            feedback::approved_hit(&state.feedback, &state.cache, &keys, &prompt_key(), &policy)
+                .or_else(|| {
+                    state
+                        .cache
+                        .lookup_alias(&keys.exact, &keys.partition, threshold, &policy)
+                        .filter(|(hit, _)| {
+                            live.guards
+                                .refuses_texts(&keys.prompt, &hit.entry.summary.prompt)
+                                .is_none()
+                        })
+                })
+                .filter(|(hit, similarity)| {
+                    state
+                        .feedback
+                        .allows(hit.entry.id, &prompt_key(), *similarity)
+                });
         if let Some((hit, similarity)) = alias {
             ingress.clock.looked_up = Some(Instant::now());
             note(Met::SemanticHit, hit.entry.id, Some(similarity));
@@ -178,7 +183,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
             // A pair an operator said was wrong is never served again.
             if let Some((entry, similarity)) = outcome
                 .hit
-                .take_if(|(e, s)| !state.feedback.allows(e.id, &keys.prompt, *s))
+                .take_if(|(e, s)| !state.feedback.allows(e.id, &prompt_key(), *s))
             {
                 vetoed = Some(entry.id);
                 tracing::debug!(entry = %entry.id, similarity, "semantic hit vetoed by feedback");

@@ -218,10 +218,11 @@ pub fn record(
         request_id: request_id.to_owned(),
         namespace: policy.namespace.clone(),
         model: ingress.model.clone(),
-        prompt: keys.prompt.clone(),
+        // Heads only: 10,000 decisions must not keep 10,000 long prompts.
+        prompt: crate::feedback::preview(&keys.prompt),
         would,
         entry: candidate.id.to_string(),
-        entry_prompt: candidate.summary.prompt.clone(),
+        entry_prompt: crate::feedback::preview(&candidate.summary.prompt),
         similarity,
         threshold,
         guards: verdicts,
