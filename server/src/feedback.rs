@@ -5,7 +5,8 @@
 //! - `wrong` on a semantic hit (or a shadow decision) vetoes that pair for good: the entry is never
 //!   served again for that prompt, through a search or an alias, and the entry's own threshold rises
 //!   above the wrong match's similarity, so its nearest paraphrases need to be closer still;
-//! - `right` on a shadow decision makes the prompt an approved alias of the entry: the next identical
+//! - `right` on a shadow decision or a near miss (a miss with a candidate) makes the prompt an
+//!   approved alias of the entry: the next identical
 //!   prompt in the same partition is served that entry, whatever the threshold and guards say (the
 //!   operator has read both prompts);
 //! - a verdict on an exact hit is refused (400): an exact hit is the same prompt, nothing to learn.
@@ -66,6 +67,8 @@ pub enum Met {
     SemanticHit,
     /// Shadow mode: the entry it would have been judged against, not served.
     Shadow,
+    /// A miss whose nearest candidate was this entry (below the threshold, or refused).
+    NearMiss,
 }
 
 /// How many characters of a prompt feedback keeps for display; the prompt itself is keyed by hash.
@@ -305,7 +308,9 @@ impl Feedback {
                 ))
             }
             (_, Verdict::Wrong) => self.veto(&encounter).map_err(internal)?,
-            (Met::Shadow, Verdict::Right) => self.approve(&encounter).map_err(internal)?,
+            (Met::Shadow | Met::NearMiss, Verdict::Right) => {
+                self.approve(&encounter).map_err(internal)?
+            }
             // Already served: nothing changes, the verdict is kept for the record and the counts.
             (Met::SemanticHit, Verdict::Right) => "recorded".to_owned(),
         };

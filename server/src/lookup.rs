@@ -165,6 +165,12 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
                     policy.max_age_s,
                 )
                 .await;
+            if let (Some(entry), Some(similarity), false) =
+                (outcome.nearest_entry, outcome.nearest, shadow)
+            {
+                // Noted as a near miss; a hit below overwrites it.
+                note(Met::NearMiss, entry, Some(similarity));
+            }
             if shadow {
                 if let Some((entry, similarity)) = outcome.hit.take() {
                     shadowed = crate::shadow::record(

@@ -273,7 +273,7 @@ async fn feedback_wrong_stops_a_semantic_hit_for_good_also_after_restart() {
 }
 
 #[tokio::test]
-async fn right_on_a_shadow_decision_makes_the_next_identical_prompt_a_hit() {
+async fn right_on_a_shadow_decision_or_a_near_miss_makes_the_next_identical_prompt_a_hit() {
     let Some(models) = models() else { return };
     let sim = sim_default().await;
     let gw = start(semantic_config(sim.base_url(), &models)).await;
@@ -327,9 +327,20 @@ async fn right_on_a_shadow_decision_makes_the_next_identical_prompt_a_hit() {
         calls,
         "upstream not called"
     );
+
+    // A near miss (a plain miss whose nearest candidate was below the threshold) can be approved too.
+    let near = ask(&gw, "How can I reset my password?", &strict).await;
+    assert_eq!(cache_of(&near), "miss");
+    let (status, record) = feedback(&gw, &request_id(&near), "right").await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["met"], "near-miss");
+    assert_eq!(record["effect"], "approved alias");
+    let hit = ask(&gw, "How can I reset my password?", &strict).await;
+    assert_eq!(cache_of(&hit), "semantic-hit");
+
     let (_, stats) = admin(&gw, reqwest::Method::GET, "/admin/stats", None).await;
-    assert_eq!(stats["feedback"]["right"], 1, "{stats}");
-    assert_eq!(stats["feedback"]["approvals"], 1);
+    assert_eq!(stats["feedback"]["right"], 2, "{stats}");
+    assert_eq!(stats["feedback"]["approvals"], 2);
 }
 
 #[tokio::test]
