@@ -168,6 +168,9 @@ pub struct Stats {
     /// (absent from older gateways, read as zeros).
     #[serde(default)]
     pub guard_refusals: GuardRefusals,
+    /// Operators' verdicts (absent from gateways that predate feedback).
+    #[serde(default)]
+    pub feedback: Option<FeedbackCounts>,
     pub latency: Latency,
     pub ttft_histogram: TtftHistogram,
     pub timeline: Timeline,
@@ -235,6 +238,15 @@ pub struct UpstreamErrors {
     pub timeout: u64,
     pub status: u64,
     pub stream: u64,
+}
+
+/// Verdicts received through `POST /admin/feedback`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FeedbackCounts {
+    pub right: u64,
+    pub wrong: u64,
+    pub vetoes: u64,
+    pub approvals: u64,
 }
 
 /// Wrong answers a guard kept from being served, by guard.

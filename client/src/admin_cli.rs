@@ -881,6 +881,15 @@ pub fn render_stats(stats: &Stats) -> String {
             ),
         ));
     }
+    if let Some(fb) = &stats.feedback {
+        summary.push((
+            "Feedback",
+            format!(
+                "right {}, wrong {} ({} pairs vetoed, {} prompts approved)",
+                fb.right, fb.wrong, fb.vetoes, fb.approvals
+            ),
+        ));
+    }
     let errors = &stats.upstream_errors;
     summary.push((
         "Upstream errors",

@@ -45,7 +45,7 @@ pub enum GatewayError {
     #[error("No cache entry {id}.")]
     EntryNotFound { id: String },
     /// Feedback names a request the gateway no longer (or never) knew.
-    #[error("No recent request {id}: feedback needs the `x-reprise-request-id` of a request this gateway served since it started, among its most recent ones.")]
+    #[error("No recent request {id} that met a cached entry: feedback applies to the `x-reprise-request-id` of a semantic hit, a shadow decision or a miss with a candidate, among the last 10,000 since the gateway started.")]
     RequestNotFound { id: String },
     /// An admin operation needs the embedding model, and the gateway runs exact-only.
     #[error("{what} needs semantic matching, and this gateway runs exact-only: {why}")]
