@@ -224,7 +224,11 @@ impl Feedback {
             vetoes: db.open_tree("vetoes")?,
             floors: db.open_tree("entry_thresholds")?,
             approvals: db.open_tree("approvals")?,
-            shadow: ShadowLog::new(db.clone(), db.open_tree("shadow")?),
+            shadow: ShadowLog::new(
+                db.clone(),
+                db.open_tree("shadow")?,
+                crate::shadow::MAX_DECISIONS,
+            ),
             verdicts,
             db,
             recent: Mutex::new(Recent::default()),

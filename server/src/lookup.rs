@@ -179,6 +179,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
                         &ingress,
                         &policy,
                         &keys,
+                        &prompt_key(),
                         &entry,
                         similarity,
                         threshold,

@@ -73,7 +73,8 @@ pub struct ShadowDecision {
     pub entry_prompt: String,
     pub similarity: f32,
     pub threshold: f32,
-    /// Every guard, in the order the gateway checks them.
+    /// Every guard, in the order the gateway checks them, then `feedback` when a veto or the
+    /// entry's own threshold refuses the candidate.
     pub guards: Vec<GuardVerdict>,
 }
 
@@ -136,6 +137,8 @@ pub struct ShadowLog {
     /// Hands out the ids: unique and increasing across concurrent requests and restarts.
     db: sled::Db,
     tree: sled::Tree,
+    /// How many decisions are kept ([`MAX_DECISIONS`] in service).
+    max: usize,
 }
 
 /// A page of `GET /admin/shadow`: filters and a cursor, newest first.
@@ -149,8 +152,8 @@ pub struct ShadowFilter {
 }
 
 impl ShadowLog {
-    pub fn new(db: sled::Db, tree: sled::Tree) -> Self {
-        Self { db, tree }
+    pub fn new(db: sled::Db, tree: sled::Tree, max: usize) -> Self {
+        Self { db, tree, max }
     }
 
     /// Appends a decision (its `id` is assigned here) and drops the oldest beyond the bound.
@@ -160,7 +163,7 @@ impl ShadowLog {
         decision.id = next;
         let bytes = serde_json::to_vec(&decision).unwrap_or_default();
         self.tree.insert(next.to_be_bytes(), bytes)?;
-        while self.tree.len() > MAX_DECISIONS {
+        while self.tree.len() > self.max {
             if self.tree.pop_min()?.is_none() {
                 break;
             }
@@ -205,13 +208,26 @@ pub fn record(
     ingress: &crate::ingress::Ingress,
     policy: &crate::policy::Policy,
     keys: &crate::key::Keys,
+    prompt: &crate::feedback::PromptKey,
     candidate: &Entry,
     similarity: f32,
     threshold: f32,
 ) -> Option<ShadowDecision> {
     let guards = state.live.current().guards;
-    let (would, verdicts) =
+    let (mut would, mut verdicts) =
         ShadowDecision::judge(&keys.prompt, candidate, similarity, threshold, guards);
+    // Feedback refuses like a guard: a vetoed pair, or a similarity under the entry's own
+    // threshold, would not be served either.
+    if !state.feedback.allows(candidate.id, prompt, similarity) {
+        verdicts.push(GuardVerdict {
+            guard: "feedback".to_owned(),
+            enabled: true,
+            refuses: true,
+        });
+        if would == Would::Hit {
+            would = Would::Refuse;
+        }
+    }
     let decision = ShadowDecision {
         id: 0,
         at_ms: crate::record::unix_ms(),
@@ -233,5 +249,76 @@ pub fn record(
             tracing::warn!(error = %err, "recording a shadow decision failed");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(namespace: &str, would: Would) -> ShadowDecision {
+        ShadowDecision {
+            id: 0,
+            at_ms: 1,
+            request_id: "req_1".into(),
+            namespace: Some(namespace.into()),
+            model: "m".into(),
+            prompt: "p".into(),
+            would,
+            entry: "e_000000000001".into(),
+            entry_prompt: "q".into(),
+            similarity: 0.95,
+            threshold: 0.9,
+            guards: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_log_is_bounded_newest_first_filtered_and_paged() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::Config::new().path(dir.path()).open().expect("db");
+        let log = ShadowLog::new(db.clone(), db.open_tree("shadow").expect("tree"), 3);
+        let ids: Vec<u64> = [
+            ("a", Would::Hit),
+            ("a", Would::Refuse),
+            ("b", Would::Hit),
+            ("a", Would::Hit),
+        ]
+        .into_iter()
+        .map(|(ns, w)| log.record(decision(ns, w)).expect("record").id)
+        .collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+        let all = ShadowFilter {
+            limit: 10,
+            ..ShadowFilter::default()
+        };
+        let (page, more) = log.list(&all);
+        // The oldest went first.
+        assert_eq!(
+            page.iter().map(|d| d.id).collect::<Vec<_>>(),
+            vec![ids[3], ids[2], ids[1]]
+        );
+        assert_eq!(more, None);
+        let hits_in_a = ShadowFilter {
+            namespace: Some("a".into()),
+            would: Some(Would::Hit),
+            limit: 10,
+            before: None,
+        };
+        assert_eq!(log.list(&hits_in_a).0.len(), 1);
+        let (first, more) = log.list(&ShadowFilter {
+            limit: 2,
+            ..all.clone()
+        });
+        assert_eq!(first.len(), 2);
+        let (rest, none) = log.list(&ShadowFilter {
+            before: more,
+            ..all
+        });
+        assert_eq!(rest.iter().map(|d| d.id).collect::<Vec<_>>(), vec![ids[1]]);
+        assert_eq!(none, None);
+        assert_eq!(Would::parse("refuse"), Some(Would::Refuse));
+        assert_eq!(Would::parse("would-miss"), Some(Would::Miss));
+        assert_eq!(Would::parse("maybe"), None);
     }
 }

@@ -222,6 +222,22 @@ async fn feedback_wrong_stops_a_semantic_hit_for_good_also_after_restart() {
         "{record}"
     );
 
+    // Shadow mode knows it too: the vetoed pair would be refused, by feedback.
+    let shadowed = ask(
+        &gw,
+        PARAPHRASE,
+        &[
+            ("cache-control", "no-store"),
+            ("x-reprise-cache-mode", "shadow"),
+        ],
+    )
+    .await;
+    let said = header(&shadowed, "x-reprise-shadow").expect("x-reprise-shadow");
+    assert!(
+        said.starts_with("would-refuse;") && said.ends_with("guard=feedback"),
+        "{said}"
+    );
+
     // Neither the alias made by the hit nor a new search serves the pair again. `no-store`
     // keeps the paraphrase's own answer out of the cache, so every ask below tests the veto.
     let calls = sim.stats.snapshot().chat_completions;
