@@ -432,6 +432,13 @@ impl Feedback {
     }
 }
 
+impl Drop for Feedback {
+    /// The shadow decisions of the last moments land on disk at shutdown too.
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 /// The entry approved for `keys`' prompt, if it is still live, in the partition, young enough for
 /// `max-age` and not vetoed since: an alias the operator confirmed, served at any threshold.
 pub fn approved_hit(

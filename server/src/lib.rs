@@ -20,7 +20,9 @@
 //!    the store through the cache's writer thread, off the request path.
 //!
 //! Around them: [`config`] (layered settings), [`error`] (the one error enum and its OpenAI-shaped
-//! responses), [`admin`] (authenticated operator routes), and [`app`]/[`run`] here.
+//! responses), [`admin`] (authenticated operator routes), [`shadow`] and [`feedback`] (what
+//! semantic matching would have served in shadow mode, and operators' verdicts that veto or approve
+//! matches; the lookup consults them), and [`app`]/[`run`] here.
 
 pub mod admin;
 pub mod cache;
