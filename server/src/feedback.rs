@@ -553,6 +553,14 @@ mod tests {
             None
         );
 
+        // A wrong on the same pair later withdraws the approval.
+        f.note("req_w", encounter(Met::SemanticHit, 3, "reset my password", 0.91));
+        judge(&f, "req_w", Verdict::Wrong).expect("judged");
+        assert_eq!(
+            f.approved(&PartitionKey([7; 32]), &PromptKey::of("reset my password")),
+            None
+        );
+
         f.note("req_h", encounter(Met::Hit, 3, "x", 1.0));
         let err = judge(&f, "req_h", Verdict::Wrong).expect_err("exact hit");
         assert_eq!(err.status(), 400);
@@ -560,6 +568,6 @@ mod tests {
         assert_eq!(err.status(), 404);
         assert_eq!(err.body()["error"]["param"], "request_id");
         assert_eq!(f.counts().right, 1);
-        assert_eq!(f.counts().wrong, 0);
+        assert_eq!(f.counts().wrong, 1);
     }
 }

@@ -100,23 +100,22 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
     if semantic_lookup {
         // A paraphrase served before: the same answer, without embedding it again.
         // The guards are checked again: they may have been turned on since the alias was made.
-        // An alias an operator approved is served as it is; one an operator vetoed, never.
+        // An alias an operator approved is served as it is (a veto of the same pair withdraws the
+        // approval); a remembered one only while feedback allows the pair.
         let alias =
             feedback::approved_hit(&state.feedback, &state.cache, &keys, &prompt_key(), &policy)
                 .or_else(|| {
                     state
                         .cache
                         .lookup_alias(&keys.exact, &keys.partition, threshold, &policy)
-                        .filter(|(hit, _)| {
+                        .filter(|(hit, similarity)| {
                             live.guards
                                 .refuses_texts(&keys.prompt, &hit.entry.summary.prompt)
                                 .is_none()
+                                && state
+                                    .feedback
+                                    .allows(hit.entry.id, &prompt_key(), *similarity)
                         })
-                })
-                .filter(|(hit, similarity)| {
-                    state
-                        .feedback
-                        .allows(hit.entry.id, &prompt_key(), *similarity)
                 });
         if let Some((hit, similarity)) = alias {
             ingress.clock.looked_up = Some(Instant::now());
