@@ -554,7 +554,10 @@ mod tests {
         );
 
         // A wrong on the same pair later withdraws the approval.
-        f.note("req_w", encounter(Met::SemanticHit, 3, "reset my password", 0.91));
+        f.note(
+            "req_w",
+            encounter(Met::SemanticHit, 3, "reset my password", 0.91),
+        );
         judge(&f, "req_w", Verdict::Wrong).expect("judged");
         assert_eq!(
             f.approved(&PartitionKey([7; 32]), &PromptKey::of("reset my password")),
