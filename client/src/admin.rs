@@ -168,6 +168,9 @@ pub struct Stats {
     /// (absent from older gateways, read as zeros).
     #[serde(default)]
     pub guard_refusals: GuardRefusals,
+    /// Operators' verdicts (absent from gateways that predate feedback).
+    #[serde(default)]
+    pub feedback: Option<FeedbackCounts>,
     pub latency: Latency,
     pub ttft_histogram: TtftHistogram,
     pub timeline: Timeline,
@@ -238,6 +241,15 @@ pub struct UpstreamErrors {
     pub protocol: u64,
     pub status: u64,
     pub stream: u64,
+}
+
+/// Verdicts received through `POST /admin/feedback`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FeedbackCounts {
+    pub right: u64,
+    pub wrong: u64,
+    pub vetoes: u64,
+    pub approvals: u64,
 }
 
 /// Wrong answers a guard kept from being served, by guard.
@@ -628,8 +640,11 @@ pub struct LiveConfig {
     pub default_ttl_s: Option<u64>,
     /// `instant`, `recorded` or `tokens-per-second=N`.
     pub replay: String,
-    /// `on`, `off`, `read-only`, `write-only`, `exact-only`.
+    /// `on`, `off`, `read-only`, `write-only`, `exact-only`, `shadow`.
     pub cache_mode: String,
+    /// Default cache modes of namespaces (empty from gateways that predate them).
+    #[serde(default)]
+    pub namespace_modes: BTreeMap<String, String>,
 }
 
 /// `PATCH /admin/config` body: only set fields are sent. In `namespace_thresholds` a `None` value
@@ -648,6 +663,8 @@ pub struct ConfigPatch {
     pub replay: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_modes: Option<BTreeMap<String, Option<String>>>,
 }
 
 impl ConfigPatch {
@@ -655,6 +672,100 @@ impl ConfigPatch {
     pub fn is_empty(&self) -> bool {
         self == &Self::default()
     }
+}
+
+/// One guard's verdict on a shadow candidate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GuardVerdict {
+    pub guard: String,
+    pub enabled: bool,
+    pub refuses: bool,
+}
+
+/// What a request in shadow mode would have been served (`GET /admin/shadow`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShadowDecision {
+    pub id: u64,
+    pub at_ms: u64,
+    pub request_id: String,
+    pub namespace: Option<String>,
+    pub model: String,
+    pub prompt: String,
+    /// `would-hit`, `would-refuse` or `would-miss`.
+    pub would: String,
+    pub entry: String,
+    pub entry_prompt: String,
+    pub similarity: f32,
+    pub threshold: f32,
+    pub guards: Vec<GuardVerdict>,
+}
+
+/// `GET /admin/shadow`, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShadowPage {
+    pub data: Vec<ShadowDecision>,
+    pub has_more: bool,
+    pub next_cursor: Option<String>,
+}
+
+/// Filters of `GET /admin/shadow`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ShadowQuery {
+    pub namespace: Option<String>,
+    /// `hit`, `refuse` or `miss` (or their `would-` forms).
+    pub would: Option<String>,
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+}
+
+impl ShadowQuery {
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        let mut pairs = Vec::new();
+        if let Some(n) = &self.namespace {
+            pairs.push(("namespace", n.clone()));
+        }
+        if let Some(w) = &self.would {
+            pairs.push(("would", w.clone()));
+        }
+        if let Some(l) = self.limit {
+            pairs.push(("limit", l.to_string()));
+        }
+        if let Some(c) = &self.cursor {
+            pairs.push(("cursor", c.clone()));
+        }
+        pairs
+    }
+}
+
+/// `POST /admin/feedback`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeedbackRequest {
+    pub request_id: String,
+    /// `right` or `wrong`.
+    pub verdict: String,
+}
+
+/// A stored verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VerdictRecord {
+    pub id: u64,
+    pub at_ms: u64,
+    pub request_id: String,
+    pub verdict: String,
+    /// `hit`, `semantic-hit` or `shadow`.
+    pub met: String,
+    pub entry: String,
+    pub prompt: String,
+    pub similarity: Option<f32>,
+    pub effect: String,
+}
+
+/// `GET /admin/feedback`, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeedbackPage {
+    pub data: Vec<VerdictRecord>,
+    pub has_more: bool,
+    pub next_cursor: Option<String>,
 }
 
 /// One recent request from `GET /admin/requests` (no prompt, no response, no credential).
@@ -719,6 +830,12 @@ pub enum AdminCall {
     Requests {
         limit: Option<u32>,
     },
+    Shadow(ShadowQuery),
+    Feedback(FeedbackRequest),
+    FeedbackList {
+        limit: Option<u32>,
+        cursor: Option<String>,
+    },
     OpenApi,
 }
 
@@ -730,11 +847,15 @@ impl AdminCall {
             | Self::Entry(_)
             | Self::Config
             | Self::Requests { .. }
+            | Self::Shadow(_)
+            | Self::FeedbackList { .. }
             | Self::OpenApi => Method::GET,
             Self::DeleteEntry(_) => Method::DELETE,
-            Self::Warm(_) | Self::WarmRaw { .. } | Self::Invalidate(_) | Self::Flush => {
-                Method::POST
-            }
+            Self::Warm(_)
+            | Self::WarmRaw { .. }
+            | Self::Invalidate(_)
+            | Self::Flush
+            | Self::Feedback(_) => Method::POST,
             Self::PatchConfig(_) => Method::PATCH,
         }
     }
@@ -749,6 +870,8 @@ impl AdminCall {
             Self::Flush => vec!["admin", "flush"],
             Self::Config | Self::PatchConfig(_) => vec!["admin", "config"],
             Self::Requests { .. } => vec!["admin", "requests"],
+            Self::Shadow(_) => vec!["admin", "shadow"],
+            Self::Feedback(_) | Self::FeedbackList { .. } => vec!["admin", "feedback"],
             Self::OpenApi => vec!["admin", "openapi.json"],
         }
     }
@@ -874,6 +997,18 @@ impl AdminClient {
             }
             AdminCall::Invalidate(request) => builder = builder.json(request),
             AdminCall::PatchConfig(patch) => builder = builder.json(patch),
+            AdminCall::Shadow(query) => builder = builder.query(&query.pairs()),
+            AdminCall::Feedback(request) => builder = builder.json(request),
+            AdminCall::FeedbackList { limit, cursor } => {
+                let mut pairs = Vec::new();
+                if let Some(l) = limit {
+                    pairs.push(("limit", l.to_string()));
+                }
+                if let Some(c) = cursor {
+                    pairs.push(("cursor", c.clone()));
+                }
+                builder = builder.query(&pairs)
+            }
             AdminCall::Stats
             | AdminCall::Entry(_)
             | AdminCall::DeleteEntry(_)
@@ -1036,6 +1171,24 @@ impl AdminClient {
     /// `GET /admin/requests`, newest first; `None` leaves the count to the gateway.
     pub async fn requests(&self, limit: Option<u32>) -> Result<RequestsPage, AdminError> {
         self.call(AdminCall::Requests { limit }).await
+    }
+
+    /// `GET /admin/shadow`: one page of shadow decisions.
+    pub async fn shadow(&self, query: &ShadowQuery) -> Result<ShadowPage, AdminError> {
+        self.call(AdminCall::Shadow(query.clone())).await
+    }
+
+    /// `POST /admin/feedback`: `right` or `wrong` on a request's match.
+    pub async fn feedback(
+        &self,
+        request_id: &str,
+        verdict: &str,
+    ) -> Result<VerdictRecord, AdminError> {
+        self.call(AdminCall::Feedback(FeedbackRequest {
+            request_id: request_id.to_owned(),
+            verdict: verdict.to_owned(),
+        }))
+        .await
     }
 
     /// `GET /admin/openapi.json`.

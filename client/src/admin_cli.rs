@@ -15,9 +15,9 @@ use serde_json::value::RawValue;
 
 use crate::admin::{
     decode, truncate_chars, AdminCall, AdminClient, AdminError, ConfigPatch, EntryDeleted,
-    EntryDetail, EntryPage, EntrySummary, Flush, InvalidateRequest, Invalidation, ListQuery,
-    LiveConfig, Percentiles, Phases, RequestsPage, Stats, WarmFormat, WarmResult, DEFAULT_URL,
-    TOKEN_ENV, URL_ENV,
+    EntryDetail, EntryPage, EntrySummary, FeedbackPage, FeedbackRequest, Flush, InvalidateRequest,
+    Invalidation, ListQuery, LiveConfig, Percentiles, Phases, RequestsPage, ShadowPage,
+    ShadowQuery, Stats, VerdictRecord, WarmFormat, WarmResult, DEFAULT_URL, TOKEN_ENV, URL_ENV,
 };
 
 /// How to reach the gateway and how to print; accepted before or after a nested subcommand.
@@ -60,6 +60,44 @@ pub enum AdminCommand {
     Requests(RequestsArgs),
     /// The Prometheus metrics text.
     Metrics(MetricsArgs),
+    /// What shadow mode would have served: candidate, similarity, threshold, each guard's verdict.
+    Shadow(ShadowArgs),
+    /// Judge a semantic hit or shadow decision by request id (`right` or `wrong`); without
+    /// arguments, list the verdicts.
+    Feedback(FeedbackArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ShadowArgs {
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
+    /// Only this namespace's decisions.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Only `hit`, `refuse` or `miss` decisions.
+    #[arg(long)]
+    pub would: Option<String>,
+    /// How many, newest first (gateway default 50).
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// The next_cursor of the previous page.
+    #[arg(long)]
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct FeedbackArgs {
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
+    /// The judged response's x-reprise-request-id.
+    #[arg(requires = "verdict")]
+    pub request_id: Option<String>,
+    /// `right` or `wrong`.
+    #[arg(value_parser = ["right", "wrong"])]
+    pub verdict: Option<String>,
+    /// How many verdicts to list (gateway default 50).
+    #[arg(long, conflicts_with = "request_id")]
+    pub limit: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -194,7 +232,7 @@ pub enum ConfigCommand {
     Get,
     /// Change settings: similarity_threshold=0.92 default_ttl_s=1d replay=recorded
     /// cache_mode=read-only semantic_guards=numbers,negation,direction,antonym|none
-    /// namespace_thresholds.support=0.95 (=null removes it).
+    /// namespace_thresholds.support=0.95 namespace_modes.support=shadow (=null removes one).
     Set {
         #[arg(required = true, value_name = "KEY=VALUE")]
         assignments: Vec<String>,
@@ -337,6 +375,40 @@ pub async fn run(command: AdminCommand, out: &mut dyn Write) -> Result<(), CliEr
             out.write_all(text.as_bytes())?;
             Ok(())
         }
+        AdminCommand::Shadow(args) => {
+            let call = AdminCall::Shadow(ShadowQuery {
+                namespace: args.namespace,
+                would: args.would,
+                limit: args.limit,
+                cursor: args.cursor,
+            });
+            show(out, &args.gateway, call, |page: ShadowPage| {
+                render_shadow(&page, now)
+            })
+            .await
+        }
+        AdminCommand::Feedback(args) => match (args.request_id, args.verdict) {
+            (Some(request_id), Some(verdict)) => {
+                let call = AdminCall::Feedback(FeedbackRequest {
+                    request_id,
+                    verdict,
+                });
+                show(out, &args.gateway, call, |record: VerdictRecord| {
+                    render_verdict(&record)
+                })
+                .await
+            }
+            _ => {
+                let call = AdminCall::FeedbackList {
+                    limit: args.limit,
+                    cursor: None,
+                };
+                show(out, &args.gateway, call, |page: FeedbackPage| {
+                    render_feedback(&page, now)
+                })
+                .await
+            }
+        },
     }
 }
 
@@ -534,7 +606,7 @@ pub fn parse_seconds(text: &str) -> Result<u64, String> {
 /// Builds a config PATCH from `key=value` arguments.
 pub fn parse_config_patch(assignments: &[String]) -> Result<ConfigPatch, CliError> {
     const KEYS: &str = "similarity_threshold, default_ttl_s, replay, cache_mode, \
-                        semantic_guards, namespace_thresholds.NAME";
+                        semantic_guards, namespace_thresholds.NAME, namespace_modes.NAME";
     let mut patch = ConfigPatch::default();
     for assignment in assignments {
         let Some((key, value)) = assignment.split_once('=') else {
@@ -557,6 +629,17 @@ pub fn parse_config_patch(assignments: &[String]) -> Result<ConfigPatch, CliErro
             "replay" => patch.replay = Some(value.to_owned()),
             "cache_mode" => patch.cache_mode = Some(value.to_owned()),
             "semantic_guards" => patch.semantic_guards = Some(value.to_owned()),
+            _ if key.starts_with("namespace_modes.") && key.len() > "namespace_modes.".len() => {
+                let namespace = &key["namespace_modes.".len()..];
+                let mode = match value {
+                    "null" | "none" | "" => None,
+                    value => Some(value.to_owned()),
+                };
+                patch
+                    .namespace_modes
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(namespace.to_owned(), mode);
+            }
             _ => match key.strip_prefix("namespace_thresholds.") {
                 Some(namespace) if !namespace.is_empty() => {
                     // `null` (or `none`, or nothing) removes the namespace's own threshold.
@@ -802,6 +885,15 @@ pub fn render_stats(stats: &Stats) -> String {
                 refused.direction,
                 refused.antonym,
                 refused.entity
+            ),
+        ));
+    }
+    if let Some(fb) = &stats.feedback {
+        summary.push((
+            "Feedback",
+            format!(
+                "right {}, wrong {} ({} pairs vetoed, {} prompts approved)",
+                fb.right, fb.wrong, fb.vetoes, fb.approvals
             ),
         ));
     }
@@ -1188,8 +1280,141 @@ pub fn render_config(config: &LiveConfig) -> String {
             namespaces.join(", ")
         },
     ));
+    let modes: Vec<String> = config
+        .namespace_modes
+        .iter()
+        .map(|(namespace, mode)| format!("{namespace}={mode}"))
+        .collect();
+    rows.push((
+        "namespace_modes",
+        if modes.is_empty() {
+            "none".to_owned()
+        } else {
+            modes.join(", ")
+        },
+    ));
     let mut out = String::new();
     push_table(&mut out, &key_values(rows));
+    out
+}
+
+/// `shadow`.
+pub fn render_shadow(page: &ShadowPage, now_ms: u64) -> String {
+    let mut out = String::new();
+    if page.data.is_empty() {
+        out.push_str("no shadow decisions (send requests with x-reprise-cache-mode: shadow)\n");
+        return out;
+    }
+    let mut decisions = table(
+        &[
+            "REQUEST",
+            "AGE",
+            "WOULD",
+            "SIMILARITY",
+            "THRESHOLD",
+            "REFUSED BY",
+            "PROMPT",
+            "CANDIDATE",
+        ],
+        &[3, 4],
+    );
+    for d in &page.data {
+        let refused: Vec<&str> = d
+            .guards
+            .iter()
+            .filter(|g| g.refuses)
+            .map(|g| g.guard.as_str())
+            .collect();
+        // A guard that is off but would refuse is shown in parentheses: what turning it on changes.
+        let refused: Vec<String> = refused
+            .iter()
+            .map(|name| {
+                let on = d.guards.iter().any(|g| g.guard == *name && g.enabled);
+                if on {
+                    (*name).to_owned()
+                } else {
+                    format!("({name})")
+                }
+            })
+            .collect();
+        decisions.add_row(vec![
+            d.request_id.clone(),
+            fmt_since(d.at_ms, now_ms),
+            d.would.clone(),
+            format!("{:.4}", d.similarity),
+            format!("{:.4}", d.threshold),
+            if refused.is_empty() {
+                "-".to_owned()
+            } else {
+                refused.join(",")
+            },
+            truncate_chars(&d.prompt, 40),
+            format!("{} {}", d.entry, truncate_chars(&d.entry_prompt, 40)),
+        ]);
+    }
+    push_table(&mut out, &decisions);
+    if let Some(cursor) = &page.next_cursor {
+        out.push_str(&format!("more: --cursor {cursor}\n"));
+    }
+    out
+}
+
+/// `feedback REQUEST_ID VERDICT`.
+pub fn render_verdict(record: &VerdictRecord) -> String {
+    let mut out = String::new();
+    push_table(
+        &mut out,
+        &key_values(vec![
+            ("request", record.request_id.clone()),
+            ("verdict", record.verdict.clone()),
+            ("met", record.met.clone()),
+            ("entry", record.entry.clone()),
+            (
+                "similarity",
+                record
+                    .similarity
+                    .map_or_else(|| "-".to_owned(), |s| format!("{s:.4}")),
+            ),
+            ("effect", record.effect.clone()),
+        ]),
+    );
+    out
+}
+
+/// `feedback` (the list).
+pub fn render_feedback(page: &FeedbackPage, now_ms: u64) -> String {
+    let mut out = String::new();
+    if page.data.is_empty() {
+        out.push_str("no feedback yet\n");
+        return out;
+    }
+    let mut verdicts = table(
+        &[
+            "REQUEST",
+            "AGE",
+            "VERDICT",
+            "MET",
+            "ENTRY",
+            "SIMILARITY",
+            "EFFECT",
+            "PROMPT",
+        ],
+        &[5],
+    );
+    for r in &page.data {
+        verdicts.add_row(vec![
+            r.request_id.clone(),
+            fmt_since(r.at_ms, now_ms),
+            r.verdict.clone(),
+            r.met.clone(),
+            r.entry.clone(),
+            r.similarity
+                .map_or_else(|| "-".to_owned(), |s| format!("{s:.4}")),
+            r.effect.clone(),
+            truncate_chars(&r.prompt, 40),
+        ]);
+    }
+    push_table(&mut out, &verdicts);
     out
 }
 
@@ -1333,6 +1558,8 @@ mod tests {
             "semantic_guards=none",
             "namespace_thresholds.support=0.95",
             "namespace_thresholds.legal=null",
+            "namespace_modes.support=shadow",
+            "namespace_modes.legal=null",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -1346,7 +1573,8 @@ mod tests {
                 "replay": "tokens-per-second=40",
                 "cache_mode": "read-only",
                 "semantic_guards": "none",
-                "namespace_thresholds": {"support": 0.95_f32, "legal": null}
+                "namespace_thresholds": {"support": 0.95_f32, "legal": null},
+                "namespace_modes": {"support": "shadow", "legal": null}
             })
         );
         for bad in [

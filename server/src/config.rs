@@ -132,7 +132,7 @@ pub struct ServeArgs {
     /// Share entries across API keys (one tenant) instead of partitioning by key [default: false].
     #[arg(long, env = "REPRISE_SHARE_ACROSS_KEYS")]
     pub share_across_keys: Option<bool>,
-    /// Default cache mode: on, off, read-only, write-only, exact-only [default: on].
+    /// Default cache mode: on, off, read-only, write-only, exact-only, shadow [default: on].
     #[arg(long, env = "REPRISE_CACHE_MODE")]
     pub cache_mode: Option<String>,
     /// Default replay pacing of hits: instant, recorded, tokens-per-second=N [default: instant].
@@ -214,6 +214,9 @@ pub struct Config {
     pub similarity_threshold: f32,
     /// Per-namespace threshold floors (TOML only), e.g. `[namespace_thresholds]` `support = 0.95`.
     pub namespace_thresholds: BTreeMap<String, f32>,
+    /// Per-namespace default cache modes (TOML only), e.g. `[namespace_modes]` `support = "shadow"`:
+    /// a request of that namespace without `x-reprise-cache-mode` runs in that mode.
+    pub namespace_modes: BTreeMap<String, String>,
     /// Literal guards a semantic candidate must pass (see [`crate::guard`]).
     pub semantic_guards: String,
     pub embed_deadline_ms: u64,
@@ -264,6 +267,7 @@ impl Default for Config {
             semantic: true,
             similarity_threshold: 0.9,
             namespace_thresholds: BTreeMap::new(),
+            namespace_modes: BTreeMap::new(),
             semantic_guards: Guards::ALL.to_string(),
             embed_deadline_ms: 250,
             embed_max_batch: 16,
@@ -486,11 +490,21 @@ impl Config {
                 });
             }
         }
+        for (namespace, mode) in &self.namespace_modes {
+            if CacheMode::parse(mode).is_none() {
+                return Err(ConfigError::Invalid {
+                    field: "namespace_modes",
+                    reason: format!(
+                        "`{mode}` (namespace `{namespace}`) is not one of on, off, read-only, write-only, exact-only, shadow"
+                    ),
+                });
+            }
+        }
         if CacheMode::parse(&self.cache_mode).is_none() {
             return Err(ConfigError::Invalid {
                 field: "cache_mode",
                 reason: format!(
-                    "`{}` is not one of on, off, read-only, write-only, exact-only",
+                    "`{}` is not one of on, off, read-only, write-only, exact-only, shadow",
                     self.cache_mode
                 ),
             });

@@ -62,6 +62,9 @@ pub enum GatewayError {
     RouteNotFound { method: String, path: String },
     #[error("No cache entry {id}.")]
     EntryNotFound { id: String },
+    /// Feedback names a request the gateway no longer (or never) knew.
+    #[error("No recent request {id} that met a cached entry: feedback applies to the `x-reprise-request-id` of a semantic hit, a shadow decision or a miss with a candidate, among the last 10,000 since the gateway started.")]
+    RequestNotFound { id: String },
     /// An admin operation needs the embedding model, and the gateway runs exact-only.
     #[error("{what} needs semantic matching, and this gateway runs exact-only: {why}")]
     SemanticDisabled {
@@ -155,6 +158,11 @@ impl GatewayError {
                 "invalid_request_error",
                 "entry_not_found",
             ),
+            Self::RequestNotFound { .. } => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "request_not_found",
+            ),
             Self::SemanticDisabled { .. } => (
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
@@ -189,6 +197,7 @@ impl GatewayError {
             Self::InvalidRequest { param, .. } => param.clone(),
             Self::SemanticDisabled { param, .. } => Some((*param).to_owned()),
             Self::EntryNotFound { .. } => Some("id".to_owned()),
+            Self::RequestNotFound { .. } => Some("request_id".to_owned()),
             _ => None,
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})

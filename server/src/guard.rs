@@ -116,42 +116,66 @@ impl Guards {
     pub fn refuses(&self, query: &Literals, candidate: &Literals) -> Option<Guard> {
         // The word alignment is computed once, and only when a guard that reads it runs.
         let mut hunks = None;
-        Guard::ALL.into_iter().find(|g| {
-            self.runs(*g)
-                && match g {
-                    Guard::Numbers => {
-                        query.numbers != candidate.numbers
-                            || query.meridiems.iter().any(|(hour, half)| {
-                                candidate
-                                    .meridiems
-                                    .iter()
-                                    .any(|(h, other)| h == hour && other != half)
-                            })
-                    }
-                    Guard::Negation => query.negations != candidate.negations,
-                    Guard::Direction => {
-                        direction::roles_swapped(&query.words, &candidate.words)
-                            || hunks
-                                .get_or_insert_with(|| replaced(&query.words, &candidate.words))
-                                .iter()
-                                .any(|(q, c)| opposed(q, c, direction::converse))
-                    }
-                    Guard::Antonym => hunks
+        Guard::ALL
+            .into_iter()
+            .find(|g| self.runs(*g) && g.refuses(query, candidate, &mut hunks))
+    }
+
+    /// Every guard's verdict on `candidate`, whether it runs or not (shadow mode shows what each
+    /// one would do): `(guard, runs, refuses)` in [`Guard::ALL`] order.
+    pub fn verdicts(&self, query: &Literals, candidate: &Literals) -> Vec<(Guard, bool, bool)> {
+        let mut hunks = None;
+        Guard::ALL
+            .into_iter()
+            .map(|g| (g, self.runs(g), g.refuses(query, candidate, &mut hunks)))
+            .collect()
+    }
+}
+
+/// The word alignment of two prompts, computed at most once per pair.
+type Hunks<'a> = Option<Vec<(&'a [String], &'a [String])>>;
+
+impl Guard {
+    /// Whether this guard refuses serving `candidate`'s answer to `query`.
+    fn refuses<'a>(
+        self,
+        query: &'a Literals,
+        candidate: &'a Literals,
+        hunks: &mut Hunks<'a>,
+    ) -> bool {
+        match self {
+            Guard::Numbers => {
+                query.numbers != candidate.numbers
+                    || query.meridiems.iter().any(|(hour, half)| {
+                        candidate
+                            .meridiems
+                            .iter()
+                            .any(|(h, other)| h == hour && other != half)
+                    })
+            }
+            Guard::Negation => query.negations != candidate.negations,
+            Guard::Direction => {
+                direction::roles_swapped(&query.words, &candidate.words)
+                    || hunks
                         .get_or_insert_with(|| replaced(&query.words, &candidate.words))
                         .iter()
-                        .any(|(q, c)| opposed(q, c, antonym::opposite)),
-                    Guard::Entity => {
-                        query.names.difference(&candidate.names).next().is_some()
-                            && candidate.names.difference(&query.names).next().is_some()
-                    }
-                    Guard::Task => {
-                        !query.asks.tasks.is_empty()
-                            && !candidate.asks.tasks.is_empty()
-                            && query.asks.tasks != candidate.asks.tasks
-                    }
-                    Guard::Format => query.asks.formats != candidate.asks.formats,
-                }
-        })
+                        .any(|(q, c)| opposed(q, c, direction::converse))
+            }
+            Guard::Antonym => hunks
+                .get_or_insert_with(|| replaced(&query.words, &candidate.words))
+                .iter()
+                .any(|(q, c)| opposed(q, c, antonym::opposite)),
+            Guard::Entity => {
+                query.names.difference(&candidate.names).next().is_some()
+                    && candidate.names.difference(&query.names).next().is_some()
+            }
+            Guard::Task => {
+                !query.asks.tasks.is_empty()
+                    && !candidate.asks.tasks.is_empty()
+                    && query.asks.tasks != candidate.asks.tasks
+            }
+            Guard::Format => query.asks.formats != candidate.asks.formats,
+        }
     }
 }
 
@@ -650,6 +674,32 @@ mod tests {
         Guards::ALL
             .refuses(&Literals::of(a), &Literals::of(b))
             .map(Guard::name)
+    }
+
+    #[test]
+    fn verdicts_judge_every_guard_whether_it_runs_or_not() {
+        let running = Guards::parse("numbers,negation").expect("valid");
+        let verdicts = running.verdicts(
+            &Literals::of("Convert 100 USD to EUR"),
+            &Literals::of("Convert 100 EUR to USD"),
+        );
+        assert_eq!(verdicts.len(), Guard::ALL.len());
+        let direction = verdicts
+            .iter()
+            .find(|(g, _, _)| *g == Guard::Direction)
+            .expect("direction");
+        // Off, and it would refuse: what shadow mode shows an operator about turning it on.
+        assert_eq!(*direction, (Guard::Direction, false, true));
+        assert!(verdicts
+            .iter()
+            .all(|(g, runs, _)| *runs == matches!(g, Guard::Numbers | Guard::Negation)));
+        assert_eq!(
+            running.refuses(
+                &Literals::of("Convert 100 USD to EUR"),
+                &Literals::of("Convert 100 EUR to USD")
+            ),
+            None
+        );
     }
 
     #[test]

@@ -20,8 +20,10 @@
 //!    the store through the cache's writer thread, off the request path.
 //!
 //! Around them: [`config`] (layered settings), [`error`] (the one error enum and its OpenAI-shaped
-//! responses), [`admin`] (authenticated operator routes), [`serve`] (connections: timeouts, the
-//! connection cap, refused request heads), and [`app`]/[`run`] here.
+//! responses), [`admin`] (authenticated operator routes), [`shadow`] and [`feedback`] (what
+//! semantic matching would have served in shadow mode, and operators' verdicts that veto or approve
+//! matches; the lookup consults them), [`serve`] (connections: timeouts, the connection cap, refused
+//! request heads), and [`app`]/[`run`] here.
 
 pub mod admin;
 pub mod cache;
@@ -30,6 +32,7 @@ pub mod downstream;
 pub mod embed;
 pub mod entry;
 pub mod error;
+pub mod feedback;
 pub mod forward;
 pub mod guard;
 pub mod index;
@@ -42,6 +45,7 @@ pub mod record;
 pub mod replay;
 pub mod semantic;
 pub mod serve;
+pub mod shadow;
 pub mod sse;
 pub mod stats;
 pub mod store;
@@ -84,6 +88,8 @@ pub struct AppState {
     pub semantic: Option<Arc<Semantic>>,
     /// Why semantic matching is off, when it is.
     pub semantic_disabled: Option<Arc<str>>,
+    /// Operators' verdicts on semantic matches, and the shadow decisions.
+    pub feedback: Arc<feedback::Feedback>,
     /// Background work that must finish before exit (stream pumps).
     pub tasks: TaskTracker,
     /// Cancelled when shutdown begins.
@@ -144,6 +150,14 @@ impl AppState {
         let index = semantic
             .as_ref()
             .map(|s| s.index.clone() as Arc<dyn VectorIndex>);
+        let feedback_dir = config.data_dir.join("feedback");
+        let feedback =
+            feedback::Feedback::open(&feedback_dir).map_err(|e| GatewayError::Internal {
+                detail: format!(
+                    "opening the feedback store in {}: {e}",
+                    feedback_dir.display()
+                ),
+            })?;
         let requests = Arc::new(RequestLog::new(config.request_log_size));
         if let Some(s) = &semantic {
             s.embedder.observe_batches(requests.stats.embed_observer());
@@ -159,6 +173,7 @@ impl AppState {
             live: Arc::new(live::Live::new(config.clone())),
             semantic,
             semantic_disabled,
+            feedback: Arc::new(feedback),
             config: Arc::new(config),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),

@@ -23,6 +23,8 @@ pub struct LiveConfig {
     pub similarity_threshold: f32,
     /// Floors of namespaces that differ from the global one.
     pub namespace_thresholds: BTreeMap<String, f32>,
+    /// Default cache modes of namespaces that differ from `cache_mode` (e.g. `shadow`).
+    pub namespace_modes: BTreeMap<String, String>,
     /// Guards a semantic match must pass: a list of numbers, negation, direction, antonym, or `none`.
     pub semantic_guards: String,
     /// TTL of new entries when the request does not set one.
@@ -40,6 +42,8 @@ pub struct ConfigPatch {
     pub similarity_threshold: Option<f32>,
     /// Merged into the current map; a `null` value removes that namespace's floor.
     pub namespace_thresholds: Option<BTreeMap<String, Option<f32>>>,
+    /// Merged into the current map; a `null` value removes that namespace's mode.
+    pub namespace_modes: Option<BTreeMap<String, Option<String>>>,
     pub semantic_guards: Option<String>,
     pub default_ttl_s: Option<u64>,
     pub replay: Option<String>,
@@ -68,11 +72,29 @@ impl Settings {
         self.config.threshold_floor(namespace)
     }
 
+    /// The defaults a request's headers apply to: its namespace's mode when one is configured
+    /// (the namespace header is read as sent; the policy validates it).
+    pub fn defaults_for(&self, headers: &axum::http::HeaderMap) -> std::borrow::Cow<'_, Defaults> {
+        let mode = headers
+            .get("x-reprise-namespace")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|n| self.config.namespace_modes.get(n.trim()))
+            .and_then(|m| crate::policy::CacheMode::parse(m));
+        match mode {
+            Some(mode) => std::borrow::Cow::Owned(Defaults {
+                mode,
+                ..self.defaults.clone()
+            }),
+            None => std::borrow::Cow::Borrowed(&self.defaults),
+        }
+    }
+
     pub fn view(&self) -> LiveConfig {
         let c = &self.config;
         LiveConfig {
             similarity_threshold: c.similarity_threshold,
             namespace_thresholds: c.namespace_thresholds.clone(),
+            namespace_modes: c.namespace_modes.clone(),
             semantic_guards: c.semantic_guards.clone(),
             default_ttl_s: c.default_ttl_s,
             replay: c.replay.clone(),
@@ -109,6 +131,7 @@ impl Live {
         let ConfigPatch {
             similarity_threshold,
             namespace_thresholds,
+            namespace_modes,
             semantic_guards,
             default_ttl_s,
             replay,
@@ -121,6 +144,12 @@ impl Live {
             match floor {
                 Some(t) => config.namespace_thresholds.insert(namespace, t),
                 None => config.namespace_thresholds.remove(&namespace),
+            };
+        }
+        for (namespace, mode) in namespace_modes.unwrap_or_default() {
+            match mode {
+                Some(m) => config.namespace_modes.insert(namespace, m),
+                None => config.namespace_modes.remove(&namespace),
             };
         }
         if let Some(guards) = semantic_guards {

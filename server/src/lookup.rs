@@ -14,7 +14,9 @@ use crate::cache::{Flight, Join, Recorder};
 use crate::downstream::{Delivered, Delivery, Source};
 use crate::entry::{Entry, HitEvent, HitKind, RequestSummary};
 use crate::error::GatewayError;
+use crate::feedback::{self, Encounter, Met, PromptKey};
 use crate::forward::{self, set_cache_outcome, set_request_id, RecordMeta, Served};
+use crate::guard::Guards;
 use crate::ingress::{Ingress, Route};
 use crate::key::Tenant;
 use crate::policy::{self, Pacing};
@@ -26,7 +28,8 @@ use crate::AppState;
 /// Runs the cache stages for a parsed request and returns the response.
 pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) -> Response {
     let live = state.live.current();
-    let policy = match policy::from_headers(&ingress.headers, &live.defaults) {
+    let policy = match policy::from_headers(&ingress.headers, &live.defaults_for(&ingress.headers))
+    {
         Ok(p) => p,
         Err(err) => return error_response(err, &request_id),
     };
@@ -59,9 +62,27 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
     }
     let threshold = policy.threshold.unwrap_or(floor);
 
+    // What feedback on this request will need to know about the entry it met. The prompt's
+    // feedback key is hashed once, and only when a path needs it.
+    let prompt_key = std::sync::OnceLock::new();
+    let prompt_key = || *prompt_key.get_or_init(|| PromptKey::of(&keys.prompt));
+    let note = |met, entry, similarity| {
+        state.feedback.note(
+            &request_id,
+            Encounter {
+                met,
+                entry,
+                partition: keys.partition,
+                prompt: prompt_key(),
+                preview: feedback::preview(&keys.prompt),
+                similarity,
+            },
+        )
+    };
     if policy.lookup {
         if let Some(hit) = state.cache.lookup(&keys.exact, &policy) {
             ingress.clock.looked_up = Some(Instant::now());
+            note(Met::Hit, hit.entry.id, None);
             return respond_entry(
                 state,
                 &ingress,
@@ -79,16 +100,26 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
     if semantic_lookup {
         // A paraphrase served before: the same answer, without embedding it again.
         // The guards are checked again: they may have been turned on since the alias was made.
-        let alias = state
-            .cache
-            .lookup_alias(&keys.exact, &keys.partition, threshold, &policy)
-            .filter(|(hit, _)| {
-                live.guards
-                    .refuses_texts(&keys.prompt, &hit.entry.summary.prompt)
-                    .is_none()
-            });
+        // An alias an operator approved is served as it is (a veto of the same pair withdraws the
+        // approval); a remembered one only while feedback allows the pair.
+        let alias =
+            feedback::approved_hit(&state.feedback, &state.cache, &keys, &prompt_key(), &policy)
+                .or_else(|| {
+                    state
+                        .cache
+                        .lookup_alias(&keys.exact, &keys.partition, threshold, &policy)
+                        .filter(|(hit, similarity)| {
+                            live.guards
+                                .refuses_texts(&keys.prompt, &hit.entry.summary.prompt)
+                                .is_none()
+                                && state
+                                    .feedback
+                                    .allows(hit.entry.id, &prompt_key(), *similarity)
+                        })
+                });
         if let Some((hit, similarity)) = alias {
             ingress.clock.looked_up = Some(Instant::now());
+            note(Met::SemanticHit, hit.entry.id, Some(similarity));
             return respond_entry(
                 state,
                 &ingress,
@@ -106,23 +137,63 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
     let mut nearest = None;
     let mut nearest_guard = None;
     let mut vector = None;
+    let mut shadowed = None;
+    let mut vetoed = None;
     if let Some(semantic) = state
         .semantic
         .as_ref()
         .filter(|_| ingress.route != Route::Embeddings)
     {
-        let search = policy.lookup && policy.semantic;
+        // Shadow mode searches for the nearest live candidate, at any similarity and unguarded,
+        // and judges it below, to record what `on` would have done.
+        let shadow = policy.lookup && policy.shadow;
+        let search = (policy.lookup && policy.semantic) || shadow;
         if search || policy.store {
-            let outcome = semantic
+            let (floor, guards) = if shadow {
+                (f32::NEG_INFINITY, Guards::default())
+            } else {
+                (threshold, live.guards)
+            };
+            let mut outcome = semantic
                 .lookup(
                     &state.cache.store,
                     &keys,
-                    threshold,
-                    live.guards,
+                    floor,
+                    guards,
                     search,
                     policy.max_age_s,
                 )
                 .await;
+            if let (Some(entry), Some(similarity), false) =
+                (outcome.nearest_entry, outcome.nearest, shadow)
+            {
+                // Noted as a near miss; a hit below overwrites it.
+                note(Met::NearMiss, entry, Some(similarity));
+            }
+            if shadow {
+                if let Some((entry, similarity)) = outcome.hit.take() {
+                    shadowed = crate::shadow::record(
+                        state,
+                        &request_id,
+                        &ingress,
+                        &policy,
+                        &keys,
+                        &prompt_key(),
+                        &entry,
+                        similarity,
+                        threshold,
+                    );
+                    note(Met::Shadow, entry.id, Some(similarity));
+                }
+            }
+            // A pair an operator said was wrong is never served again.
+            if let Some((entry, similarity)) = outcome
+                .hit
+                .take_if(|(e, s)| !state.feedback.allows(e.id, &prompt_key(), *s))
+            {
+                vetoed = Some(entry.id);
+                tracing::debug!(entry = %entry.id, similarity, "semantic hit vetoed by feedback");
+            }
             ingress.clock.embed_ms = outcome.embed_ms;
             ingress.clock.search_ms = outcome.search_ms;
             nearest = outcome.nearest;
@@ -134,6 +205,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
             if let Some((entry, similarity)) = outcome.hit {
                 let entry = Arc::new(entry);
                 ingress.clock.looked_up = Some(Instant::now());
+                note(Met::SemanticHit, entry.id, Some(similarity));
                 if policy.store {
                     state.cache.remember_alias(keys.exact, entry.id, similarity);
                 }
@@ -215,6 +287,21 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
             response.headers_mut(),
             "x-reprise-nearest",
             format!("{nearest:.4}"),
+        );
+    }
+    if let Some(decision) = shadowed {
+        // What `on` would have served: the response itself is the upstream's.
+        set_header(
+            response.headers_mut(),
+            "x-reprise-shadow",
+            decision.header(),
+        );
+    }
+    if let Some(entry) = vetoed {
+        set_header(
+            response.headers_mut(),
+            "x-reprise-vetoed",
+            entry.to_string(),
         );
     }
     if let Some(guard) = nearest_guard {

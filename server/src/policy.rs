@@ -23,6 +23,9 @@ pub enum CacheMode {
     WriteOnly,
     /// Look up and store, exact matches only (no semantic matching).
     ExactOnly,
+    /// Like `exact-only`, and the semantic match that `on` would have served is recorded, not
+    /// served ([`crate::shadow`]).
+    Shadow,
 }
 
 impl CacheMode {
@@ -33,6 +36,7 @@ impl CacheMode {
             "read-only" => Some(Self::ReadOnly),
             "write-only" => Some(Self::WriteOnly),
             "exact-only" => Some(Self::ExactOnly),
+            "shadow" => Some(Self::Shadow),
             _ => None,
         }
     }
@@ -82,6 +86,8 @@ pub struct Policy {
     /// `x-reprise-threshold`: a stricter similarity for this request (checked against the floor
     /// by the lookup, which knows the namespace's floor).
     pub threshold: Option<f32>,
+    /// Shadow mode: search semantically and record what would be served, serve exact hits only.
+    pub shadow: bool,
 }
 
 /// The configured defaults a request's headers apply to.
@@ -111,7 +117,7 @@ pub fn from_headers(headers: &HeaderMap, defaults: &Defaults) -> Result<Policy, 
     let mode = match header(headers, "x-reprise-cache-mode")? {
         Some(v) => CacheMode::parse(v).ok_or_else(|| {
             GatewayError::invalid(
-                format!("`x-reprise-cache-mode: {v}` is not one of on, off, read-only, write-only, exact-only."),
+                format!("`x-reprise-cache-mode: {v}` is not one of on, off, read-only, write-only, exact-only, shadow."),
                 Some("x-reprise-cache-mode"),
             )
         })?,
@@ -120,12 +126,13 @@ pub fn from_headers(headers: &HeaderMap, defaults: &Defaults) -> Result<Policy, 
     let mut policy = Policy {
         lookup: matches!(
             mode,
-            CacheMode::On | CacheMode::ReadOnly | CacheMode::ExactOnly
+            CacheMode::On | CacheMode::ReadOnly | CacheMode::ExactOnly | CacheMode::Shadow
         ),
         store: matches!(
             mode,
-            CacheMode::On | CacheMode::WriteOnly | CacheMode::ExactOnly
+            CacheMode::On | CacheMode::WriteOnly | CacheMode::ExactOnly | CacheMode::Shadow
         ),
+        shadow: mode == CacheMode::Shadow,
         semantic: matches!(mode, CacheMode::On | CacheMode::ReadOnly),
         max_age_s: None,
         ttl_s: defaults.ttl_s,

@@ -49,6 +49,7 @@ struct Request {
 struct Found {
     hit: Option<(Entry, f32)>,
     nearest: Option<f32>,
+    nearest_entry: Option<EntryId>,
     nearest_guard: Option<Guard>,
     refused: Option<Guard>,
 }
@@ -66,6 +67,8 @@ pub struct Outcome {
     pub hit: Option<(Entry, f32)>,
     /// Similarity of the best candidate in the partition (`x-reprise-nearest`).
     pub nearest: Option<f32>,
+    /// That candidate (feedback can approve a near miss).
+    pub nearest_entry: Option<EntryId>,
     /// The guard that refuses the best candidate, whatever its similarity (`x-reprise-guard`): a
     /// lower threshold would not serve it either.
     pub nearest_guard: Option<Guard>,
@@ -182,6 +185,7 @@ impl Semantic {
                     .unwrap_or_default();
             outcome.search_ms = Some(crate::timing::millis(searched.elapsed()));
             outcome.nearest = found.nearest;
+            outcome.nearest_entry = found.nearest_entry;
             outcome.nearest_guard = found.nearest_guard;
             outcome.refused = found.refused;
             outcome.hit = found.hit;
@@ -222,6 +226,7 @@ impl Semantic {
             let guard = refuses(&entry);
             if nearest {
                 found.nearest = Some(n.similarity);
+                found.nearest_entry = Some(entry.id);
                 found.nearest_guard = guard;
             }
             if n.similarity < request.threshold {

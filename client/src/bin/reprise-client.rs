@@ -25,6 +25,9 @@ enum Command {
     Admin(AdminCommand),
     /// Match quality through a running gateway: store `a`, look up `b` for each labeled pair.
     Eval(reprise_client::eval::cli::EvalArgs),
+    /// The threshold an application can afford: run its labeled pairs like `eval`, print the curve
+    /// and the threshold within --max-wrong; --apply sets it live (for --namespace, or globally).
+    Calibrate(reprise_client::eval::calibrate::CalibrateArgs),
 }
 
 #[tokio::main]
@@ -43,6 +46,7 @@ async fn main() -> std::process::ExitCode {
             }
         }
         Command::Eval(args) => reprise_client::eval::cli::run(args).await,
+        Command::Calibrate(args) => reprise_client::eval::calibrate::run(args).await,
         Command::Bench(args) => bench::cli::main(args).await,
     }
 }

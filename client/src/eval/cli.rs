@@ -55,13 +55,37 @@ pub struct EvalArgs {
 
 /// Runs the command: exit 0 on success, 1 when the run failed or too many pairs errored, 2 for bad input.
 pub async fn run(args: EvalArgs) -> ExitCode {
+    let (evaluation, summary) = match evaluate(&args, "eval").await {
+        Ok(done) => done,
+        Err(code) => return code,
+    };
+    if args.json {
+        match serde_json::to_string_pretty(&summary) {
+            Ok(text) => println!("{text}"),
+            Err(err) => {
+                eprintln!("reprise-client eval: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", report::render_text(&summary));
+    }
+    finish(&args, &summary, &evaluation, "eval")
+}
+
+/// Reads the pairs, runs them through the gateway and summarizes them; errors are printed, prefixed
+/// with `command`, and come back as the exit code.
+pub async fn evaluate(
+    args: &EvalArgs,
+    command: &str,
+) -> Result<(super::Evaluation, report::Summary), ExitCode> {
     let mut all = Vec::new();
     for path in &args.pairs {
         match pairs::read_file(path, args.ambiguous) {
             Ok(mut p) => all.append(&mut p),
             Err(err) => {
-                eprintln!("reprise-client eval: {err}");
-                return ExitCode::from(2);
+                eprintln!("reprise-client {command}: {err}");
+                return Err(ExitCode::from(2));
             }
         }
     }
@@ -69,12 +93,14 @@ pub async fn run(args: EvalArgs) -> ExitCode {
         all.truncate(limit);
     }
     if all.is_empty() {
-        eprintln!("reprise-client eval: no pairs to evaluate");
-        return ExitCode::from(2);
+        eprintln!("reprise-client {command}: no pairs to evaluate");
+        return Err(ExitCode::from(2));
     }
     if !(args.store_timeout_s.is_finite() && args.store_timeout_s > 0.0) {
-        eprintln!("reprise-client eval: --store-timeout-s must be a positive number of seconds");
-        return ExitCode::from(2);
+        eprintln!(
+            "reprise-client {command}: --store-timeout-s must be a positive number of seconds"
+        );
+        return Err(ExitCode::from(2));
     }
     let title = args.title.clone().unwrap_or_else(|| {
         args.pairs
@@ -103,38 +129,38 @@ pub async fn run(args: EvalArgs) -> ExitCode {
     {
         Ok(e) => e,
         Err(err) => {
-            eprintln!("reprise-client eval: {err}");
-            return ExitCode::FAILURE;
+            eprintln!("reprise-client {command}: {err}");
+            return Err(ExitCode::FAILURE);
         }
     };
     if !quiet {
         eprintln!();
     }
     let summary = report::summarize(&evaluation, &title);
-    if args.json {
-        match serde_json::to_string_pretty(&summary) {
-            Ok(text) => println!("{text}"),
-            Err(err) => {
-                eprintln!("reprise-client eval: {err}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        print!("{}", report::render_text(&summary));
-    }
+    Ok((evaluation, summary))
+}
+
+/// Writes the report folder when asked, and fails when too many pairs could not be measured.
+pub fn finish(
+    args: &EvalArgs,
+    summary: &report::Summary,
+    evaluation: &super::Evaluation,
+    command: &str,
+) -> ExitCode {
     if let Some(dir) = &args.report {
-        if let Err(err) = report::write_dir(dir, &summary, &evaluation) {
-            eprintln!("reprise-client eval: {err}");
+        if let Err(err) = report::write_dir(dir, summary, evaluation) {
+            eprintln!("reprise-client {command}: {err}");
             return ExitCode::FAILURE;
         }
-        if !quiet {
+        if !args.json {
             eprintln!("report written to {}", dir.display());
         }
     }
+    let total = evaluation.results.len();
     let errors = summary.overall.errors;
     if errors as f64 > args.max_error_share * total as f64 {
         eprintln!(
-            "reprise-client eval: {errors} of {total} pairs could not be measured (more than {:.1}%); first: {}",
+            "reprise-client {command}: {errors} of {total} pairs could not be measured (more than {:.1}%); first: {}",
             args.max_error_share * 100.0,
             summary.failures.first().map_or("", String::as_str)
         );

@@ -13,6 +13,7 @@
 //!
 //! The namespace (`x-reprise-namespace`) keeps pairs apart, so a pair only ever sees its own `a`.
 
+pub mod calibrate;
 pub mod chart;
 pub mod cli;
 pub mod pairs;

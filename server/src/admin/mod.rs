@@ -6,6 +6,7 @@
 //! and index work runs on blocking threads.
 
 pub mod entries;
+pub mod learn;
 pub mod warm;
 
 use std::collections::BTreeMap;
@@ -51,6 +52,11 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/admin/flush", axum::routing::post(entries::flush))
         .route("/admin/config", get(config).patch(patch_config))
         .route("/admin/requests", get(requests))
+        .route("/admin/shadow", get(learn::shadow))
+        .route(
+            "/admin/feedback",
+            get(learn::list_feedback).post(learn::post_feedback),
+        )
         .route("/admin/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state, require_admin));
@@ -210,6 +216,8 @@ pub struct StatsBody {
     /// Semantic lookups that a literal guard left without a match (a candidate above the threshold
     /// refused, none served), by the first guard that refused: wrong answers not given.
     pub guard_refusals: GuardRefusals,
+    /// Operators' verdicts (`POST /admin/feedback`), since the data dir was created.
+    pub feedback: crate::feedback::FeedbackCounts,
     pub latency: LatencyWindow,
     pub ttft_histogram: TtftHistogram,
     pub timeline: Timeline,
@@ -269,6 +277,7 @@ pub async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
         embedding,
         upstream_errors: totals.upstream_errors,
         guard_refusals: totals.guard_refusals,
+        feedback: state.feedback.counts(),
         latency: LatencyWindow {
             window: state.config.request_log_size,
             by_outcome: latency_by_outcome(&recent),
@@ -304,7 +313,8 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             s.fallbacks.load(std::sync::atomic::Ordering::Relaxed)
         }),
     };
-    let text = state.requests.stats.render_prometheus(&gauges);
+    let mut text = state.requests.stats.render_prometheus(&gauges);
+    text.push_str(&state.feedback.render_prometheus());
     (
         [(
             header::CONTENT_TYPE,
@@ -415,7 +425,7 @@ impl utoipa::Modify for BearerAuth {
     paths(
         stats, metrics, requests, config, patch_config, openapi,
         entries::list, entries::show, entries::delete, entries::invalidate, entries::flush,
-        warm::warm,
+        warm::warm, learn::shadow, learn::list_feedback, learn::post_feedback,
     ),
     modifiers(&BearerAuth),
     tags((name = "admin", description = "Cache statistics, entries and settings"))

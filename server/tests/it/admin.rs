@@ -74,7 +74,7 @@ fn requests_total(metrics: &str, cache: &str) -> u64 {
 async fn every_admin_route_needs_the_token_and_is_off_without_one() {
     let sim = sim_default().await;
     let gw = gateway(&sim).await;
-    let routes: [(reqwest::Method, &str); 12] = [
+    let routes: [(reqwest::Method, &str); 15] = [
         (reqwest::Method::GET, "/admin/stats"),
         (reqwest::Method::GET, "/admin/entries"),
         (reqwest::Method::POST, "/admin/entries"),
@@ -85,6 +85,9 @@ async fn every_admin_route_needs_the_token_and_is_off_without_one() {
         (reqwest::Method::GET, "/admin/config"),
         (reqwest::Method::PATCH, "/admin/config"),
         (reqwest::Method::GET, "/admin/requests"),
+        (reqwest::Method::GET, "/admin/shadow"),
+        (reqwest::Method::GET, "/admin/feedback"),
+        (reqwest::Method::POST, "/admin/feedback"),
         (reqwest::Method::GET, "/admin/openapi.json"),
         (reqwest::Method::GET, "/metrics"),
     ];
@@ -678,6 +681,9 @@ async fn the_openapi_document_lists_every_admin_route() {
         ("/admin/config", "get"),
         ("/admin/config", "patch"),
         ("/admin/requests", "get"),
+        ("/admin/shadow", "get"),
+        ("/admin/feedback", "get"),
+        ("/admin/feedback", "post"),
         ("/metrics", "get"),
     ] {
         assert!(

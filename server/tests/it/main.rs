@@ -7,6 +7,7 @@ mod common;
 mod conn;
 mod disk;
 mod gateway;
+mod learn;
 mod process;
 mod semantic;
 mod upstream;

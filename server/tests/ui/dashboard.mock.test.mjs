@@ -193,3 +193,41 @@ test("without a token asks for one; a wrong token is rejected, the right one ope
     await mock.close();
   }
 });
+
+test("shadow decisions: what would be served, each guard's verdict, and feedback buttons", async () => {
+  const mock = await startMock({ mode: "semantic" });
+  const { page, context, problems } = await openReady(mock);
+  try {
+    await page.waitForSelector("#shadow-panel:not([hidden])");
+    const rows = page.locator("#shadow-body tr");
+    assert.equal(await rows.count(), 3);
+    const refused = await page.locator('#shadow-body tr[data-request-id="req_s3"]').textContent();
+    // A running guard by name; one that is off but would refuse, in parentheses.
+    assert.ok(refused.includes("refused") && refused.includes("direction, (antonym)"), refused);
+    assert.ok(refused.includes("0.9896") && refused.includes("Can I cancel my order after it ships?"), refused);
+    assert.ok((await page.locator('#shadow-body tr[data-request-id="req_s1"]').textContent()).includes("below threshold"));
+
+    await page.locator('#shadow-body tr[data-request-id="req_s2"] button[data-verdict="right"]').click();
+    await eventually("verdict shown", async () => (await page.locator('#shadow-body tr[data-request-id="req_s2"]').textContent()).includes("right"));
+    assert.equal(await page.locator('#shadow-body tr[data-request-id="req_s2"] button').count(), 0);
+    await page.locator('#shadow-body tr[data-request-id="req_s3"] button[data-verdict="wrong"]').click();
+    await eventually("second verdict", async () => mock.log.verdicts.length === 2);
+    assert.deepEqual(mock.log.verdicts, [["req_s2", "right"], ["req_s3", "wrong"]]);
+    assert.deepEqual(problems, []);
+  } finally {
+    await context.close();
+    await mock.close();
+  }
+});
+
+test("no shadow decisions: no shadow panel", async () => {
+  const mock = await startMock({ mode: "exact-only" });
+  const { page, context, problems } = await openReady(mock);
+  try {
+    assert.ok(await page.locator("#shadow-panel").isHidden());
+    assert.deepEqual(problems, []);
+  } finally {
+    await context.close();
+    await mock.close();
+  }
+});

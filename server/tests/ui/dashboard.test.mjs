@@ -33,10 +33,10 @@ function admin(path, init = {}) {
 }
 
 /** One chat request through the gateway; returns its x-reprise-cache header after reading the whole body. */
-async function chat(content, { stream = false } = {}) {
+async function chat(content, { stream = false, headers = {} } = {}) {
   const res = await fetch(`${gw}/v1/chat/completions`, {
     method: "POST",
-    headers: { "content-type": "application/json", authorization: "Bearer sk-ui" },
+    headers: { "content-type": "application/json", authorization: "Bearer sk-ui", ...headers },
     body: JSON.stringify({ model: "sim-model", messages: [{ role: "user", content }], stream }),
   });
   await res.text();
@@ -125,6 +125,37 @@ test("the dashboard renders live data, searches and deletes entries", async () =
     await page.waitForTimeout(5500);
     assert.equal(await page.locator(`tr[data-entry-id="${id}"]`).count(), 0);
 
+    assert.deepEqual(problems, []);
+  } finally {
+    await context.close();
+  }
+});
+
+test("shadow decisions from real traffic, judged from the dashboard", async () => {
+  // A paraphrase in shadow mode goes upstream and, with semantic matching on, is recorded with its candidate.
+  const shadowHeaders = { "x-reprise-cache-mode": "shadow", "cache-control": "no-store" };
+  assert.equal(await chat("I forgot my password, how can I reset it?", { headers: shadowHeaders }), "miss");
+  const decisions = await (await admin("shadow")).json();
+  assert.equal(decisions.data.length, semantic ? 1 : 0, JSON.stringify(decisions));
+  const { page, context, problems } = await newPage(browser);
+  try {
+    await page.goto(`${gw}/admin/ui#token=${encodeURIComponent(token)}`);
+    await page.waitForSelector('body[data-ready="1"]', { timeout: 15000 });
+    if (!semantic) {
+      // Exact-only: nothing to shadow, no panel.
+      assert.ok(await page.locator("#shadow-panel").isHidden());
+    } else {
+      const d = decisions.data[0];
+      const row = page.locator(`#shadow-body tr[data-request-id="${d.request_id}"]`);
+      await row.waitFor();
+      const text = await row.textContent();
+      assert.ok(text.includes("How do I reset my password?") && text.includes(d.similarity.toFixed(4)), text);
+      await row.locator('button[data-verdict="wrong"]').click();
+      await eventually("verdict stored", async () => (await (await admin("stats")).json()).feedback.wrong === 1);
+      await eventually("verdict shown", async () => (await row.textContent()).includes("wrong"));
+      const verdicts = await (await admin("feedback")).json();
+      assert.equal(verdicts.data[0].request_id, d.request_id);
+    }
     assert.deepEqual(problems, []);
   } finally {
     await context.close();

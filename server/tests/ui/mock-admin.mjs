@@ -243,7 +243,21 @@ export function buildData(mode, now = Date.now(), count = MOCK_PROMPTS.length) {
       });
     }
   }
-  return { stats, entries, requests };
+  // Shadow decisions (semantic mode only): one would-hit, one refused by a running guard with another
+  // guard that is off but would refuse too, one below the threshold.
+  const guards = (refusing, off = []) => ["numbers", "negation", "format", "task", "direction", "antonym", "entity"]
+    .map((guard) => ({ guard, enabled: !off.includes(guard), refuses: refusing.includes(guard) }));
+  const shadow = semantic && !empty ? [
+    { id: 3, at_ms: now - 2000, request_id: "req_s3", namespace: "support", model: "gpt-4o-mini", prompt: "Can I cancel my order before it ships?",
+      would: "would-refuse", entry: entries[0].id, entry_prompt: "Can I cancel my order after it ships?", similarity: 0.9896, threshold: 0.9,
+      guards: guards(["direction", "antonym"], ["antonym"]) },
+    { id: 2, at_ms: now - 5000, request_id: "req_s2", namespace: "support", model: "gpt-4o-mini", prompt: "I forgot my password, how can I reset it",
+      would: "would-hit", entry: entries[1].id, entry_prompt: "How do I reset my password?", similarity: 0.9412, threshold: 0.9, guards: guards([]) },
+    { id: 1, at_ms: now - 9000, request_id: "req_s1", namespace: null, model: "gpt-4o-mini", prompt: "What is a good name for a cat?",
+      would: "would-miss", entry: entries[2].id, entry_prompt: "Why is the sky blue?", similarity: 0.31, threshold: 0.9, guards: guards([]) },
+  ] : [];
+  stats.feedback = { right: 0, wrong: 0, vetoes: 0, approvals: 0 };
+  return { stats, entries, requests, shadow, feedback: [] };
 }
 
 function publicSummary(e) {
@@ -267,7 +281,7 @@ function error(res, status, type, code, message, param = null) {
  */
 export async function startMock({ token = "mock-token", mode = "semantic", port = 0, entries } = {}) {
   const data = buildData(mode, Date.now(), entries);
-  const log = { deletes: [], searches: [] };
+  const log = { deletes: [], searches: [], verdicts: [] };
   const server = http.createServer((req, res) => {
     const url = new URL(req.url, "http://mock");
     const path = url.pathname;
@@ -291,6 +305,29 @@ export async function startMock({ token = "mock-token", mode = "semantic", port 
     if (req.method === "GET" && path === "/admin/requests") {
       const limit = Number(url.searchParams.get("limit") ?? 100);
       return sendJson(res, 200, { object: "list", data: data.requests.slice(0, limit) });
+    }
+    if (req.method === "GET" && path === "/admin/shadow") {
+      const limit = Number(url.searchParams.get("limit") ?? 50);
+      return sendJson(res, 200, { object: "list", data: data.shadow.slice(0, limit), has_more: false, next_cursor: null });
+    }
+    if (req.method === "GET" && path === "/admin/feedback") {
+      return sendJson(res, 200, { object: "list", data: data.feedback, has_more: false, next_cursor: null });
+    }
+    if (req.method === "POST" && path === "/admin/feedback") {
+      let raw = "";
+      req.on("data", (c) => { raw += c; });
+      req.on("end", () => {
+        const body = JSON.parse(raw || "{}");
+        const d = data.shadow.find((x) => x.request_id === body.request_id);
+        if (!d) return error(res, 404, "invalid_request_error", "request_not_found", `No recent request ${body.request_id}.`, "request_id");
+        log.verdicts.push([body.request_id, body.verdict]);
+        data.stats.feedback[body.verdict] += 1;
+        const record = { id: data.feedback.length + 1, at_ms: Date.now(), request_id: d.request_id, verdict: body.verdict, met: "shadow",
+          entry: d.entry, prompt: d.prompt, similarity: d.similarity, effect: body.verdict === "wrong" ? "vetoed; entry threshold 0.9897" : "approved alias" };
+        data.feedback.unshift(record);
+        sendJson(res, 200, record);
+      });
+      return;
     }
     if (req.method === "GET" && path === "/admin/entries") {
       const limitRaw = url.searchParams.get("limit");

@@ -1,0 +1,576 @@
+//! Feedback: what operators teach the gateway about its semantic matches, and what it remembers of
+//! them (`POST /admin/feedback`, `reprise-client feedback`).
+//!
+//! A verdict names a request by its `x-reprise-request-id`:
+//! - `wrong` on a semantic hit (or a shadow decision) vetoes that pair for good: the entry is never
+//!   served again for that prompt, through a search or an alias, and the entry's own threshold rises
+//!   above the wrong match's similarity, so its nearest paraphrases need to be closer still;
+//! - `right` on a shadow decision or a near miss (a miss with a candidate) makes the prompt an
+//!   approved alias of the entry: the next identical
+//!   prompt in the same partition is served that entry, whatever the threshold and guards say (the
+//!   operator has read both prompts);
+//! - a verdict on an exact hit is refused (400): an exact hit is the same prompt, nothing to learn.
+//!
+//! Vetoes, entry thresholds, approvals, verdicts and shadow decisions are kept in their own sled
+//! database in the data dir (`feedback/`), so they survive restarts; what a request was served is
+//! kept in memory for the most recent requests only. This module decides nothing about serving by
+//! itself: the lookup asks [`Feedback::allows`] and [`Feedback::approved`].
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::entry::EntryId;
+use crate::error::GatewayError;
+use crate::key::PartitionKey;
+use crate::record::unix_ms;
+use crate::shadow::ShadowLog;
+
+/// How many recent requests can still receive feedback.
+const REMEMBERED_REQUESTS: usize = 10_000;
+
+/// How many verdicts are listed at most; vetoes and approvals are kept whatever this says.
+const MAX_VERDICTS: usize = 100_000;
+
+/// How far above a wrong match's similarity the entry's threshold goes: the next float would be
+/// enough to refuse the same match, this also refuses what is barely closer.
+const THRESHOLD_STEP: f32 = 0.0001;
+
+/// `right` or `wrong`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Right,
+    Wrong,
+}
+
+impl Verdict {
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Right => "right",
+            Verdict::Wrong => "wrong",
+        }
+    }
+}
+
+/// How a request met an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Met {
+    /// Served as an exact hit: the same prompt.
+    Hit,
+    /// Served as a semantic hit (search, alias or approval).
+    SemanticHit,
+    /// Shadow mode: the entry it would have been judged against, not served.
+    Shadow,
+    /// A miss whose nearest candidate was this entry (below the threshold, or refused).
+    NearMiss,
+}
+
+/// How many characters of a prompt feedback keeps for display; the prompt itself is keyed by hash.
+pub const PREVIEW_CHARS: usize = 500;
+
+/// A prompt as feedback keys it: the blake3 hash of its words, lowercased and single-spaced, so
+/// case and spacing do not make another question.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptKey([u8; 32]);
+
+impl PromptKey {
+    pub fn of(prompt: &str) -> Self {
+        let mut hasher = blake3::Hasher::new();
+        for (i, word) in prompt.split_whitespace().enumerate() {
+            if i > 0 {
+                hasher.update(b" ");
+            }
+            hasher.update(word.to_lowercase().as_bytes());
+        }
+        Self(*hasher.finalize().as_bytes())
+    }
+}
+
+/// The first [`PREVIEW_CHARS`] characters of `text`.
+pub fn preview(text: &str) -> String {
+    match text.char_indices().nth(PREVIEW_CHARS) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
+/// What feedback on a request needs to know: the entry and the prompt it was matched with.
+#[derive(Debug, Clone)]
+pub struct Encounter {
+    pub met: Met,
+    pub entry: EntryId,
+    pub partition: PartitionKey,
+    pub prompt: PromptKey,
+    /// The prompt's head, for the verdict list.
+    pub preview: String,
+    pub similarity: Option<f32>,
+}
+
+/// `POST /admin/feedback`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackRequest {
+    /// The `x-reprise-request-id` of the judged response.
+    pub request_id: String,
+    pub verdict: Verdict,
+}
+
+/// A stored verdict (`POST` answers it, `GET /admin/feedback` lists them).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VerdictRecord {
+    /// Increasing; the cursor of `GET /admin/feedback`.
+    pub id: u64,
+    pub at_ms: u64,
+    pub request_id: String,
+    pub verdict: Verdict,
+    pub met: Met,
+    pub entry: String,
+    pub prompt: String,
+    pub similarity: Option<f32>,
+    /// What the verdict changed: `vetoed; entry threshold 0.9731`, `approved alias`, or
+    /// `recorded`.
+    pub effect: String,
+}
+
+/// Verdicts received, by kind (`/admin/stats`, `reprise_feedback_total`).
+#[derive(Debug, Default, Clone, Serialize, ToSchema)]
+pub struct FeedbackCounts {
+    pub right: u64,
+    pub wrong: u64,
+    /// Pairs vetoed for good.
+    pub vetoes: u64,
+    /// Prompts approved as aliases of an entry.
+    pub approvals: u64,
+}
+
+/// An approval, stored under (partition, prompt).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct Approval {
+    entry: u64,
+    similarity: f32,
+}
+
+/// The feedback database and the recent requests it can judge.
+pub struct Feedback {
+    db: sled::Db,
+    verdicts: sled::Tree,
+    /// (entry id, prompt hash) → the vetoed similarity.
+    vetoes: sled::Tree,
+    /// entry id → the entry's own threshold.
+    floors: sled::Tree,
+    /// (partition, prompt hash) → [`Approval`].
+    approvals: sled::Tree,
+    pub shadow: ShadowLog,
+    recent: Mutex<Recent>,
+    right: AtomicU64,
+    wrong: AtomicU64,
+}
+
+#[derive(Default)]
+struct Recent {
+    map: HashMap<String, Encounter>,
+    order: VecDeque<String>,
+}
+
+fn veto_key(entry: EntryId, prompt: &PromptKey) -> Vec<u8> {
+    let mut key = entry.0.to_be_bytes().to_vec();
+    key.extend_from_slice(&prompt.0);
+    key
+}
+
+fn approval_key(partition: &PartitionKey, prompt: &PromptKey) -> Vec<u8> {
+    let mut key = partition.0.to_vec();
+    key.extend_from_slice(&prompt.0);
+    key
+}
+
+fn internal(err: sled::Error) -> GatewayError {
+    GatewayError::Internal {
+        detail: format!("feedback store: {err}"),
+    }
+}
+
+impl Feedback {
+    /// Opens (creating) `dir`; waits briefly for a previous gateway in this process to let go.
+    pub fn open(dir: &Path) -> Result<Self, sled::Error> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let db = loop {
+            match sled::Config::new().path(dir).open() {
+                Err(sled::Error::Io(e))
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                other => break other?,
+            }
+        };
+        let verdicts = db.open_tree("verdicts")?;
+        let (mut right, mut wrong) = (0, 0);
+        for (_, value) in verdicts.iter().flatten() {
+            match serde_json::from_slice::<VerdictRecord>(&value).map(|v| v.verdict) {
+                Ok(Verdict::Right) => right += 1,
+                Ok(Verdict::Wrong) => wrong += 1,
+                Err(_) => {}
+            }
+        }
+        Ok(Self {
+            vetoes: db.open_tree("vetoes")?,
+            floors: db.open_tree("entry_thresholds")?,
+            approvals: db.open_tree("approvals")?,
+            shadow: ShadowLog::new(
+                db.clone(),
+                db.open_tree("shadow")?,
+                crate::shadow::MAX_DECISIONS,
+            ),
+            verdicts,
+            db,
+            recent: Mutex::new(Recent::default()),
+            right: AtomicU64::new(right),
+            wrong: AtomicU64::new(wrong),
+        })
+    }
+
+    /// Remembers what request `request_id` met, so feedback on it can act.
+    pub fn note(&self, request_id: &str, encounter: Encounter) {
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        if recent
+            .map
+            .insert(request_id.to_owned(), encounter)
+            .is_none()
+        {
+            recent.order.push_back(request_id.to_owned());
+        }
+        while recent.map.len() > REMEMBERED_REQUESTS {
+            let Some(oldest) = recent.order.pop_front() else {
+                break;
+            };
+            recent.map.remove(&oldest);
+        }
+    }
+
+    /// Whether `entry` may be served to `prompt` at `similarity`: the pair is not vetoed and the
+    /// similarity clears the entry's own threshold. Fails open on a read error (logged), like the
+    /// rest of the lookup, except that it never fails towards serving a vetoed pair it could read.
+    pub fn allows(&self, entry: EntryId, prompt: &PromptKey, similarity: f32) -> bool {
+        // Most gateways never receive a `wrong`: skip the hashing then.
+        if self.floors.is_empty() {
+            return true;
+        }
+        match self.vetoes.contains_key(veto_key(entry, prompt)) {
+            Ok(true) => return false,
+            Ok(false) => {}
+            Err(err) => tracing::warn!(error = %err, "reading feedback vetoes failed"),
+        }
+        match self.floors.get(entry.0.to_be_bytes()) {
+            Ok(Some(bytes)) => similarity >= decode_f32(&bytes),
+            Ok(None) => true,
+            Err(err) => {
+                tracing::warn!(error = %err, "reading entry thresholds failed");
+                true
+            }
+        }
+    }
+
+    /// The entry an operator approved for this prompt in this partition, with the similarity
+    /// it was judged at.
+    pub fn approved(&self, partition: &PartitionKey, prompt: &PromptKey) -> Option<(EntryId, f32)> {
+        if self.approvals.is_empty() {
+            return None;
+        }
+        let bytes = self.approvals.get(approval_key(partition, prompt)).ok()??;
+        let a: Approval = serde_json::from_slice(&bytes).ok()?;
+        Some((EntryId(a.entry), a.similarity))
+    }
+
+    /// Applies and stores a verdict on a recent request.
+    pub fn judge(&self, request: &FeedbackRequest) -> Result<VerdictRecord, GatewayError> {
+        let encounter = self
+            .recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map
+            .get(&request.request_id)
+            .cloned()
+            .ok_or_else(|| GatewayError::RequestNotFound {
+                id: request.request_id.clone(),
+            })?;
+        let effect = match (encounter.met, request.verdict) {
+            (Met::Hit, _) => {
+                return Err(GatewayError::invalid(
+                    format!(
+                        "Request {} was an exact hit: the same prompt as the entry's, so there is no match to judge. Feedback applies to semantic hits and shadow decisions.",
+                        request.request_id
+                    ),
+                    Some("request_id"),
+                ))
+            }
+            (_, Verdict::Wrong) => self.veto(&encounter).map_err(internal)?,
+            (Met::Shadow | Met::NearMiss, Verdict::Right) => {
+                self.approve(&encounter).map_err(internal)?
+            }
+            // Already served: nothing changes, the verdict is kept for the record and the counts.
+            (Met::SemanticHit, Verdict::Right) => "recorded".to_owned(),
+        };
+        let record = VerdictRecord {
+            id: self.db.generate_id().map_err(internal)? + 1,
+            at_ms: unix_ms(),
+            request_id: request.request_id.clone(),
+            verdict: request.verdict,
+            met: encounter.met,
+            entry: encounter.entry.to_string(),
+            prompt: encounter.preview.clone(),
+            similarity: encounter.similarity,
+            effect,
+        };
+        let bytes = serde_json::to_vec(&record).unwrap_or_default();
+        self.verdicts
+            .insert(record.id.to_be_bytes(), bytes)
+            .map_err(internal)?;
+        while self.verdicts.len() > MAX_VERDICTS {
+            if self.verdicts.pop_min().map_err(internal)?.is_none() {
+                break;
+            }
+        }
+        // A verdict is rare and must survive a crash right after it was acknowledged.
+        self.db.flush().map_err(internal)?;
+        match request.verdict {
+            Verdict::Right => self.right.fetch_add(1, Ordering::Relaxed),
+            Verdict::Wrong => self.wrong.fetch_add(1, Ordering::Relaxed),
+        };
+        tracing::info!(
+            request_id = %record.request_id,
+            verdict = record.verdict.name(),
+            entry = %record.entry,
+            effect = %record.effect,
+            "feedback received"
+        );
+        Ok(record)
+    }
+
+    fn veto(&self, e: &Encounter) -> Result<String, sled::Error> {
+        let similarity = e.similarity.unwrap_or(1.0);
+        self.vetoes
+            .insert(veto_key(e.entry, &e.prompt), &similarity.to_be_bytes())?;
+        // A wrong approval is withdrawn too.
+        let key = approval_key(&e.partition, &e.prompt);
+        if let Some(bytes) = self.approvals.get(&key)? {
+            if serde_json::from_slice::<Approval>(&bytes).is_ok_and(|a| a.entry == e.entry.0) {
+                self.approvals.remove(&key)?;
+            }
+        }
+        let raised = (similarity + THRESHOLD_STEP).min(1.0);
+        let floor = self
+            .floors
+            .get(e.entry.0.to_be_bytes())?
+            .map_or(raised, |b| decode_f32(&b).max(raised));
+        self.floors
+            .insert(e.entry.0.to_be_bytes(), &floor.to_be_bytes())?;
+        Ok(format!("vetoed; entry threshold {floor:.4}"))
+    }
+
+    fn approve(&self, e: &Encounter) -> Result<String, sled::Error> {
+        let approval = Approval {
+            entry: e.entry.0,
+            similarity: e.similarity.unwrap_or(1.0),
+        };
+        self.vetoes.remove(veto_key(e.entry, &e.prompt))?;
+        self.approvals.insert(
+            approval_key(&e.partition, &e.prompt),
+            serde_json::to_vec(&approval).unwrap_or_default(),
+        )?;
+        Ok("approved alias".to_owned())
+    }
+
+    /// Newest first, before the cursor `before`; the second value is the next page's cursor.
+    pub fn list(&self, before: Option<u64>, limit: usize) -> (Vec<VerdictRecord>, Option<u64>) {
+        let end = before.unwrap_or(u64::MAX);
+        let mut page: Vec<VerdictRecord> = Vec::new();
+        let mut more = None;
+        for (_, value) in self.verdicts.range(..end.to_be_bytes()).rev().flatten() {
+            let Ok(record) = serde_json::from_slice::<VerdictRecord>(&value) else {
+                continue;
+            };
+            if page.len() == limit {
+                more = page.last().map(|r| r.id);
+                break;
+            }
+            page.push(record);
+        }
+        (page, more)
+    }
+
+    pub fn counts(&self) -> FeedbackCounts {
+        FeedbackCounts {
+            right: self.right.load(Ordering::Relaxed),
+            wrong: self.wrong.load(Ordering::Relaxed),
+            vetoes: self.vetoes.len() as u64,
+            approvals: self.approvals.len() as u64,
+        }
+    }
+
+    /// `reprise_feedback_total{verdict}`, appended to `/metrics`.
+    pub fn render_prometheus(&self) -> String {
+        let c = self.counts();
+        format!(
+            "# HELP reprise_feedback_total Operator verdicts on semantic matches.\n# TYPE reprise_feedback_total counter\nreprise_feedback_total{{verdict=\"right\"}} {}\nreprise_feedback_total{{verdict=\"wrong\"}} {}\n",
+            c.right, c.wrong
+        )
+    }
+
+    /// Writes everything to disk (shutdown).
+    pub fn flush(&self) {
+        if let Err(err) = self.db.flush() {
+            tracing::warn!(error = %err, "flushing the feedback store failed");
+        }
+    }
+}
+
+impl Drop for Feedback {
+    /// The shadow decisions of the last moments land on disk at shutdown too.
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+/// The entry approved for `keys`' prompt, if it is still live, in the partition, young enough for
+/// `max-age` and not vetoed since: an alias the operator confirmed, served at any threshold.
+pub fn approved_hit(
+    feedback: &Feedback,
+    cache: &crate::cache::Cache,
+    keys: &crate::key::Keys,
+    prompt: &PromptKey,
+    policy: &crate::policy::Policy,
+) -> Option<(crate::cache::Hit, f32)> {
+    let (id, similarity) = feedback.approved(&keys.partition, prompt)?;
+    let entry = cache.store.get(id).ok()??;
+    let now = unix_ms();
+    let age_s = entry.age_s(now);
+    let live = entry.partition == keys.partition
+        && !entry.is_expired(now)
+        && policy.max_age_s.is_none_or(|max| age_s <= max);
+    live.then(|| {
+        (
+            crate::cache::Hit {
+                entry: std::sync::Arc::new(entry),
+                age_s,
+            },
+            similarity,
+        )
+    })
+}
+
+fn decode_f32(bytes: &[u8]) -> f32 {
+    let mut b = [0u8; 4];
+    let n = bytes.len().min(4);
+    b[..n].copy_from_slice(&bytes[..n]);
+    f32::from_be_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encounter(met: Met, entry: u64, prompt: &str, similarity: f32) -> Encounter {
+        Encounter {
+            met,
+            entry: EntryId(entry),
+            partition: PartitionKey([7; 32]),
+            prompt: PromptKey::of(prompt),
+            preview: preview(prompt),
+            similarity: Some(similarity),
+        }
+    }
+
+    fn judge(f: &Feedback, id: &str, verdict: Verdict) -> Result<VerdictRecord, GatewayError> {
+        f.judge(&FeedbackRequest {
+            request_id: id.to_owned(),
+            verdict,
+        })
+    }
+
+    #[test]
+    fn wrong_vetoes_the_pair_and_raises_the_entry_threshold_for_good() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let f = Feedback::open(dir.path()).expect("open");
+            assert!(f.allows(
+                EntryId(1),
+                &PromptKey::of("Can I cancel before it ships?"),
+                0.95
+            ));
+            f.note(
+                "req_1",
+                encounter(Met::SemanticHit, 1, "Can I cancel before it ships?", 0.95),
+            );
+            let record = judge(&f, "req_1", Verdict::Wrong).expect("judged");
+            assert!(record.effect.starts_with("vetoed"), "{}", record.effect);
+            // The same prompt, respaced and recased, never again; other prompts need more.
+            assert!(!f.allows(
+                EntryId(1),
+                &PromptKey::of("can I cancel  BEFORE it ships?"),
+                0.999
+            ));
+            assert!(!f.allows(EntryId(1), &PromptKey::of("another paraphrase"), 0.95));
+            assert!(f.allows(EntryId(1), &PromptKey::of("another paraphrase"), 0.96));
+            assert!(f.allows(
+                EntryId(2),
+                &PromptKey::of("Can I cancel before it ships?"),
+                0.95
+            ));
+        }
+        let f = Feedback::open(dir.path()).expect("reopen");
+        assert!(!f.allows(
+            EntryId(1),
+            &PromptKey::of("Can I cancel before it ships?"),
+            0.999
+        ));
+        assert_eq!(f.counts().wrong, 1);
+        assert_eq!(f.list(None, 10).0.len(), 1);
+    }
+
+    #[test]
+    fn right_on_a_shadow_decision_approves_and_exact_hits_or_unknown_ids_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = Feedback::open(dir.path()).expect("open");
+        f.note(
+            "req_s",
+            encounter(Met::Shadow, 3, "reset my password", 0.91),
+        );
+        judge(&f, "req_s", Verdict::Right).expect("judged");
+        assert_eq!(
+            f.approved(&PartitionKey([7; 32]), &PromptKey::of("Reset my password")),
+            Some((EntryId(3), 0.91))
+        );
+        assert_eq!(
+            f.approved(&PartitionKey([8; 32]), &PromptKey::of("reset my password")),
+            None
+        );
+
+        // A wrong on the same pair later withdraws the approval.
+        f.note(
+            "req_w",
+            encounter(Met::SemanticHit, 3, "reset my password", 0.91),
+        );
+        judge(&f, "req_w", Verdict::Wrong).expect("judged");
+        assert_eq!(
+            f.approved(&PartitionKey([7; 32]), &PromptKey::of("reset my password")),
+            None
+        );
+
+        f.note("req_h", encounter(Met::Hit, 3, "x", 1.0));
+        let err = judge(&f, "req_h", Verdict::Wrong).expect_err("exact hit");
+        assert_eq!(err.status(), 400);
+        let err = judge(&f, "req_unknown", Verdict::Right).expect_err("unknown");
+        assert_eq!(err.status(), 404);
+        assert_eq!(err.body()["error"]["param"], "request_id");
+        assert_eq!(f.counts().right, 1);
+        assert_eq!(f.counts().wrong, 1);
+    }
+}
