@@ -202,15 +202,24 @@ impl Feedback {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let db = loop {
             match sled::Config::new().path(dir).open() {
-                Err(sled::Error::Io(e))
-                    if e.kind() == std::io::ErrorKind::WouldBlock
-                        && std::time::Instant::now() < deadline =>
+                Err(e)
+                    if crate::store::is_lock_error(&e) && std::time::Instant::now() < deadline =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
                 other => break other?,
             }
         };
+        Self::on(db)
+    }
+
+    /// A feedback store that lives only until the process exits: for when the data dir's cannot
+    /// be opened (full or failing disk, damaged files), so that the gateway still answers.
+    pub fn temporary() -> Result<Self, sled::Error> {
+        Self::on(sled::Config::new().temporary(true).open()?)
+    }
+
+    fn on(db: sled::Db) -> Result<Self, sled::Error> {
         let verdicts = db.open_tree("verdicts")?;
         let (mut right, mut wrong) = (0, 0);
         for (_, value) in verdicts.iter().flatten() {

@@ -108,6 +108,8 @@ pub enum StartError {
     StrictStore(StoreError),
     #[error("cannot set up the upstream client: {0}")]
     Upstream(String),
+    #[error("cannot open even a temporary feedback store: {0}")]
+    Feedback(String),
 }
 
 /// Opens the store in `config.data_dir`. A corrupt store is moved aside (unless `strict_store`),
@@ -134,6 +136,29 @@ fn open_store(config: &Config) -> Result<ResilientStore, StartError> {
     }
 }
 
+/// Opens the operators' verdicts and shadow decisions. Like the cache store, a full, failing or
+/// corrupt disk must not stop the gateway from answering: the verdicts are then kept in a
+/// temporary database until a restart, and the log says so once, loudly.
+fn open_feedback(dir: &std::path::Path) -> Result<feedback::Feedback, StartError> {
+    // sled can panic on a damaged file instead of returning an error.
+    let opened = std::panic::catch_unwind(|| feedback::Feedback::open(dir)).unwrap_or_else(|_| {
+        Err(sled::Error::Unsupported(
+            "sled panicked while opening".into(),
+        ))
+    });
+    match opened {
+        Ok(feedback) => Ok(feedback),
+        Err(e) => {
+            tracing::error!(
+                error = %e,
+                dir = %dir.display(),
+                "FEEDBACK STORE UNAVAILABLE: verdicts and shadow decisions are kept in memory until a restart"
+            );
+            feedback::Feedback::temporary().map_err(|e| StartError::Feedback(e.to_string()))
+        }
+    }
+}
+
 impl AppState {
     /// Opens the store in the configured data dir (running its migrations) and builds the state.
     pub fn new(config: Config) -> Result<Self, StartError> {
@@ -150,14 +175,7 @@ impl AppState {
         let index = semantic
             .as_ref()
             .map(|s| s.index.clone() as Arc<dyn VectorIndex>);
-        let feedback_dir = config.data_dir.join("feedback");
-        let feedback =
-            feedback::Feedback::open(&feedback_dir).map_err(|e| GatewayError::Internal {
-                detail: format!(
-                    "opening the feedback store in {}: {e}",
-                    feedback_dir.display()
-                ),
-            })?;
+        let feedback = open_feedback(&config.data_dir.join("feedback"))?;
         let requests = Arc::new(RequestLog::new(config.request_log_size));
         if let Some(s) = &semantic {
             s.embedder.observe_batches(requests.stats.embed_observer());

@@ -274,7 +274,7 @@ fn id_floor(meta: &sled::Tree) -> Result<u64, StoreError> {
 
 /// True for sled's "could not acquire lock" error: sled reports the lock held elsewhere as an
 /// `Other` I/O error that carries the `WouldBlock` only in its message.
-fn is_lock_error(e: &sled::Error) -> bool {
+pub(crate) fn is_lock_error(e: &sled::Error) -> bool {
     matches!(e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock
         || io.to_string().contains("could not acquire lock"))
 }
