@@ -315,10 +315,17 @@ pub async fn requests(
 ) -> Result<Json<RequestsPage>, GatewayError> {
     let Query(query) =
         query.map_err(|e| GatewayError::invalid(format!("Invalid query: {e}."), Some("limit")))?;
+    if query.limit == Some(0) {
+        return Err(GatewayError::invalid(
+            "`limit` must be at least 1.",
+            Some("limit"),
+        ));
+    }
+    // Above the log's size there is nothing more to give: the whole log, not an error.
     let limit = query
         .limit
         .unwrap_or(100)
-        .clamp(1, state.config.request_log_size);
+        .min(state.config.request_log_size);
     Ok(Json(RequestsPage {
         object: "list".to_owned(),
         data: state.requests.recent(limit),
