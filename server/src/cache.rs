@@ -11,6 +11,7 @@ use std::time::Instant;
 use serde_json::Value;
 use tokio::sync::Notify;
 
+use crate::backfill::Backfill;
 use crate::entry::{Entry, EntryId, HitEvent, RequestSummary, StoredEvent, HIT_HISTORY};
 use crate::index::VectorIndex;
 use crate::ingress::Route;
@@ -133,9 +134,11 @@ pub struct Hit {
 }
 
 impl Cache {
+    /// `backfill` is told of every entry stored without a vector (semantic matching only).
     pub fn new(
         store: Arc<dyn Store>,
         index: Option<Arc<dyn VectorIndex>>,
+        backfill: Option<Arc<Backfill>>,
         settings: CacheSettings,
     ) -> Arc<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<WriteOp>();
@@ -148,7 +151,7 @@ impl Cache {
         );
         let thread = std::thread::Builder::new()
             .name("reprise-writer".into())
-            .spawn(move || writer_loop(writer_store, writer_index, rx, sweep))
+            .spawn(move || writer_loop(writer_store, writer_index, backfill, rx, sweep))
             .ok();
         Arc::new(Self {
             store,
@@ -306,6 +309,7 @@ impl Drop for Cache {
 fn writer_loop(
     store: Arc<dyn Store>,
     index: Option<Arc<dyn VectorIndex>>,
+    backfill: Option<Arc<Backfill>>,
     rx: std::sync::mpsc::Receiver<WriteOp>,
     (max_entries, max_bytes, sweep_ms): (usize, u64, u64),
 ) {
@@ -318,11 +322,16 @@ fn writer_loop(
         match op {
             Ok(WriteOp::Put(entry)) => {
                 let vector = entry.vector.clone().map(|v| (entry.partition.0, v));
+                let unembedded = crate::backfill::wants_vector(&entry);
                 match store.put(*entry) {
                     // The index learns of an entry only once the store holds it.
                     Ok(id) => {
                         if let (Some(index), Some((partition, vector))) = (&index, vector) {
                             index.insert(id.0, partition, &vector);
+                        }
+                        // Its miss skipped the embedding: the vector comes later, off this path.
+                        if let Some(backfill) = backfill.as_ref().filter(|_| unembedded) {
+                            backfill.enqueue(id);
                         }
                     }
                     Err(err) => tracing::warn!(error = %err, "storing a cache entry failed"),

@@ -17,12 +17,14 @@
 //!    [`sse`]) while timing tokens and feeding the [`cache::Recorder`].
 //! 7. [`downstream`]: hands the bytes to the client and notes when the last one was taken.
 //! 8. [`record`]: the request's phases go to the recent-requests log; a clean miss's answer goes to
-//!    the store through the cache's writer thread, off the request path.
+//!    the store through the cache's writer thread, off the request path; one stored without a vector
+//!    (its embedding was refused or late) is embedded later by the [`backfill`], when the model is idle.
 //!
 //! Around them: [`config`] (layered settings), [`error`] (the one error enum and its OpenAI-shaped
 //! responses), [`admin`] (authenticated operator routes), and [`app`]/[`run`] here.
 
 pub mod admin;
+pub mod backfill;
 pub mod cache;
 pub mod config;
 pub mod downstream;
@@ -91,13 +93,22 @@ pub struct AppState {
 impl AppState {
     /// Opens the store in the configured data dir (running its migrations) and builds the state.
     pub fn new(config: Config) -> Result<Self, GatewayError> {
+        Self::with_embedder(config, None)
+    }
+
+    /// As [`AppState::new`], with `embedder` in place of the configured model when given (tests
+    /// drive the semantic stage with a fake model this way).
+    pub fn with_embedder(
+        config: Config,
+        embedder: Option<Arc<embed::Embedder>>,
+    ) -> Result<Self, GatewayError> {
         let store: Arc<dyn Store> =
             Arc::new(
                 SledStore::open(&config.data_dir).map_err(|e| GatewayError::Internal {
                     detail: format!("opening the store in {}: {e}", config.data_dir.display()),
                 })?,
             );
-        let (semantic, semantic_disabled) = match Semantic::start(&config, store.as_ref()) {
+        let (semantic, semantic_disabled) = match Semantic::start(&config, &store, embedder) {
             semantic::Status::Ready(s) => (Some(s), None),
             semantic::Status::Disabled(why) => {
                 // Loud on purpose: a cache silently without semantic matching is what users of
@@ -116,7 +127,12 @@ impl AppState {
         Ok(Self {
             upstream: Arc::new(Upstream::new(&config)?),
             requests,
-            cache: Cache::new(store, index, config.cache_settings()),
+            cache: Cache::new(
+                store,
+                index,
+                semantic.as_ref().map(|s| s.backfill.clone()),
+                config.cache_settings(),
+            ),
             live: Arc::new(live::Live::new(config.clone())),
             semantic,
             semantic_disabled,
@@ -186,6 +202,9 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
             "threshold": (f64::from(state.live.current().config.similarity_threshold) * 1e4).round() / 1e4,
             "guards": state.live.current().config.semantic_guards,
             "fallbacks": s.fallbacks.load(std::sync::atomic::Ordering::Relaxed),
+            "fallback_reasons": s.fallbacks(),
+            // Entries stored without a vector (under overload) still waiting for the backfill.
+            "backfill_pending": s.backfill.stats().pending,
         }),
         (None, why) => json!({"status": "disabled", "detail": why.as_deref()}),
     };

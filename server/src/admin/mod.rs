@@ -160,8 +160,15 @@ pub struct IndexStats {
 /// The embedding model's work; `null` in exact-only mode.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EmbeddingStats {
-    /// Requests that fell back to exact matching (embedding late or failed).
+    /// Requests that fell back to exact matching, all reasons together.
     pub fallbacks: u64,
+    /// The same by reason: `overload` (refused at once, the queue could not meet the deadline),
+    /// `deadline` (queued, then late), `failed`.
+    pub fallback_reasons: crate::semantic::Fallbacks,
+    /// Texts queued for or in the model right now.
+    pub queued: u64,
+    /// Entries stored without a vector and embedded later, off the request path.
+    pub backfill: crate::backfill::BackfillStats,
     pub batches: u64,
     pub texts: u64,
     pub mean_batch_size: Option<f64>,
@@ -218,6 +225,9 @@ pub async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
             .collect();
         EmbeddingStats {
             fallbacks: s.fallbacks.load(std::sync::atomic::Ordering::Relaxed),
+            fallback_reasons: s.fallbacks(),
+            queued: e.pending,
+            backfill: s.backfill.stats(),
             batches: e.batches,
             texts: e.batched_items,
             mean_batch_size: (e.batches > 0).then(|| e.batched_items as f64 / e.batches as f64),
@@ -279,9 +289,11 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             .semantic
             .as_ref()
             .map_or(0, |s| s.index.tombstones() as u64),
-        embed_fallbacks: state.semantic.as_ref().map_or(0, |s| {
-            s.fallbacks.load(std::sync::atomic::Ordering::Relaxed)
-        }),
+        embed_fallbacks: state
+            .semantic
+            .as_ref()
+            .map(|s| s.fallbacks())
+            .unwrap_or_default(),
     };
     let text = state.requests.stats.render_prometheus(&gauges);
     (
