@@ -46,3 +46,7 @@ scripts/chromium.sh
   REPRISE_BIN_DIR="$OLDPWD/target/debug" REPRISE_MODELS_DIR="$OLDPWD/models" \
     REPRISE_ARTIFACTS_DIR="${REPRISE_ARTIFACTS_DIR:-$OLDPWD/target/artifacts}" node --test
 )
+
+echo "==> router fuzz: 100,000 cases (fixed seed; cargo test above ran the default 5,000)"
+PROPTEST_CASES=100000 cargo test -p reprise-server --test it -- --exact \
+  fuzz::the_router_never_panics_and_answers_every_error_in_openai_shape --nocapture

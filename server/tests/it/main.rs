@@ -4,6 +4,7 @@
 mod admin;
 mod cache;
 mod common;
+mod fuzz;
 mod gateway;
 mod process;
 mod semantic;
