@@ -327,7 +327,8 @@ mod tests {
             deadline: Duration::from_millis(config.embed_deadline_ms),
             ..EmbedConfig::default()
         };
-        let embedder = Arc::new(Embedder::with_model(Box::new(model), &embed_config).expect("fake"));
+        let embedder =
+            Arc::new(Embedder::with_model(Box::new(model), &embed_config).expect("fake"));
         let state = AppState::with_embedder(config, Some(embedder.clone())).expect("state");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -348,7 +349,11 @@ mod tests {
         eventually("two texts pending", || embedder.stats().pending == 2).await;
 
         // The burst: answered while the model is still blocked, so nobody waited for it.
-        let prompts = ["What is overload 1?", "What is overload 2?", "What is overload 3?"];
+        let prompts = [
+            "What is overload 1?",
+            "What is overload 2?",
+            "What is overload 3?",
+        ];
         for prompt in prompts {
             let (outcome, _) = ask(&client, &base, prompt).await;
             assert_eq!(outcome, "miss", "{prompt}");
@@ -359,7 +364,11 @@ mod tests {
         eventually("three entries stored", || state.cache.store.len() == 3).await;
         let stored = state.cache.store.list(None, 10).expect("list");
         assert!(stored.iter().all(|e| e.vector.is_none()), "no vector yet");
-        assert_eq!(embedder.stats().batches, 0, "the model never finished a call");
+        assert_eq!(
+            embedder.stats().batches,
+            0,
+            "the model never finished a call"
+        );
 
         // The model is free again: the blockers finish, then the backfill embeds the three.
         set_gate(&gate, true);
@@ -449,7 +458,10 @@ mod tests {
         assert_eq!(semantic.backfill.stats().embedded, 2);
         let has_vector = |id: EntryId| store.get(id).expect("get").expect("entry").vector.is_some();
         assert!(has_vector(ids[0]) && has_vector(ids[3]));
-        assert!(!has_vector(ids[1]) && !has_vector(ids[2]), "never meant to have one");
+        assert!(
+            !has_vector(ids[1]) && !has_vector(ids[2]),
+            "never meant to have one"
+        );
         assert_eq!(crate::index::VectorIndex::len(&*semantic.index), 2);
         semantic.stop();
     }

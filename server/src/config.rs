@@ -469,7 +469,11 @@ impl Config {
             ("embed_deadline_ms", self.embed_deadline_ms, 60_000),
             ("embed_max_wait_ms", self.embed_max_wait_ms, 60_000),
             ("embed_max_batch", self.embed_max_batch as u64, 1024),
-            ("index_save_interval_s", self.index_save_interval_s, DAY_MS / 1000),
+            (
+                "index_save_interval_s",
+                self.index_save_interval_s,
+                DAY_MS / 1000,
+            ),
             ("request_log_size", self.request_log_size as u64, 1_000_000),
             ("max_body_bytes", self.max_body_bytes as u64, 1 << 30),
         ] {

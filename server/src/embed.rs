@@ -944,7 +944,10 @@ mod tests {
         until_pending(&embedder, 4).await;
         for n in 4..20 {
             let refused = embedder.embed(&n.to_string()).await;
-            assert!(matches!(refused, Err(EmbedError::Overloaded)), "{refused:?}");
+            assert!(
+                matches!(refused, Err(EmbedError::Overloaded)),
+                "{refused:?}"
+            );
         }
         // Every refusal came back while the first model call was still running: none waited for
         // the queue, let alone for the 60 s deadline.
@@ -976,8 +979,14 @@ mod tests {
         until_pending(&embedder, 1).await;
         // Far below the depth bound, but one text ahead (150 ms) plus this one's own is past 250 ms.
         let refused = embedder.embed("3").await;
-        assert!(matches!(refused, Err(EmbedError::Overloaded)), "{refused:?}");
-        first.await.expect("task").expect("the admitted call meets its deadline");
+        assert!(
+            matches!(refused, Err(EmbedError::Overloaded)),
+            "{refused:?}"
+        );
+        first
+            .await
+            .expect("task")
+            .expect("the admitted call meets its deadline");
         assert_eq!(embedder.stats().timeouts, 0);
     }
 

@@ -175,12 +175,7 @@ impl Semantic {
                 "stored entries without a vector will be embedded in the background"
             );
         }
-        let backfill = Backfill::start(
-            embedder.clone(),
-            index.clone(),
-            store.clone(),
-            unembedded,
-        );
+        let backfill = Backfill::start(embedder.clone(), index.clone(), store.clone(), unembedded);
         let (stop_tx, stop_rx) = std::sync::mpsc::channel();
         let semantic = Arc::new(Self {
             embedder,
@@ -452,11 +447,7 @@ fn stored_vectors(store: &dyn Store) -> (Vec<(u64, [u8; 32], Vec<f32>)>, Vec<u64
 /// Loads the dump when it matches the store. Otherwise the gateway starts with an empty index and
 /// rebuilds it from the stored vectors on a background thread (minutes at 100k entries), serving
 /// exact matches, and new entries, in the meantime.
-fn load_or_rebuild(
-    dir: &Path,
-    dimension: usize,
-    store: &dyn Store,
-) -> (Arc<LiveIndex>, Vec<u64>) {
+fn load_or_rebuild(dir: &Path, dimension: usize, store: &dyn Store) -> (Arc<LiveIndex>, Vec<u64>) {
     let started = std::time::Instant::now();
     let (items, unembedded) = stored_vectors(store);
     let expected: BTreeSet<u64> = items.iter().map(|(id, _, _)| *id).collect();

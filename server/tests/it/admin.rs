@@ -600,9 +600,18 @@ async fn live_config_changes_take_effect_and_bad_ones_change_nothing() {
         // Accepted before issue 14, after which every streamed hit panicked its worker.
         (json!({"replay": "tokens-per-second=1e-300"}), "replay"),
         (json!({"replay": "tokens-per-second=5e-324"}), "replay"),
-        (json!({"similarity_threshold": 1e39}), "similarity_threshold"),
-        (json!({"similarity_threshold": -0.1}), "similarity_threshold"),
-        (json!({"namespace_thresholds": {"a": 2.0}}), "namespace_thresholds"),
+        (
+            json!({"similarity_threshold": 1e39}),
+            "similarity_threshold",
+        ),
+        (
+            json!({"similarity_threshold": -0.1}),
+            "similarity_threshold",
+        ),
+        (
+            json!({"namespace_thresholds": {"a": 2.0}}),
+            "namespace_thresholds",
+        ),
         (json!({"default_ttl_s": -1}), "default_ttl_s"),
         (json!({"default_ttl_s": 1e300}), "default_ttl_s"),
         (json!({"default_ttl_s": 315360001}), "default_ttl_s"),
@@ -879,15 +888,22 @@ async fn out_of_range_admin_query_numbers_are_400s_naming_them() {
     for (body, param) in [
         (json!({"older_than_s": -1}), "older_than_s"),
         (json!({"older_than_s": 1.5}), "older_than_s"),
-        (json!({"namespace": "a", "min_similarity": 1e39}), "min_similarity"),
-        (json!({"namespace": "a", "min_similarity": -2}), "min_similarity"),
+        (
+            json!({"namespace": "a", "min_similarity": 1e39}),
+            "min_similarity",
+        ),
+        (
+            json!({"namespace": "a", "min_similarity": -2}),
+            "min_similarity",
+        ),
     ] {
         let (status, err) = admin_send(&gw, reqwest::Method::POST, "/admin/invalidate", body).await;
         assert_eq!(status, 400, "{err}");
         assert_eq!(err["error"]["param"], param, "{err}");
     }
     for ttl in [json!(0), json!(-1), json!(315_360_001u64), json!(1e300)] {
-        let item = json!({"model": "m", "prompt": "p", "response": "r", "api_key": "", "ttl_s": ttl});
+        let item =
+            json!({"model": "m", "prompt": "p", "response": "r", "api_key": "", "ttl_s": ttl});
         let (status, err) = admin_send(&gw, reqwest::Method::POST, "/admin/entries", item).await;
         assert_eq!(status, 400, "{err}");
         assert!(

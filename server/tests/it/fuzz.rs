@@ -151,7 +151,10 @@ fn headers() -> impl Strategy<Value = Vec<(HeaderName, Vec<u8>)>> {
         .collect();
     let extra = prop::option::weighted(
         0.1,
-        ("x-reprise-[a-z]{1,10}", prop::collection::vec(any::<u8>(), 0..16)),
+        (
+            "x-reprise-[a-z]{1,10}",
+            prop::collection::vec(any::<u8>(), 0..16),
+        ),
     );
     (each, extra).prop_map(|(each, extra)| {
         let mut headers: Vec<(HeaderName, Vec<u8>)> = each.into_iter().flatten().collect();
@@ -396,7 +399,8 @@ async fn check(app: axum::Router, case: &Case) -> Result<(), TestCaseError> {
     } else {
         Duration::from_secs(10)
     };
-    let body = tokio::time::timeout(wait, axum::body::to_bytes(response.into_body(), 64 << 20)).await;
+    let body =
+        tokio::time::timeout(wait, axum::body::to_bytes(response.into_body(), 64 << 20)).await;
     prop_assert!(
         !status.is_server_error()
             || status == StatusCode::BAD_GATEWAY
@@ -418,7 +422,9 @@ async fn check(app: axum::Router, case: &Case) -> Result<(), TestCaseError> {
         })?;
         let shape = &error["error"];
         prop_assert!(
-            shape["message"].as_str().is_some_and(|m| !m.trim().is_empty())
+            shape["message"]
+                .as_str()
+                .is_some_and(|m| !m.trim().is_empty())
                 && shape["type"].is_string()
                 && shape.get("param").is_some()
                 && shape.get("code").is_some(),
@@ -439,7 +445,10 @@ fn the_router_never_panics_and_answers_every_error_in_openai_shape() {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         // Other tests of this binary run alongside: count only this test's threads.
-        if std::thread::current().name().is_some_and(|n| n.contains("fuzz")) {
+        if std::thread::current()
+            .name()
+            .is_some_and(|n| n.contains("fuzz"))
+        {
             PANICS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         previous(info);
@@ -489,7 +498,8 @@ fn the_router_never_panics_and_answers_every_error_in_openai_shape() {
         failure_persistence: None,
         ..ProptestConfig::default()
     };
-    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &SEED));
+    let mut runner =
+        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &SEED));
     let started = std::time::Instant::now();
     let result = runner.run(&case(), |case| runtime.block_on(check(app.clone(), &case)));
     eprintln!(
