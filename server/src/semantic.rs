@@ -416,9 +416,12 @@ pub fn index_config(dimension: usize) -> IndexConfig {
     }
 }
 
-/// Every (id, partition, vector) the store holds, for a rebuild, and the ids of the entries that
-/// should have a vector and have none (for the backfill).
-fn stored_vectors(store: &dyn Store) -> (Vec<(u64, [u8; 32], Vec<f32>)>, Vec<u64>) {
+/// One stored vector: entry id, partition, vector.
+type StoredVector = (u64, [u8; 32], Vec<f32>);
+
+/// Every vector the store holds, for a rebuild, and the ids of the entries that should have a
+/// vector and have none (for the backfill).
+fn stored_vectors(store: &dyn Store) -> (Vec<StoredVector>, Vec<u64>) {
     let mut items = Vec::new();
     let mut unembedded = Vec::new();
     let mut after = None;

@@ -27,12 +27,15 @@ const TOKEN: &str = "fuzz-admin-token";
 /// (and its pacing) with the fuzzed headers.
 const WARMED: [&str; 3] = ["warm one", "warm two", "warm three"];
 
+/// A header as generated: its name and raw value bytes (possibly not a valid header value).
+type RawHeader = (HeaderName, Vec<u8>);
+
 /// One generated request.
 #[derive(Clone)]
 struct Case {
     method: Method,
     path: String,
-    headers: Vec<(HeaderName, Vec<u8>)>,
+    headers: Vec<RawHeader>,
     body: Vec<u8>,
 }
 
@@ -128,7 +131,7 @@ fn header_value(name: &'static str) -> BoxedStrategy<Vec<u8>> {
     .boxed()
 }
 
-fn headers() -> impl Strategy<Value = Vec<(HeaderName, Vec<u8>)>> {
+fn headers() -> impl Strategy<Value = Vec<RawHeader>> {
     let names = [
         "x-reprise-cache-mode",
         "x-reprise-ttl",
@@ -139,7 +142,7 @@ fn headers() -> impl Strategy<Value = Vec<(HeaderName, Vec<u8>)>> {
         "authorization",
         "content-type",
     ];
-    let each: Vec<BoxedStrategy<Option<(HeaderName, Vec<u8>)>>> = names
+    let each: Vec<BoxedStrategy<Option<RawHeader>>> = names
         .into_iter()
         .map(|name| {
             // Without a JSON content type the API routes stop at 415: send one most of the time.
@@ -157,7 +160,7 @@ fn headers() -> impl Strategy<Value = Vec<(HeaderName, Vec<u8>)>> {
         ),
     );
     (each, extra).prop_map(|(each, extra)| {
-        let mut headers: Vec<(HeaderName, Vec<u8>)> = each.into_iter().flatten().collect();
+        let mut headers: Vec<RawHeader> = each.into_iter().flatten().collect();
         if let Some((name, value)) = extra {
             if let Ok(name) = HeaderName::try_from(name) {
                 headers.push((name, value));
