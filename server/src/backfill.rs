@@ -315,6 +315,7 @@ mod tests {
             embed_max_batch: 1,
             // Long enough that the admitted requests below never time out: only overload refuses.
             embed_deadline_ms: 60_000,
+            admin_token: Some(crate::config::Secret::new("t")),
             ..Config::default()
         };
         config.validate().expect("valid config");
@@ -390,6 +391,27 @@ mod tests {
             let (outcome, _) = ask(&client, &base, &paraphrase).await;
             assert_eq!(outcome, "semantic-hit", "{paraphrase}");
         }
+        // Operators see the reason and the backfill.
+        let admin = |path: &str| client.get(format!("{base}{path}")).bearer_auth("t").send();
+        let stats: Value = admin("/admin/stats")
+            .await
+            .expect("stats")
+            .json()
+            .await
+            .expect("json");
+        let embedding = &stats["embedding"];
+        assert_eq!(embedding["fallback_reasons"]["overload"], 3, "{embedding}");
+        assert_eq!(embedding["backfill"]["embedded"], 3, "{embedding}");
+        let metrics = admin("/metrics")
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        assert!(
+            metrics.contains("reprise_embedding_fallbacks_total{reason=\"overload\"} 3"),
+            "{metrics}"
+        );
         let _ = stop.send(());
         server.await.expect("server task").expect("server");
     }
