@@ -428,11 +428,11 @@ impl Embedder {
     /// falls back to exact matching). Never panics. Needs a tokio runtime with timers enabled.
     pub async fn embed(&self, text: &str) -> Result<Vec<f32>, EmbedError> {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
-        if self.overloaded() {
+        if !self.reserve() {
             return self.count(Err(EmbedError::Overloaded));
         }
         let deadline = Instant::now() + self.deadline;
-        let outcome = match self.submit(vec![text.to_owned()], Some(deadline)) {
+        let outcome = match self.send(vec![text.to_owned()], Some(deadline)) {
             Err(e) => Err(e),
             Ok(reply) => {
                 match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), reply).await
@@ -464,7 +464,7 @@ impl Embedder {
         while !rest.is_empty() {
             let tail = rest.split_off(rest.len().min(self.max_batch));
             let chunk = std::mem::replace(&mut rest, tail);
-            let outcome = match self.submit(chunk, None) {
+            let outcome = match self.submit(chunk) {
                 Err(e) => Err(e),
                 Ok(reply) => reply.await.unwrap_or(Err(EmbedError::Closed)),
             };
@@ -473,18 +473,22 @@ impl Embedder {
         Ok(vectors)
     }
 
-    /// Whether a deadline-bound call arriving now should be refused: more than [`PENDING_BATCHES`]
-    /// batches pending, or the pending texts (and this one) would take longer than the deadline at
-    /// the model's measured time per text. Pessimistic on purpose: a text in a running batch counts
-    /// whole, so a refusal errs toward a miss going upstream at once rather than a late embedding.
-    fn overloaded(&self) -> bool {
-        let pending = self.counters.pending.load(Ordering::Relaxed);
-        if pending >= PENDING_BATCHES * self.max_batch as u64 {
-            return true;
-        }
-        let per_text = self.counters.per_text_ns.load(Ordering::Relaxed);
-        let expected_ns = u128::from(per_text) * u128::from(pending + 1);
-        expected_ns > self.deadline.as_nanos()
+    /// Takes a place in the queue for one deadline-bound text, or refuses it: when
+    /// [`PENDING_BATCHES`] batches are already pending, or when the pending texts and this one would
+    /// take longer than the deadline at the model's measured time per text. Pessimistic on purpose (a
+    /// text in a running batch counts whole): a refusal errs toward a miss going upstream at once
+    /// rather than a late embedding. Atomic, so a burst of callers cannot all slip past the bound.
+    fn reserve(&self) -> bool {
+        let bound = PENDING_BATCHES * self.max_batch as u64;
+        let per_text = u128::from(self.counters.per_text_ns.load(Ordering::Relaxed));
+        let deadline = self.deadline.as_nanos();
+        self.counters
+            .pending
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |pending| {
+                let fits = pending < bound && per_text * u128::from(pending + 1) <= deadline;
+                fits.then_some(pending + 1)
+            })
+            .is_ok()
     }
 
     /// Whether no text is queued or in the model: when background work may go in.
@@ -503,7 +507,7 @@ impl Embedder {
         self.counters
             .requests
             .fetch_add(texts.len() as u64, Ordering::Relaxed);
-        let outcome = match self.submit(texts, None) {
+        let outcome = match self.submit(texts) {
             Err(e) => Err(e),
             Ok(reply) => reply.blocking_recv().unwrap_or(Err(EmbedError::Closed)),
         };
@@ -540,7 +544,17 @@ impl Embedder {
         recent.iter().copied().collect()
     }
 
-    fn submit(
+    /// Queues work without a deadline (admin, warm-up, backfill): never refused.
+    fn submit(&self, texts: Vec<String>) -> Result<oneshot::Receiver<Reply>, EmbedError> {
+        self.counters
+            .pending
+            .fetch_add(texts.len() as u64, Ordering::Relaxed);
+        self.send(texts, None)
+    }
+
+    /// Sends a job whose texts are already counted in `pending` (by [`Embedder::reserve`] or
+    /// [`Embedder::submit`]); takes them back out when the worker is gone.
+    fn send(
         &self,
         texts: Vec<String>,
         deadline: Option<Instant>,
@@ -554,9 +568,11 @@ impl Embedder {
             enqueued_at: Instant::now(),
             reply,
         };
-        let jobs = self.jobs.as_ref().ok_or(EmbedError::Closed)?;
-        self.counters.pending.fetch_add(count, Ordering::Relaxed);
-        if jobs.send(job).is_err() {
+        let sent = self
+            .jobs
+            .as_ref()
+            .is_some_and(|jobs| jobs.send(job).is_ok());
+        if !sent {
             self.counters.pending.fetch_sub(count, Ordering::Relaxed);
             return Err(EmbedError::Closed);
         }
