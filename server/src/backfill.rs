@@ -143,8 +143,13 @@ impl Worker {
                     Err(_) => return,
                 }
             }
-            while let Ok(id) = rx.try_recv() {
-                self.take(id);
+            // Shutdown closes the channel: stop between batches, not after the whole backlog.
+            loop {
+                match rx.try_recv() {
+                    Ok(id) => self.take(id),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => return,
+                }
             }
             // Low priority: a live request never queues behind more than the one batch sent here.
             if !self.embedder.is_idle() {
@@ -414,6 +419,73 @@ mod tests {
         );
         let _ = stop.send(());
         server.await.expect("server task").expect("server");
+    }
+
+    /// A model that takes a while per batch.
+    struct Slow;
+
+    impl EmbedModel for Slow {
+        fn embed(&mut self, texts: &[String]) -> Result<Vec<Vec<f32>>, String> {
+            std::thread::sleep(Duration::from_millis(20));
+            Ok(texts.iter().map(|t| vector(t)).collect())
+        }
+
+        fn dimension(&self) -> usize {
+            8
+        }
+    }
+
+    /// Shutdown must not wait for the whole backlog (it once did, for minutes after a load test).
+    #[test]
+    fn stop_returns_after_the_batch_in_progress_not_the_backlog() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> =
+            Arc::new(crate::store::SledStore::open(dir.path()).expect("store"));
+        let ids: Vec<u64> = (0..500)
+            .map(|n| {
+                let entry = Entry {
+                    id: EntryId(0),
+                    key: crate::key::CacheKey(*blake3::hash(&[n as u8, (n >> 8) as u8]).as_bytes()),
+                    partition: crate::key::PartitionKey([1; 32]),
+                    summary: crate::entry::RequestSummary {
+                        route: "chat.completions".into(),
+                        model: "m".into(),
+                        namespace: None,
+                        tenant: "shared".into(),
+                        prompt: format!("question {n}"),
+                        stream: false,
+                    },
+                    events: Vec::new(),
+                    body: json!({"choices": []}),
+                    usage: None,
+                    phases: crate::timing::Phases::default(),
+                    created_at_ms: unix_ms(),
+                    ttl_ms: 60_000,
+                    hit_count: 0,
+                    last_hit_ms: 0,
+                    vector: None,
+                    hit_history: Vec::new(),
+                    warmed: false,
+                };
+                store.put(entry).expect("put").0
+            })
+            .collect();
+        let config = EmbedConfig {
+            max_batch: 1,
+            ..EmbedConfig::default()
+        };
+        let embedder = Arc::new(Embedder::with_model(Box::new(Slow), &config).expect("fake"));
+        let index: Arc<dyn VectorIndex> = Arc::new(crate::index::HnswIndex::new(
+            crate::index::IndexConfig::new(8),
+        ));
+        let backfill = Backfill::start(embedder, index, store, ids);
+        while backfill.stats().embedded == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        backfill.stop();
+        let stats = backfill.stats();
+        // 500 batches of 20 ms would be 10 s; stop came after one or two of them.
+        assert!(stats.embedded < 50, "{stats:?}");
     }
 
     #[test]
