@@ -4,11 +4,12 @@
 # revision (built in a temporary git worktree) and the current tree, in one run. The builds alternate
 # cell by cell (old first at odd cells, new first at even ones) so drift on a shared machine falls on
 # both. Every cell starts a fresh gateway (fresh data dir) in front of one reprise-sim with a ~20 ms
-# TTFT and sends only new prompts (all misses). After each cell the gateway is left idle for a
-# while, then asked how many of its entries have a vector. Writes benches/results/<date>-embed-overload.md.
+# TTFT and sends only new prompts (all misses). After each cell the gateway is left idle until every
+# entry has a vector (or --idle seconds pass), and says how many have one. Writes benches/results/<date>-embed-overload.md.
 #
-# Usage: benches/embed-overload.sh [--rev REV] [--seconds S] [--reps N]
-#   defaults: ef8cd98 (before the bounded queue), 20 s per cell, 1 run per build and concurrency.
+# Usage: benches/embed-overload.sh [--rev REV] [--seconds S] [--reps N] [--idle S]
+#   defaults: ef8cd98 (before the bounded queue), 20 s per cell, 1 run per build and concurrency,
+#   at most 90 s of idle time for the entries to get their vectors.
 # REPRISE_BEFORE_BIN=PATH uses a release `reprise` already built at REV instead of building one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,11 +17,13 @@ cd "$(dirname "$0")/.."
 rev=ef8cd98
 secs=20
 reps=1
+idle=90
 while [ $# -gt 0 ]; do
   case "$1" in
     --rev) rev=$2; shift 2 ;;
     --seconds) secs=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
+    --idle) idle=$2; shift 2 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -69,19 +72,21 @@ cell() {
   local right_after
   right_after=$(curl -sf http://127.0.0.1:"$port"/healthz)
   # Idle: the current tree embeds the entries stored without a vector now.
-  local health
-  for _ in $(seq 1 60); do
+  local health idle_started=$SECONDS idle_s=-1
+  for _ in $(seq 1 "$((idle * 2))"); do
     health=$(curl -sf http://127.0.0.1:"$port"/healthz)
     if python3 -c 'import json, sys; h = json.loads(sys.argv[1]); sys.exit(0 if h["semantic"]["vectors"] >= h["entries"] else 1)' "$health"; then
+      idle_s=$((SECONDS - idle_started))
       break
     fi
     sleep 0.5
   done
   kill "$gw"
   wait "$gw" 2>/dev/null || true
-  python3 - "$label" "$c" "$WORK/bench.json" "$right_after" "$health" <<'PY'
+  python3 - "$label" "$c" "$WORK/bench.json" "$right_after" "$health" "$idle_s" <<'PY'
 import json, sys
 label, c, bench, after, idle = sys.argv[1], int(sys.argv[2]), json.load(open(sys.argv[3])), json.loads(sys.argv[4]), json.loads(sys.argv[5])
+idle_s = int(sys.argv[6])
 t = bench["targets"][0]
 miss = t["by_outcome"].get("miss", {})
 ttft = miss.get("ttft_ms") or {}
@@ -91,6 +96,7 @@ print(json.dumps({
     "ttft_p50": ttft.get("p50"), "ttft_p99": ttft.get("p99"),
     "fallbacks": sem["fallbacks"], "reasons": sem.get("fallback_reasons"),
     "entries": idle["entries"], "vectors": idle["semantic"]["vectors"],
+    "all_vectors_after_s": None if idle_s < 0 else idle_s,
 }))
 PY
 }
@@ -113,19 +119,19 @@ done
 day=$(date -u +%Y-%m-%d)
 out=benches/results/$day-embed-overload.md
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-python3 - "$results" "$rev" "$secs" "$reps" "$(nproc)" "$cpu" "$(date -u +%Y-%m-%dT%H:%MZ)" <<'PY' | tee "$out"
+python3 - "$results" "$rev" "$secs" "$reps" "$(nproc)" "$cpu" "$(date -u +%Y-%m-%dT%H:%MZ)" "$idle" <<'PY' | tee "$out"
 import json, sys
-path, rev, secs, reps, cores, cpu, when = sys.argv[1:]
+path, rev, secs, reps, cores, cpu, when, idle = sys.argv[1:]
 rows = [json.loads(l) for l in open(path)]
 print(f"# Embedding queue under load, {when}")
 print()
-print(f"`benches/embed-overload.sh --rev {rev} --seconds {secs} --reps {reps}` on {cores} cores ({cpu}).")
+print(f"`benches/embed-overload.sh --rev {rev} --seconds {secs} --reps {reps} --idle {idle}` on {cores} cores ({cpu}).")
 print("A fresh gateway per cell (release build, semantic matching on, all-MiniLM-L6-v2, default")
 print("250 ms embed deadline and batch of 16) in front of `reprise-sim --ttft-ms 20 --itl-ms 1")
 print(f"--tokens 16`; `reprise-client bench` sends only new prompts (every request a miss), closed loop,")
 print(f"{secs} s per cell; builds alternate cell by cell. Fallback: a miss that skipped semantic matching")
 print("(overload: refused at once; deadline: waited the whole deadline). Vectors: entries with a vector")
-print("after the gateway sat idle for up to 30 s, of all entries.")
+print(f"once the gateway sat idle until all had one or {idle} s passed (and how long that took).")
 print()
 print("| concurrency | build | misses | miss TTFT p50 ms | miss TTFT p99 ms | fallbacks | by reason | entries with a vector |")
 print("|---:|---|---:|---:|---:|---:|---|---:|")
@@ -135,6 +141,8 @@ for r in rows:
     reasons = r["reasons"]
     why = ", ".join(f"{k} {v}" for k, v in reasons.items() if v) if reasons else "(not reported)"
     f = lambda x: "-" if x is None else f"{x:.1f}"
-    print(f"| {r['c']} | {name} | {r['misses']} | {f(r['ttft_p50'])} | {f(r['ttft_p99'])} | {r['fallbacks']} ({share:.0f}%) | {why or '-'} | {r['vectors']} of {r['entries']} |")
+    took = r.get("all_vectors_after_s")
+    when_all = f" (all after {took} s idle)" if took is not None else ""
+    print(f"| {r['c']} | {name} | {r['misses']} | {f(r['ttft_p50'])} | {f(r['ttft_p99'])} | {r['fallbacks']} ({share:.0f}%) | {why or '-'} | {r['vectors']} of {r['entries']}{when_all} |")
 PY
 echo "==> wrote $out" >&2
