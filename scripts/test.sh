@@ -55,6 +55,10 @@ scripts/chromium.sh
     REPRISE_ARTIFACTS_DIR="${REPRISE_ARTIFACTS_DIR:-$OLDPWD/target/artifacts}" node --test
 )
 
+echo "==> router fuzz: 100,000 cases (fixed seed; cargo test above ran the default 5,000)"
+PROPTEST_CASES=100000 cargo test -p reprise-server --test it -- --exact \
+  fuzz::the_router_never_panics_and_answers_every_error_in_openai_shape --nocapture
+
 # --- Strict third-party upstream (aiohttp): the gateway must front a real, strict HTTP server. ---
 echo "==> Strict upstream tests (aiohttp)"
 REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/strict

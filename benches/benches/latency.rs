@@ -163,7 +163,7 @@ fn startup() {
     const N: usize = 100_000;
     println!("\n## Start-up with {N} stored entries");
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = SledStore::open(dir.path()).expect("store");
+    let store: Arc<dyn Store> = Arc::new(SledStore::open(dir.path()).expect("store"));
     let mut rng = StdRng::seed_from_u64(11);
     let filled = Instant::now();
     for i in 0..N {
@@ -209,7 +209,7 @@ fn startup() {
     };
     for label in ["rebuild (no index dump)", "reload (index dump present)"] {
         let started = Instant::now();
-        let semantic = match Semantic::start(&config, &store) {
+        let semantic = match Semantic::start(&config, &store, None) {
             Status::Ready(s) => s,
             Status::Disabled(why) => {
                 println!("start-up: semantic disabled: {why}");

@@ -13,6 +13,7 @@ use std::time::Instant;
 use serde_json::Value;
 use tokio::sync::Notify;
 
+use crate::backfill::Backfill;
 use crate::entry::{Entry, EntryId, HitEvent, RequestSummary, StoredEvent, HIT_HISTORY};
 use crate::index::VectorIndex;
 use crate::ingress::Route;
@@ -137,9 +138,11 @@ pub struct Hit {
 }
 
 impl Cache {
+    /// `backfill` is told of every entry stored without a vector (semantic matching only).
     pub fn new(
         store: Arc<dyn Store>,
         index: Option<Arc<dyn VectorIndex>>,
+        backfill: Option<Arc<Backfill>>,
         settings: CacheSettings,
     ) -> Arc<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<WriteOp>();
@@ -156,7 +159,7 @@ impl Cache {
             .spawn(move || {
                 // Dropped when the loop ends, however it ends.
                 let _done = done_tx;
-                writer_loop(writer_store, writer_index, rx, sweep);
+                writer_loop(writer_store, writer_index, backfill, rx, sweep);
             })
             .ok();
         Arc::new(Self {
@@ -341,6 +344,7 @@ impl Drop for Cache {
 fn writer_loop(
     store: Arc<dyn Store>,
     index: Option<Arc<dyn VectorIndex>>,
+    backfill: Option<Arc<Backfill>>,
     rx: std::sync::mpsc::Receiver<WriteOp>,
     (max_entries, max_bytes, sweep_ms): (usize, u64, u64),
 ) {
@@ -353,11 +357,16 @@ fn writer_loop(
         match op {
             Ok(WriteOp::Put(entry)) => {
                 let vector = entry.vector.clone().map(|v| (entry.partition.0, v));
+                let unembedded = crate::backfill::wants_vector(&entry);
                 match store.put(*entry) {
                     // The index learns of an entry only once the store holds it.
                     Ok(id) => {
                         if let (Some(index), Some((partition, vector))) = (&index, vector) {
                             index.insert(id.0, partition, &vector);
+                        }
+                        // Its miss skipped the embedding: the vector comes later, off this path.
+                        if let Some(backfill) = backfill.as_ref().filter(|_| unembedded) {
+                            backfill.enqueue(id);
                         }
                     }
                     // At debug: a failing store logs its state once, not once per answer.
@@ -590,6 +599,9 @@ mod tests {
         fn touch(&self, _: EntryId, _: u64, _: &[HitEvent]) -> Result<(), StoreError> {
             Ok(())
         }
+        fn set_vector(&self, _: EntryId, _: &[f32]) -> Result<bool, StoreError> {
+            Ok(false)
+        }
         fn list_newest(&self, _: Option<EntryId>, _: usize) -> Result<Vec<Entry>, StoreError> {
             Ok(Vec::new())
         }
@@ -633,7 +645,7 @@ mod tests {
     /// as a store write did (forever, on the full disk).
     #[test]
     fn close_gives_up_on_a_writer_stuck_in_the_store() {
-        let cache = Cache::new(Arc::new(StuckStore), None, settings());
+        let cache = Cache::new(Arc::new(StuckStore), None, None, settings());
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let closed = cache.close(Duration::from_millis(300));

@@ -522,14 +522,45 @@ impl Config {
                 })
             }
         }
-        if Pacing::parse(&self.replay).is_none() {
+        if let Err(reason) = Pacing::parse(&self.replay) {
             return Err(ConfigError::Invalid {
                 field: "replay",
-                reason: format!(
-                    "`{}` is not instant, recorded or tokens-per-second=N",
-                    self.replay
-                ),
+                reason,
             });
+        }
+        self.validate_upper_bounds()
+    }
+
+    /// Upper bounds: a huge duration overflows `Instant + Duration` (a panic on every request that
+    /// adds it), and a huge size is an allocation the process cannot make. Each bound is far above
+    /// any useful value.
+    fn validate_upper_bounds(&self) -> Result<(), ConfigError> {
+        const DAY_MS: u64 = 24 * 3600 * 1000;
+        for (field, value, max) in [
+            ("connect_timeout_ms", self.connect_timeout_ms, DAY_MS),
+            ("first_byte_timeout_ms", self.first_byte_timeout_ms, DAY_MS),
+            ("idle_timeout_ms", self.idle_timeout_ms, DAY_MS),
+            ("shutdown_grace_ms", self.shutdown_grace_ms, DAY_MS),
+            ("disconnect_budget_ms", self.disconnect_budget_ms, DAY_MS),
+            ("sweep_interval_ms", self.sweep_interval_ms, DAY_MS),
+            // A request never waits longer than this for its embedding: a minute is already absurd.
+            ("embed_deadline_ms", self.embed_deadline_ms, 60_000),
+            ("embed_max_wait_ms", self.embed_max_wait_ms, 60_000),
+            ("embed_max_batch", self.embed_max_batch as u64, 1024),
+            (
+                "index_save_interval_s",
+                self.index_save_interval_s,
+                DAY_MS / 1000,
+            ),
+            ("request_log_size", self.request_log_size as u64, 1_000_000),
+            ("max_body_bytes", self.max_body_bytes as u64, 1 << 30),
+        ] {
+            if value > max {
+                return Err(ConfigError::Invalid {
+                    field,
+                    reason: format!("{value} is above the largest accepted value, {max}"),
+                });
+            }
         }
         Ok(())
     }
@@ -685,6 +716,81 @@ mod tests {
             let err = Config::load(&args).expect_err(field);
             assert!(err.to_string().contains(field), "{err}");
         }
+    }
+
+    #[test]
+    fn out_of_range_numbers_name_their_field() {
+        let cases: [(&str, ServeArgs); 8] = [
+            (
+                "replay",
+                ServeArgs {
+                    replay: Some("tokens-per-second=1e-300".into()),
+                    ..ServeArgs::default()
+                },
+            ),
+            (
+                "replay",
+                ServeArgs {
+                    replay: Some("tokens-per-second=NaN".into()),
+                    ..ServeArgs::default()
+                },
+            ),
+            (
+                "similarity_threshold",
+                ServeArgs {
+                    similarity_threshold: Some(f32::NAN),
+                    ..ServeArgs::default()
+                },
+            ),
+            (
+                "first_byte_timeout_ms",
+                ServeArgs {
+                    first_byte_timeout_ms: Some(u64::MAX),
+                    ..ServeArgs::default()
+                },
+            ),
+            (
+                "embed_deadline_ms",
+                ServeArgs {
+                    embed_deadline_ms: Some(u64::MAX),
+                    ..ServeArgs::default()
+                },
+            ),
+            (
+                "request_log_size",
+                ServeArgs {
+                    request_log_size: Some(usize::MAX),
+                    ..ServeArgs::default()
+                },
+            ),
+            (
+                "shutdown_grace_ms",
+                ServeArgs {
+                    shutdown_grace_ms: Some(u64::MAX / 2),
+                    ..ServeArgs::default()
+                },
+            ),
+            (
+                "default_ttl_s",
+                ServeArgs {
+                    default_ttl_s: Some(u64::MAX),
+                    ..ServeArgs::default()
+                },
+            ),
+        ];
+        for (field, args) in cases {
+            let err = Config::load(&args).expect_err(field);
+            assert!(
+                matches!(&err, ConfigError::Invalid { field: f, .. } if *f == field),
+                "{field}: {err}"
+            );
+        }
+        let mut config = Config {
+            embed_max_wait_ms: u64::MAX,
+            ..Config::default()
+        };
+        let err = config.validate().expect_err("embed_max_wait_ms");
+        assert!(err.to_string().contains("embed_max_wait_ms"), "{err}");
     }
 
     #[test]

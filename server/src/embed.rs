@@ -2,7 +2,10 @@
 //! on a tokio worker and never make a request wait past its deadline (a late vector is worth less than
 //! falling back to exact matching).
 //!
-//! Callers send `(texts, reply, deadline)` jobs over a channel to one dedicated `std::thread`. The thread
+//! Callers send `(texts, reply, deadline)` jobs over a channel to one dedicated `std::thread`. The queue
+//! is bounded by what it can deliver: a call whose deadline the queue ahead of it cannot meet (queued
+//! texts × the measured model time per text), or that would find more than two batches ahead of it,
+//! is refused at once with [`EmbedError::Overloaded`] instead of waiting out its deadline. The thread
 //! blocks for the first job, gathers more until `max_batch` texts or `max_wait` after the first arrival,
 //! drops jobs whose deadline already passed or whose caller has gone, runs one model call for the rest,
 //! and answers each job through its oneshot. The model sits behind [`EmbedModel`], so tests can drive
@@ -153,6 +156,9 @@ pub enum EmbedError {
     Load(String),
     #[error("embedding deadline passed")]
     Timeout,
+    /// Refused without queueing: the work already queued would not let this call meet its deadline.
+    #[error("embedding queue overloaded")]
+    Overloaded,
     #[error("embedding failed: {0}")]
     Failed(String),
     #[error("embedding worker has stopped")]
@@ -170,6 +176,10 @@ pub struct EmbedStats {
     pub batched_items: u64,
     /// `embed` calls that ended in [`EmbedError::Timeout`].
     pub timeouts: u64,
+    /// `embed` calls refused at once with [`EmbedError::Overloaded`].
+    pub overloaded: u64,
+    /// Texts queued or in the model right now.
+    pub pending: u64,
     /// Calls that ended in [`EmbedError::Failed`] or [`EmbedError::Closed`].
     pub failures: u64,
     /// Largest batch so far.
@@ -308,6 +318,8 @@ type Reply = Result<Vec<Vec<f32>>, EmbedError>;
 /// One caller's texts on their way to the worker.
 struct Job {
     texts: Vec<String>,
+    /// `texts.len()` when sent: what the job adds to [`Counters::pending`] until it is answered.
+    count: u64,
     /// `None` for admin/warm-up work that may wait as long as it takes.
     deadline: Option<Instant>,
     enqueued_at: Instant,
@@ -320,8 +332,13 @@ struct Counters {
     batches: AtomicU64,
     batched_items: AtomicU64,
     timeouts: AtomicU64,
+    overloaded: AtomicU64,
     failures: AtomicU64,
     max_batch_seen: AtomicU64,
+    /// Texts sent and not yet answered (queued, gathering or in the model).
+    pending: AtomicU64,
+    /// Model time per text, nanoseconds, a moving average over recent batches; 0 until the first.
+    per_text_ns: AtomicU64,
     recent: Mutex<VecDeque<BatchSample>>,
     /// Told of every model call (the metrics histograms).
     observer: std::sync::OnceLock<BatchObserver>,
@@ -340,6 +357,11 @@ pub struct Embedder {
     deadline: Duration,
     max_batch: usize,
 }
+
+/// Most texts that may be pending (in the model or queued) when a deadline-bound call arrives: one
+/// batch in the model and one gathering. Beyond that a call waits for at least two whole model calls,
+/// and under a closed loop of misses the queue only grows (each refused call goes upstream at once).
+const PENDING_BATCHES: u64 = 2;
 
 impl std::fmt::Debug for Embedder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -406,8 +428,11 @@ impl Embedder {
     /// falls back to exact matching). Never panics. Needs a tokio runtime with timers enabled.
     pub async fn embed(&self, text: &str) -> Result<Vec<f32>, EmbedError> {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        if !self.reserve() {
+            return self.count(Err(EmbedError::Overloaded));
+        }
         let deadline = Instant::now() + self.deadline;
-        let outcome = match self.submit(vec![text.to_owned()], Some(deadline)) {
+        let outcome = match self.send(vec![text.to_owned()], Some(deadline)) {
             Err(e) => Err(e),
             Ok(reply) => {
                 match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), reply).await
@@ -439,13 +464,58 @@ impl Embedder {
         while !rest.is_empty() {
             let tail = rest.split_off(rest.len().min(self.max_batch));
             let chunk = std::mem::replace(&mut rest, tail);
-            let outcome = match self.submit(chunk, None) {
+            let outcome = match self.submit(chunk) {
                 Err(e) => Err(e),
                 Ok(reply) => reply.await.unwrap_or(Err(EmbedError::Closed)),
             };
             vectors.extend(self.count(outcome)?);
         }
         Ok(vectors)
+    }
+
+    /// Takes a place in the queue for one deadline-bound text, or refuses it: when
+    /// [`PENDING_BATCHES`] batches are already pending, or when the pending texts and this one would
+    /// take longer than half the deadline at the model's measured time per text. Pessimistic on purpose (a
+    /// text in a running batch counts whole): a refusal errs toward a miss going upstream at once
+    /// rather than a late embedding. Atomic, so a burst of callers cannot all slip past the bound.
+    fn reserve(&self) -> bool {
+        let bound = PENDING_BATCHES * self.max_batch as u64;
+        let per_text = u128::from(self.counters.per_text_ns.load(Ordering::Relaxed));
+        let deadline = self.deadline.as_nanos();
+        self.counters
+            .pending
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |pending| {
+                // Twice the estimate must fit: batch cost varies with text length and CPU
+                // contention, and a late embedding costs the whole deadline where a refusal
+                // costs nothing (measured: with the bare estimate, 4% of the admitted calls at
+                // concurrency 32 still timed out).
+                let fits = pending < bound && 2 * per_text * u128::from(pending + 1) <= deadline;
+                fits.then_some(pending + 1)
+            })
+            .is_ok()
+    }
+
+    /// Whether no text is queued or in the model: when background work may go in.
+    pub fn is_idle(&self) -> bool {
+        self.counters.pending.load(Ordering::Relaxed) == 0
+    }
+
+    /// Most texts one model call takes.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// Embeds `texts` (at most [`Embedder::max_batch`] makes one model call) without a deadline,
+    /// blocking the calling thread: for background threads, never for a tokio worker.
+    pub fn embed_blocking(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.counters
+            .requests
+            .fetch_add(texts.len() as u64, Ordering::Relaxed);
+        let outcome = match self.submit(texts) {
+            Err(e) => Err(e),
+            Ok(reply) => reply.blocking_recv().unwrap_or(Err(EmbedError::Closed)),
+        };
+        self.count(outcome)
     }
 
     /// Sets the function told of every model call; only the first call takes effect.
@@ -461,6 +531,8 @@ impl Embedder {
             batches: get(&c.batches),
             batched_items: get(&c.batched_items),
             timeouts: get(&c.timeouts),
+            overloaded: get(&c.overloaded),
+            pending: get(&c.pending),
             failures: get(&c.failures),
             max_batch_seen: get(&c.max_batch_seen),
         }
@@ -476,20 +548,38 @@ impl Embedder {
         recent.iter().copied().collect()
     }
 
-    fn submit(
+    /// Queues work without a deadline (admin, warm-up, backfill): never refused.
+    fn submit(&self, texts: Vec<String>) -> Result<oneshot::Receiver<Reply>, EmbedError> {
+        self.counters
+            .pending
+            .fetch_add(texts.len() as u64, Ordering::Relaxed);
+        self.send(texts, None)
+    }
+
+    /// Sends a job whose texts are already counted in `pending` (by [`Embedder::reserve`] or
+    /// [`Embedder::submit`]); takes them back out when the worker is gone.
+    fn send(
         &self,
         texts: Vec<String>,
         deadline: Option<Instant>,
     ) -> Result<oneshot::Receiver<Reply>, EmbedError> {
         let (reply, rx) = oneshot::channel();
+        let count = texts.len() as u64;
         let job = Job {
             texts,
+            count,
             deadline,
             enqueued_at: Instant::now(),
             reply,
         };
-        let jobs = self.jobs.as_ref().ok_or(EmbedError::Closed)?;
-        jobs.send(job).map_err(|_| EmbedError::Closed)?;
+        let sent = self
+            .jobs
+            .as_ref()
+            .is_some_and(|jobs| jobs.send(job).is_ok());
+        if !sent {
+            self.counters.pending.fetch_sub(count, Ordering::Relaxed);
+            return Err(EmbedError::Closed);
+        }
         Ok(rx)
     }
 
@@ -500,6 +590,9 @@ impl Embedder {
             Ok(_) | Err(EmbedError::Load(_)) => {}
             Err(EmbedError::Timeout) => {
                 self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(EmbedError::Overloaded) => {
+                self.counters.overloaded.fetch_add(1, Ordering::Relaxed);
             }
             Err(EmbedError::Failed(_) | EmbedError::Closed) => {
                 self.counters.failures.fetch_add(1, Ordering::Relaxed);
@@ -550,7 +643,7 @@ impl Worker {
                 Some(job) => job,
                 None => self.jobs.recv().ok()?,
             };
-            if let Some(job) = admit(job, Instant::now()) {
+            if let Some(job) = admit(job, Instant::now(), &self.counters) {
                 break job;
             }
         };
@@ -570,7 +663,7 @@ impl Worker {
                     Err(_) => break,
                 }
             };
-            let Some(job) = admit(next, Instant::now()) else {
+            let Some(job) = admit(next, Instant::now(), &self.counters) else {
                 continue;
             };
             if items + job.texts.len() > self.max_batch {
@@ -587,7 +680,10 @@ impl Worker {
     fn serve(&mut self, batch: Vec<Job>) {
         // The gathering window may have let a deadline pass; check again right before the model.
         let now = Instant::now();
-        let mut jobs: Vec<Job> = batch.into_iter().filter_map(|j| admit(j, now)).collect();
+        let mut jobs: Vec<Job> = batch
+            .into_iter()
+            .filter_map(|j| admit(j, now, &self.counters))
+            .collect();
         if jobs.is_empty() {
             return;
         }
@@ -606,6 +702,9 @@ impl Worker {
             )),
         };
         self.record(texts.len(), started.elapsed());
+        // Answered below: these texts no longer hold anyone up.
+        let answered: u64 = jobs.iter().map(|j| j.count).sum();
+        self.counters.pending.fetch_sub(answered, Ordering::Relaxed);
 
         match result {
             Ok(vectors) => {
@@ -632,6 +731,16 @@ impl Worker {
         c.batches.fetch_add(1, Ordering::Relaxed);
         c.batched_items.fetch_add(size as u64, Ordering::Relaxed);
         c.max_batch_seen.fetch_max(size as u64, Ordering::Relaxed);
+        // Only this thread writes it: a plain load-then-store is enough. The average weighs the
+        // last batch by 1/4, so the estimate follows a change of load within a few batches.
+        let sample = (took.as_nanos() / size.max(1) as u128).min(u128::from(u64::MAX)) as u64;
+        let before = c.per_text_ns.load(Ordering::Relaxed);
+        let average = if before == 0 {
+            sample
+        } else {
+            before - before / 4 + sample / 4
+        };
+        c.per_text_ns.store(average.max(1), Ordering::Relaxed);
         let mut recent = c.recent.lock().unwrap_or_else(PoisonError::into_inner);
         if recent.len() == RECENT_BATCHES {
             recent.pop_front();
@@ -645,17 +754,16 @@ impl Worker {
 
 /// Keeps a job worth running: its caller still listens and its deadline has not passed. An expired job
 /// is told `Timeout` (its caller counts it); an abandoned one is dropped silently.
-fn admit(job: Job, now: Instant) -> Option<Job> {
-    if job.reply.is_closed() {
-        return None;
+fn admit(job: Job, now: Instant, counters: &Counters) -> Option<Job> {
+    let expired = job.deadline.is_some_and(|deadline| deadline <= now);
+    if !(expired || job.reply.is_closed()) {
+        return Some(job);
     }
-    match job.deadline {
-        Some(deadline) if deadline <= now => {
-            let _ = job.reply.send(Err(EmbedError::Timeout));
-            None
-        }
-        _ => Some(job),
+    counters.pending.fetch_sub(job.count, Ordering::Relaxed);
+    if expired {
+        let _ = job.reply.send(Err(EmbedError::Timeout));
     }
+    None
 }
 
 /// Refuses a model answer that does not line up with the texts, rather than hand out wrong vectors.
@@ -828,18 +936,109 @@ mod tests {
         );
     }
 
+    /// Waits until `n` texts are pending (sent and not answered).
+    async fn until_pending(embedder: &Embedder, n: u64) {
+        for _ in 0..1000 {
+            if embedder.stats().pending == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        panic!("pending never reached {n}: {:?}", embedder.stats());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_over_the_bound_is_refused_at_once_not_after_the_deadline() {
+        let cfg = EmbedConfig {
+            max_batch: 2,
+            ..config(60_000, 1)
+        };
+        let embedder =
+            Arc::new(Embedder::with_model(Box::new(Fake::new(400)), &cfg).expect("start"));
+        // Two batches' worth: one in the (slow) model, one waiting behind it.
+        let mut admitted = JoinSet::new();
+        for n in 0..4 {
+            let embedder = Arc::clone(&embedder);
+            admitted.spawn(async move { embedder.embed(&n.to_string()).await });
+        }
+        until_pending(&embedder, 4).await;
+        for n in 4..20 {
+            let refused = embedder.embed(&n.to_string()).await;
+            assert!(
+                matches!(refused, Err(EmbedError::Overloaded)),
+                "{refused:?}"
+            );
+        }
+        // Every refusal came back while the first model call was still running: none waited for
+        // the queue, let alone for the 60 s deadline.
+        let stats = embedder.stats();
+        assert_eq!((stats.batches, stats.overloaded), (0, 16), "{stats:?}");
+        while let Some(joined) = admitted.join_next().await {
+            joined.expect("task").expect("admitted calls are served");
+        }
+        let stats = embedder.stats();
+        assert_eq!((stats.pending, stats.timeouts), (0, 0), "{stats:?}");
+        // The queue drained: calls are admitted again.
+        assert_eq!(embedder.embed("7").await.expect("admitted"), vec![7.0; 4]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_the_measured_model_time_says_would_be_late_is_refused() {
+        let cfg = EmbedConfig {
+            max_batch: 8,
+            ..config(450, 0)
+        };
+        let embedder =
+            Arc::new(Embedder::with_model(Box::new(Fake::new(150)), &cfg).expect("start"));
+        // Measures the model: about 150 ms a text alone. Twice the estimate must fit in 450 ms:
+        // alone it does (300 ms), behind one text it does not (600 ms).
+        embedder.embed("1").await.expect("first call");
+        let first = {
+            let embedder = Arc::clone(&embedder);
+            tokio::spawn(async move { embedder.embed("2").await })
+        };
+        until_pending(&embedder, 1).await;
+        // Far below the depth bound, but one text ahead plus this one's own, doubled, is past 450 ms.
+        let refused = embedder.embed("3").await;
+        assert!(
+            matches!(refused, Err(EmbedError::Overloaded)),
+            "{refused:?}"
+        );
+        first
+            .await
+            .expect("task")
+            .expect("the admitted call meets its deadline");
+        assert_eq!(embedder.stats().timeouts, 0);
+    }
+
+    #[test]
+    fn embed_blocking_serves_background_threads() {
+        let embedder = Embedder::with_model(Box::new(Fake::new(0)), &config(1_000, 0))
+            .expect("start embedder");
+        assert!(embedder.is_idle());
+        let vectors = embedder
+            .embed_blocking(vec!["1".into(), "2".into()])
+            .expect("vectors");
+        assert_eq!(vectors, vec![vec![1.0; 4], vec![2.0; 4]]);
+        assert!(embedder.is_idle());
+    }
+
     #[test]
     fn admit_answers_an_expired_job_with_timeout() {
         let (reply, mut rx) = oneshot::channel();
         let now = Instant::now();
         let job = Job {
             texts: vec!["1".into()],
+            count: 1,
             deadline: Some(now),
             enqueued_at: now,
             reply,
         };
-        assert!(admit(job, now).is_none());
+        let counters = Counters::default();
+        counters.pending.store(1, Ordering::Relaxed);
+        assert!(admit(job, now, &counters).is_none());
         assert!(matches!(rx.try_recv(), Ok(Err(EmbedError::Timeout))));
+        assert_eq!(counters.pending.load(Ordering::Relaxed), 0);
     }
 
     #[tokio::test]

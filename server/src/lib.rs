@@ -17,7 +17,8 @@
 //!    [`sse`]) while timing tokens and feeding the [`cache::Recorder`].
 //! 7. [`downstream`]: hands the bytes to the client and notes when the last one was taken.
 //! 8. [`record`]: the request's phases go to the recent-requests log; a clean miss's answer goes to
-//!    the store through the cache's writer thread, off the request path.
+//!    the store through the cache's writer thread, off the request path; one stored without a vector
+//!    (its embedding was refused or late) is embedded later by the [`backfill`], when the model is idle.
 //!
 //! Around them: [`config`] (layered settings), [`error`] (the one error enum and its OpenAI-shaped
 //! responses), [`admin`] (authenticated operator routes), [`shadow`] and [`feedback`] (what
@@ -26,6 +27,7 @@
 //! request heads), and [`app`]/[`run`] here.
 
 pub mod admin;
+pub mod backfill;
 pub mod cache;
 pub mod config;
 pub mod downstream;
@@ -162,8 +164,17 @@ fn open_feedback(dir: &std::path::Path) -> Result<feedback::Feedback, StartError
 impl AppState {
     /// Opens the store in the configured data dir (running its migrations) and builds the state.
     pub fn new(config: Config) -> Result<Self, StartError> {
+        Self::with_embedder(config, None)
+    }
+
+    /// As [`AppState::new`], with `embedder` in place of the configured model when given (tests
+    /// drive the semantic stage with a fake model this way).
+    pub fn with_embedder(
+        config: Config,
+        embedder: Option<Arc<embed::Embedder>>,
+    ) -> Result<Self, StartError> {
         let store: Arc<dyn Store> = Arc::new(open_store(&config)?);
-        let (semantic, semantic_disabled) = match Semantic::start(&config, store.as_ref()) {
+        let (semantic, semantic_disabled) = match Semantic::start(&config, &store, embedder) {
             semantic::Status::Ready(s) => (Some(s), None),
             semantic::Status::Disabled(why) => {
                 // Loud on purpose: a cache silently without semantic matching is what users of
@@ -187,7 +198,12 @@ impl AppState {
         Ok(Self {
             upstream: Arc::new(upstream),
             requests,
-            cache: Cache::new(store, index, config.cache_settings()),
+            cache: Cache::new(
+                store,
+                index,
+                semantic.as_ref().map(|s| s.backfill.clone()),
+                config.cache_settings(),
+            ),
             live: Arc::new(live::Live::new(config.clone())),
             semantic,
             semantic_disabled,
@@ -258,6 +274,9 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
             "threshold": (f64::from(state.live.current().config.similarity_threshold) * 1e4).round() / 1e4,
             "guards": state.live.current().config.semantic_guards,
             "fallbacks": s.fallbacks.load(std::sync::atomic::Ordering::Relaxed),
+            "fallback_reasons": s.fallbacks(),
+            // Entries stored without a vector (under overload) still waiting for the backfill.
+            "backfill_pending": s.backfill.stats().pending,
         }),
         (None, why) => json!({"status": "disabled", "detail": why.as_deref()}),
     };

@@ -55,15 +55,33 @@ pub enum Pacing {
     TokensPerSecond(f64),
 }
 
+/// Slowest `tokens-per-second` pacing: a 1,000-token answer then takes under three hours, already
+/// longer than any client or proxy waits; slower rates only hold a connection open for nothing.
+pub const MIN_TOKENS_PER_SECOND: f64 = 0.1;
+/// Fastest `tokens-per-second` pacing: one token per microsecond, far below the timer's millisecond
+/// resolution, so any faster rate is `instant` under another name.
+pub const MAX_TOKENS_PER_SECOND: f64 = 1e6;
+
 impl Pacing {
-    pub fn parse(value: &str) -> Option<Self> {
+    /// Parses `instant`, `recorded` or `tokens-per-second=N` with N from
+    /// [`MIN_TOKENS_PER_SECOND`] to [`MAX_TOKENS_PER_SECOND`]; the error says what was wrong.
+    pub fn parse(value: &str) -> Result<Self, String> {
         let value = value.trim().to_ascii_lowercase();
         match value.as_str() {
-            "instant" => Some(Self::Instant),
-            "recorded" => Some(Self::Recorded),
+            "instant" => Ok(Self::Instant),
+            "recorded" => Ok(Self::Recorded),
             _ => {
-                let rate: f64 = value.strip_prefix("tokens-per-second=")?.parse().ok()?;
-                (rate.is_finite() && rate > 0.0).then_some(Self::TokensPerSecond(rate))
+                let shape = || format!("`{value}` is not instant, recorded or tokens-per-second=N");
+                let rate = value.strip_prefix("tokens-per-second=").ok_or_else(shape)?;
+                let rate: f64 = rate.trim().parse().map_err(|_| shape())?;
+                // NaN fails both comparisons, so it is refused with the infinities.
+                if (MIN_TOKENS_PER_SECOND..=MAX_TOKENS_PER_SECOND).contains(&rate) {
+                    Ok(Self::TokensPerSecond(rate))
+                } else {
+                    Err(format!(
+                        "tokens-per-second must be from {MIN_TOKENS_PER_SECOND} to {MAX_TOKENS_PER_SECOND}, not {rate}"
+                    ))
+                }
             }
         }
     }
@@ -167,7 +185,7 @@ pub fn from_headers(headers: &HeaderMap, defaults: &Defaults) -> Result<Policy, 
                 }
                 "no-store" => policy.store = false,
                 "max-age" => {
-                    let age = arg.and_then(|a| a.parse::<u64>().ok()).ok_or_else(|| {
+                    let age = arg.and_then(delta_seconds).ok_or_else(|| {
                         GatewayError::invalid(
                             format!(
                                 "`Cache-Control: {directive}` needs a whole number of seconds."
@@ -200,9 +218,9 @@ pub fn from_headers(headers: &HeaderMap, defaults: &Defaults) -> Result<Policy, 
             })?;
     }
     if let Some(v) = header(headers, "x-reprise-replay")? {
-        policy.pacing = Pacing::parse(v).ok_or_else(|| {
+        policy.pacing = Pacing::parse(v).map_err(|why| {
             GatewayError::invalid(
-                format!("`x-reprise-replay: {v}` is not instant, recorded or tokens-per-second=N."),
+                format!("Invalid `x-reprise-replay: {v}`: {why}."),
                 Some("x-reprise-replay"),
             )
         })?;
@@ -225,6 +243,15 @@ pub fn from_headers(headers: &HeaderMap, defaults: &Defaults) -> Result<Policy, 
         policy.namespace = Some(namespace(v, "x-reprise-namespace")?);
     }
     Ok(policy)
+}
+
+/// RFC 9111 `delta-seconds` (`1*DIGIT`): no sign, no fraction; a value too large to hold is taken
+/// as 2^31 seconds, as section 1.2.2 asks, rather than refused.
+fn delta_seconds(arg: &str) -> Option<u64> {
+    if arg.is_empty() || !arg.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(arg.parse::<u64>().map_or(1 << 31, |s| s.min(1 << 31)))
 }
 
 /// A namespace as requests and admin routes accept it (trimmed), or a 400 naming `param`.
@@ -299,6 +326,28 @@ mod tests {
     }
 
     #[test]
+    fn huge_max_age_is_taken_as_two_to_the_31_seconds() {
+        let p = policy(&[("cache-control", "max-age=99999999999999999999999999")]).expect("ok");
+        assert_eq!(p.max_age_s, Some(1 << 31));
+        let p = policy(&[("cache-control", "max-age=\"60\"")]).expect("ok");
+        assert_eq!(p.max_age_s, Some(60));
+    }
+
+    #[test]
+    fn pacing_bounds_are_inclusive() {
+        assert_eq!(
+            Pacing::parse("tokens-per-second=0.1"),
+            Ok(Pacing::TokensPerSecond(0.1))
+        );
+        assert_eq!(
+            Pacing::parse("tokens-per-second=1e6"),
+            Ok(Pacing::TokensPerSecond(1e6))
+        );
+        let err = Pacing::parse("tokens-per-second=1e-300").expect_err("too slow");
+        assert!(err.contains("from 0.1 to 1000000"), "{err}");
+    }
+
+    #[test]
     fn reprise_headers_and_their_errors() {
         let p = policy(&[("x-reprise-cache-mode", "off")]).expect("ok");
         assert_eq!(miss_outcome(&p), "bypass");
@@ -325,6 +374,26 @@ mod tests {
             ("x-reprise-namespace", "has space"),
             ("x-reprise-threshold", "1.5"),
             ("x-reprise-threshold", "high"),
+            ("x-reprise-threshold", "NaN"),
+            ("x-reprise-threshold", "inf"),
+            ("x-reprise-threshold", "-0.5"),
+            ("x-reprise-ttl", "-1"),
+            ("x-reprise-ttl", "18446744073709551616"),
+            ("x-reprise-ttl", "1e3"),
+            ("x-reprise-ttl", "315360001"),
+            // Each of these panicked a worker on a streamed hit (issue 14).
+            ("x-reprise-replay", "tokens-per-second=1e-300"),
+            ("x-reprise-replay", "tokens-per-second=5e-324"),
+            ("x-reprise-replay", "tokens-per-second=1e-19"),
+            ("x-reprise-replay", "tokens-per-second=0.09"),
+            ("x-reprise-replay", "tokens-per-second=1000001"),
+            ("x-reprise-replay", "tokens-per-second=NaN"),
+            ("x-reprise-replay", "tokens-per-second=inf"),
+            ("x-reprise-replay", "tokens-per-second=0"),
+            ("cache-control", "max-age=-1"),
+            ("cache-control", "max-age=1.5"),
+            ("cache-control", "max-age=+5"),
+            ("cache-control", "max-age="),
         ] {
             let err = policy(&[(name, value)]).expect_err(value);
             assert_eq!(err.body()["error"]["param"], name);

@@ -195,11 +195,30 @@ pub fn paced(events: Vec<(f64, Bytes)>) -> impl futures_util::Stream<Item = Byte
     let start = tokio::time::Instant::now();
     futures_util::stream::unfold(events.into_iter(), move |mut events| async move {
         let (offset, bytes) = events.next()?;
-        if offset > 0.0 {
-            tokio::time::sleep_until(start + Duration::from_secs_f64(offset / 1000.0)).await;
+        let wait = offset_duration(offset);
+        if !wait.is_zero() {
+            // Saturating: an instant beyond the clock's range is simply never reached.
+            match start.checked_add(wait) {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => tokio::time::sleep(MAX_OFFSET).await,
+            }
         }
         Some((bytes, events))
     })
+}
+
+/// Longest wait between the start of a paced replay and one of its events. Rates are bounded when
+/// parsed; this keeps the arithmetic itself from panicking whatever offset reaches it (a stored
+/// entry's recorded timing included).
+const MAX_OFFSET: Duration = Duration::from_secs(24 * 3600);
+
+/// A send offset in milliseconds as a wait, never panicking: negative and NaN are no wait, anything
+/// too large for a `Duration` (or above [`MAX_OFFSET`]) is [`MAX_OFFSET`].
+fn offset_duration(offset_ms: f64) -> Duration {
+    if offset_ms.is_nan() || offset_ms <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::try_from_secs_f64(offset_ms / 1000.0).map_or(MAX_OFFSET, |d| d.min(MAX_OFFSET))
 }
 
 /// Why an answer must not be stored.
@@ -508,6 +527,33 @@ mod tests {
             json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
             json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
         ]
+    }
+
+    #[test]
+    fn pacing_offsets_never_panic_whatever_their_size() {
+        // 1000 / 1e-300 ms overflowed `Duration::from_secs_f64` and panicked the worker (issue 14).
+        for (offset_ms, want) in [
+            (f64::NAN, Duration::ZERO),
+            (-5.0, Duration::ZERO),
+            (0.0, Duration::ZERO),
+            (1500.0, Duration::from_millis(1500)),
+            (1e303, MAX_OFFSET),
+            (f64::INFINITY, MAX_OFFSET),
+            (f64::MAX, MAX_OFFSET),
+        ] {
+            assert_eq!(offset_duration(offset_ms), want, "{offset_ms}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_paced_stream_with_an_absurd_offset_waits_instead_of_panicking() {
+        use futures_util::StreamExt;
+        let events = vec![(0.0, Bytes::from("a")), (1e303, Bytes::from("b"))];
+        let mut stream = Box::pin(paced(events));
+        assert_eq!(stream.next().await, Some(Bytes::from("a")));
+        // The second event is due in (capped) hours: still pending, and no panic on the way.
+        let second = tokio::time::timeout(Duration::from_millis(20), stream.next()).await;
+        assert!(second.is_err(), "the far event must wait");
     }
 
     #[test]

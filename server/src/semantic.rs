@@ -2,8 +2,9 @@
 //! search the request's partition in the vector index, and serve the best live entry whose
 //! similarity clears the threshold and whose prompt passes the literal [`guard`](crate::guard)s.
 //!
-//! It fails open: a late or failed embedding, or a missing model, turns the request into an exact-only
-//! lookup, counted and logged, never an error for the client.
+//! It fails open: a late or failed embedding, an overloaded embedding queue, or a missing model turns
+//! the request into an exact-only lookup, counted by reason and logged, never an error for the client.
+//! The answer is stored without a vector then, and the [`backfill`](crate::backfill) embeds it later.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::backfill::{wants_vector, Backfill};
 use crate::config::Config;
 use crate::embed::{EmbedConfig, EmbedError, Embedder};
 use crate::entry::{Entry, EntryId};
@@ -28,10 +30,16 @@ pub struct Semantic {
     pub embedder: Arc<Embedder>,
     pub index: Arc<LiveIndex>,
     index_dir: PathBuf,
-    /// Requests that fell back to exact matching (embedding late or failed).
+    /// Requests that fell back to exact matching, all reasons together.
     pub fallbacks: AtomicU64,
     /// What the guards read from recent candidates' prompts (0.1–0.2 ms per 2 KB prompt).
     candidates: CandidateLiterals,
+    /// The same requests by reason.
+    fallback_reasons: [AtomicU64; 3],
+    /// When the last overload warning was logged (ms since the epoch): one line per interval.
+    overload_warned_ms: AtomicU64,
+    /// Embeds the entries stored without a vector.
+    pub backfill: Arc<Backfill>,
     /// Closing this stops the maintenance thread.
     stop_tx: Mutex<Option<std::sync::mpsc::Sender<()>>>,
     maintenance: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -75,6 +83,48 @@ impl CandidateLiterals {
         })
     }
 }
+
+/// Why a request fell back to exact matching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// Refused at once: the embedding queue could not meet the deadline.
+    Overload,
+    /// Queued, but the deadline passed first.
+    Deadline,
+    /// The model failed or its thread stopped.
+    Failed,
+}
+
+impl FallbackReason {
+    pub const ALL: [FallbackReason; 3] = [Self::Overload, Self::Deadline, Self::Failed];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Overload => "overload",
+            Self::Deadline => "deadline",
+            Self::Failed => "failed",
+        }
+    }
+
+    fn of(err: &EmbedError) -> Self {
+        match err {
+            EmbedError::Overloaded => Self::Overload,
+            EmbedError::Timeout => Self::Deadline,
+            EmbedError::Load(_) | EmbedError::Failed(_) | EmbedError::Closed => Self::Failed,
+        }
+    }
+}
+
+/// Fallbacks by reason, for `/admin/stats`, `/healthz` and `/metrics`.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, utoipa::ToSchema)]
+pub struct Fallbacks {
+    pub overload: u64,
+    pub deadline: u64,
+    pub failed: u64,
+}
+
+/// At most one overload warning per this many milliseconds: under load every miss would log one.
+const OVERLOAD_WARN_EVERY_MS: u64 = 10_000;
 
 /// What one search looks for.
 struct Request {
@@ -125,9 +175,18 @@ pub struct Outcome {
 impl Semantic {
     /// Loads the model and the index (from its dump in the data dir when it matches the store,
     /// otherwise rebuilt from the vectors stored with the entries).
-    pub fn start(config: &Config, store: &dyn Store) -> Status {
+    ///
+    /// `embedder` replaces the configured model when given (tests drive the stage with a fake).
+    pub fn start(
+        config: &Config,
+        store: &Arc<dyn Store>,
+        embedder: Option<Arc<Embedder>>,
+    ) -> Status {
         if !config.semantic {
             return Status::Disabled("semantic matching is turned off (semantic = false)".into());
+        }
+        if let Some(embedder) = embedder {
+            return Status::Ready(Self::around(embedder, config, store));
         }
         let embed_config = EmbedConfig {
             model_dir: config.model_dir.clone(),
@@ -147,8 +206,20 @@ impl Semantic {
                 ))
             }
         };
+        Status::Ready(Self::around(embedder, config, store))
+    }
+
+    /// The stage around a loaded embedder: the index, its maintenance and the backfill.
+    fn around(embedder: Arc<Embedder>, config: &Config, store: &Arc<dyn Store>) -> Arc<Self> {
         let index_dir = config.data_dir.join("index");
-        let index = load_or_rebuild(&index_dir, embedder.dimension(), store);
+        let (index, unembedded) = load_or_rebuild(&index_dir, embedder.dimension(), store.as_ref());
+        if !unembedded.is_empty() {
+            tracing::info!(
+                entries = unembedded.len(),
+                "stored entries without a vector will be embedded in the background"
+            );
+        }
+        let backfill = Backfill::start(embedder.clone(), index.clone(), store.clone(), unembedded);
         let (stop_tx, stop_rx) = std::sync::mpsc::channel();
         let semantic = Arc::new(Self {
             embedder,
@@ -156,6 +227,9 @@ impl Semantic {
             index_dir,
             fallbacks: AtomicU64::new(0),
             candidates: CandidateLiterals::default(),
+            fallback_reasons: Default::default(),
+            overload_warned_ms: AtomicU64::new(0),
+            backfill,
             stop_tx: Mutex::new(Some(stop_tx)),
             maintenance: Mutex::new(None),
         });
@@ -166,11 +240,53 @@ impl Semantic {
             .spawn(move || maintain(weak, stop_rx, every))
             .ok();
         *lock(&semantic.maintenance) = thread;
-        Status::Ready(semantic)
+        semantic
     }
 
-    /// Stops the maintenance thread and saves the index (shutdown).
+    /// Fallbacks so far, by reason.
+    pub fn fallbacks(&self) -> Fallbacks {
+        let get = |r: FallbackReason| self.fallback_reasons[r as usize].load(Ordering::Relaxed);
+        Fallbacks {
+            overload: get(FallbackReason::Overload),
+            deadline: get(FallbackReason::Deadline),
+            failed: get(FallbackReason::Failed),
+        }
+    }
+
+    /// Counts a fallback and says why, once per request for a late or failed embedding, at most
+    /// once per [`OVERLOAD_WARN_EVERY_MS`] for overload (which by nature comes in floods).
+    fn fall_back(&self, err: &EmbedError) {
+        let reason = FallbackReason::of(err);
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        self.fallback_reasons[reason as usize].fetch_add(1, Ordering::Relaxed);
+        match reason {
+            FallbackReason::Overload => {
+                let now = unix_ms();
+                let last = self.overload_warned_ms.load(Ordering::Relaxed);
+                if now.saturating_sub(last) >= OVERLOAD_WARN_EVERY_MS
+                    && self
+                        .overload_warned_ms
+                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    tracing::warn!(
+                        overloaded = self.fallbacks().overload,
+                        "embedding queue overloaded: misses skip semantic matching at once (exact only); their entries are embedded later"
+                    );
+                }
+            }
+            FallbackReason::Deadline => tracing::warn!(
+                "embedding missed its deadline; exact matching only for this request"
+            ),
+            FallbackReason::Failed => {
+                tracing::warn!(error = %err, "embedding failed; exact matching only for this request")
+            }
+        }
+    }
+
+    /// Stops the maintenance and backfill threads and saves the index (shutdown).
     pub fn stop(&self) {
+        self.backfill.stop();
         lock(&self.stop_tx).take();
         if let Some(thread) = lock(&self.maintenance).take() {
             let _ = thread.join();
@@ -197,15 +313,7 @@ impl Semantic {
         let vector = match self.embedder.embed(&keys.prompt).await {
             Ok(v) => v,
             Err(err) => {
-                self.fallbacks.fetch_add(1, Ordering::Relaxed);
-                match err {
-                    EmbedError::Timeout => tracing::warn!(
-                        "embedding missed its deadline; exact matching only for this request"
-                    ),
-                    other => {
-                        tracing::warn!(error = %other, "embedding failed; exact matching only for this request")
-                    }
-                }
+                self.fall_back(&err);
                 return outcome;
             }
         };
@@ -353,9 +461,14 @@ pub fn index_config(dimension: usize) -> IndexConfig {
     }
 }
 
-/// Every (id, partition, vector) the store holds, for a rebuild.
-fn stored_vectors(store: &dyn Store) -> Vec<(u64, [u8; 32], Vec<f32>)> {
+/// One stored vector: entry id, partition, vector.
+type StoredVector = (u64, [u8; 32], Vec<f32>);
+
+/// Every vector the store holds, for a rebuild, and the ids of the entries that should have a
+/// vector and have none (for the backfill).
+fn stored_vectors(store: &dyn Store) -> (Vec<StoredVector>, Vec<u64>) {
     let mut items = Vec::new();
+    let mut unembedded = Vec::new();
     let mut after = None;
     loop {
         let page = match store.list(after, 1000) {
@@ -368,20 +481,23 @@ fn stored_vectors(store: &dyn Store) -> Vec<(u64, [u8; 32], Vec<f32>)> {
         let Some(last) = page.last() else { break };
         after = Some(last.id);
         for entry in page {
+            if wants_vector(&entry) {
+                unembedded.push(entry.id.0);
+            }
             if let Some(vector) = entry.vector {
                 items.push((entry.id.0, entry.partition.0, vector));
             }
         }
     }
-    items
+    (items, unembedded)
 }
 
 /// Loads the dump when it matches the store. Otherwise the gateway starts with an empty index and
 /// rebuilds it from the stored vectors on a background thread (minutes at 100k entries), serving
 /// exact matches, and new entries, in the meantime.
-fn load_or_rebuild(dir: &Path, dimension: usize, store: &dyn Store) -> Arc<LiveIndex> {
+fn load_or_rebuild(dir: &Path, dimension: usize, store: &dyn Store) -> (Arc<LiveIndex>, Vec<u64>) {
     let started = std::time::Instant::now();
-    let items = stored_vectors(store);
+    let (items, unembedded) = stored_vectors(store);
     let expected: BTreeSet<u64> = items.iter().map(|(id, _, _)| *id).collect();
     let reason = match HnswIndex::load(dir, index_config(dimension), &expected) {
         Ok(index) => {
@@ -390,12 +506,15 @@ fn load_or_rebuild(dir: &Path, dimension: usize, store: &dyn Store) -> Arc<LiveI
                 ms = started.elapsed().as_millis() as u64,
                 "vector index loaded from its dump"
             );
-            return LiveIndex::ready(index);
+            return (LiveIndex::ready(index), unembedded);
         }
         Err(reason) => reason,
     };
     if items.is_empty() {
-        return LiveIndex::ready(HnswIndex::new(index_config(dimension)));
+        return (
+            LiveIndex::ready(HnswIndex::new(index_config(dimension))),
+            unembedded,
+        );
     }
     let live = LiveIndex::building(HnswIndex::new(index_config(dimension)));
     let count = items.len();
@@ -415,7 +534,7 @@ fn load_or_rebuild(dir: &Path, dimension: usize, store: &dyn Store) -> Arc<LiveI
     if spawned.is_err() {
         tracing::error!("could not start the index rebuild thread");
     }
-    live
+    (live, unembedded)
 }
 
 /// A change made while a rebuild runs, replayed into the rebuilt index before it replaces the old.

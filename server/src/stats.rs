@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -49,7 +49,7 @@ pub struct Stats {
     ttft_saved: prometheus::Counter,
     embed_batch_size: Histogram,
     embed_batch_seconds: Histogram,
-    embed_fallbacks: IntCounter,
+    embed_fallbacks: IntCounterVec,
     guard_refusals: IntCounterVec,
     /// Set at scrape time from the store and the index.
     entries: IntGauge,
@@ -204,9 +204,12 @@ impl Stats {
                 .buckets(PHASE_BUCKETS_S.to_vec()),
             )
             .unwrap_or_else(unreachable_metric),
-            embed_fallbacks: IntCounter::new(
-                "reprise_embedding_fallbacks_total",
-                "Requests that fell back to exact matching (embedding late or failed).",
+            embed_fallbacks: IntCounterVec::new(
+                Opts::new(
+                    "reprise_embedding_fallbacks_total",
+                    "Requests that fell back to exact matching, by reason: overload (refused at once), deadline, failed.",
+                ),
+                &["reason"],
             )
             .unwrap_or_else(unreachable_metric),
             entries: gauge("reprise_cache_entries", "Entries in the store."),
@@ -366,9 +369,17 @@ impl Stats {
         // Under the counts lock, so two scrapes at once cannot both add the same difference.
         {
             let _catching_up = lock(&self.counts);
-            let seen = self.embed_fallbacks.get();
-            if now.embed_fallbacks > seen {
-                self.embed_fallbacks.inc_by(now.embed_fallbacks - seen);
+            let f = now.embed_fallbacks;
+            for (reason, count) in [
+                ("overload", f.overload),
+                ("deadline", f.deadline),
+                ("failed", f.failed),
+            ] {
+                let counter = self.embed_fallbacks.with_label_values(&[reason]);
+                let seen = counter.get();
+                if count > seen {
+                    counter.inc_by(count - seen);
+                }
             }
         }
         let mut out = Vec::new();
@@ -461,7 +472,7 @@ pub struct Gauges {
     pub store_bytes: u64,
     pub index_vectors: u64,
     pub index_tombstones: u64,
-    pub embed_fallbacks: u64,
+    pub embed_fallbacks: crate::semantic::Fallbacks,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

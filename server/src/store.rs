@@ -196,6 +196,9 @@ pub trait Store: Send + Sync + 'static {
     /// bounded `hit_history`, and moves `last_hit_ms` forward (never back). Meant for off the request path; a missing entry is not an error (it
     /// may have been evicted).
     fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError>;
+    /// Gives an entry stored without a vector its vector (the backfill). False, and nothing
+    /// written, when the entry is gone or already has one.
+    fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError>;
     /// Entries newest first, with ids below `before` (exclusive), at most `limit`: admin listing.
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError>;
     /// Entries in id order after `after` (exclusive), at most `limit`: for paginated admin listing.
@@ -709,6 +712,34 @@ impl Store for SledStore {
         ledger.insert(slot);
         self.publish(&ledger);
         Ok(())
+    }
+
+    fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
+        let id_bytes = id.0.to_be_bytes();
+        // Under the lock, as `touch`: the write cannot bring back an entry deleted meanwhile.
+        let mut ledger = self.lock_ledger();
+        let Some(raw) = self.entries.get(id_bytes)? else {
+            return Ok(false);
+        };
+        let Some(mut entry) = self.read_entry(id, raw)? else {
+            return Ok(false);
+        };
+        if entry.vector.is_some() {
+            return Ok(false);
+        }
+        entry.vector = Some(vector.to_vec());
+        let value = encode(&entry)?;
+        let slot = Slot::new(&entry, value.len());
+        // Rewritten like `touch`: chunked when long, in one transaction with its old chunks' removal.
+        (&self.entries, &self.chunks)
+            .transaction(|(entries, chunks)| -> TxResult<()> {
+                remove_value(entries, chunks, id.0)?;
+                write_value(entries, chunks, id.0, &value)
+            })
+            .map_err(storage_error)?;
+        ledger.insert(slot);
+        self.publish(&ledger);
+        Ok(true)
     }
 
     fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
@@ -1641,6 +1672,24 @@ mod tests {
         store
             .touch(EntryId(id.0 + 1000), 1, &hits(1, 6_000))
             .expect("touch missing");
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn set_vector_fills_a_missing_vector_once_and_never_revives_an_entry() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        let id = store.put(entry(1, 1_000, 60_000)).expect("put");
+        assert!(store.set_vector(id, &[0.5, 0.5]).expect("set"));
+        let got = store.get(id).expect("get").expect("present");
+        assert_eq!(got.vector, Some(vec![0.5, 0.5]));
+        assert!(
+            !store.set_vector(id, &[1.0, 0.0]).expect("again"),
+            "a vector already there is kept"
+        );
+        assert!(store.delete(id).expect("delete"));
+        assert!(!store.set_vector(id, &[1.0, 0.0]).expect("gone"));
+        assert!(store.get(id).expect("get").is_none());
         assert_consistent(&store);
     }
 

@@ -180,8 +180,15 @@ pub struct IndexStats {
 /// The embedding model's work; `null` in exact-only mode.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EmbeddingStats {
-    /// Requests that fell back to exact matching (embedding late or failed).
+    /// Requests that fell back to exact matching, all reasons together.
     pub fallbacks: u64,
+    /// The same by reason: `overload` (refused at once, the queue could not meet the deadline),
+    /// `deadline` (queued, then late), `failed`.
+    pub fallback_reasons: crate::semantic::Fallbacks,
+    /// Texts queued for or in the model right now.
+    pub queued: u64,
+    /// Entries stored without a vector and embedded later, off the request path.
+    pub backfill: crate::backfill::BackfillStats,
     pub batches: u64,
     pub texts: u64,
     pub mean_batch_size: Option<f64>,
@@ -241,6 +248,9 @@ pub async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
             .collect();
         EmbeddingStats {
             fallbacks: s.fallbacks.load(std::sync::atomic::Ordering::Relaxed),
+            fallback_reasons: s.fallbacks(),
+            queued: e.pending,
+            backfill: s.backfill.stats(),
             batches: e.batches,
             texts: e.batched_items,
             mean_batch_size: (e.batches > 0).then(|| e.batched_items as f64 / e.batches as f64),
@@ -309,9 +319,11 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
             .semantic
             .as_ref()
             .map_or(0, |s| s.index.tombstones() as u64),
-        embed_fallbacks: state.semantic.as_ref().map_or(0, |s| {
-            s.fallbacks.load(std::sync::atomic::Ordering::Relaxed)
-        }),
+        embed_fallbacks: state
+            .semantic
+            .as_ref()
+            .map(|s| s.fallbacks())
+            .unwrap_or_default(),
     };
     let mut text = state.requests.stats.render_prometheus(&gauges);
     text.push_str(&state.feedback.render_prometheus());
@@ -346,10 +358,17 @@ pub async fn requests(
 ) -> Result<Json<RequestsPage>, GatewayError> {
     let Query(query) =
         query.map_err(|e| GatewayError::invalid(format!("Invalid query: {e}."), Some("limit")))?;
+    if query.limit == Some(0) {
+        return Err(GatewayError::invalid(
+            "`limit` must be at least 1.",
+            Some("limit"),
+        ));
+    }
+    // Above the log's size there is nothing more to give: the whole log, not an error.
     let limit = query
         .limit
         .unwrap_or(100)
-        .clamp(1, state.config.request_log_size);
+        .min(state.config.request_log_size);
     Ok(Json(RequestsPage {
         object: "list".to_owned(),
         data: state.requests.recent(limit),

@@ -240,6 +240,10 @@ impl Store for ResilientStore {
         self.with(|| Err(refused()), |s| s.touch(id, hits, recent))
     }
 
+    fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
+        self.with(|| Err(refused()), |s| s.set_vector(id, vector))
+    }
+
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
         self.with(|| Ok(Vec::new()), |s| s.list_newest(before, limit))
     }

@@ -600,6 +600,24 @@ async fn live_config_changes_take_effect_and_bad_ones_change_nothing() {
         (json!({"similarity_threshold": 1.5}), "similarity_threshold"),
         (json!({"cache_mode": "sometimes"}), "cache_mode"),
         (json!({"replay": "tokens-per-second=0"}), "replay"),
+        // Accepted before issue 14, after which every streamed hit panicked its worker.
+        (json!({"replay": "tokens-per-second=1e-300"}), "replay"),
+        (json!({"replay": "tokens-per-second=5e-324"}), "replay"),
+        (
+            json!({"similarity_threshold": 1e39}),
+            "similarity_threshold",
+        ),
+        (
+            json!({"similarity_threshold": -0.1}),
+            "similarity_threshold",
+        ),
+        (
+            json!({"namespace_thresholds": {"a": 2.0}}),
+            "namespace_thresholds",
+        ),
+        (json!({"default_ttl_s": -1}), "default_ttl_s"),
+        (json!({"default_ttl_s": 1e300}), "default_ttl_s"),
+        (json!({"default_ttl_s": 315360001}), "default_ttl_s"),
         (json!({"default_ttl_s": 0}), "default_ttl_s"),
         (json!({"listen": "0.0.0.0:1"}), "listen"),
     ] {
@@ -848,4 +866,57 @@ async fn the_typed_admin_client_speaks_to_the_real_gateway() {
     assert_eq!(admin.flush().await.expect("flush").deleted, 2);
     let wrong = AdminClient::new(&gw.url(""), Some("nope")).expect("client");
     assert_eq!(wrong.stats().await.expect_err("401").status(), Some(401));
+}
+
+/// Issue 14's audit: every number an admin query carries is checked, a 400 naming it.
+#[tokio::test]
+async fn out_of_range_admin_query_numbers_are_400s_naming_them() {
+    let sim = sim_default().await;
+    let gw = gateway(&sim).await;
+    for path in [
+        "/admin/requests?limit=0",
+        "/admin/requests?limit=-1",
+        "/admin/requests?limit=1e3",
+        "/admin/requests?limit=99999999999999999999999",
+        "/admin/entries?limit=0",
+        "/admin/entries?limit=201",
+        "/admin/entries?limit=-5",
+        "/admin/entries?limit=NaN",
+    ] {
+        let response = admin_get(&gw, path).await;
+        assert_eq!(response.status(), 400, "{path}");
+        let err: Value = response.json().await.expect("json");
+        assert_eq!(err["error"]["param"], "limit", "{path}: {err}");
+    }
+    // Above the log's size is the whole log, as documented.
+    let response = admin_get(&gw, "/admin/requests?limit=18446744073709551615").await;
+    assert_eq!(response.status(), 200);
+    for (body, param) in [
+        (json!({"older_than_s": -1}), "older_than_s"),
+        (json!({"older_than_s": 1.5}), "older_than_s"),
+        (
+            json!({"namespace": "a", "min_similarity": 1e39}),
+            "min_similarity",
+        ),
+        (
+            json!({"namespace": "a", "min_similarity": -2}),
+            "min_similarity",
+        ),
+    ] {
+        let (status, err) = admin_send(&gw, reqwest::Method::POST, "/admin/invalidate", body).await;
+        assert_eq!(status, 400, "{err}");
+        assert_eq!(err["error"]["param"], param, "{err}");
+    }
+    for ttl in [json!(0), json!(-1), json!(315_360_001u64), json!(1e300)] {
+        let item =
+            json!({"model": "m", "prompt": "p", "response": "r", "api_key": "", "ttl_s": ttl});
+        let (status, err) = admin_send(&gw, reqwest::Method::POST, "/admin/entries", item).await;
+        assert_eq!(status, 400, "{err}");
+        assert!(
+            err["error"]["param"]
+                .as_str()
+                .is_some_and(|p| p.ends_with("ttl_s")),
+            "{err}"
+        );
+    }
 }

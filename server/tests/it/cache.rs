@@ -472,3 +472,34 @@ async fn embeddings_and_legacy_completions_are_cached_too() {
         );
     }
 }
+
+/// Issue 14: `x-reprise-replay: tokens-per-second=1e-300` on a streamed hit panicked the worker
+/// (a `Duration` overflow in pacing) and the client got an empty reply. Now a 400 naming the
+/// header, and the gateway keeps serving paced hits.
+#[tokio::test]
+async fn an_absurd_replay_rate_is_a_400_not_a_panic() {
+    let sim = sim_default().await;
+    let mut config = config_for(sim.base_url());
+    config.semantic = false;
+    let gw = start(config).await;
+    let body = chat_body("pace me", true);
+    let miss = post(&gw, &body, &[]).await;
+    let original = content(miss, true).await;
+    wait_for_entries(&gw, 1).await;
+    for rate in ["1e-300", "5e-324", "1e-19"] {
+        let value = format!("tokens-per-second={rate}");
+        let hit = post(&gw, &body, &[("x-reprise-replay", &value)]).await;
+        assert_eq!(hit.status(), 400, "{value}");
+        let err: Value = hit.json().await.expect("json");
+        assert_eq!(err["error"]["param"], "x-reprise-replay", "{err}");
+        assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
+    }
+    let hit = post(
+        &gw,
+        &body,
+        &[("x-reprise-replay", "tokens-per-second=1000")],
+    )
+    .await;
+    assert_eq!(outcome(&hit), "hit");
+    assert_eq!(content(hit, true).await, original);
+}

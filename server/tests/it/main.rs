@@ -6,6 +6,7 @@ mod cache;
 mod common;
 mod conn;
 mod disk;
+mod fuzz;
 mod gateway;
 mod learn;
 mod process;

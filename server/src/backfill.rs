@@ -1,0 +1,562 @@
+//! Backfill: gives a vector to every entry stored without one (its miss fell back to exact matching,
+//! or it predates the model), off the request path. It must never compete with live requests for the
+//! model: it sends work only while the embedder is idle, one batch at a time.
+//!
+//! The cache's writer thread names each entry it stores without a vector; at start the store's
+//! entries without one are named too. One thread embeds their prompts, writes the vectors to the
+//! store, then adds them to the index, so the entries become semantic candidates like any other.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::embed::{EmbedError, Embedder};
+use crate::entry::{Entry, EntryId};
+use crate::index::VectorIndex;
+use crate::ingress::Route;
+use crate::record::unix_ms;
+use crate::store::Store;
+
+/// How often the thread looks again while the embedder is busy.
+const BUSY_POLL: Duration = Duration::from_millis(5);
+
+/// Whether an entry is meant to carry a vector: embeddings answers and empty prompts never do.
+pub fn wants_vector(entry: &Entry) -> bool {
+    entry.vector.is_none()
+        && entry.summary.route != Route::Embeddings.name()
+        && !entry.summary.prompt.trim().is_empty()
+}
+
+/// Counters of the backfill, for `/admin/stats`.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize, utoipa::ToSchema)]
+pub struct BackfillStats {
+    /// Entries waiting for their vector.
+    pub pending: u64,
+    /// Entries given their vector after they were stored.
+    pub embedded: u64,
+    /// Entries whose embedding failed (left without a vector, exact matches only).
+    pub failed: u64,
+}
+
+/// The handle: a channel to the backfill thread.
+pub struct Backfill {
+    tx: Mutex<Option<Sender<u64>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    counters: Arc<Counters>,
+}
+
+#[derive(Default)]
+struct Counters {
+    pending: AtomicU64,
+    embedded: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Backfill {
+    /// Starts the thread with the ids of stored entries that still need a vector.
+    pub fn start(
+        embedder: Arc<Embedder>,
+        index: Arc<dyn VectorIndex>,
+        store: Arc<dyn Store>,
+        initial: Vec<u64>,
+    ) -> Arc<Self> {
+        let (tx, rx) = mpsc::channel();
+        let counters = Arc::new(Counters::default());
+        counters
+            .pending
+            .store(initial.len() as u64, Ordering::Relaxed);
+        let worker = Worker {
+            embedder,
+            index,
+            store,
+            counters: Arc::clone(&counters),
+            pending: initial.into_iter().collect(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("reprise-backfill".into())
+            .spawn(move || worker.run(rx))
+            .map_err(|err| tracing::error!(error = %err, "could not start the backfill thread"))
+            .ok();
+        Arc::new(Self {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(thread),
+            counters,
+        })
+    }
+
+    /// Names a stored entry that has no vector yet.
+    pub fn enqueue(&self, id: EntryId) {
+        if let Some(tx) = lock(&self.tx).as_ref() {
+            if tx.send(id.0).is_ok() {
+                self.counters.pending.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub fn stats(&self) -> BackfillStats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        BackfillStats {
+            pending: get(&self.counters.pending),
+            embedded: get(&self.counters.embedded),
+            failed: get(&self.counters.failed),
+        }
+    }
+
+    /// Stops the thread (shutdown); waits for at most the batch in progress. Entries still waiting
+    /// are found again at the next start.
+    pub fn stop(&self) {
+        lock(&self.tx).take();
+        if let Some(thread) = lock(&self.thread).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Backfill {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct Worker {
+    embedder: Arc<Embedder>,
+    index: Arc<dyn VectorIndex>,
+    store: Arc<dyn Store>,
+    counters: Arc<Counters>,
+    /// Ids in order: the oldest entries get their vectors first.
+    pending: BTreeSet<u64>,
+}
+
+impl Worker {
+    fn run(mut self, rx: Receiver<u64>) {
+        loop {
+            // Block for work when there is none; otherwise take what else has arrived.
+            if self.pending.is_empty() {
+                match rx.recv() {
+                    Ok(id) => self.take(id),
+                    Err(_) => return,
+                }
+            }
+            // Shutdown closes the channel: stop between batches, not after the whole backlog.
+            loop {
+                match rx.try_recv() {
+                    Ok(id) => self.take(id),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => return,
+                }
+            }
+            // Low priority: a live request never queues behind more than the one batch sent here.
+            if !self.embedder.is_idle() {
+                match rx.recv_timeout(BUSY_POLL) {
+                    Ok(id) => self.take(id),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+                continue;
+            }
+            let batch: Vec<u64> = (0..self.embedder.max_batch())
+                .map_while(|_| self.pending.pop_first())
+                .collect();
+            self.counters
+                .pending
+                .fetch_sub(batch.len() as u64, Ordering::Relaxed);
+            if let Err(EmbedError::Closed) = self.embed(&batch) {
+                return;
+            }
+        }
+    }
+
+    /// `pending` counted the id when it was sent; a repeat is counted once.
+    fn take(&mut self, id: u64) {
+        if !self.pending.insert(id) {
+            self.counters.pending.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Embeds the entries of `ids` that still exist, are live and lack a vector; stores the vectors
+    /// and then indexes them (the index names only entries the store holds).
+    fn embed(&self, ids: &[u64]) -> Result<(), EmbedError> {
+        let now = unix_ms();
+        let entries: Vec<Entry> = ids
+            .iter()
+            .filter_map(|id| self.store.get(EntryId(*id)).ok().flatten())
+            .filter(|e| wants_vector(e) && !e.is_expired(now))
+            .collect();
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let prompts = entries.iter().map(|e| e.summary.prompt.clone()).collect();
+        let vectors = match self.embedder.embed_blocking(prompts) {
+            Ok(v) => v,
+            Err(err) => {
+                tracing::warn!(error = %err, entries = entries.len(), "backfilling vectors failed; those entries stay exact-only");
+                self.counters
+                    .failed
+                    .fetch_add(entries.len() as u64, Ordering::Relaxed);
+                return Err(err);
+            }
+        };
+        for (entry, vector) in entries.iter().zip(vectors) {
+            match self.store.set_vector(entry.id, &vector) {
+                Ok(true) => {
+                    self.index.insert(entry.id.0, entry.partition.0, &vector);
+                    self.counters.embedded.fetch_add(1, Ordering::Relaxed);
+                }
+                // Deleted, replaced or given a vector meanwhile: nothing to add.
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, id = %entry.id, "storing a backfilled vector failed");
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Condvar;
+
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::config::Config;
+    use crate::embed::{EmbedConfig, EmbedModel};
+    use crate::AppState;
+
+    /// A fake model whose vectors depend only on a text's letters and digits (so `What is X?` and
+    /// `what is x` are the same question), and that blocks while its gate is closed: the test decides
+    /// when the model is busy.
+    struct Gated {
+        open: Arc<(Mutex<bool>, Condvar)>,
+    }
+
+    impl EmbedModel for Gated {
+        fn embed(&mut self, texts: &[String]) -> Result<Vec<Vec<f32>>, String> {
+            let (open, changed) = &*self.open;
+            let mut is_open = lock(open);
+            while !*is_open {
+                is_open = changed.wait(is_open).unwrap_or_else(|e| e.into_inner());
+            }
+            Ok(texts.iter().map(|t| vector(t)).collect())
+        }
+
+        fn dimension(&self) -> usize {
+            8
+        }
+    }
+
+    fn vector(text: &str) -> Vec<f32> {
+        let canonical: String = text
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        let hash = blake3::hash(canonical.as_bytes());
+        let v: Vec<f32> = hash.as_bytes()[..8]
+            .iter()
+            .map(|b| f32::from(*b) - 127.5)
+            .collect();
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.into_iter().map(|x| x / norm).collect()
+    }
+
+    fn set_gate(gate: &(Mutex<bool>, Condvar), open: bool) {
+        *lock(&gate.0) = open;
+        gate.1.notify_all();
+    }
+
+    async fn ask(client: &reqwest::Client, base: &str, prompt: &str) -> (String, Value) {
+        let response = client
+            .post(format!("{base}/v1/chat/completions"))
+            .bearer_auth("sk-backfill")
+            .json(&json!({"model": "sim-model", "messages": [{"role": "user", "content": prompt}]}))
+            .send()
+            .await
+            .expect("send");
+        let outcome = response
+            .headers()
+            .get("x-reprise-cache")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("none")
+            .to_owned();
+        (outcome, response.json().await.expect("json"))
+    }
+
+    async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+        for _ in 0..1000 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("never happened: {what}");
+    }
+
+    /// Issue 14: under an embedding overload, misses skip semantic matching at once (they finish
+    /// while the model is still blocked), their entries are stored without a vector, and once the
+    /// model is free the backfill embeds them, so their paraphrases become semantic hits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn entries_stored_during_overload_get_their_vectors_later_and_become_semantic_hits() {
+        let sim = reprise_client::sim::spawn(reprise_client::sim::SimConfig {
+            ttft_ms: 1.0,
+            itl_ms: 0.0,
+            tokens: 4,
+            ..Default::default()
+        })
+        .await
+        .expect("sim");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = Config {
+            upstream_url: sim.base_url(),
+            data_dir: dir.path().to_owned(),
+            embed_max_batch: 1,
+            // Long enough that the admitted requests below never time out: only overload refuses.
+            embed_deadline_ms: 60_000,
+            admin_token: Some(crate::config::Secret::new("t")),
+            ..Config::default()
+        };
+        config.validate().expect("valid config");
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let model = Gated {
+            open: Arc::clone(&gate),
+        };
+        let embed_config = EmbedConfig {
+            max_batch: config.embed_max_batch,
+            deadline: Duration::from_millis(config.embed_deadline_ms),
+            ..EmbedConfig::default()
+        };
+        let embedder =
+            Arc::new(Embedder::with_model(Box::new(model), &embed_config).expect("fake"));
+        let state = AppState::with_embedder(config, Some(embedder.clone())).expect("state");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(crate::run(listener, state.clone(), async move {
+            let _ = stopped.await;
+        }));
+        let client = reqwest::Client::new();
+
+        // Two requests fill the bound (max_batch 1: one in the blocked model, one queued).
+        let mut blockers = tokio::task::JoinSet::new();
+        for n in 0..2 {
+            let (client, base) = (client.clone(), base.clone());
+            blockers.spawn(async move { ask(&client, &base, &format!("blocker {n}")).await });
+        }
+        eventually("two texts pending", || embedder.stats().pending == 2).await;
+
+        // The burst: answered while the model is still blocked, so nobody waited for it.
+        let prompts = [
+            "What is overload 1?",
+            "What is overload 2?",
+            "What is overload 3?",
+        ];
+        for prompt in prompts {
+            let (outcome, _) = ask(&client, &base, prompt).await;
+            assert_eq!(outcome, "miss", "{prompt}");
+        }
+        let semantic = state.semantic.clone().expect("semantic stage");
+        assert_eq!(semantic.fallbacks().overload, 3);
+        assert_eq!(semantic.fallbacks().deadline, 0);
+        eventually("three entries stored", || state.cache.store.len() == 3).await;
+        let stored = state.cache.store.list(None, 10).expect("list");
+        assert!(stored.iter().all(|e| e.vector.is_none()), "no vector yet");
+        assert_eq!(
+            embedder.stats().batches,
+            0,
+            "the model never finished a call"
+        );
+
+        // The model is free again: the blockers finish, then the backfill embeds the three.
+        set_gate(&gate, true);
+        while let Some(joined) = blockers.join_next().await {
+            assert_eq!(joined.expect("task").0, "miss");
+        }
+        eventually("the backfill embedded the three", || {
+            semantic.backfill.stats().embedded == 3
+        })
+        .await;
+        eventually("five entries stored", || state.cache.store.len() == 5).await;
+        let stored = state.cache.store.list(None, 10).expect("list");
+        assert!(
+            stored.iter().all(|e| e.vector.is_some()),
+            "every entry ends up with its vector"
+        );
+        for prompt in prompts {
+            let paraphrase = prompt.to_uppercase().replace('?', "!!");
+            let (outcome, _) = ask(&client, &base, &paraphrase).await;
+            assert_eq!(outcome, "semantic-hit", "{paraphrase}");
+        }
+        // Operators see the reason and the backfill.
+        let admin = |path: &str| client.get(format!("{base}{path}")).bearer_auth("t").send();
+        let stats: Value = admin("/admin/stats")
+            .await
+            .expect("stats")
+            .json()
+            .await
+            .expect("json");
+        let embedding = &stats["embedding"];
+        assert_eq!(embedding["fallback_reasons"]["overload"], 3, "{embedding}");
+        assert_eq!(embedding["backfill"]["embedded"], 3, "{embedding}");
+        let metrics = admin("/metrics")
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        assert!(
+            metrics.contains("reprise_embedding_fallbacks_total{reason=\"overload\"} 3"),
+            "{metrics}"
+        );
+        let _ = stop.send(());
+        server.await.expect("server task").expect("server");
+    }
+
+    /// A model that takes a while per batch.
+    struct Slow;
+
+    impl EmbedModel for Slow {
+        fn embed(&mut self, texts: &[String]) -> Result<Vec<Vec<f32>>, String> {
+            std::thread::sleep(Duration::from_millis(20));
+            Ok(texts.iter().map(|t| vector(t)).collect())
+        }
+
+        fn dimension(&self) -> usize {
+            8
+        }
+    }
+
+    /// Shutdown must not wait for the whole backlog (it once did, for minutes after a load test).
+    #[test]
+    fn stop_returns_after_the_batch_in_progress_not_the_backlog() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> =
+            Arc::new(crate::store::SledStore::open(dir.path()).expect("store"));
+        let ids: Vec<u64> = (0..500)
+            .map(|n| {
+                let entry = Entry {
+                    id: EntryId(0),
+                    key: crate::key::CacheKey(*blake3::hash(&[n as u8, (n >> 8) as u8]).as_bytes()),
+                    partition: crate::key::PartitionKey([1; 32]),
+                    summary: crate::entry::RequestSummary {
+                        route: "chat.completions".into(),
+                        model: "m".into(),
+                        namespace: None,
+                        tenant: "shared".into(),
+                        prompt: format!("question {n}"),
+                        stream: false,
+                    },
+                    events: Vec::new(),
+                    body: json!({"choices": []}),
+                    usage: None,
+                    phases: crate::timing::Phases::default(),
+                    created_at_ms: unix_ms(),
+                    ttl_ms: 60_000,
+                    hit_count: 0,
+                    last_hit_ms: 0,
+                    vector: None,
+                    hit_history: Vec::new(),
+                    warmed: false,
+                };
+                store.put(entry).expect("put").0
+            })
+            .collect();
+        let config = EmbedConfig {
+            max_batch: 1,
+            ..EmbedConfig::default()
+        };
+        let embedder = Arc::new(Embedder::with_model(Box::new(Slow), &config).expect("fake"));
+        let index: Arc<dyn VectorIndex> = Arc::new(crate::index::HnswIndex::new(
+            crate::index::IndexConfig::new(8),
+        ));
+        let backfill = Backfill::start(embedder, index, store, ids);
+        while backfill.stats().embedded == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        backfill.stop();
+        let stats = backfill.stats();
+        // 500 batches of 20 ms would be 10 s; stop came after one or two of them.
+        assert!(stats.embedded < 50, "{stats:?}");
+    }
+
+    #[test]
+    fn old_entries_without_a_vector_are_embedded_at_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> =
+            Arc::new(crate::store::SledStore::open(dir.path()).expect("store"));
+        let mut ids = Vec::new();
+        for (n, (route, prompt)) in [
+            ("chat.completions", "first question"),
+            ("embeddings", "an embeddings input"),
+            ("chat.completions", "   "),
+            ("chat.completions", "second question"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let entry = Entry {
+                id: EntryId(0),
+                key: crate::key::CacheKey([n as u8; 32]),
+                partition: crate::key::PartitionKey([1; 32]),
+                summary: crate::entry::RequestSummary {
+                    route: route.into(),
+                    model: "m".into(),
+                    namespace: None,
+                    tenant: "shared".into(),
+                    prompt: prompt.into(),
+                    stream: false,
+                },
+                events: Vec::new(),
+                body: json!({"choices": []}),
+                usage: None,
+                phases: crate::timing::Phases::default(),
+                created_at_ms: unix_ms(),
+                ttl_ms: 60_000,
+                hit_count: 0,
+                last_hit_ms: 0,
+                vector: None,
+                hit_history: Vec::new(),
+                warmed: false,
+            };
+            ids.push(store.put(entry).expect("put"));
+        }
+        let gate = Arc::new((Mutex::new(true), Condvar::new()));
+        let embedder = Arc::new(
+            Embedder::with_model(Box::new(Gated { open: gate }), &EmbedConfig::default())
+                .expect("fake"),
+        );
+        let config = Config {
+            data_dir: dir.path().to_owned(),
+            ..Config::default()
+        };
+        let crate::semantic::Status::Ready(semantic) =
+            crate::semantic::Semantic::start(&config, &store, Some(embedder))
+        else {
+            panic!("semantic stage did not start");
+        };
+        for _ in 0..1000 {
+            if semantic.backfill.stats().embedded == 2 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(semantic.backfill.stats().embedded, 2);
+        let has_vector = |id: EntryId| store.get(id).expect("get").expect("entry").vector.is_some();
+        assert!(has_vector(ids[0]) && has_vector(ids[3]));
+        assert!(
+            !has_vector(ids[1]) && !has_vector(ids[2]),
+            "never meant to have one"
+        );
+        assert_eq!(crate::index::VectorIndex::len(&*semantic.index), 2);
+        semantic.stop();
+    }
+}
