@@ -2022,21 +2022,23 @@ mod tests {
         assert_consistent(&store);
     }
 
+    /// A row of a fixture data dir: the entry under `id`, encoded as the store writes it.
+    fn fixture_row(id: u64, e: Entry) -> (u64, [u8; 32], Vec<u8>) {
+        let e = Entry {
+            id: EntryId(id),
+            ..e
+        };
+        (id, e.key.0, encode(&e).expect("encode"))
+    }
+
     /// A directory as version 2 lays it out (a chunked entry, an id floor from a rebuild) opens
     /// with every entry, and new ids start above the floor.
     #[test]
     fn opens_a_v2_data_dir() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let v2_entry = |id: u64, e: Entry| {
-            let e = Entry {
-                id: EntryId(id),
-                ..e
-            };
-            (id, e.key.0, encode(&e).expect("encode"))
-        };
         let rows = vec![
-            v2_entry(1_001, entry(1, 1_000, 60_000)),
-            v2_entry(1_002, big_entry(2, 1_000, 30_000)),
+            fixture_row(1_001, entry(1, 1_000, 60_000)),
+            fixture_row(1_002, big_entry(2, 1_000, 30_000)),
         ];
         reprise_migrations::fixtures::write_v2_data_dir(dir.path(), &rows, 1_500)
             .expect("write v2 dir");
@@ -2055,17 +2057,10 @@ mod tests {
     #[test]
     fn opens_a_v1_data_dir_with_a_blob_and_reclaims_the_blob() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let v1_entry = |id: u64, e: Entry| {
-            let e = Entry {
-                id: EntryId(id),
-                ..e
-            };
-            (id, e.key.0, encode(&e).expect("encode"))
-        };
         let rows = vec![
-            v1_entry(3, entry(1, 1_000, 60_000)),
-            v1_entry(5, big_entry(2, 1_000, 400_000)),
-            v1_entry(6, big_entry(3, 1_000, 9_000)),
+            fixture_row(3, entry(1, 1_000, 60_000)),
+            fixture_row(5, big_entry(2, 1_000, 400_000)),
+            fixture_row(6, big_entry(3, 1_000, 9_000)),
         ];
         reprise_migrations::fixtures::write_v1_data_dir(dir.path(), &rows).expect("write v1 dir");
         // The index lives beside the store and must survive the rebuild untouched.

@@ -1,37 +1,14 @@
 """Fixtures for the OpenAI SDK tests: a reprise-sim upstream and a reprise gateway, as real processes."""
 
-import os
-import socket
 import subprocess
+import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-BIN_DIR = Path(os.environ.get("REPRISE_BIN_DIR", ROOT / "target" / "debug"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, seconds: float = 30.0) -> None:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} not ready after {seconds}s")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from procs import BIN_DIR, free_port, wait_ready  # noqa: E402  (after the path it needs)
 
 
 @pytest.fixture(scope="session")
