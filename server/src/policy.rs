@@ -73,13 +73,15 @@ impl Pacing {
             _ => {
                 let shape = || format!("`{value}` is not instant, recorded or tokens-per-second=N");
                 let rate = value.strip_prefix("tokens-per-second=").ok_or_else(shape)?;
-                let rate: f64 = rate.trim().parse().map_err(|_| shape())?;
+                let text = rate.trim();
+                let rate: f64 = text.parse().map_err(|_| shape())?;
                 // NaN fails both comparisons, so it is refused with the infinities.
                 if (MIN_TOKENS_PER_SECOND..=MAX_TOKENS_PER_SECOND).contains(&rate) {
                     Ok(Self::TokensPerSecond(rate))
                 } else {
                     Err(format!(
-                        "tokens-per-second must be from {MIN_TOKENS_PER_SECOND} to {MAX_TOKENS_PER_SECOND}, not {rate}"
+                        // Quoted as written: `{rate}` would print 1e-300 as 300 zeros.
+                        "tokens-per-second must be from {MIN_TOKENS_PER_SECOND} to {MAX_TOKENS_PER_SECOND}, not {text}"
                     ))
                 }
             }
@@ -345,6 +347,8 @@ mod tests {
         );
         let err = Pacing::parse("tokens-per-second=1e-300").expect_err("too slow");
         assert!(err.contains("from 0.1 to 1000000"), "{err}");
+        // The value is quoted as the client wrote it, not expanded to 300 digits.
+        assert!(err.ends_with("not 1e-300"), "{err}");
     }
 
     #[test]
