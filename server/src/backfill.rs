@@ -22,6 +22,11 @@ use crate::store::Store;
 /// How often the thread looks again while the embedder is busy.
 const BUSY_POLL: Duration = Duration::from_millis(5);
 
+/// How long after a request was refused the embedder the backfill leaves the model to requests:
+/// about one live batch (gathering plus a model call), so under load they get every other turn
+/// at least, and once load stops the backfill runs back to back.
+const AFTER_REFUSAL: Duration = Duration::from_millis(25);
+
 /// Whether an entry is meant to carry a vector: embeddings answers and empty prompts never do.
 pub fn wants_vector(entry: &Entry) -> bool {
     entry.vector.is_none()
@@ -173,9 +178,10 @@ impl Worker {
                     }
                 },
             };
-            // Low priority: a batch goes in only while no live text is queued or in the model, and
-            // never more than one at a time, so admission refuses live texts for at most one call.
-            if self.embedder.is_idle() {
+            // Low priority: a batch goes in only while no live text is queued or in the model, nor
+            // was just refused, and never more than one at a time, so admission refuses live texts
+            // for at most one call before they get the model back.
+            if self.embedder.is_idle() && self.embedder.is_quiet(AFTER_REFUSAL) {
                 match self.send_next() {
                     Ok(sent) => in_model = sent,
                     Err(_closed) => return,

@@ -347,6 +347,9 @@ struct Counters {
     /// Where the next batch stands: admission reads and takes a place in it in one step.
     queue: Mutex<Queue>,
     max_queue_wait_us: AtomicU64,
+    /// When the last deadline-bound text was refused, in nanoseconds after `epoch` (0: never).
+    refused_at_ns: AtomicU64,
+    epoch: std::sync::OnceLock<Instant>,
     /// Told of the queue wait of every deadline-bound text that reaches the model.
     wait_observer: std::sync::OnceLock<WaitObserver>,
     recent: Mutex<VecDeque<BatchSample>>,
@@ -463,6 +466,7 @@ impl Embedder {
     pub async fn embed(&self, text: &str) -> Result<Vec<f32>, EmbedError> {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         if !self.reserve() {
+            self.note_refusal();
             return self.count(Err(EmbedError::Overloaded));
         }
         let deadline = Instant::now() + self.deadline;
@@ -533,6 +537,30 @@ impl Embedder {
         queue.waiting += 1;
         self.counters.pending.fetch_add(1, Ordering::Relaxed);
         true
+    }
+
+    /// Notes that a request wanted the model and could not have it (see [`Embedder::is_quiet`]).
+    fn note_refusal(&self) {
+        let epoch = *self.counters.epoch.get_or_init(Instant::now);
+        let nanos = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.counters
+            .refused_at_ns
+            .store(nanos.max(1), Ordering::Relaxed);
+    }
+
+    /// Whether no request was refused a place for `period`: background work that takes the idle
+    /// model right after a refusal would keep refusing requests call after call (none can queue
+    /// behind it), so it waits for this to leave the next turn to them.
+    pub fn is_quiet(&self, period: Duration) -> bool {
+        let refused = self.counters.refused_at_ns.load(Ordering::Relaxed);
+        let Some(epoch) = self.counters.epoch.get() else {
+            return true;
+        };
+        refused == 0
+            || epoch
+                .elapsed()
+                .saturating_sub(Duration::from_nanos(refused))
+                >= period
     }
 
     /// Whether no text is queued or in the model: when background work may go in.
@@ -1081,6 +1109,10 @@ mod tests {
             Arc::new(Embedder::with_model(Box::new(Fake::new(300)), &cfg).expect("start"));
         // Measures the model: 300 ms a call.
         embedder.embed("0").await.expect("first call");
+        assert!(
+            embedder.is_quiet(Duration::from_secs(3600)),
+            "nothing refused"
+        );
         let running = {
             let embedder = Arc::clone(&embedder);
             tokio::spawn(async move { embedder.embed("1").await })
@@ -1096,6 +1128,8 @@ mod tests {
         // Every refusal came back while the second model call was still running.
         let stats = embedder.stats();
         assert_eq!((stats.batches, stats.overloaded), (1, 8), "{stats:?}");
+        // Background work now leaves the model's next turn to requests.
+        assert!(!embedder.is_quiet(Duration::from_secs(3600)));
         assert_eq!(
             running.await.expect("task").expect("admitted while idle"),
             vec![1.0; 4]
