@@ -750,7 +750,7 @@ impl Worker {
                 Some(job) => job,
                 None => self.jobs.recv().ok()?,
             };
-            if let Some(job) = admit(job, Instant::now(), &self.counters) {
+            if let Some(job) = admit(job, Instant::now(), &self.counters, Counted::Waiting) {
                 break job;
             }
         };
@@ -770,7 +770,7 @@ impl Worker {
                     Err(_) => break,
                 }
             };
-            let Some(job) = admit(next, Instant::now(), &self.counters) else {
+            let Some(job) = admit(next, Instant::now(), &self.counters, Counted::Waiting) else {
                 continue;
             };
             if items + job.texts.len() > self.max_batch {
@@ -780,7 +780,34 @@ impl Worker {
             items += job.texts.len();
             batch.push(job);
         }
-        Some(batch)
+        // Close the batch under the queue lock. A text admitted after the channel looked empty is
+        // counted as waiting but not here yet: it was admitted to this batch (the model was idle),
+        // and it is on its way, so take it rather than make it wait for a whole model call.
+        loop {
+            {
+                let mut queue = self.counters.queue();
+                let room = items < self.max_batch && carry.is_none();
+                if !room || queue.waiting <= items as u64 {
+                    queue.waiting = queue.waiting.saturating_sub(items as u64);
+                    let per_text = self.counters.per_text_ns.load(Ordering::Relaxed);
+                    let estimate = Duration::from_nanos(per_text.saturating_mul(items as u64));
+                    queue.running_until = Some(Instant::now() + estimate);
+                    return Some(batch);
+                }
+            }
+            let Ok(next) = self.jobs.recv() else {
+                return Some(batch);
+            };
+            let Some(job) = admit(next, Instant::now(), &self.counters, Counted::Waiting) else {
+                continue;
+            };
+            if items + job.texts.len() > self.max_batch {
+                *carry = Some(job);
+            } else {
+                items += job.texts.len();
+                batch.push(job);
+            }
+        }
     }
 
     /// Runs one model call for the live jobs of `batch` and answers each of them.
@@ -789,9 +816,10 @@ impl Worker {
         let now = Instant::now();
         let mut jobs: Vec<Job> = batch
             .into_iter()
-            .filter_map(|j| admit(j, now, &self.counters))
+            .filter_map(|j| admit(j, now, &self.counters, Counted::InBatch))
             .collect();
         if jobs.is_empty() {
+            self.counters.queue().running_until = None;
             return;
         }
         let sizes: Vec<usize> = jobs.iter().map(|j| j.texts.len()).collect();
@@ -801,7 +829,7 @@ impl Worker {
             .collect();
 
         let started = Instant::now();
-        self.start_call(&jobs, texts.len(), started);
+        self.note_waits(&jobs, started);
         let result = match catch_unwind(AssertUnwindSafe(|| self.model.embed(&texts))) {
             Ok(result) => result.and_then(|v| check_output(v, texts.len(), self.dimension)),
             Err(panic) => Err(format!(
@@ -832,17 +860,9 @@ impl Worker {
         }
     }
 
-    /// Moves the batch's texts from the queue into the model, with the end the estimate expects, and
-    /// notes how long each deadline-bound text waited for this moment.
-    fn start_call(&self, jobs: &[Job], texts: usize, started: Instant) {
+    /// Notes how long each deadline-bound text waited for its model call to start.
+    fn note_waits(&self, jobs: &[Job], started: Instant) {
         let c = &self.counters;
-        let per_text = c.per_text_ns.load(Ordering::Relaxed);
-        let estimate = Duration::from_nanos(per_text.saturating_mul(texts as u64));
-        {
-            let mut queue = c.queue();
-            queue.waiting = queue.waiting.saturating_sub(texts as u64);
-            queue.running_until = Some(started + estimate);
-        }
         for job in jobs.iter().filter(|j| j.deadline.is_some()) {
             let waited = started.saturating_duration_since(job.enqueued_at);
             let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
@@ -882,14 +902,28 @@ impl Worker {
     }
 }
 
+/// Where a job's texts are counted when [`admit`] drops it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Counted {
+    /// Still waiting for a batch (the queue's `waiting` counts them).
+    Waiting,
+    /// In a closed batch: only `pending` counts them.
+    InBatch,
+}
+
 /// Keeps a job worth running: its caller still listens and its deadline has not passed. An expired job
 /// is told `Timeout` (its caller counts it); an abandoned one is dropped silently.
-fn admit(job: Job, now: Instant, counters: &Counters) -> Option<Job> {
+fn admit(job: Job, now: Instant, counters: &Counters, counted: Counted) -> Option<Job> {
     let expired = job.deadline.is_some_and(|deadline| deadline <= now);
     if !(expired || job.reply.is_closed()) {
         return Some(job);
     }
-    counters.forget(job.count);
+    match counted {
+        Counted::Waiting => counters.forget(job.count),
+        Counted::InBatch => {
+            counters.pending.fetch_sub(job.count, Ordering::Relaxed);
+        }
+    }
     if expired {
         let _ = job.reply.send(Err(EmbedError::Timeout));
     }
@@ -1242,7 +1276,7 @@ mod tests {
         };
         let counters = Counters::default();
         counters.pending.store(1, Ordering::Relaxed);
-        assert!(admit(job, now, &counters).is_none());
+        assert!(admit(job, now, &counters, Counted::Waiting).is_none());
         assert!(matches!(rx.try_recv(), Ok(Err(EmbedError::Timeout))));
         assert_eq!(counters.pending.load(Ordering::Relaxed), 0);
     }
