@@ -76,9 +76,10 @@ cell() {
   curl -sf -H 'authorization: Bearer bench' http://127.0.0.1:"$port"/metrics >"$WORK/metrics.txt" || : >"$WORK/metrics.txt"
   curl -sf -H 'authorization: Bearer bench' http://127.0.0.1:"$port"/admin/stats >"$WORK/stats.json" || echo '{}' >"$WORK/stats.json"
   # Idle: the current tree embeds the entries stored without a vector now.
-  local health idle_started=$SECONDS idle_s=-1
+  local health=$right_after idle_started=$SECONDS idle_s=-1
   for _ in $(seq 1 "$((idle * 2))"); do
-    health=$(curl -sf http://127.0.0.1:"$port"/healthz)
+    # A gateway that stopped answering ends the wait with what it said last (its log is copied to $TMPDIR).
+    health=$(curl -sf http://127.0.0.1:"$port"/healthz) || { cp "$log" "${TMPDIR:-/tmp}/" 2>/dev/null; health=$right_after; break; }
     if python3 -c 'import json, sys; h = json.loads(sys.argv[1]); sys.exit(0 if h["semantic"]["vectors"] >= h["entries"] else 1)' "$health"; then
       idle_s=$((SECONDS - idle_started))
       break

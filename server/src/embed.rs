@@ -3,9 +3,8 @@
 //! falling back to exact matching).
 //!
 //! Callers send `(texts, reply, deadline)` jobs over a channel to one dedicated `std::thread`. A
-//! deadline-bound text is admitted only when its own model call will start within `max_wait`: it
-//! joins the batch being gathered (the model is idle), or the model call running now ends within
-//! `max_wait` by the measured time per text, and the next batch has room for it. Anything else is
+//! deadline-bound text is admitted only when its own model call will start within `max_wait`: no
+//! model call is running and the batch being gathered has room for it. Anything else is
 //! refused at once with [`EmbedError::Overloaded`] (the caller falls back to exact matching and the
 //! entry is embedded later, off the request path) instead of queueing behind a model call. The thread
 //! blocks for the first job, gathers more until `max_batch` texts or `max_wait` after the first arrival,
@@ -369,8 +368,8 @@ pub type WaitObserver = Box<dyn Fn(Duration) + Send + Sync>;
 struct Queue {
     /// Texts sent and not yet in a model call (in the channel, carried, or being gathered).
     waiting: u64,
-    /// While a model call runs: when it should end, by the measured time per text.
-    running_until: Option<Instant>,
+    /// A batch is closed: its model call runs (or is about to).
+    running: bool,
 }
 
 impl Counters {
@@ -512,26 +511,20 @@ impl Embedder {
     }
 
     /// Takes a place in the next batch for one deadline-bound text, or refuses it. Admitted only
-    /// when that batch starts within `max_wait` (the gathering window, which is also the budget):
-    /// the model is idle (the text joins or starts the batch being gathered) or the model call
-    /// running now ends within `max_wait` by the measured time per text; and the batch has room for
-    /// it, so it never waits a whole model call. A call running past its estimate counts as busy
-    /// for an unknown time. Its own batch, at twice the estimate (batch cost varies with text length
-    /// and CPU contention), must also fit the deadline.
+    /// when that batch starts within `max_wait` (the gathering window): no model call is running
+    /// (the text joins or starts the batch being gathered) and the batch has room for it, so it
+    /// never waits for a model call. Admitting near the end of a running call by the measured time
+    /// per text was tried: under CPU contention calls overran the estimate and those texts waited up
+    /// to 50 ms (benches/embed-overload.sh at concurrency 32). Its own batch, at twice the
+    /// measured time (batch cost varies with text length and contention), must fit the deadline.
     fn reserve(&self) -> bool {
         let per_text = self.counters.per_text_ns.load(Ordering::Relaxed);
-        let now = Instant::now();
         let mut queue = self.counters.queue();
-        if queue.waiting >= self.max_batch as u64 {
+        if queue.running || queue.waiting >= self.max_batch as u64 {
             return false;
         }
-        let wait = match queue.running_until {
-            None => Duration::ZERO,
-            Some(until) if until >= now => until - now,
-            Some(_overdue) => return false,
-        };
         let own = Duration::from_nanos(per_text.saturating_mul(2 * (queue.waiting + 1)));
-        if wait > self.max_wait || wait + own > self.deadline {
+        if own > self.deadline {
             return false;
         }
         queue.waiting += 1;
@@ -789,9 +782,7 @@ impl Worker {
                 let room = items < self.max_batch && carry.is_none();
                 if !room || queue.waiting <= items as u64 {
                     queue.waiting = queue.waiting.saturating_sub(items as u64);
-                    let per_text = self.counters.per_text_ns.load(Ordering::Relaxed);
-                    let estimate = Duration::from_nanos(per_text.saturating_mul(items as u64));
-                    queue.running_until = Some(Instant::now() + estimate);
+                    queue.running = true;
                     return Some(batch);
                 }
             }
@@ -819,7 +810,7 @@ impl Worker {
             .filter_map(|j| admit(j, now, &self.counters, Counted::InBatch))
             .collect();
         if jobs.is_empty() {
-            self.counters.queue().running_until = None;
+            self.counters.queue().running = false;
             return;
         }
         let sizes: Vec<usize> = jobs.iter().map(|j| j.texts.len()).collect();
@@ -838,7 +829,7 @@ impl Worker {
             )),
         };
         self.record(texts.len(), started.elapsed());
-        self.counters.queue().running_until = None;
+        self.counters.queue().running = false;
         // Answered below: these texts no longer hold anyone up.
         let answered: u64 = jobs.iter().map(|j| j.count).sum();
         self.counters.pending.fetch_sub(answered, Ordering::Relaxed);
@@ -1122,7 +1113,7 @@ mod tests {
     /// Waits until a model call runs (gathering is over).
     async fn until_running(embedder: &Embedder) {
         for _ in 0..1000 {
-            if embedder.counters.queue().running_until.is_some() {
+            if embedder.counters.queue().running {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -1208,27 +1199,6 @@ mod tests {
         // 300 ms model call.
         let waited = embedder.stats().max_queue_wait_us;
         assert!(waited < 300_000, "waited {waited} us");
-    }
-
-    /// The budget is the gathering window: a call that the estimate says ends within it admits a
-    /// text for the next batch (it waits no longer than it would have gathering).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_running_call_that_ends_within_the_budget_admits_the_next_text() {
-        let cfg = EmbedConfig {
-            max_batch: 8,
-            ..config(60_000, 1_000)
-        };
-        let embedder =
-            Arc::new(Embedder::with_model(Box::new(Fake::new(200)), &cfg).expect("start"));
-        embedder.embed("0").await.expect("first call");
-        let running = {
-            let embedder = Arc::clone(&embedder);
-            tokio::spawn(async move { embedder.embed("1").await })
-        };
-        until_running(&embedder).await;
-        assert_eq!(embedder.embed("2").await.expect("admitted"), vec![2.0; 4]);
-        running.await.expect("task").expect("served");
-        assert_eq!(embedder.stats().overloaded, 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
