@@ -394,8 +394,6 @@ pub struct Embedder {
     dimension: usize,
     deadline: Duration,
     max_batch: usize,
-    /// Longest a deadline-bound text may wait for its model call to start: the gathering window.
-    max_wait: Duration,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -451,7 +449,6 @@ impl Embedder {
             dimension,
             deadline: config.deadline,
             max_batch: config.max_batch,
-            max_wait: config.max_wait,
         })
     }
 
@@ -1176,7 +1173,6 @@ mod tests {
         };
         let embedder =
             Arc::new(Embedder::with_model(Box::new(Fake::new(300)), &cfg).expect("start"));
-        embedder.embed("0").await.expect("first call");
         let mut calls = JoinSet::new();
         for n in 1..=4u64 {
             let caller = Arc::clone(&embedder);
@@ -1195,8 +1191,8 @@ mod tests {
             assert_eq!(vector.expect("admitted"), vec![n as f32; 4]);
         }
         let sizes: Vec<usize> = embedder.recent_batches().iter().map(|b| b.size).collect();
-        assert_eq!(sizes, vec![1, 4], "the four shared one call");
-        // The gathering (closed early when the batch filled) is all they waited for.
+        assert_eq!(sizes, vec![4], "the four shared one call");
+        // The gathering, closed as soon as the batch filled, is all they waited for.
         let waited = embedder.stats().max_queue_wait_us;
         assert!(waited > 0 && waited < 1_000_000, "waited {waited} us");
     }
