@@ -5,7 +5,9 @@
 # cell by cell (old first at odd cells, new first at even ones) so drift on a shared machine falls on
 # both. Every cell starts a fresh gateway (fresh data dir) in front of one reprise-sim with a ~20 ms
 # TTFT and sends only new prompts (all misses). After each cell the gateway is left idle until every
-# entry has a vector (or --idle seconds pass), and says how many have one. Writes benches/results/<date>-embed-overload.md.
+# entry has a vector (or --idle seconds pass), and says how many have one. Where the build reports it
+# (`reprise_embedding_queue_wait_seconds`, `max_queue_wait_ms`), also how long the texts that were
+# embedded waited for their model call to start. Writes benches/results/<date>-embed-overload.md.
 #
 # Usage: benches/embed-overload.sh [--rev REV] [--seconds S] [--reps N] [--idle S]
 #   defaults: ef8cd98 (before the bounded queue), 20 s per cell, 1 run per build and concurrency,
@@ -63,7 +65,7 @@ cell() {
   data="$WORK/data-$label-$c-$RANDOM"
   log="$WORK/gateway-$label-$c.log"
   "$bin" serve --listen 127.0.0.1:"$port" --upstream-url http://127.0.0.1:"$sim_port"/v1 \
-    --data-dir "$data" --semantic true --model-dir models/all-MiniLM-L6-v2 \
+    --data-dir "$data" --semantic true --model-dir models/all-MiniLM-L6-v2 --admin-token bench \
     --ort-lib models/onnxruntime/libonnxruntime.so >"$log" 2>&1 &
   gw=$!
   wait_ready http://127.0.0.1:"$port"/healthz "gateway $label" "$log" 1200
@@ -71,10 +73,13 @@ cell() {
     --unique-prompts 10000000 --warmup 0 --model "overload-$label-$c" --quiet --json >"$WORK/bench.json"
   local right_after
   right_after=$(curl -sf http://127.0.0.1:"$port"/healthz)
+  curl -sf -H 'authorization: Bearer bench' http://127.0.0.1:"$port"/metrics >"$WORK/metrics.txt" || : >"$WORK/metrics.txt"
+  curl -sf -H 'authorization: Bearer bench' http://127.0.0.1:"$port"/admin/stats >"$WORK/stats.json" || echo '{}' >"$WORK/stats.json"
   # Idle: the current tree embeds the entries stored without a vector now.
-  local health idle_started=$SECONDS idle_s=-1
+  local health=$right_after idle_started=$SECONDS idle_s=-1
   for _ in $(seq 1 "$((idle * 2))"); do
-    health=$(curl -sf http://127.0.0.1:"$port"/healthz)
+    # A gateway that stopped answering ends the wait with what it said last (its log is copied to $TMPDIR).
+    health=$(curl -sf http://127.0.0.1:"$port"/healthz) || { cp "$log" "${TMPDIR:-/tmp}/" 2>/dev/null; health=$right_after; break; }
     if python3 -c 'import json, sys; h = json.loads(sys.argv[1]); sys.exit(0 if h["semantic"]["vectors"] >= h["entries"] else 1)' "$health"; then
       idle_s=$((SECONDS - idle_started))
       break
@@ -83,10 +88,25 @@ cell() {
   done
   kill "$gw"
   wait "$gw" 2>/dev/null || true
-  python3 - "$label" "$c" "$WORK/bench.json" "$right_after" "$health" "$idle_s" <<'PY'
-import json, sys
+  python3 - "$label" "$c" "$WORK/bench.json" "$right_after" "$health" "$idle_s" "$WORK/metrics.txt" "$WORK/stats.json" <<'PY'
+import json, re, sys
 label, c, bench, after, idle = sys.argv[1], int(sys.argv[2]), json.load(open(sys.argv[3])), json.loads(sys.argv[4]), json.loads(sys.argv[5])
 idle_s = int(sys.argv[6])
+# Queue wait of the texts that reached the model (during the load; the backfill's own calls have no
+# deadline and are not counted): how many, how many within 5 ms, the bucket holding the p99, the max.
+buckets = []
+for line in open(sys.argv[7]):
+    m = re.match(r'reprise_embedding_queue_wait_seconds_bucket\{le="([^"]+)"\} (\S+)', line)
+    if m:
+        buckets.append((float(m.group(1)), float(m.group(2))))
+wait = None
+if buckets:
+    total = buckets[-1][1]
+    within_5ms = next((n for le, n in buckets if le == 0.005), 0)
+    p99 = next((le for le, n in buckets if n >= 0.99 * total), None) if total else None
+    stats = json.load(open(sys.argv[8]))
+    wait = {"texts": int(total), "within_5ms": int(within_5ms), "p99_le_ms": None if p99 is None else p99 * 1e3,
+            "max_ms": (stats.get("embedding") or {}).get("max_queue_wait_ms")}
 t = bench["targets"][0]
 miss = t["by_outcome"].get("miss", {})
 ttft = miss.get("ttft_ms") or {}
@@ -96,7 +116,7 @@ print(json.dumps({
     "ttft_p50": ttft.get("p50"), "ttft_p99": ttft.get("p99"),
     "fallbacks": sem["fallbacks"], "reasons": sem.get("fallback_reasons"),
     "entries": idle["entries"], "vectors": idle["semantic"]["vectors"],
-    "all_vectors_after_s": None if idle_s < 0 else idle_s,
+    "all_vectors_after_s": None if idle_s < 0 else idle_s, "queue_wait": wait,
 }))
 PY
 }
@@ -133,8 +153,12 @@ print(f"{secs} s per cell; builds alternate cell by cell. Fallback: a miss that 
 print("(overload: refused at once; deadline: waited the whole deadline). Vectors: entries with a vector")
 print(f"once the gateway sat idle until all had one or {idle} s passed (and how long that took).")
 print()
-print("| concurrency | build | misses | miss TTFT p50 ms | miss TTFT p99 ms | fallbacks | by reason | entries with a vector |")
-print("|---:|---|---:|---:|---:|---:|---|---:|")
+print("Queue wait: texts that reached the model during the load, how many of them waited at most 5 ms")
+print("between their call and the start of their model call, the histogram bucket holding the p99, and")
+print("the longest (`-`: the build does not measure it).")
+print()
+print("| concurrency | build | misses | miss TTFT p50 ms | miss TTFT p99 ms | fallbacks | by reason | queue wait | entries with a vector |")
+print("|---:|---|---:|---:|---:|---:|---|---|---:|")
 for r in rows:
     name = rev if r["build"] == "old" else "current"
     share = 100 * r["fallbacks"] / r["misses"] if r["misses"] else 0
@@ -143,6 +167,15 @@ for r in rows:
     f = lambda x: "-" if x is None else f"{x:.1f}"
     took = r.get("all_vectors_after_s")
     when_all = f" (all after {took} s idle)" if took is not None else ""
-    print(f"| {r['c']} | {name} | {r['misses']} | {f(r['ttft_p50'])} | {f(r['ttft_p99'])} | {r['fallbacks']} ({share:.0f}%) | {why or '-'} | {r['vectors']} of {r['entries']}{when_all} |")
+    w = r.get("queue_wait")
+    if w and w["texts"]:
+        p99 = "-" if w["p99_le_ms"] is None else f"{w['p99_le_ms']:g}"
+        top = "-" if w["max_ms"] is None else f"{w['max_ms']:.1f}"
+        queue = f"{w['within_5ms']} of {w['texts']} within 5 ms; p99 ≤ {p99} ms; max {top} ms"
+    elif w:
+        queue = "no text embedded"
+    else:
+        queue = "-"
+    print(f"| {r['c']} | {name} | {r['misses']} | {f(r['ttft_p50'])} | {f(r['ttft_p99'])} | {r['fallbacks']} ({share:.0f}%) | {why or '-'} | {queue} | {r['vectors']} of {r['entries']}{when_all} |")
 PY
 echo "==> wrote $out" >&2

@@ -190,6 +190,8 @@ impl AppState {
         let requests = Arc::new(RequestLog::new(config.request_log_size));
         if let Some(s) = &semantic {
             s.embedder.observe_batches(requests.stats.embed_observer());
+            s.embedder
+                .observe_queue_waits(requests.stats.embed_wait_observer());
         }
         let upstream = Upstream::new(&config).map_err(|e| match e {
             GatewayError::Internal { detail } => StartError::Upstream(detail),

@@ -49,6 +49,7 @@ pub struct Stats {
     ttft_saved: prometheus::Counter,
     embed_batch_size: Histogram,
     embed_batch_seconds: Histogram,
+    embed_queue_wait: Histogram,
     embed_fallbacks: IntCounterVec,
     guard_refusals: IntCounterVec,
     /// Set at scrape time from the store and the index.
@@ -204,6 +205,18 @@ impl Stats {
                 .buckets(PHASE_BUCKETS_S.to_vec()),
             )
             .unwrap_or_else(unreachable_metric),
+            // Fine buckets: admission keeps this wait within `embed_max_wait_ms` (a few ms), and
+            // the point of the histogram is to check that claim.
+            embed_queue_wait: Histogram::with_opts(
+                HistogramOpts::new(
+                    "reprise_embedding_queue_wait_seconds",
+                    "Time a request's text waited between its embedding call and the start of its model call.",
+                )
+                .buckets(vec![
+                    0.000_5, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                ]),
+            )
+            .unwrap_or_else(unreachable_metric),
             embed_fallbacks: IntCounterVec::new(
                 Opts::new(
                     "reprise_embedding_fallbacks_total",
@@ -224,7 +237,7 @@ impl Stats {
             ),
             registry,
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 14] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 15] = [
             Box::new(stats.requests.clone()),
             Box::new(stats.upstream_errors.clone()),
             Box::new(stats.ttft.clone()),
@@ -233,6 +246,7 @@ impl Stats {
             Box::new(stats.ttft_saved.clone()),
             Box::new(stats.embed_batch_size.clone()),
             Box::new(stats.embed_batch_seconds.clone()),
+            Box::new(stats.embed_queue_wait.clone()),
             Box::new(stats.embed_fallbacks.clone()),
             Box::new(stats.guard_refusals.clone()),
             Box::new(stats.entries.clone()),
@@ -353,6 +367,12 @@ impl Stats {
             size.observe(n as f64);
             seconds.observe(took.as_secs_f64());
         })
+    }
+
+    /// Hooks the embedder's queue waits into their histogram.
+    pub fn embed_wait_observer(&self) -> crate::embed::WaitObserver {
+        let waited = self.embed_queue_wait.clone();
+        Box::new(move |took: Duration| waited.observe(took.as_secs_f64()))
     }
 
     pub fn uptime_s(&self) -> f64 {

@@ -187,6 +187,9 @@ pub struct EmbeddingStats {
     pub fallback_reasons: crate::semantic::Fallbacks,
     /// Texts queued for or in the model right now.
     pub queued: u64,
+    /// Longest a request's text waited for its model call to start (admission bounds it by
+    /// `embed_max_wait_ms`; `reprise_embedding_queue_wait_seconds` has the distribution).
+    pub max_queue_wait_ms: f64,
     /// Entries stored without a vector and embedded later, off the request path.
     pub backfill: crate::backfill::BackfillStats,
     pub batches: u64,
@@ -250,6 +253,7 @@ pub async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
             fallbacks: s.fallbacks.load(std::sync::atomic::Ordering::Relaxed),
             fallback_reasons: s.fallbacks(),
             queued: e.pending,
+            max_queue_wait_ms: e.max_queue_wait_us as f64 / 1e3,
             backfill: s.backfill.stats(),
             batches: e.batches,
             texts: e.batched_items,
