@@ -9,7 +9,8 @@
 //! 3. [`key`]: canonicalizes the request into a partition and an exact [`key::CacheKey`] (blake3).
 //! 4. [`lookup`]: finds an unexpired entry in the [`store`] (through [`cache`]) by exact key; else
 //!    [`semantic`] embeds the final user turn ([`embed`]), searches the partition in the vector
-//!    [`index`] and lets the literal [`guard`]s veto candidates whose numbers or negations differ;
+//!    [`index`] and lets the [`guard`]s veto candidates that differ in numbers, negation, format,
+//!    task, direction, an antonym or a name;
 //!    else joins an identical miss in flight, or starts one.
 //! 5. [`replay`] on a hit: renders the stored [`entry::Entry`] as a body or a paced SSE stream.
 //! 6. [`forward`] on a miss: sends the request upstream over a pooled connection, waits for the first

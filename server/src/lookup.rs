@@ -305,7 +305,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
         );
     }
     if let Some(guard) = nearest_guard {
-        // The best candidate disagrees on numbers or negation: no threshold would serve it.
+        // A guard refuses the best candidate: no threshold would serve it.
         set_header(
             response.headers_mut(),
             "x-reprise-guard",

@@ -288,7 +288,7 @@ pub fn render_markdown(summary: &Summary, svg_name: &str) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{} pairs through the gateway ({}, similarity threshold {:.2}, literal guards: {}) in {:.1} s. A pair is \
+        "{} pairs through the gateway ({}, similarity threshold {:.2}, guards: {}) in {:.1} s. A pair is \
          *served* when the lookup of `b` is answered from `a`'s entry: for a should-hit pair a saved call, for a \
          trap a wrong answer. Error rate: wrong answers over all pairs.",
         summary.overall.pairs + summary.overall.errors,
@@ -324,9 +324,9 @@ pub fn render_markdown(summary: &Summary, svg_name: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "² Pairs whose candidate a literal guard refused (`x-reprise-guard`: the prompts differ in numbers, dates \
-         or negation), at any similarity: never served at any threshold. For a trap, a wrong answer avoided; for a \
-         should-hit pair, a saving lost."
+        "² Pairs whose candidate a guard refused (`x-reprise-guard`: the prompts differ in numbers or dates, \
+         negation, format, task, direction, an antonym or a name), at any similarity: never served at any \
+         threshold. For a trap, a wrong answer avoided; for a should-hit pair, a saving lost."
     );
     let _ = writeln!(out);
     let _ = writeln!(

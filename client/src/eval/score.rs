@@ -53,7 +53,7 @@ pub struct Tally {
     pub traps_served: usize,
     /// Pairs whose lookup found no candidate at all: a different partition (other earlier turns).
     pub no_candidate: usize,
-    /// Pairs whose candidate a literal guard refused (numbers or negation differ).
+    /// Pairs whose candidate a guard refused (`x-reprise-guard`).
     pub guarded: usize,
     /// Pairs left out because a request failed.
     pub errors: usize,
