@@ -8,7 +8,7 @@
 
 # start_stack [GATEWAY ARGS...]: the simulator answers at once (no latency: only match quality is
 # measured) and the gateway runs with its default matching settings, changed only by the arguments
-# given. The embedding deadline is raised so that a busy machine never turns a request exact-only,
+# given. The embedding deadline and queue budget are raised so that a busy machine never turns a request exact-only,
 # which would measure the fallback instead of the model. May be called again for a second stack
 # (its own ports, data dir and logs); GATEWAY_URL names the latest.
 start_stack() {
@@ -32,7 +32,7 @@ start_stack() {
     --data-dir "$WORK/data-$gw_port" \
     --model-dir "$MODELS/all-MiniLM-L6-v2" \
     --ort-lib "$MODELS/onnxruntime/libonnxruntime.so" \
-    --embed-deadline-ms 30000 \
+    --embed-deadline-ms 30000 --embed-queue-budget-ms 30000 \
     "$@" \
     >"$WORK/gateway-$gw_port.log" 2>&1 &
   PIDS+=($!)

@@ -168,6 +168,11 @@ pub struct ServeArgs {
     /// Embedding deadline in ms; a later embedding falls back to exact matching [default: 250].
     #[arg(long, env = "REPRISE_EMBED_DEADLINE_MS")]
     pub embed_deadline_ms: Option<u64>,
+    /// Longest estimated wait, in ms, for a model call already running before a miss's own text
+    /// may queue behind it; beyond it the miss skips semantic matching at once. 0: only while the
+    /// model is idle [default: 5].
+    #[arg(long, env = "REPRISE_EMBED_QUEUE_BUDGET_MS")]
+    pub embed_queue_budget_ms: Option<u64>,
     /// Guards a semantic match must pass: a comma-separated list of numbers, negation, direction,
     /// antonym, or `none` [default: numbers,negation,direction,antonym].
     #[arg(long, env = "REPRISE_SEMANTIC_GUARDS")]
@@ -220,6 +225,8 @@ pub struct Config {
     /// Literal guards a semantic candidate must pass (see [`crate::guard`]).
     pub semantic_guards: String,
     pub embed_deadline_ms: u64,
+    /// Longest estimated wait behind a running model call before a miss skips semantic matching.
+    pub embed_queue_budget_ms: u64,
     /// Most texts embedded together (TOML only).
     pub embed_max_batch: usize,
     /// Longest wait for a batch to fill, in ms (TOML only).
@@ -270,6 +277,7 @@ impl Default for Config {
             namespace_modes: BTreeMap::new(),
             semantic_guards: Guards::ALL.to_string(),
             embed_deadline_ms: 250,
+            embed_queue_budget_ms: 5,
             embed_max_batch: 16,
             embed_max_wait_ms: 2,
             index_save_interval_s: 300,
@@ -352,6 +360,7 @@ impl Config {
             semantic,
             similarity_threshold,
             embed_deadline_ms,
+            embed_queue_budget_ms,
             semantic_guards,
         } = args.clone();
         set(&mut self.listen, listen);
@@ -391,6 +400,7 @@ impl Config {
         set(&mut self.semantic, semantic);
         set(&mut self.similarity_threshold, similarity_threshold);
         set(&mut self.embed_deadline_ms, embed_deadline_ms);
+        set(&mut self.embed_queue_budget_ms, embed_queue_budget_ms);
         set(&mut self.semantic_guards, semantic_guards);
     }
 
@@ -546,6 +556,7 @@ impl Config {
             // A request never waits longer than this for its embedding: a minute is already absurd.
             ("embed_deadline_ms", self.embed_deadline_ms, 60_000),
             ("embed_max_wait_ms", self.embed_max_wait_ms, 60_000),
+            ("embed_queue_budget_ms", self.embed_queue_budget_ms, 60_000),
             ("embed_max_batch", self.embed_max_batch as u64, 1024),
             (
                 "index_save_interval_s",

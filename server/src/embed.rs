@@ -102,6 +102,9 @@ pub struct EmbedConfig {
     pub max_batch: usize,
     /// How long the worker waits after a batch's first arrival for company.
     pub max_wait: Duration,
+    /// Longest estimated wait behind a model call already running that a deadline-bound text may
+    /// accept; zero admits texts only while the model is idle.
+    pub queue_budget: Duration,
     /// ONNX Runtime intra-op threads (the worker thread counts as one of them).
     pub threads: usize,
 }
@@ -115,6 +118,7 @@ impl Default for EmbedConfig {
             deadline: Duration::from_millis(250),
             max_batch: 32,
             max_wait: Duration::from_millis(2),
+            queue_budget: Duration::from_millis(5),
             threads: 2,
         }
     }
@@ -394,6 +398,7 @@ pub struct Embedder {
     dimension: usize,
     deadline: Duration,
     max_batch: usize,
+    queue_budget: Duration,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -449,6 +454,7 @@ impl Embedder {
             dimension,
             deadline: config.deadline,
             max_batch: config.max_batch,
+            queue_budget: config.queue_budget,
         })
     }
 
@@ -507,18 +513,28 @@ impl Embedder {
         Ok(vectors)
     }
 
-    /// Takes a place in the next batch for one deadline-bound text, or refuses it. Admitted only
-    /// when that batch starts within `max_wait` (the gathering window): no model call is running
-    /// (the text joins or starts the batch being gathered) and the batch has room for it, so it
-    /// never waits for a model call. Admitting near the end of a running call by the measured time
-    /// per text was tried: under CPU contention calls overran the estimate and those texts waited up
-    /// to 50 ms (benches/embed-overload.sh at concurrency 32). Its own batch, at twice the
-    /// measured time (batch cost varies with text length and contention), must fit the deadline.
+    /// Takes a place in the next batch for one deadline-bound text, or refuses it. With no model call
+    /// running, the text joins or starts the batch being gathered (its call starts within
+    /// `max_wait`). With one running, it may queue behind it only when twice the measured time of
+    /// every pending text (the running call's and those gathered) fits `queue_budget`; zero admits
+    /// only while the model is idle. The budget is the operator's trade: a few milliseconds keeps a
+    /// miss from waiting on a busy model (under CPU contention calls overran the estimate: texts
+    /// admitted near a call's estimated end waited up to 50 ms at concurrency 32), a larger one
+    /// gives more misses their semantic lookup under load. Either way the batch must have room, and
+    /// its own call, at twice the measured time, must fit the deadline.
     fn reserve(&self) -> bool {
         let per_text = self.counters.per_text_ns.load(Ordering::Relaxed);
         let mut queue = self.counters.queue();
-        if queue.running || queue.waiting >= self.max_batch as u64 {
+        if queue.waiting >= self.max_batch as u64 {
             return false;
+        }
+        if queue.running {
+            let pending = self.counters.pending.load(Ordering::Relaxed);
+            let behind = Duration::from_nanos(per_text.saturating_mul(2 * (pending + 1)));
+            // Before the first call is measured there is no estimate: only an idle model admits.
+            if self.queue_budget.is_zero() || per_text == 0 || behind > self.queue_budget {
+                return false;
+            }
         }
         let own = Duration::from_nanos(per_text.saturating_mul(2 * (queue.waiting + 1)));
         if own > self.deadline {
@@ -1160,6 +1176,31 @@ mod tests {
         assert_eq!(embedder.embed("7").await.expect("admitted"), vec![7.0; 4]);
         let stats = embedder.stats();
         assert_eq!((stats.pending, stats.timeouts), (0, 0), "{stats:?}");
+    }
+
+    /// With a queue budget that covers the running call (by the measured time per text), a text
+    /// arriving meanwhile queues behind it and is served by the next call instead of being refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_budget_that_covers_the_running_call_lets_a_text_queue_behind_it() {
+        let cfg = EmbedConfig {
+            max_batch: 8,
+            queue_budget: Duration::from_secs(30),
+            ..config(60_000, 1)
+        };
+        let embedder =
+            Arc::new(Embedder::with_model(Box::new(Fake::new(300)), &cfg).expect("start"));
+        // Measures the model: 300 ms a call.
+        embedder.embed("0").await.expect("first call");
+        let running = {
+            let embedder = Arc::clone(&embedder);
+            tokio::spawn(async move { embedder.embed("1").await })
+        };
+        until_running(&embedder).await;
+        assert_eq!(embedder.embed("2").await.expect("queued"), vec![2.0; 4]);
+        assert_eq!(running.await.expect("task").expect("first"), vec![1.0; 4]);
+        let stats = embedder.stats();
+        assert_eq!((stats.overloaded, stats.timeouts), (0, 0), "{stats:?}");
+        assert_eq!(stats.batches, 3, "{stats:?}");
     }
 
     /// Texts arriving while the model is idle are admitted together into the batch being gathered,

@@ -194,6 +194,7 @@ impl Semantic {
             deadline: Duration::from_millis(config.embed_deadline_ms),
             max_batch: config.embed_max_batch,
             max_wait: Duration::from_millis(config.embed_max_wait_ms),
+            queue_budget: Duration::from_millis(config.embed_queue_budget_ms),
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         };
         let embedder = match Embedder::load(&embed_config) {
