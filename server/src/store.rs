@@ -524,6 +524,37 @@ impl SledStore {
     }
 
     /// Publishes the ledger's totals; called before releasing the ledger lock.
+    /// Reads entry `id`, lets `change` edit it, and rewrites it (chunked when long, its old chunks
+    /// removed in the same transaction). All under the ledger lock, so the write cannot bring back
+    /// an entry deleted meanwhile. False when the entry is gone or `change` left it as it was.
+    fn update(
+        &self,
+        id: EntryId,
+        change: impl FnOnce(&mut Entry) -> bool,
+    ) -> Result<bool, StoreError> {
+        let mut ledger = self.lock_ledger();
+        let Some(raw) = self.entries.get(id.0.to_be_bytes())? else {
+            return Ok(false);
+        };
+        let Some(mut entry) = self.read_entry(id, raw)? else {
+            return Ok(false);
+        };
+        if !change(&mut entry) {
+            return Ok(false);
+        }
+        let value = encode(&entry)?;
+        let slot = Slot::new(&entry, value.len());
+        (&self.entries, &self.chunks)
+            .transaction(|(entries, chunks)| -> TxResult<()> {
+                remove_value(entries, chunks, id.0)?;
+                write_value(entries, chunks, id.0, &value)
+            })
+            .map_err(storage_error)?;
+        ledger.insert(slot);
+        self.publish(&ledger);
+        Ok(true)
+    }
+
     fn publish(&self, ledger: &Ledger) {
         self.len.store(ledger.slots.len(), Ordering::Relaxed);
         self.bytes.store(ledger.bytes, Ordering::Relaxed);
@@ -685,61 +716,27 @@ impl Store for SledStore {
         if hits == 0 && recent.is_empty() {
             return Ok(());
         }
-        let id_bytes = id.0.to_be_bytes();
-        // Read, update and write under the lock, so this write cannot undo a concurrent delete.
-        let mut ledger = self.lock_ledger();
-        let Some(raw) = self.entries.get(id_bytes)? else {
-            return Ok(());
-        };
-        let Some(mut entry) = self.read_entry(id, raw)? else {
-            return Ok(());
-        };
-        entry.hit_count = entry.hit_count.saturating_add(hits);
-        // Batched touches may arrive out of order: recency only moves forward.
-        entry.last_hit_ms = entry.last_hit_ms.max(last_hit_ms);
-        entry.hit_history.extend_from_slice(recent);
-        entry.hit_history.sort_by_key(|h| h.at_ms);
-        let excess = entry.hit_history.len().saturating_sub(HIT_HISTORY);
-        entry.hit_history.drain(..excess);
-        let value = encode(&entry)?;
-        let slot = Slot::new(&entry, value.len());
-        (&self.entries, &self.chunks)
-            .transaction(|(entries, chunks)| -> TxResult<()> {
-                remove_value(entries, chunks, id.0)?;
-                write_value(entries, chunks, id.0, &value)
-            })
-            .map_err(storage_error)?;
-        ledger.insert(slot);
-        self.publish(&ledger);
+        self.update(id, |entry| {
+            entry.hit_count = entry.hit_count.saturating_add(hits);
+            // Batched touches may arrive out of order: recency only moves forward.
+            entry.last_hit_ms = entry.last_hit_ms.max(last_hit_ms);
+            entry.hit_history.extend_from_slice(recent);
+            entry.hit_history.sort_by_key(|h| h.at_ms);
+            let excess = entry.hit_history.len().saturating_sub(HIT_HISTORY);
+            entry.hit_history.drain(..excess);
+            true
+        })?;
         Ok(())
     }
 
     fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
-        let id_bytes = id.0.to_be_bytes();
-        // Under the lock, as `touch`: the write cannot bring back an entry deleted meanwhile.
-        let mut ledger = self.lock_ledger();
-        let Some(raw) = self.entries.get(id_bytes)? else {
-            return Ok(false);
-        };
-        let Some(mut entry) = self.read_entry(id, raw)? else {
-            return Ok(false);
-        };
-        if entry.vector.is_some() {
-            return Ok(false);
-        }
-        entry.vector = Some(vector.to_vec());
-        let value = encode(&entry)?;
-        let slot = Slot::new(&entry, value.len());
-        // Rewritten like `touch`: chunked when long, in one transaction with its old chunks' removal.
-        (&self.entries, &self.chunks)
-            .transaction(|(entries, chunks)| -> TxResult<()> {
-                remove_value(entries, chunks, id.0)?;
-                write_value(entries, chunks, id.0, &value)
-            })
-            .map_err(storage_error)?;
-        ledger.insert(slot);
-        self.publish(&ledger);
-        Ok(true)
+        self.update(id, |entry| {
+            if entry.vector.is_some() {
+                return false;
+            }
+            entry.vector = Some(vector.to_vec());
+            true
+        })
     }
 
     fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
