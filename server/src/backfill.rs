@@ -482,34 +482,40 @@ mod tests {
         }
     }
 
+    /// An entry of `route` stored without a vector, in partition 1, under `key`.
+    fn unembedded(route: &str, prompt: &str, key: [u8; 32]) -> Entry {
+        Entry {
+            id: EntryId(0),
+            key: crate::key::CacheKey(key),
+            partition: crate::key::PartitionKey([1; 32]),
+            summary: crate::entry::RequestSummary {
+                route: route.into(),
+                model: "m".into(),
+                namespace: None,
+                tenant: "shared".into(),
+                prompt: prompt.into(),
+                stream: false,
+            },
+            events: Vec::new(),
+            body: json!({"choices": []}),
+            usage: None,
+            phases: crate::timing::Phases::default(),
+            created_at_ms: unix_ms(),
+            ttl_ms: 60_000,
+            hit_count: 0,
+            last_hit_ms: 0,
+            vector: None,
+            hit_history: Vec::new(),
+            warmed: false,
+        }
+    }
+
     /// `n` chat entries without a vector, in one partition; their ids.
     fn stored_without_vectors(store: &Arc<dyn Store>, n: usize) -> Vec<u64> {
         (0..n)
             .map(|n| {
-                let entry = Entry {
-                    id: EntryId(0),
-                    key: crate::key::CacheKey(*blake3::hash(&[n as u8, (n >> 8) as u8]).as_bytes()),
-                    partition: crate::key::PartitionKey([1; 32]),
-                    summary: crate::entry::RequestSummary {
-                        route: "chat.completions".into(),
-                        model: "m".into(),
-                        namespace: None,
-                        tenant: "shared".into(),
-                        prompt: format!("question {n}"),
-                        stream: false,
-                    },
-                    events: Vec::new(),
-                    body: json!({"choices": []}),
-                    usage: None,
-                    phases: crate::timing::Phases::default(),
-                    created_at_ms: unix_ms(),
-                    ttl_ms: 60_000,
-                    hit_count: 0,
-                    last_hit_ms: 0,
-                    vector: None,
-                    hit_history: Vec::new(),
-                    warmed: false,
-                };
+                let key = *blake3::hash(&[n as u8, (n >> 8) as u8]).as_bytes();
+                let entry = unembedded("chat.completions", &format!("question {n}"), key);
                 store.put(entry).expect("put").0
             })
             .collect()
@@ -600,30 +606,7 @@ mod tests {
         .into_iter()
         .enumerate()
         {
-            let entry = Entry {
-                id: EntryId(0),
-                key: crate::key::CacheKey([n as u8; 32]),
-                partition: crate::key::PartitionKey([1; 32]),
-                summary: crate::entry::RequestSummary {
-                    route: route.into(),
-                    model: "m".into(),
-                    namespace: None,
-                    tenant: "shared".into(),
-                    prompt: prompt.into(),
-                    stream: false,
-                },
-                events: Vec::new(),
-                body: json!({"choices": []}),
-                usage: None,
-                phases: crate::timing::Phases::default(),
-                created_at_ms: unix_ms(),
-                ttl_ms: 60_000,
-                hit_count: 0,
-                last_hit_ms: 0,
-                vector: None,
-                hit_history: Vec::new(),
-                warmed: false,
-            };
+            let entry = unembedded(route, prompt, [n as u8; 32]);
             ids.push(store.put(entry).expect("put"));
         }
         let gate = Arc::new((Mutex::new(true), Condvar::new()));
