@@ -87,7 +87,7 @@ fn entry(i: u64, tokens: usize) -> Entry {
             prompt: "p".into(),
             stream: true,
         },
-        body: replay::assemble(Route::ChatCompletions, &chunks),
+        body: reprise_server::cache::cacheable::assemble(Route::ChatCompletions, &chunks),
         events: chunks
             .into_iter()
             .enumerate()

@@ -194,6 +194,7 @@ pub struct IndexStats {
 pub struct RequestCounts {
     pub total: u64,
     pub hit: u64,
+    #[serde(rename = "semantic-hit")]
     pub semantic_hit: u64,
     pub miss: u64,
     pub coalesced: u64,
@@ -208,6 +209,7 @@ pub struct RequestCounts {
 pub struct Rates {
     pub hit: f64,
     pub exact_hit: f64,
+    #[serde(rename = "semantic-hit")]
     pub semantic_hit: f64,
     pub coalesced: f64,
     pub miss: f64,
@@ -274,7 +276,7 @@ pub struct GuardRefusals {
 pub struct Latency {
     /// How many recent requests the percentiles cover.
     pub window: u64,
-    /// Only outcomes seen in the window (`hit`, `semantic_hit`, `coalesced`, `miss`).
+    /// Only outcomes seen in the window (`hit`, `semantic-hit`, `coalesced`, `miss`).
     pub by_outcome: BTreeMap<String, OutcomeLatency>,
 }
 
@@ -324,6 +326,7 @@ pub struct Timeline {
 pub struct TimelineBucket {
     pub start_ms: u64,
     pub hit: u64,
+    #[serde(rename = "semantic-hit")]
     pub semantic_hit: u64,
     pub miss: u64,
     pub coalesced: u64,
@@ -389,7 +392,7 @@ pub struct EntryDetail {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HitEvent {
     pub at_ms: u64,
-    /// `hit`, `semantic_hit` or `coalesced`.
+    /// `hit`, `semantic-hit` or `coalesced`.
     pub kind: String,
     pub similarity: Option<f64>,
     pub request_id: Option<String>,

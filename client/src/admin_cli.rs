@@ -795,10 +795,10 @@ fn push_table(out: &mut String, table: &Table) {
 // ---------------------------------------------------------------------------------------------
 
 /// Outcomes in the order an operator reads them: the cheap ones first.
-const OUTCOMES: [&str; 4] = ["hit", "semantic_hit", "coalesced", "miss"];
+const OUTCOMES: [&str; 4] = ["hit", "semantic-hit", "coalesced", "miss"];
 
 fn outcome_label(outcome: &str) -> String {
-    outcome.replace('_', " ")
+    outcome.replace('-', " ")
 }
 
 /// `reprise-client stats`.

@@ -173,6 +173,11 @@ pub struct ServeArgs {
     /// model is idle [default: 5].
     #[arg(long, env = "REPRISE_EMBED_QUEUE_BUDGET_MS")]
     pub embed_queue_budget_ms: Option<u64>,
+    /// Send a miss upstream without waiting for semantic matching: the embedding and search run while
+    /// the upstream request is in flight, and a hit found before its first byte is served instead
+    /// (the upstream request is then cancelled) [default: false].
+    #[arg(long, env = "REPRISE_SEMANTIC_OVERLAP")]
+    pub semantic_overlap: Option<bool>,
     /// Guards a semantic match must pass: a comma-separated list of numbers, negation, direction,
     /// antonym, or `none` [default: numbers,negation,direction,antonym].
     #[arg(long, env = "REPRISE_SEMANTIC_GUARDS")]
@@ -227,6 +232,8 @@ pub struct Config {
     pub embed_deadline_ms: u64,
     /// Longest estimated wait behind a running model call before a miss skips semantic matching.
     pub embed_queue_budget_ms: u64,
+    /// Race semantic matching against the upstream request instead of waiting for it.
+    pub semantic_overlap: bool,
     /// Most texts embedded together (TOML only).
     pub embed_max_batch: usize,
     /// Longest wait for a batch to fill, in ms (TOML only).
@@ -278,6 +285,7 @@ impl Default for Config {
             semantic_guards: Guards::ALL.to_string(),
             embed_deadline_ms: 250,
             embed_queue_budget_ms: 5,
+            semantic_overlap: false,
             embed_max_batch: 16,
             embed_max_wait_ms: 2,
             index_save_interval_s: 300,
@@ -361,6 +369,7 @@ impl Config {
             similarity_threshold,
             embed_deadline_ms,
             embed_queue_budget_ms,
+            semantic_overlap,
             semantic_guards,
         } = args.clone();
         set(&mut self.listen, listen);
@@ -401,6 +410,7 @@ impl Config {
         set(&mut self.similarity_threshold, similarity_threshold);
         set(&mut self.embed_deadline_ms, embed_deadline_ms);
         set(&mut self.embed_queue_budget_ms, embed_queue_budget_ms);
+        set(&mut self.semantic_overlap, semantic_overlap);
         set(&mut self.semantic_guards, semantic_guards);
     }
 

@@ -86,11 +86,13 @@ pub struct Entry {
 /// How many hits an entry remembers for `GET /admin/entries/{id}`.
 pub const HIT_HISTORY: usize = 32;
 
-/// How a hit found its entry.
+/// How a hit found its entry, spelled as its `x-reprise-cache` outcome.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum HitKind {
     Hit,
+    /// Entries written before the outcome had one spelling say `semantic_hit`.
+    #[serde(alias = "semantic_hit")]
     SemanticHit,
     Coalesced,
 }

@@ -22,11 +22,12 @@ use tokio::time::timeout_at;
 use crate::cache::Recorder;
 use crate::config::{Config, Secret};
 use crate::downstream::{Delivered, Delivery, Source};
-use crate::entry::EntryId;
 use crate::error::GatewayError;
-use crate::guard::Guard;
 use crate::ingress::Ingress;
-use crate::record::{unix_ms, Completion, RequestLog, RequestRecord};
+use crate::pipeline::Exchange;
+use crate::record::{
+    set_cache_outcome, set_request_id, unix_ms, CacheOutcome, Completion, Nearest, RecordMeta,
+};
 use crate::sse::{classify, EventKind, SseFramer};
 use crate::timing::PhaseClock;
 use crate::AppState;
@@ -258,106 +259,141 @@ impl http_body::Body for TimedBody {
     }
 }
 
-/// What the record of a request needs besides its clock.
-pub struct RecordMeta {
-    pub id: String,
-    pub started_at_ms: u64,
-    pub method: String,
-    pub route: String,
-    pub model: Option<String>,
-    pub stream: bool,
-    /// `x-reprise-cache` of the response (`pass` for routes that are never cached).
-    pub cache: &'static str,
-    /// Set when an entry served the request.
-    pub served: Option<Served>,
-    /// What the semantic stage found on a miss.
-    pub nearest: Nearest,
-    /// `code` of the gateway's error response, if it sent one.
-    pub error: Option<&'static str>,
+/// An upstream exchange that has begun: its response head arrived and, for an event stream, its
+/// first whole event. Nothing has reached the client yet.
+pub struct Started {
+    response_status: reqwest::StatusCode,
+    headers: HeaderMap,
+    body: Body,
+    /// When the client library took the request body for the socket (ends `upstream_send`).
+    sent: Option<Instant>,
+    head: Instant,
 }
 
-/// The best semantic candidate of a miss: its similarity, and the guard that refused it.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Nearest {
-    pub similarity: Option<f32>,
-    pub guard: Option<Guard>,
+enum Body {
+    /// A successful event stream, with the events read so far.
+    Events {
+        upstream: futures_util::stream::BoxStream<'static, Result<Bytes, reqwest::Error>>,
+        framer: SseFramer,
+        first_events: Vec<Bytes>,
+        first_at: Instant,
+    },
+    /// Anything else, read whole by the relay.
+    Whole(reqwest::Response),
 }
 
-/// What a hit adds to its record.
-pub struct Served {
-    pub entry: EntryId,
-    pub similarity: Option<f32>,
-    pub ttft_saved_ms: Option<f64>,
+/// A request ready to go upstream: built from the exchange, owned, so that it can be sent while the
+/// exchange itself is still being worked on (a semantic search racing it).
+pub struct Outgoing {
+    request: reqwest::RequestBuilder,
+    taken: Arc<OnceLock<Instant>>,
 }
 
-impl RecordMeta {
-    pub fn finish(self, log: &RequestLog, status: u16, completion: Completion, clock: &PhaseClock) {
-        log.push(RequestRecord {
-            id: self.id,
-            started_at_ms: self.started_at_ms,
-            method: self.method,
-            route: self.route,
-            model: self.model,
-            stream: self.stream,
-            status,
-            cache: self.cache.to_owned(),
-            completion,
-            phases: clock.phases(clock.delivered.unwrap_or_else(Instant::now)),
-            entry: self.served.as_ref().map(|s| s.entry.to_string()),
-            similarity: self.served.as_ref().and_then(|s| s.similarity),
-            nearest: self.nearest.similarity,
-            guard: self.nearest.guard.map(|g| g.name().to_owned()),
-            ttft_saved_ms: self.served.as_ref().and_then(|s| s.ttft_saved_ms),
-            error: self.error.map(str::to_owned),
-        });
-    }
-}
-
-/// Forwards a parsed JSON request and relays the answer; `recorder` stores it when it ends cleanly.
-pub async fn relay_json(
-    state: &AppState,
-    ingress: Ingress,
-    request_id: String,
-    cache: &'static str,
-    nearest: Nearest,
-    recorder: Option<Recorder>,
-) -> Response {
-    let Ingress {
-        route,
-        headers,
-        query,
-        raw,
-        model,
-        stream,
-        mut clock,
-        body: _,
-    } = ingress;
-    let meta = RecordMeta {
-        id: request_id.clone(),
-        started_at_ms: unix_ms().saturating_sub(clock.start.elapsed().as_millis() as u64),
-        method: "POST".to_owned(),
-        route: route.name().to_owned(),
-        model: Some(model),
-        stream,
-        cache,
-        served: None,
-        nearest,
-        error: None,
-    };
+/// Builds the upstream request of a parsed JSON request: its raw body, unchanged, and the client's
+/// headers as [`Upstream::outgoing_headers`] passes them on.
+pub fn prepare(state: &AppState, ex: &Exchange) -> Outgoing {
+    let ingress = &ex.ingress;
     let upstream = &state.upstream;
     let taken = Arc::new(OnceLock::new());
     let body = reqwest::Body::wrap(TimedBody {
-        data: Some(raw),
+        data: Some(ingress.raw.clone()),
         taken: taken.clone(),
     });
     let request = upstream
         .client
-        .post(upstream.url(route.upstream_path(), query.as_deref()))
-        .headers(upstream.outgoing_headers(&headers, true))
+        .post(upstream.url(ingress.route.upstream_path(), ingress.query.as_deref()))
+        .headers(upstream.outgoing_headers(&ingress.headers, true))
         .body(body);
+    Outgoing { request, taken }
+}
+
+/// Sends a request upstream and waits for its first byte: the response head, and for a successful
+/// event stream its first whole event, within the first-byte deadline. Dropping the future cancels
+/// the upstream request (a semantic hit found meanwhile does that).
+pub async fn start(state: &AppState, outgoing: Outgoing) -> Result<Started, GatewayError> {
+    let Outgoing { request, taken } = outgoing;
+    let upstream = &state.upstream;
     let deadline = tokio::time::Instant::now() + upstream.first_byte_timeout;
-    let response = match upstream.send(request, deadline).await {
-        Ok(r) => r,
+    let response = upstream.send(request, deadline).await?;
+    let head = Instant::now();
+    let status = response.status();
+    let headers = relayed_headers(response.headers());
+    let is_sse = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    let body = if status.is_success() && is_sse {
+        let mut upstream_body = response.bytes_stream().boxed();
+        let mut framer = SseFramer::new();
+        let first_events = first_events(state, &mut upstream_body, &mut framer, deadline).await?;
+        Body::Events {
+            upstream: upstream_body,
+            framer,
+            first_events,
+            first_at: Instant::now(),
+        }
+    } else {
+        Body::Whole(response)
+    };
+    Ok(Started {
+        response_status: status,
+        headers,
+        body,
+        sent: taken.get().copied(),
+        head,
+    })
+}
+
+/// Reads a stream until its first whole event, within the first-byte deadline: until then a failure
+/// can still be a proper HTTP error.
+async fn first_events(
+    state: &AppState,
+    upstream: &mut futures_util::stream::BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    framer: &mut SseFramer,
+    deadline: tokio::time::Instant,
+) -> Result<Vec<Bytes>, GatewayError> {
+    loop {
+        match timeout_at(deadline, upstream.next()).await {
+            Ok(Some(Ok(chunk))) => {
+                let events = framer.push(&chunk);
+                if !events.is_empty() {
+                    return Ok(events);
+                }
+            }
+            Ok(Some(Err(err))) => {
+                return Err(GatewayError::UpstreamProtocol {
+                    reason: "the stream broke off before its first event",
+                    detail: error_chain(&err),
+                })
+            }
+            Ok(None) => {
+                return Err(GatewayError::UpstreamProtocol {
+                    reason: "the stream ended before its first event",
+                    detail: String::new(),
+                })
+            }
+            Err(_) => return Err(state.upstream.timeout_error()),
+        }
+    }
+}
+
+/// The forward stage of a miss: relays what [`start`] began (the body, or the event stream from a
+/// tracked task), timing it; `recorder` stores the answer when it ends cleanly.
+pub async fn relay(
+    state: &AppState,
+    ex: Exchange,
+    started: Result<Started, GatewayError>,
+    recorder: Option<Recorder>,
+) -> Response {
+    let meta = ex.record(CacheOutcome::for_miss(&ex.policy));
+    let Exchange {
+        id: request_id,
+        ingress: Ingress { mut clock, .. },
+        ..
+    } = ex;
+    let started = match started {
+        Ok(s) => s,
         Err(err) => {
             if let Some(r) = recorder {
                 r.abandon();
@@ -365,20 +401,39 @@ pub async fn relay_json(
             return fail_before_response(state, meta, clock, err, &request_id);
         }
     };
-    clock.upstream_head = Some(Instant::now());
-    clock.upstream_sent = taken.get().copied().or(clock.upstream_head);
-
-    let status = response.status();
-    let is_sse = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    clock.upstream_head = Some(started.head);
+    clock.upstream_sent = started.sent.or(clock.upstream_head);
+    let status = started.response_status;
     let recorder = recorder.filter(|_| status == reqwest::StatusCode::OK);
-    if status.is_success() && is_sse {
-        relay_stream(state, meta, clock, response, deadline, request_id, recorder).await
-    } else {
-        relay_whole(state, meta, clock, response, request_id, recorder).await
+    match started.body {
+        Body::Events {
+            upstream,
+            framer,
+            first_events,
+            first_at,
+        } => {
+            clock.last_upstream_byte = Some(first_at);
+            let stream = Stream {
+                status,
+                headers: started.headers,
+                upstream,
+                framer,
+                first_events,
+            };
+            relay_stream(state, meta, clock, stream, request_id, recorder)
+        }
+        Body::Whole(response) => {
+            relay_whole(
+                state,
+                meta,
+                clock,
+                started.headers,
+                response,
+                request_id,
+                recorder,
+            )
+            .await
+        }
     }
 }
 
@@ -404,22 +459,6 @@ fn fail_before_response(
     response
 }
 
-/// Sets `x-reprise-request-id`, the key of the request's record in `/admin/requests`.
-pub fn set_request_id(headers: &mut HeaderMap, request_id: &str) {
-    if let Ok(value) = HeaderValue::from_str(request_id) {
-        headers.insert(HeaderName::from_static("x-reprise-request-id"), value);
-    }
-}
-
-pub fn set_cache_outcome(headers: &mut HeaderMap, cache: &'static str) {
-    if cache != "pass" {
-        headers.insert(
-            HeaderName::from_static("x-reprise-cache"),
-            HeaderValue::from_static(cache),
-        );
-    }
-}
-
 /// Response headers of the upstream that the client should see.
 fn relayed_headers(upstream: &HeaderMap) -> HeaderMap {
     let named = connection_named(upstream);
@@ -439,12 +478,12 @@ async fn relay_whole(
     state: &AppState,
     meta: RecordMeta,
     mut clock: PhaseClock,
+    mut headers: HeaderMap,
     response: reqwest::Response,
     request_id: String,
     recorder: Option<Recorder>,
 ) -> Response {
     let status = response.status();
-    let mut headers = relayed_headers(response.headers());
     let mut stream = response.bytes_stream();
     let mut body = Vec::new();
     let idle = state.upstream.idle_timeout;
@@ -521,48 +560,23 @@ async fn relay_whole(
     out
 }
 
-/// A streamed answer: wait for its first whole event, then commit to the status and pump the rest
-/// from a tracked task, so the client's first byte leaves as soon as the upstream's first event arrives.
-async fn relay_stream(
+/// A successful event stream whose first event arrived: commit to the status and pump the rest from
+/// a tracked task, so the client's first byte leaves as soon as the upstream's first event arrives.
+fn relay_stream(
     state: &AppState,
     meta: RecordMeta,
-    mut clock: PhaseClock,
-    response: reqwest::Response,
-    deadline: tokio::time::Instant,
+    clock: PhaseClock,
+    stream: Stream,
     request_id: String,
     recorder: Option<Recorder>,
 ) -> Response {
-    let status = response.status();
-    let mut headers = relayed_headers(response.headers());
-    let mut upstream = response.bytes_stream().boxed();
-    let mut framer = SseFramer::new();
-    // Nothing has reached the client yet, so a failure here can still be a proper HTTP error.
-    let first_events = loop {
-        let err = match timeout_at(deadline, upstream.next()).await {
-            Ok(Some(Ok(chunk))) => {
-                let events = framer.push(&chunk);
-                if events.is_empty() {
-                    continue;
-                }
-                break events;
-            }
-            Ok(Some(Err(err))) => GatewayError::UpstreamProtocol {
-                reason: "the stream broke off before its first event",
-                detail: error_chain(&err),
-            },
-            Ok(None) => GatewayError::UpstreamProtocol {
-                reason: "the stream ended before its first event",
-                detail: String::new(),
-            },
-            Err(_) => state.upstream.timeout_error(),
-        };
-        if let Some(r) = recorder {
-            r.abandon();
-        }
-        return fail_before_response(state, meta, clock, err, &request_id);
-    };
-    clock.last_upstream_byte = Some(Instant::now());
-
+    let Stream {
+        status,
+        mut headers,
+        upstream,
+        framer,
+        first_events,
+    } = stream;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let (delivered_tx, delivered_rx) = oneshot::channel::<Delivered>();
     let keep_reading = recorder
@@ -604,6 +618,15 @@ async fn relay_stream(
     *out.status_mut() = status;
     *out.headers_mut() = headers;
     out
+}
+
+/// A successful upstream event stream, its first events read.
+struct Stream {
+    status: reqwest::StatusCode,
+    headers: HeaderMap,
+    upstream: futures_util::stream::BoxStream<'static, Result<Bytes, reqwest::Error>>,
+    framer: SseFramer,
+    first_events: Vec<Bytes>,
 }
 
 /// The task that reads the upstream stream and feeds the client's channel.
@@ -808,7 +831,7 @@ pub async fn passthrough(state: &AppState, request: Request, request_id: String)
         route: "passthrough".to_owned(),
         model: None,
         stream: false,
-        cache: "pass",
+        cache: CacheOutcome::Pass,
         served: None,
         nearest: Nearest::default(),
         error: None,

@@ -1,25 +1,29 @@
 //! Reprise gateway library: an OpenAI-compatible proxy that times every latency phase of every request.
 //!
-//! A request passes these stages, one module each, in this order:
+//! A request passes these stages, one module each, in this order; [`pipeline::handle`] calls them
+//! on one [`pipeline::Exchange`], the per-request context:
 //!
 //! 1. [`ingress`]: reads the client's body within the size limit, checks content type and the fields
 //!    the gateway relies on; writes an [`ingress::Ingress`] (raw bytes kept untouched) and starts the
 //!    [`timing::PhaseClock`].
 //! 2. [`policy`]: reads `Cache-Control` and `x-reprise-*` headers into a [`policy::Policy`].
 //! 3. [`key`]: canonicalizes the request into a partition and an exact [`key::CacheKey`] (blake3).
-//! 4. [`lookup`]: finds an unexpired entry in the [`store`] (through [`cache`]) by exact key; else
-//!    [`semantic`] embeds the final user turn ([`embed`]), searches the partition in the vector
-//!    [`index`] and lets the [`guard`]s veto candidates that differ in numbers, negation, format,
-//!    task, direction, an antonym or a name;
-//!    else joins an identical miss in flight, or starts one.
-//! 5. [`replay`] on a hit: renders the stored [`entry::Entry`] as a body or a paced SSE stream.
+//! 4. [`pipeline::lookup`]: decides [`pipeline::Decision`]: `Hit` when the [`cache`] holds an
+//!    unexpired entry under the exact key, or [`semantic`] matching finds one (it embeds the final
+//!    user turn with [`embed`], searches the partition in the vector [`index`] and lets the
+//!    [`guard`]s veto candidates that differ in numbers, negation, format, task, direction, an
+//!    antonym or a name); `Follow` when an identical miss is in flight; else `Miss`.
+//! 5. [`replay`] on a hit: renders the stored [`entry::Entry`] as a body or a paced SSE stream, or
+//!    follows the identical miss in flight.
 //! 6. [`forward`] on a miss: sends the request upstream over a pooled connection, waits for the first
 //!    event within the first-byte deadline, then relays the body or the event stream (framed by
-//!    [`sse`]) while timing tokens and feeding the [`cache::Recorder`].
+//!    [`sse`]) while timing tokens and feeding the [`cache::Recorder`]. With `semantic_overlap`, the
+//!    semantic search of stage 4 runs during this wait, and a hit found first is served instead.
 //! 7. [`downstream`]: hands the bytes to the client and notes when the last one was taken.
-//! 8. [`record`]: the request's phases go to the recent-requests log; a clean miss's answer goes to
-//!    the store through the cache's writer thread, off the request path; one stored without a vector
-//!    (its embedding was refused or late) is embedded later by the [`backfill`], when the model is idle.
+//! 8. [`record`]: the request's phases and its [`record::CacheOutcome`] go to the recent-requests
+//!    log and the [`stats`]; a clean miss's answer goes to the store through the cache's writer
+//!    thread, off the request path; one stored without a vector (its embedding was refused or late)
+//!    is embedded later by the [`backfill`], when the model is idle.
 //!
 //! Around them: [`config`] (layered settings), [`error`] (the one error enum and its OpenAI-shaped
 //! responses), [`admin`] (authenticated operator routes), [`shadow`] and [`feedback`] (what
@@ -42,7 +46,7 @@ pub mod index;
 pub mod ingress;
 pub mod key;
 pub mod live;
-pub mod lookup;
+pub mod pipeline;
 pub mod policy;
 pub mod record;
 pub mod replay;
@@ -56,7 +60,6 @@ pub mod timing;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::{Request, State};
 use axum::http::Method;
@@ -234,26 +237,15 @@ pub fn app(state: AppState) -> Router {
 }
 
 async fn chat_completions(State(state): State<AppState>, request: Request) -> Response {
-    proxy_json(state, Route::ChatCompletions, request).await
+    pipeline::handle(state, Route::ChatCompletions, request).await
 }
 
 async fn completions(State(state): State<AppState>, request: Request) -> Response {
-    proxy_json(state, Route::Completions, request).await
+    pipeline::handle(state, Route::Completions, request).await
 }
 
 async fn embeddings(State(state): State<AppState>, request: Request) -> Response {
-    proxy_json(state, Route::Embeddings, request).await
-}
-
-#[tracing::instrument(name = "request", skip_all, fields(route = route.name(), id))]
-async fn proxy_json(state: AppState, route: Route, request: Request) -> Response {
-    let started = Instant::now();
-    let request_id = state.requests.next_id();
-    tracing::Span::current().record("id", request_id.as_str());
-    match ingress::read(route, request, state.config.max_body_bytes, started).await {
-        Ok(ingress) => lookup::handle(&state, ingress, request_id).await,
-        Err(err) => lookup::error_response(err, &request_id),
-    }
+    pipeline::handle(state, Route::Embeddings, request).await
 }
 
 #[tracing::instrument(name = "request", skip_all, fields(route = "passthrough", id))]

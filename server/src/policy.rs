@@ -273,17 +273,6 @@ pub fn namespace(value: &str, param: &str) -> Result<String, GatewayError> {
     }
 }
 
-/// The value of `x-reprise-cache` for a request that went upstream.
-pub fn miss_outcome(policy: &Policy) -> &'static str {
-    if policy.refresh {
-        "refresh"
-    } else if !policy.lookup && !policy.store {
-        "bypass"
-    } else {
-        "miss"
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,19 +299,22 @@ mod tests {
         let p = policy(&[]).expect("ok");
         assert!(p.lookup && p.store && p.semantic && !p.refresh);
         assert_eq!(p.ttl_s, 604_800);
-        assert_eq!(miss_outcome(&p), "miss");
+        assert_eq!(crate::record::CacheOutcome::for_miss(&p).as_str(), "miss");
     }
 
     #[test]
     fn cache_control_directives() {
         let p = policy(&[("cache-control", "no-cache")]).expect("ok");
         assert!(!p.lookup && p.store && p.refresh);
-        assert_eq!(miss_outcome(&p), "refresh");
+        assert_eq!(
+            crate::record::CacheOutcome::for_miss(&p).as_str(),
+            "refresh"
+        );
         let p = policy(&[("cache-control", "no-store, max-age=30")]).expect("ok");
         assert!(p.lookup && !p.store);
         assert_eq!(p.max_age_s, Some(30));
         let p = policy(&[("cache-control", "no-cache, no-store")]).expect("ok");
-        assert_eq!(miss_outcome(&p), "bypass");
+        assert_eq!(crate::record::CacheOutcome::for_miss(&p).as_str(), "bypass");
         assert!(policy(&[("cache-control", "max-age=soon")]).is_err());
         assert!(policy(&[("cache-control", "private")]).is_ok());
     }
@@ -354,11 +346,14 @@ mod tests {
     #[test]
     fn reprise_headers_and_their_errors() {
         let p = policy(&[("x-reprise-cache-mode", "off")]).expect("ok");
-        assert_eq!(miss_outcome(&p), "bypass");
+        assert_eq!(crate::record::CacheOutcome::for_miss(&p).as_str(), "bypass");
         let p = policy(&[("x-reprise-cache-mode", "read-only")]).expect("ok");
         assert!(p.lookup && !p.store);
         let p = policy(&[("x-reprise-cache-mode", "write-only")]).expect("ok");
-        assert_eq!(miss_outcome(&p), "refresh");
+        assert_eq!(
+            crate::record::CacheOutcome::for_miss(&p).as_str(),
+            "refresh"
+        );
         let p = policy(&[("x-reprise-cache-mode", "exact-only")]).expect("ok");
         assert!(p.lookup && p.store && !p.semantic);
         let p = policy(&[

@@ -1,17 +1,110 @@
 //! The last stage of every request: what happened and how long each phase took, kept in a bounded
-//! in-memory log that `GET /admin/requests` reads.
+//! in-memory log that `GET /admin/requests` reads; the cache outcome ([`CacheOutcome`], one spelling
+//! on the wire, in stats, metrics and the client); and the `x-reprise-*` response headers that
+//! name a request, its outcome and what the lookup found.
 //!
 //! Records carry no prompt, no response and no credential: only the route, model, outcome and timings.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
+use crate::entry::EntryId;
+use crate::error::GatewayError;
+use crate::guard::Guard;
+use crate::policy::Policy;
 use crate::stats::Stats;
-use crate::timing::Phases;
+use crate::timing::{PhaseClock, Phases};
+
+/// What the cache did with a request: the value of `x-reprise-cache`, of a record's `cache`, of the
+/// metrics' `cache` label and of every per-outcome breakdown, spelled the same everywhere.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum CacheOutcome {
+    /// Served from the entry stored under the request's exact key.
+    Hit,
+    /// Served from the entry of a similar prompt that every guard let through.
+    SemanticHit,
+    /// Waited for an identical miss already in flight and served its answer.
+    Coalesced,
+    /// Went upstream; a clean answer is stored.
+    Miss,
+    /// `Cache-Control: no-cache`: went upstream without looking, and the answer replaces the entry.
+    Refresh,
+    /// Neither looked up nor stored (`no-cache, no-store`, or cache mode `off`).
+    Bypass,
+    /// A route that is never cached (pass-through); no `x-reprise-cache` header is sent.
+    Pass,
+}
+
+impl CacheOutcome {
+    pub const ALL: [Self; 7] = [
+        Self::Hit,
+        Self::SemanticHit,
+        Self::Coalesced,
+        Self::Miss,
+        Self::Refresh,
+        Self::Bypass,
+        Self::Pass,
+    ];
+
+    /// The outcomes latency is broken down by (those that return an answer through the cache).
+    pub const SERVED: [Self; 4] = [Self::Miss, Self::Hit, Self::SemanticHit, Self::Coalesced];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hit => "hit",
+            Self::SemanticHit => "semantic-hit",
+            Self::Coalesced => "coalesced",
+            Self::Miss => "miss",
+            Self::Refresh => "refresh",
+            Self::Bypass => "bypass",
+            Self::Pass => "pass",
+        }
+    }
+
+    /// The outcome of a request that goes upstream under `policy`.
+    pub fn for_miss(policy: &Policy) -> Self {
+        if policy.refresh {
+            Self::Refresh
+        } else if !policy.lookup && !policy.store {
+            Self::Bypass
+        } else {
+            Self::Miss
+        }
+    }
+}
+
+impl std::fmt::Display for CacheOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for CacheOutcome {
+    type Err = ();
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL.into_iter().find(|o| o.as_str() == s).ok_or(())
+    }
+}
 
 /// How a request ended, from the client's point of view.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
@@ -40,7 +133,7 @@ pub struct RequestRecord {
     pub stream: bool,
     pub status: u16,
     /// Cache outcome as sent in `x-reprise-cache` (`pass` for routes that are never cached).
-    pub cache: String,
+    pub cache: CacheOutcome,
     pub completion: Completion,
     pub phases: Phases,
     /// The entry that served a hit (or a coalesced request).
@@ -121,6 +214,92 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// What the record of a request needs besides its clock.
+pub struct RecordMeta {
+    pub id: String,
+    pub started_at_ms: u64,
+    pub method: String,
+    pub route: String,
+    pub model: Option<String>,
+    pub stream: bool,
+    pub cache: CacheOutcome,
+    /// Set when an entry served the request.
+    pub served: Option<Served>,
+    /// What the semantic stage found on a miss.
+    pub nearest: Nearest,
+    /// `code` of the gateway's error response, if it sent one.
+    pub error: Option<&'static str>,
+}
+
+/// The best semantic candidate of a miss: its similarity, and the guard that refused it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Nearest {
+    pub similarity: Option<f32>,
+    pub guard: Option<Guard>,
+}
+
+/// What a hit adds to its record.
+pub struct Served {
+    pub entry: EntryId,
+    pub similarity: Option<f32>,
+    pub ttft_saved_ms: Option<f64>,
+}
+
+impl RecordMeta {
+    pub fn finish(self, log: &RequestLog, status: u16, completion: Completion, clock: &PhaseClock) {
+        log.push(RequestRecord {
+            id: self.id,
+            started_at_ms: self.started_at_ms,
+            method: self.method,
+            route: self.route,
+            model: self.model,
+            stream: self.stream,
+            status,
+            cache: self.cache,
+            completion,
+            phases: clock.phases(clock.delivered.unwrap_or_else(Instant::now)),
+            entry: self.served.as_ref().map(|s| s.entry.to_string()),
+            similarity: self.served.as_ref().and_then(|s| s.similarity),
+            nearest: self.nearest.similarity,
+            guard: self.nearest.guard.map(|g| g.name().to_owned()),
+            ttft_saved_ms: self.served.as_ref().and_then(|s| s.ttft_saved_ms),
+            error: self.error.map(str::to_owned),
+        });
+    }
+}
+
+/// Sets `x-reprise-request-id`, the key of the request's record in `/admin/requests`.
+pub fn set_request_id(headers: &mut HeaderMap, request_id: &str) {
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        headers.insert(HeaderName::from_static("x-reprise-request-id"), value);
+    }
+}
+
+/// Sets `x-reprise-cache`; pass-through routes, which the cache never sees, get none.
+pub fn set_cache_outcome(headers: &mut HeaderMap, cache: CacheOutcome) {
+    if cache != CacheOutcome::Pass {
+        headers.insert(
+            HeaderName::from_static("x-reprise-cache"),
+            HeaderValue::from_static(cache.as_str()),
+        );
+    }
+}
+
+/// Sets a response header whose value the gateway formatted (a number, an id): one that is not a
+/// valid header value is left out rather than failing the response.
+pub fn set_header(headers: &mut HeaderMap, name: &'static str, value: String) {
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(HeaderName::from_static(name), v);
+    }
+}
+
+/// An error response that still names its request.
+pub fn error_response(err: GatewayError, request_id: &str) -> Response {
+    let mut response = err.into_response();
+    set_request_id(response.headers_mut(), request_id);
+    response
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,7 +313,7 @@ mod tests {
             model: None,
             stream: false,
             status: 200,
-            cache: "pass".into(),
+            cache: CacheOutcome::Pass,
             completion: Completion::Complete,
             phases: Phases::default(),
             entry: None,

@@ -1,18 +1,32 @@
-//! Replay: turns a stored entry into a response, and the two shapes of an answer into each other.
-//!
-//! At record time a streamed miss is assembled into the body a non-streamed request would have
-//! received, and a non-streamed miss is re-chunked into the events a streamed request would have
-//! received, so a hit of either kind is a copy with a fresh `id`/`created`, paced as asked.
+//! Replay, the stage that serves an entry: a hit (or a follower of an identical miss in flight)
+//! gets a copy of the stored answer with a fresh `id`/`created`, as a body or an SSE stream paced
+//! as asked. Both shapes are stored (see [`crate::cache::cacheable`]), so nothing is re-derived here.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bytes::Bytes;
-use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use std::time::Instant;
 
-use crate::entry::{Entry, StoredEvent};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::cache::{Flight, FlightEnd};
+use crate::downstream::{Delivered, Delivery, Source};
+use crate::entry::{Entry, HitEvent, HitKind};
+use crate::error::GatewayError;
 use crate::ingress::Route;
+use crate::pipeline::lookup::{Found, How};
+use crate::pipeline::Exchange;
 use crate::policy::Pacing;
+use crate::record::{
+    set_cache_outcome, set_header, set_request_id, unix_ms, CacheOutcome, Completion, Served,
+};
+use crate::timing::PhaseClock;
+use crate::AppState;
 
 /// The identity a replayed response carries instead of the original's.
 #[derive(Debug, Clone)]
@@ -221,303 +235,229 @@ fn offset_duration(offset_ms: f64) -> Duration {
     Duration::try_from_secs_f64(offset_ms / 1000.0).map_or(MAX_OFFSET, |d| d.min(MAX_OFFSET))
 }
 
-/// Why an answer must not be stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Uncacheable {
-    NoFinishReason,
-    Length,
-    /// A choice stopped at the provider's content filter: an error signal, not an answer.
-    ContentFilter,
-    /// The body carries an `error` member beside its choices.
-    Error,
-    InvalidToolArguments,
-    NotJson,
-    NoChoices,
+/// Serves an entry: a hit, or a follower once its leader's answer landed.
+pub fn serve(state: &AppState, ex: &Exchange, found: Found) -> Response {
+    let Found { entry, age_s, how } = found;
+    let (stream, include_usage, pacing) = (ex.stream, ex.include_usage, ex.policy.pacing);
+    let outcome = how.outcome();
+    let similarity = how.similarity();
+    let fresh = Fresh::new(ex.route());
+    let mut clock: PhaseClock = ex.ingress.clock.clone();
+    let mut meta = ex.record(outcome);
+    let log = state.requests.clone();
+    let (source, content_type) = if stream {
+        let events = stream_events(&entry, &fresh, include_usage, pacing);
+        clock.first_token = Some(Instant::now());
+        if matches!(pacing, Pacing::Instant) {
+            // The first token leaves before the rest of a long answer is rendered: the head goes
+            // out, the task yields once so the server flushes it, then the rest follows.
+            let tokens: u32 = entry
+                .events
+                .iter()
+                .map(|e| crate::sse::chunk_tokens(&e.data))
+                .sum();
+            clock.tokens(clock.first_token.unwrap_or_else(Instant::now), tokens);
+            let split = head_len(&entry);
+            let head = Bytes::from(render_range(&entry, &fresh, include_usage, 0, split));
+            let (entry, clock_at_head) = (entry.clone(), clock.clone());
+            let rest = async move {
+                tokio::task::yield_now().await;
+                let mut rest =
+                    render_range(&entry, &fresh, include_usage, split, entry.events.len());
+                rest.extend_from_slice(&clock_at_head.phases(Instant::now()).sse_comment());
+                rest.extend_from_slice(b"data: [DONE]\n\n");
+                Bytes::from(rest)
+            };
+            let body = futures_util::stream::once(std::future::ready(head))
+                .chain(futures_util::stream::once(rest))
+                .boxed();
+            (Source::Replay(body), SSE)
+        } else {
+            let clock_at_start = clock.clone();
+            let tail = futures_util::stream::once(async move {
+                let mut tail = clock_at_start.phases(Instant::now()).sse_comment().to_vec();
+                tail.extend_from_slice(b"data: [DONE]\n\n");
+                Bytes::from(tail)
+            });
+            (Source::Replay(paced(events).chain(tail).boxed()), SSE)
+        }
+    } else {
+        let body = body(&entry, &fresh);
+        clock.first_token = Some(Instant::now());
+        clock.last_token = clock.first_token;
+        (Source::Once(Some(body)), "application/json")
+    };
+    let phases = clock.phases(Instant::now());
+    // A coalesced request waited for the upstream like its leader: it claims no saving.
+    let saved = entry
+        .ttft_cost_ms()
+        .filter(|_| !matches!(how, How::Coalesced))
+        .map(|cost| (cost - phases.ttft_ms.unwrap_or(0.0)).max(0.0));
+    meta.served = Some(Served {
+        entry: entry.id,
+        similarity,
+        ttft_saved_ms: saved,
+    });
+    state.cache.note_hit(
+        entry.id,
+        HitEvent {
+            at_ms: unix_ms(),
+            kind: how.kind(),
+            similarity,
+            request_id: ex.id.clone(),
+            ttft_ms: phases.ttft_ms,
+            ttft_saved_ms: saved,
+        },
+    );
+    let delivery = Delivery::new(source, move |how| {
+        let completion = match how {
+            Delivered::Complete(at) => {
+                clock.delivered = Some(at);
+                Completion::Complete
+            }
+            _ => Completion::ClientDisconnected,
+        };
+        meta.finish(&log, 200, completion, &clock);
+    });
+    let mut response = Response::new(delivery.into_body());
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if stream {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    } else {
+        set_header(headers, "server-timing", phases.server_timing());
+    }
+    set_cache_outcome(headers, outcome);
+    set_request_id(headers, &ex.id);
+    set_header(headers, "x-reprise-entry", entry.id.to_string());
+    set_header(headers, "age", age_s.to_string());
+    if let Some(saved) = saved {
+        set_header(headers, "x-reprise-ttft-saved-ms", format!("{saved:.1}"));
+    }
+    if let Some(similarity) = similarity {
+        set_header(headers, "x-reprise-similarity", format!("{similarity:.4}"));
+    }
+    response
 }
 
-/// Checks an assembled answer against the never-store rules.
-pub fn check_cacheable(route: Route, body: &Value, allow_length: bool) -> Result<(), Uncacheable> {
-    if route == Route::Embeddings {
-        return match body.get("data").and_then(Value::as_array) {
-            Some(d) if !d.is_empty() => Ok(()),
-            _ => Err(Uncacheable::NoChoices),
+const SSE: &str = "text/event-stream; charset=utf-8";
+
+/// Follows the leader of an identical miss. Streaming followers of a streaming leader get its
+/// chunks as they arrive; the others get the stored answer once it lands. `None` when the leader's
+/// answer could not be cached before anything was sent to this client: it then goes upstream itself.
+pub async fn follow(state: &AppState, ex: &Exchange, flight: &Arc<Flight>) -> Option<Response> {
+    let coalesced = |entry| Found {
+        entry,
+        age_s: 0,
+        how: How::Coalesced,
+    };
+    if !(ex.stream && flight.leader_streams) {
+        return match flight.end().await {
+            FlightEnd::Stored(entry) => Some(serve(state, ex, coalesced(entry))),
+            FlightEnd::Uncacheable => None,
         };
     }
-    if body.get("error").is_some_and(|e| !e.is_null()) {
-        return Err(Uncacheable::Error);
-    }
-    let choices = body
-        .get("choices")
-        .and_then(Value::as_array)
-        .filter(|c| !c.is_empty())
-        .ok_or(Uncacheable::NoChoices)?;
-    for choice in choices {
-        match choice.get("finish_reason").and_then(Value::as_str) {
-            None => return Err(Uncacheable::NoFinishReason),
-            Some("length") if !allow_length => return Err(Uncacheable::Length),
-            Some("content_filter") => return Err(Uncacheable::ContentFilter),
-            Some(_) => {}
-        }
-        let calls = choice
-            .pointer("/message/tool_calls")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten();
-        for call in calls {
-            let args = call
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            if serde_json::from_str::<Value>(args).is_err() {
-                return Err(Uncacheable::InvalidToolArguments);
+    let first = flight.next(0).await;
+    if first.chunks.is_empty() {
+        match &first.end {
+            Some(FlightEnd::Uncacheable) => return None,
+            // The flight ended before any chunk: the leader was served an entry instead (a semantic
+            // hit found while its upstream request was in flight).
+            Some(FlightEnd::Stored(entry)) => {
+                return Some(serve(state, ex, coalesced(entry.clone())))
             }
+            None => {}
         }
     }
-    Ok(())
-}
-
-#[derive(Default)]
-struct ChoiceAcc {
-    role: Option<Value>,
-    content: String,
-    has_content: bool,
-    refusal: Option<String>,
-    reasoning: Option<String>,
-    /// Tool calls by their stream index.
-    tool_calls: BTreeMap<u64, Map<String, Value>>,
-    logprobs: Option<Vec<Value>>,
-    finish_reason: Option<Value>,
-}
-
-/// Assembles the body a non-streamed request would have received from a stream's chunks.
-pub fn assemble(route: Route, chunks: &[Value]) -> Value {
-    let mut choices: BTreeMap<u64, ChoiceAcc> = BTreeMap::new();
-    let mut usage = Value::Null;
-    let mut head = Map::new();
-    for chunk in chunks {
-        for field in [
-            "id",
-            "created",
-            "model",
-            "system_fingerprint",
-            "service_tier",
-        ] {
-            if let Some(v) = chunk.get(field).filter(|v| !v.is_null()) {
-                head.entry(field).or_insert_with(|| v.clone());
-            }
-        }
-        if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
-            usage = u.clone();
-        }
-        for choice in chunk
-            .get("choices")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let index = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
-            let acc = choices.entry(index).or_default();
-            if let Some(reason) = choice.get("finish_reason").filter(|r| !r.is_null()) {
-                acc.finish_reason = Some(reason.clone());
-            }
-            if let Some(text) = choice.get("text").and_then(Value::as_str) {
-                acc.content.push_str(text);
-                acc.has_content = true;
-            }
-            if let Some(lp) = choice
-                .pointer("/logprobs/content")
-                .and_then(Value::as_array)
-            {
-                acc.logprobs
-                    .get_or_insert_with(Vec::new)
-                    .extend(lp.iter().cloned());
-            }
-            let Some(delta) = choice.get("delta") else {
-                continue;
-            };
-            if let Some(role) = delta.get("role").filter(|r| !r.is_null()) {
-                acc.role.get_or_insert_with(|| role.clone());
-            }
-            if let Some(text) = delta.get("content").and_then(Value::as_str) {
-                acc.content.push_str(text);
-                acc.has_content = true;
-            }
-            if let Some(text) = delta.get("refusal").and_then(Value::as_str) {
-                acc.refusal.get_or_insert_with(String::new).push_str(text);
-            }
-            if let Some(text) = delta.get("reasoning_content").and_then(Value::as_str) {
-                acc.reasoning.get_or_insert_with(String::new).push_str(text);
-            }
-            for call in delta
-                .get("tool_calls")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let call_index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
-                let slot = acc.tool_calls.entry(call_index).or_default();
-                for field in ["id", "type"] {
-                    if let Some(v) = call.get(field).filter(|v| !v.is_null()) {
-                        slot.entry(field).or_insert_with(|| v.clone());
+    let fresh = Fresh::new(ex.route());
+    let include_usage = ex.include_usage;
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let mut clock = ex.ingress.clock.clone();
+    let mut meta = ex.record(CacheOutcome::Coalesced);
+    let log = state.requests.clone();
+    let cache = state.cache.clone();
+    let flight = flight.clone();
+    let (delivered_tx, delivered_rx) = tokio::sync::oneshot::channel::<Delivered>();
+    state.tasks.spawn(async move {
+        let mut update = first;
+        let mut seen = 0;
+        let completion = loop {
+            seen += update.chunks.len();
+            for chunk in &update.chunks {
+                let now = Instant::now();
+                clock.tokens(now, crate::sse::chunk_tokens(chunk));
+                if clock.first_token.is_none() {
+                    clock.first_token = Some(now);
+                }
+                if let Some(bytes) = render_chunk(chunk, &fresh, include_usage) {
+                    if tx.send(bytes).await.is_err() {
+                        break;
                     }
                 }
-                let function = slot
-                    .entry("function")
-                    .or_insert_with(|| json!({"name": "", "arguments": ""}));
-                if let Some(name) = call.pointer("/function/name").and_then(Value::as_str) {
-                    let current = function["name"].as_str().unwrap_or("").to_owned();
-                    function["name"] = json!(current + name);
+            }
+            match update.end {
+                Some(FlightEnd::Stored(entry)) => {
+                    // A follower that joined mid-flight saved only part of the prefill: no claim.
+                    meta.served = Some(Served {
+                        entry: entry.id,
+                        similarity: None,
+                        ttft_saved_ms: None,
+                    });
+                    cache.note_hit(
+                        entry.id,
+                        HitEvent {
+                            at_ms: unix_ms(),
+                            kind: HitKind::Coalesced,
+                            similarity: None,
+                            request_id: meta.id.clone(),
+                            ttft_ms: clock.phases(Instant::now()).ttft_ms,
+                            ttft_saved_ms: None,
+                        },
+                    );
+                    let mut tail = clock.phases(Instant::now()).sse_comment().to_vec();
+                    tail.extend_from_slice(b"data: [DONE]\n\n");
+                    let _ = tx.send(Bytes::from(tail)).await;
+                    break Completion::Complete;
                 }
-                if let Some(args) = call.pointer("/function/arguments").and_then(Value::as_str) {
-                    let current = function["arguments"].as_str().unwrap_or("").to_owned();
-                    function["arguments"] = json!(current + args);
+                Some(FlightEnd::Uncacheable) => {
+                    let err = GatewayError::UpstreamProtocol {
+                        reason: "the stream broke off",
+                        detail: "the coalesced leader's stream failed".into(),
+                    };
+                    let _ = tx.send(err.sse_event()).await;
+                    break Completion::StreamFailed;
                 }
+                None => update = flight.next(seen).await,
             }
-        }
-    }
-    let chat = route == Route::ChatCompletions;
-    let choices: Vec<Value> = choices
-        .into_iter()
-        .map(|(index, acc)| {
-            let logprobs = acc.logprobs.map_or(Value::Null, |c| json!({"content": c}));
-            if !chat {
-                return json!({"text": acc.content, "index": index, "logprobs": Value::Null, "finish_reason": acc.finish_reason});
+        };
+        drop(tx);
+        let completion = match delivered_rx.await {
+            Ok(Delivered::Complete(at)) => {
+                clock.delivered = Some(at);
+                completion
             }
-            let mut message = json!({
-                "role": acc.role.unwrap_or_else(|| json!("assistant")),
-                "content": if acc.has_content || acc.tool_calls.is_empty() { json!(acc.content) } else { Value::Null },
-                "refusal": acc.refusal,
-            });
-            if let Some(r) = acc.reasoning {
-                message["reasoning_content"] = json!(r);
-            }
-            if !acc.tool_calls.is_empty() {
-                message["tool_calls"] = Value::Array(acc.tool_calls.into_values().map(Value::Object).collect());
-            }
-            json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": acc.finish_reason})
-        })
-        .collect();
-    let mut body = Map::new();
-    body.insert("id".into(), head.remove("id").unwrap_or(Value::Null));
-    body.insert(
-        "object".into(),
-        json!(if chat {
-            "chat.completion"
-        } else {
-            "text_completion"
-        }),
-    );
-    for field in ["created", "model", "system_fingerprint", "service_tier"] {
-        if let Some(v) = head.remove(field) {
-            body.insert(field.into(), v);
-        }
-    }
-    body.insert("choices".into(), Value::Array(choices));
-    body.insert("usage".into(), usage);
-    Value::Object(body)
-}
-
-/// Splits text into token-like pieces, each keeping the whitespace before it.
-fn pieces(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    let mut in_word = false;
-    for ch in text.chars() {
-        if ch.is_whitespace() && in_word {
-            out.push(std::mem::take(&mut current));
-            in_word = false;
-        }
-        if !ch.is_whitespace() {
-            in_word = true;
-        }
-        current.push(ch);
-    }
-    if !current.is_empty() {
-        out.push(current);
-    }
-    out
-}
-
-/// The chunks a streamed request would have received for a non-streamed body; offsets spread the
-/// content over the original decode time, so `recorded` pacing stays plausible.
-pub fn rechunk(route: Route, body: &Value, decode_ms: f64) -> Vec<StoredEvent> {
-    let chat = route == Route::ChatCompletions;
-    let mut head = json!({
-        "id": body.get("id").cloned().unwrap_or(Value::Null),
-        "object": if chat { "chat.completion.chunk" } else { "text_completion" },
-        "created": body.get("created").cloned().unwrap_or(Value::Null),
-        "model": body.get("model").cloned().unwrap_or(Value::Null),
+            _ => Completion::ClientDisconnected,
+        };
+        meta.finish(&log, 200, completion, &clock);
     });
-    if let Some(fp) = body.get("system_fingerprint") {
-        head["system_fingerprint"] = fp.clone();
-    }
-    let chunk = |choices: Value| {
-        let mut c = head.clone();
-        c["choices"] = choices;
-        c
-    };
-    let mut chunks = Vec::new();
-    let choices = body
-        .get("choices")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    for choice in &choices {
-        let index = choice.get("index").cloned().unwrap_or(json!(0));
-        let finish = choice.get("finish_reason").cloned().unwrap_or(Value::Null);
-        if chat {
-            let message = choice.get("message").cloned().unwrap_or(json!({}));
-            chunks.push(chunk(json!([{"index": index, "delta": {"role": message.get("role").cloned().unwrap_or(json!("assistant")), "content": "", "refusal": null}, "logprobs": null, "finish_reason": null}])));
-            let text = message.get("content").and_then(Value::as_str).unwrap_or("");
-            for piece in pieces(text) {
-                chunks.push(chunk(json!([{"index": index, "delta": {"content": piece}, "logprobs": null, "finish_reason": null}])));
-            }
-            if let Some(refusal) = message.get("refusal").and_then(Value::as_str) {
-                chunks.push(chunk(json!([{"index": index, "delta": {"refusal": refusal}, "logprobs": null, "finish_reason": null}])));
-            }
-            for (i, call) in message
-                .get("tool_calls")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
-                let mut call = call.clone();
-                call["index"] = json!(i);
-                chunks.push(chunk(json!([{"index": index, "delta": {"tool_calls": [call]}, "logprobs": null, "finish_reason": null}])));
-            }
-            chunks.push(chunk(
-                json!([{"index": index, "delta": {}, "logprobs": null, "finish_reason": finish}]),
-            ));
-        } else {
-            let text = choice.get("text").and_then(Value::as_str).unwrap_or("");
-            for piece in pieces(text) {
-                chunks.push(chunk(json!([{"text": piece, "index": index, "logprobs": null, "finish_reason": null}])));
-            }
-            chunks.push(chunk(
-                json!([{"text": "", "index": index, "logprobs": null, "finish_reason": finish}]),
-            ));
-        }
-    }
-    if let Some(usage) = body.get("usage").filter(|u| !u.is_null()) {
-        let mut last = chunk(json!([]));
-        last["usage"] = usage.clone();
-        chunks.push(last);
-    }
-    let steps = chunks.len().saturating_sub(1).max(1) as f64;
-    chunks
-        .into_iter()
-        .enumerate()
-        .map(|(i, data)| StoredEvent {
-            offset_ms: decode_ms * i as f64 / steps,
-            data,
-        })
-        .collect()
+    let delivery = Delivery::new(Source::Channel(rx), move |how| {
+        let _ = delivered_tx.send(how);
+    });
+    let mut response = Response::new(delivery.into_body());
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(SSE));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    set_cache_outcome(headers, CacheOutcome::Coalesced);
+    set_request_id(headers, &ex.id);
+    Some(response)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::cacheable::assemble;
+    use crate::entry::StoredEvent;
 
     fn chunks() -> Vec<Value> {
         vec![
@@ -554,88 +494,6 @@ mod tests {
         // The second event is due in (capped) hours: still pending, and no panic on the way.
         let second = tokio::time::timeout(Duration::from_millis(20), stream.next()).await;
         assert!(second.is_err(), "the far event must wait");
-    }
-
-    #[test]
-    fn assembles_a_stream_into_a_body_and_back() {
-        let body = assemble(Route::ChatCompletions, &chunks());
-        assert_eq!(body["object"], "chat.completion");
-        assert_eq!(body["choices"][0]["message"]["content"], "Hello world");
-        assert_eq!(body["choices"][0]["finish_reason"], "stop");
-        assert_eq!(body["usage"]["completion_tokens"], 2);
-        let events = rechunk(Route::ChatCompletions, &body, 10.0);
-        let data: Vec<Value> = events.iter().map(|e| e.data.clone()).collect();
-        assert_eq!(assemble(Route::ChatCompletions, &data), body);
-        assert_eq!(events.last().map(|e| e.offset_ms), Some(10.0));
-    }
-
-    #[test]
-    fn tool_call_fragments_join_and_bad_arguments_are_refused() {
-        let mk = |args: &str| {
-            vec![
-                json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "get", "arguments": ""}}]}}]}),
-                json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": args}}]}}]}),
-                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
-            ]
-        };
-        let good = assemble(Route::ChatCompletions, &mk("{\"q\": 1}"));
-        assert_eq!(
-            good["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
-            "{\"q\": 1}"
-        );
-        assert!(good["choices"][0]["message"]["content"].is_null());
-        assert_eq!(
-            check_cacheable(Route::ChatCompletions, &good, false),
-            Ok(())
-        );
-        let bad = assemble(Route::ChatCompletions, &mk("{\"q\": "));
-        assert_eq!(
-            check_cacheable(Route::ChatCompletions, &bad, false),
-            Err(Uncacheable::InvalidToolArguments)
-        );
-    }
-
-    #[test]
-    fn never_store_rules() {
-        let mut body = assemble(Route::ChatCompletions, &chunks()[..3]);
-        assert_eq!(
-            check_cacheable(Route::ChatCompletions, &body, false),
-            Err(Uncacheable::NoFinishReason)
-        );
-        body["choices"][0]["finish_reason"] = json!("length");
-        assert_eq!(
-            check_cacheable(Route::ChatCompletions, &body, false),
-            Err(Uncacheable::Length)
-        );
-        assert_eq!(check_cacheable(Route::ChatCompletions, &body, true), Ok(()));
-        assert_eq!(
-            check_cacheable(Route::ChatCompletions, &json!({"choices": []}), false),
-            Err(Uncacheable::NoChoices)
-        );
-        // Any choice stopped by the content filter, even beside clean ones.
-        let mut two = body.clone();
-        two["choices"][0]["finish_reason"] = json!("stop");
-        two["choices"]
-            .as_array_mut()
-            .expect("choices")
-            .push(json!({"index": 1, "message": {"role": "assistant", "content": ""}, "finish_reason": "content_filter"}));
-        assert_eq!(
-            check_cacheable(Route::ChatCompletions, &two, true),
-            Err(Uncacheable::ContentFilter)
-        );
-        assert_eq!(
-            check_cacheable(
-                Route::Completions,
-                &json!({"choices": [{"text": "", "finish_reason": "content_filter"}]}),
-                true
-            ),
-            Err(Uncacheable::ContentFilter)
-        );
-        body["error"] = json!({"message": "partial"});
-        assert_eq!(
-            check_cacheable(Route::ChatCompletions, &body, true),
-            Err(Uncacheable::Error)
-        );
     }
 
     #[test]
@@ -698,14 +556,5 @@ mod tests {
                 include_usage
             );
         }
-    }
-
-    #[test]
-    fn pieces_keep_whitespace_with_the_next_word() {
-        assert_eq!(
-            pieces("Hello  big\nworld"),
-            vec!["Hello", "  big", "\nworld"]
-        );
-        assert_eq!(pieces(""), Vec::<String>::new());
     }
 }

@@ -18,7 +18,6 @@ use crate::embed::{EmbedConfig, EmbedError, Embedder};
 use crate::entry::{Entry, EntryId};
 use crate::guard::{Guard, Guards, Literals};
 use crate::index::{HnswIndex, IndexConfig, VectorIndex};
-use crate::key::Keys;
 use crate::record::unix_ms;
 use crate::store::Store;
 
@@ -127,12 +126,13 @@ pub struct Fallbacks {
 const OVERLOAD_WARN_EVERY_MS: u64 = 10_000;
 
 /// What one search looks for.
-struct Request {
-    partition: [u8; 32],
-    prompt: String,
-    threshold: f32,
-    guards: Guards,
-    max_age_s: Option<u64>,
+#[derive(Debug, Clone)]
+pub struct Query {
+    pub partition: [u8; 32],
+    pub prompt: String,
+    pub threshold: f32,
+    pub guards: Guards,
+    pub max_age_s: Option<u64>,
 }
 
 /// What one search found (see [`Outcome`]).
@@ -166,9 +166,6 @@ pub struct Outcome {
     /// The guard that refused a candidate at or above the threshold when no other was served: a
     /// wrong answer not given.
     pub refused: Option<Guard>,
-    /// The request's embedding, stored with its answer on a miss.
-    pub vector: Option<Vec<f32>>,
-    pub embed_ms: Option<f64>,
     pub search_ms: Option<f64>,
 }
 
@@ -295,60 +292,51 @@ impl Semantic {
         self.save();
     }
 
-    /// Embeds `keys.prompt` and, when `search` is set, looks for a live entry of the same partition
-    /// at or above `threshold` that passes `guards` (and is younger than `max_age_s`).
-    pub async fn lookup(
-        self: &Arc<Self>,
-        store: &Arc<dyn Store>,
-        keys: &Keys,
-        threshold: f32,
-        guards: Guards,
-        search: bool,
-        max_age_s: Option<u64>,
-    ) -> Outcome {
-        let mut outcome = Outcome::default();
-        if keys.prompt.trim().is_empty() {
-            return outcome;
+    /// Embeds a prompt for a search or for storing with its answer, with the time it took. `None`
+    /// when the prompt is empty or the embedding is refused (overload), late or failed: the request
+    /// then goes on with exact matching only, and the fallback is counted by its reason.
+    pub async fn embed(&self, prompt: &str) -> Option<(Vec<f32>, f64)> {
+        if prompt.trim().is_empty() {
+            return None;
         }
         let started = std::time::Instant::now();
-        let vector = match self.embedder.embed(&keys.prompt).await {
-            Ok(v) => v,
+        match self.embedder.embed(prompt).await {
+            Ok(v) => Some((v, crate::timing::millis(started.elapsed()))),
             Err(err) => {
                 self.fall_back(&err);
-                return outcome;
+                None
             }
-        };
-        outcome.embed_ms = Some(crate::timing::millis(started.elapsed()));
-        if search {
-            let searched = std::time::Instant::now();
-            let (this, store, query) = (self.clone(), store.clone(), vector.clone());
-            let request = Request {
-                partition: keys.partition.0,
-                prompt: keys.prompt.clone(),
-                threshold,
-                guards,
-                max_age_s,
-            };
-            // The graph walk is CPU work: keep it off the async workers.
-            let found =
-                tokio::task::spawn_blocking(move || this.best_live(&*store, &query, &request))
-                    .await
-                    .unwrap_or_default();
-            outcome.search_ms = Some(crate::timing::millis(searched.elapsed()));
-            outcome.nearest = found.nearest;
-            outcome.nearest_entry = found.nearest_entry;
-            outcome.nearest_guard = found.nearest_guard;
-            outcome.refused = found.refused;
-            outcome.hit = found.hit;
         }
-        outcome.vector = Some(vector);
-        outcome
+    }
+
+    /// Looks for a live entry of `query`'s partition at or above its threshold that passes its
+    /// guards (and is younger than its `max_age_s`), near `vector`.
+    pub async fn search(
+        self: &Arc<Self>,
+        store: &Arc<dyn Store>,
+        vector: Vec<f32>,
+        query: Query,
+    ) -> Outcome {
+        let searched = std::time::Instant::now();
+        let (this, store) = (self.clone(), store.clone());
+        // The graph walk is CPU work: keep it off the async workers.
+        let found = tokio::task::spawn_blocking(move || this.best_live(&*store, &vector, &query))
+            .await
+            .unwrap_or_default();
+        Outcome {
+            hit: found.hit,
+            nearest: found.nearest,
+            nearest_entry: found.nearest_entry,
+            nearest_guard: found.nearest_guard,
+            refused: found.refused,
+            search_ms: Some(crate::timing::millis(searched.elapsed())),
+        }
     }
 
     /// The best live entry at or above the threshold that the guards let through, and what the
     /// best candidate scored. Entries that are gone or expired are tombstoned in the index on the
     /// way, so they are never served.
-    fn best_live(&self, store: &dyn Store, query: &[f32], request: &Request) -> Found {
+    fn best_live(&self, store: &dyn Store, query: &[f32], request: &Query) -> Found {
         let neighbors = self.index.search(&request.partition, query, CANDIDATES);
         let now = unix_ms();
         // The request's literals are read once, and only when a guard runs.

@@ -201,19 +201,14 @@ impl ShadowLog {
 
 /// Judges and records the candidate a shadowed request met; the decision, for its header. A
 /// failure to record is logged, never the client's problem.
-#[allow(clippy::too_many_arguments)]
 pub fn record(
     state: &crate::AppState,
-    request_id: &str,
-    ingress: &crate::ingress::Ingress,
-    policy: &crate::policy::Policy,
-    keys: &crate::key::Keys,
-    prompt: &crate::feedback::PromptKey,
+    ex: &crate::pipeline::Exchange,
     candidate: &Entry,
     similarity: f32,
-    threshold: f32,
 ) -> Option<ShadowDecision> {
-    let guards = state.live.current().guards;
+    let (keys, threshold, prompt) = (&ex.keys, ex.threshold, &ex.prompt_key());
+    let guards = ex.settings.guards;
     let (mut would, mut verdicts) =
         ShadowDecision::judge(&keys.prompt, candidate, similarity, threshold, guards);
     // Feedback refuses like a guard: a vetoed pair, or a similarity under the entry's own
@@ -231,9 +226,9 @@ pub fn record(
     let decision = ShadowDecision {
         id: 0,
         at_ms: crate::record::unix_ms(),
-        request_id: request_id.to_owned(),
-        namespace: policy.namespace.clone(),
-        model: ingress.model.clone(),
+        request_id: ex.id.clone(),
+        namespace: ex.policy.namespace.clone(),
+        model: ex.ingress.model.clone(),
         // Heads only: 10,000 decisions must not keep 10,000 long prompts.
         prompt: crate::feedback::preview(&keys.prompt),
         would,

@@ -18,11 +18,9 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::guard::Guard;
-use crate::record::{unix_ms, Completion, RequestRecord};
+use crate::record::{unix_ms, CacheOutcome, Completion, RequestRecord};
 use crate::timing::{percentile, Phases};
 
-/// The cache outcomes latency is broken down by (those that return an answer).
-pub const SERVED_OUTCOMES: [&str; 4] = ["miss", "hit", "semantic-hit", "coalesced"];
 /// Upper bounds (ms) of the TTFT histogram buckets; one more bucket counts what lies above.
 pub const TTFT_BOUNDS_MS: [f64; 13] = [
     0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
@@ -52,6 +50,7 @@ pub struct Stats {
     embed_queue_wait: Histogram,
     embed_fallbacks: IntCounterVec,
     guard_refusals: IntCounterVec,
+    overlap_races: IntCounterVec,
     /// Set at scrape time from the store and the index.
     entries: IntGauge,
     store_bytes: IntGauge,
@@ -61,7 +60,11 @@ pub struct Stats {
 
 #[derive(Default)]
 struct Counts {
-    by_cache: BTreeMap<String, u64>,
+    by_cache: BTreeMap<CacheOutcome, u64>,
+    /// Misses raced against their semantic search (`semantic_overlap`): hits found first, and
+    /// upstream answers that came first.
+    overlap_semantic_first: u64,
+    overlap_upstream_first: u64,
     total: u64,
     errors: u64,
     upstream_errors: BTreeMap<&'static str, u64>,
@@ -70,7 +73,7 @@ struct Counts {
     ttft_saved_hits: u64,
     /// TTFT bucket counts by served outcome (index `i` counts TTFT <= `TTFT_BOUNDS_MS[i]`, the
     /// last counts the rest).
-    ttft_buckets: BTreeMap<&'static str, [u64; TTFT_BOUNDS_MS.len() + 1]>,
+    ttft_buckets: BTreeMap<CacheOutcome, [u64; TTFT_BOUNDS_MS.len() + 1]>,
     timeline: VecDeque<TimelineBucket>,
 }
 
@@ -79,6 +82,7 @@ struct Counts {
 pub struct TimelineBucket {
     pub start_ms: u64,
     pub hit: u64,
+    #[serde(rename = "semantic-hit")]
     pub semantic_hit: u64,
     pub miss: u64,
     pub coalesced: u64,
@@ -181,6 +185,14 @@ impl Stats {
             requests: requests.unwrap_or_else(unreachable_metric),
             upstream_errors: upstream_errors.unwrap_or_else(unreachable_metric),
             guard_refusals: guard_refusals.unwrap_or_else(unreachable_metric),
+            overlap_races: IntCounterVec::new(
+                Opts::new(
+                    "reprise_semantic_overlap_total",
+                    "Misses whose semantic search raced the upstream request (semantic_overlap), by which finished first: semantic (a hit served, the upstream request cancelled) or upstream.",
+                ),
+                &["first"],
+            )
+            .unwrap_or_else(unreachable_metric),
             ttft: ttft.unwrap_or_else(unreachable_metric),
             total: total.unwrap_or_else(unreachable_metric),
             phases: phases.unwrap_or_else(unreachable_metric),
@@ -237,7 +249,8 @@ impl Stats {
             ),
             registry,
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 15] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 16] = [
+            Box::new(stats.overlap_races.clone()),
             Box::new(stats.requests.clone()),
             Box::new(stats.upstream_errors.clone()),
             Box::new(stats.ttft.clone()),
@@ -279,7 +292,9 @@ impl Stats {
             self.upstream_errors.with_label_values(&[kind]).inc();
         }
         let p = &record.phases;
-        let served = SERVED_OUTCOMES.iter().find(|o| **o == cache).copied();
+        let served = CacheOutcome::SERVED
+            .contains(&record.cache)
+            .then_some(record.cache);
         let complete = record.completion == Completion::Complete;
         // Latency of failed or abandoned requests would blur the picture of what users wait for.
         if complete {
@@ -306,7 +321,7 @@ impl Stats {
         let now = unix_ms();
         let mut counts = lock(&self.counts);
         counts.total += 1;
-        *counts.by_cache.entry(record.cache.clone()).or_default() += 1;
+        *counts.by_cache.entry(record.cache).or_default() += 1;
         if !matches!(
             record.completion,
             Completion::Complete | Completion::ClientDisconnected
@@ -336,14 +351,31 @@ impl Stats {
             trim_timeline(&mut counts.timeline, now);
         }
         if let Some(bucket) = counts.timeline.back_mut() {
-            match cache {
-                "hit" => bucket.hit += 1,
-                "semantic-hit" => bucket.semantic_hit += 1,
-                "miss" => bucket.miss += 1,
-                "coalesced" => bucket.coalesced += 1,
-                "bypass" | "refresh" => bucket.bypass += 1,
-                _ => {}
+            match record.cache {
+                CacheOutcome::Hit => bucket.hit += 1,
+                CacheOutcome::SemanticHit => bucket.semantic_hit += 1,
+                CacheOutcome::Miss => bucket.miss += 1,
+                CacheOutcome::Coalesced => bucket.coalesced += 1,
+                CacheOutcome::Bypass | CacheOutcome::Refresh => bucket.bypass += 1,
+                CacheOutcome::Pass => {}
             }
+        }
+    }
+
+    /// Counts a miss whose semantic search raced its upstream request: `semantic_first` when a hit
+    /// was found before the upstream's first byte (and served, the upstream request cancelled).
+    pub fn overlap(&self, semantic_first: bool) {
+        let winner = if semantic_first {
+            "semantic"
+        } else {
+            "upstream"
+        };
+        self.overlap_races.with_label_values(&[winner]).inc();
+        let mut counts = lock(&self.counts);
+        if semantic_first {
+            counts.overlap_semantic_first += 1;
+        } else {
+            counts.overlap_upstream_first += 1;
         }
     }
 
@@ -413,16 +445,16 @@ impl Stats {
     pub fn totals(&self) -> Totals {
         let mut counts = lock(&self.counts);
         trim_timeline(&mut counts.timeline, unix_ms());
-        let get = |k: &str| counts.by_cache.get(k).copied().unwrap_or(0);
+        let get = |k: CacheOutcome| counts.by_cache.get(&k).copied().unwrap_or(0);
         let requests = RequestCounts {
             total: counts.total,
-            hit: get("hit"),
-            semantic_hit: get("semantic-hit"),
-            miss: get("miss"),
-            coalesced: get("coalesced"),
-            bypass: get("bypass"),
-            refresh: get("refresh"),
-            pass: get("pass"),
+            hit: get(CacheOutcome::Hit),
+            semantic_hit: get(CacheOutcome::SemanticHit),
+            miss: get(CacheOutcome::Miss),
+            coalesced: get(CacheOutcome::Coalesced),
+            bypass: get(CacheOutcome::Bypass),
+            refresh: get(CacheOutcome::Refresh),
+            pass: get(CacheOutcome::Pass),
             errors: counts.errors,
         };
         let err = |k: &str| counts.upstream_errors.get(k).copied().unwrap_or(0);
@@ -443,6 +475,10 @@ impl Stats {
                 status: err("status"),
                 stream: err("stream"),
             },
+            overlap: Overlap {
+                semantic_first: counts.overlap_semantic_first,
+                upstream_first: counts.overlap_upstream_first,
+            },
             guard_refusals: GuardRefusals {
                 numbers: refused(Guard::Numbers),
                 negation: refused(Guard::Negation),
@@ -457,7 +493,7 @@ impl Stats {
                 by_outcome: counts
                     .ttft_buckets
                     .iter()
-                    .map(|(k, v)| (k.replace('-', "_"), v.to_vec()))
+                    .map(|(k, v)| (k.as_str().to_owned(), v.to_vec()))
                     .collect(),
             },
             timeline: Timeline {
@@ -499,6 +535,7 @@ pub struct Gauges {
 pub struct RequestCounts {
     pub total: u64,
     pub hit: u64,
+    #[serde(rename = "semantic-hit")]
     pub semantic_hit: u64,
     pub miss: u64,
     pub coalesced: u64,
@@ -516,6 +553,7 @@ pub struct Rates {
     /// Exact, semantic and coalesced hits together.
     pub hit: f64,
     pub exact_hit: f64,
+    #[serde(rename = "semantic-hit")]
     pub semantic_hit: f64,
     pub coalesced: f64,
     pub miss: f64,
@@ -594,9 +632,19 @@ pub struct GuardRefusals {
     pub entity: u64,
 }
 
+/// Misses raced against their semantic search (`semantic_overlap`), by which finished first.
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct Overlap {
+    /// A semantic hit was found before the upstream's first byte: served, the upstream request cancelled.
+    pub semantic_first: u64,
+    /// The upstream's first byte came first: its answer was relayed.
+    pub upstream_first: u64,
+}
+
 /// Everything the counters know, for `/admin/stats`.
 #[derive(Debug, Clone)]
 pub struct Totals {
+    pub overlap: Overlap,
     pub requests: RequestCounts,
     pub rates: Rates,
     pub ttft_saved_ms: TtftSaved,
@@ -638,7 +686,7 @@ pub struct OutcomeLatency {
 /// Per-outcome phase percentiles of the complete requests among `records`.
 pub fn latency_by_outcome(records: &[RequestRecord]) -> BTreeMap<String, OutcomeLatency> {
     let mut out = BTreeMap::new();
-    for outcome in SERVED_OUTCOMES {
+    for outcome in CacheOutcome::SERVED {
         let mine: Vec<&Phases> = records
             .iter()
             .filter(|r| r.cache == outcome && r.completion == Completion::Complete)
@@ -664,7 +712,7 @@ pub fn latency_by_outcome(records: &[RequestRecord]) -> BTreeMap<String, Outcome
         let totals: Vec<f64> = mine.iter().map(|p| p.total_ms).collect();
         phases.insert("total_ms".to_owned(), Summary::of(&totals));
         out.insert(
-            outcome.replace('-', "_"),
+            outcome.as_str().to_owned(),
             OutcomeLatency {
                 count: mine.len(),
                 phases,
@@ -687,7 +735,7 @@ mod tests {
             model: Some("m".into()),
             stream: true,
             status,
-            cache: cache.into(),
+            cache: cache.parse().expect("an outcome"),
             completion,
             phases: Phases {
                 ttft_ms: Some(ttft),

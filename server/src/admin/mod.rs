@@ -226,6 +226,8 @@ pub struct StatsBody {
     /// Semantic lookups that a literal guard left without a match (a candidate above the threshold
     /// refused, none served), by the first guard that refused: wrong answers not given.
     pub guard_refusals: GuardRefusals,
+    /// Misses whose semantic search raced the upstream request (`semantic_overlap`).
+    pub semantic_overlap: crate::stats::Overlap,
     /// Operators' verdicts (`POST /admin/feedback`), since the data dir was created.
     pub feedback: crate::feedback::FeedbackCounts,
     pub latency: LatencyWindow,
@@ -291,6 +293,7 @@ pub async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
         embedding,
         upstream_errors: totals.upstream_errors,
         guard_refusals: totals.guard_refusals,
+        semantic_overlap: totals.overlap,
         feedback: state.feedback.counts(),
         latency: LatencyWindow {
             window: state.config.request_log_size,

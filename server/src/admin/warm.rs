@@ -333,7 +333,7 @@ pub async fn warm(
         let mut data = Vec::with_capacity(prepared.len());
         for (p, vector) in prepared.into_iter().zip(vectors) {
             let vector = vector.filter(|v| !v.is_empty() && !p.keys.prompt.trim().is_empty());
-            let events = crate::replay::rechunk(p.route, &p.body, 0.0);
+            let events = crate::cache::cacheable::rechunk(p.route, &p.body, 0.0);
             let entry = Entry {
                 id: EntryId(0),
                 key: p.keys.exact,

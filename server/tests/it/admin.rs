@@ -200,7 +200,7 @@ async fn stats_and_metrics_agree_with_the_traffic_sent() {
         (r["miss"].as_u64(), r["hit"].as_u64(), r["bypass"].as_u64()),
         (Some(3), Some(6), Some(1))
     );
-    assert_eq!(r["semantic_hit"], 0);
+    assert_eq!(r["semantic-hit"], 0);
     assert_eq!(stats["store"]["entries"], 3);
     let hit_rate = stats["rates"]["hit"].as_f64().expect("rate");
     assert!(
@@ -787,7 +787,7 @@ async fn search_warm_and_invalidate_by_meaning_with_the_model() {
     let stats = admin_json(&gw, "/admin/stats").await;
     assert_eq!(stats["mode"], "semantic");
     assert_eq!(stats["index"]["vectors"], 3);
-    assert_eq!(stats["requests"]["semantic_hit"], 1);
+    assert_eq!(stats["requests"]["semantic-hit"], 1);
     assert!(stats["embedding"]["batches"].as_u64() >= Some(4));
 }
 

@@ -4,8 +4,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use reprise_client::sim::{self, SimConfig};
+use reprise_server::cache::cacheable::check_cacheable;
 use reprise_server::ingress::Route;
-use reprise_server::replay::check_cacheable;
 use reprise_server::store::{SledStore, Store};
 
 fn free_port() -> u16 {

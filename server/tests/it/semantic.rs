@@ -479,3 +479,82 @@ async fn literal_guards_refuse_other_numbers_and_negations_until_turned_off() {
         Some("negation")
     );
 }
+
+/// `semantic_overlap`: a miss goes upstream at once and its semantic search runs meanwhile. A
+/// paraphrase whose search finds its entry before the upstream's first byte is served that entry
+/// (the upstream request is dropped); a new prompt whose upstream answers first is relayed as a
+/// miss and still stored with its vector, so that its own paraphrases hit later.
+#[tokio::test]
+async fn with_overlap_a_paraphrase_beats_a_slow_upstream_and_a_fast_miss_keeps_its_vector() {
+    let Some(models) = models() else { return };
+    let sim = sim_default().await;
+    let mut config = semantic_config(sim.base_url(), &models);
+    config.semantic_overlap = true;
+    let gw = start(config).await;
+    let original = seed(&gw, "sk-a", QUESTION).await;
+
+    // The upstream would take 5 s to its first token: the search wins, whatever the machine's load.
+    let slow = [("x-sim-ttft-ms", "5000")];
+    for stream in [false, true] {
+        let hit = ask_body(&gw, "sk-a", &chat_body(PARAPHRASE, stream), &slow).await;
+        assert_eq!(
+            header(&hit, "x-reprise-cache").as_deref(),
+            Some("semantic-hit"),
+            "stream: {stream}"
+        );
+        assert!(header(&hit, "x-reprise-similarity").is_some());
+        assert_eq!(content(hit, stream).await, original, "stream: {stream}");
+    }
+    // The streamed repeat came from the alias memory, before any race: one race, won by the search.
+    let stats = admin_stats(&gw).await;
+    assert_eq!(
+        stats["semantic_overlap"]["semantic_first"], 1,
+        "{}",
+        stats["semantic_overlap"]
+    );
+
+    // An upstream that answers at once, before the search: relayed as a miss, stored with its
+    // vector (or given one by the backfill), and then its paraphrase is a semantic hit.
+    let vectors = || {
+        gw.state.semantic.as_ref().map_or(0, |s| {
+            reprise_server::index::VectorIndex::len(s.index.as_ref())
+        })
+    };
+    let before = vectors();
+    let fast = [("x-sim-ttft-ms", "0")];
+    let miss = ask(&gw, "sk-a", UNRELATED, &fast).await;
+    assert_eq!(header(&miss, "x-reprise-cache").as_deref(), Some("miss"));
+    let answer: Value = miss.json().await.expect("json");
+    for _ in 0..200 {
+        if vectors() > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(vectors() > before, "the miss's entry got its vector");
+    let again = ask(
+        &gw,
+        "sk-a",
+        "What's the capital of France?",
+        &[("x-sim-ttft-ms", "5000"), ("cache-control", "no-store")],
+    )
+    .await;
+    assert_eq!(
+        header(&again, "x-reprise-cache").as_deref(),
+        Some("semantic-hit")
+    );
+    let body: Value = again.json().await.expect("json");
+    assert_eq!(body["choices"], answer["choices"]);
+}
+
+async fn admin_stats(gw: &Gateway) -> Value {
+    client()
+        .get(gw.url("/admin/stats"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .expect("stats")
+        .json()
+        .await
+        .expect("json")
+}

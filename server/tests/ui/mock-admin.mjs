@@ -49,7 +49,7 @@ export const MOCK_PROMPTS = [
   ["Which sorting algorithm is stable: quicksort or mergesort?", "Mergesort is stable; the usual in-place quicksort is not.", "gpt-4o", "docs"],
 ];
 
-const OUTCOMES = ["hit", "semantic_hit", "miss", "coalesced"];
+const OUTCOMES = ["hit", "semantic-hit", "miss", "coalesced"];
 const BOUNDS = [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000];
 
 function words(text) {
@@ -117,10 +117,10 @@ export function buildData(mode, now = Date.now(), count = MOCK_PROMPTS.length) {
           itl_p50_ms: 18 + rand() * 10, itl_p99_ms: 45 + rand() * 40, tokens_per_s: 35 + rand() * 20,
         },
         _history: Array.from({ length: Math.min(hits, 32) }, (_, k) => {
-          const kind = semantic && k % 3 === 1 ? "semantic_hit" : k % 5 === 4 ? "coalesced" : "hit";
-          const t = kind === "semantic_hit" ? 5 + rand() * 3 : 0.3 + rand() * 0.3;
+          const kind = semantic && k % 3 === 1 ? "semantic-hit" : k % 5 === 4 ? "coalesced" : "hit";
+          const t = kind === "semantic-hit" ? 5 + rand() * 3 : 0.3 + rand() * 0.3;
           return {
-            at_ms: now - (hits - k) * 20000, kind, similarity: kind === "semantic_hit" ? 0.9 + rand() * 0.08 : null,
+            at_ms: now - (hits - k) * 20000, kind, similarity: kind === "semantic-hit" ? 0.9 + rand() * 0.08 : null,
             request_id: "req_" + (0x5a00 + k * 7 + i).toString(16), ttft_ms: t, ttft_saved_ms: ttft - t,
           };
         }),
@@ -143,16 +143,16 @@ export function buildData(mode, now = Date.now(), count = MOCK_PROMPTS.length) {
       const sem = semantic ? Math.round(volume * hitShare * 0.2) : 0;
       const coal = Math.round(volume * hitShare * 0.08);
       const bypass = rand() < 0.3 ? 1 : 0;
-      buckets.push({ start_ms: nowBucket - i * bucketS * 1000, hit, semantic_hit: sem, miss: Math.max(0, volume - hit - sem - coal), coalesced: coal, bypass });
+      buckets.push({ start_ms: nowBucket - i * bucketS * 1000, hit, "semantic-hit": sem, miss: Math.max(0, volume - hit - sem - coal), coalesced: coal, bypass });
     }
   }
   const sum = (k) => buckets.reduce((a, b) => a + b[k], 0);
   const req = {
-    hit: sum("hit"), semantic_hit: sum("semantic_hit"), miss: sum("miss"), coalesced: sum("coalesced"), bypass: sum("bypass"),
+    hit: sum("hit"), "semantic-hit": sum("semantic-hit"), miss: sum("miss"), coalesced: sum("coalesced"), bypass: sum("bypass"),
     refresh: empty ? 0 : 2, pass: empty ? 0 : 14, errors: empty ? 0 : 1,
   };
-  req.total = req.hit + req.semantic_hit + req.miss + req.coalesced + req.bypass + req.refresh + req.pass;
-  const cacheable = req.hit + req.semantic_hit + req.coalesced + req.miss + req.bypass + req.refresh;
+  req.total = req.hit + req["semantic-hit"] + req.miss + req.coalesced + req.bypass + req.refresh + req.pass;
+  const cacheable = req.hit + req["semantic-hit"] + req.coalesced + req.miss + req.bypass + req.refresh;
   const rate = (x) => (cacheable ? x / cacheable : 0);
 
   // Histograms: hits sub-millisecond, semantic hits a few ms (embedding), misses a few hundred ms.
@@ -166,7 +166,7 @@ export function buildData(mode, now = Date.now(), count = MOCK_PROMPTS.length) {
   };
   const by = {};
   if (req.hit) by.hit = hist(req.hit, 0.7, 1.4);
-  if (req.semantic_hit) by.semantic_hit = hist(req.semantic_hit, 3.6, 1.3);
+  if (req["semantic-hit"]) by["semantic-hit"] = hist(req["semantic-hit"], 3.6, 1.3);
   if (req.miss) by.miss = hist(req.miss, 8.6, 2.4);
   if (req.coalesced) by.coalesced = hist(req.coalesced, 7.2, 2.6);
 
@@ -177,7 +177,7 @@ export function buildData(mode, now = Date.now(), count = MOCK_PROMPTS.length) {
       return { ...gate, embed_ms: semantic ? q(4.6, 0.8) : null, search_ms: semantic ? q(0.35, 0.6) : null, upstream_send_ms: q(1.4, 0.9),
         ttft_ms: q(412, 0.7), decode_ms: q(780, 0.6), downstream_ms: q(0.5, 0.6), total_ms: q(1202, 0.6) };
     }
-    if (k === "semantic_hit") {
+    if (k === "semantic-hit") {
       return { ...gate, embed_ms: q(4.9, 0.8), search_ms: q(0.38, 0.5), upstream_send_ms: null, ttft_ms: q(0.42, 0.4), decode_ms: q(2.2, 0.5),
         downstream_ms: q(0.3, 0.4), total_ms: q(8.4, 0.5) };
     }
@@ -191,7 +191,7 @@ export function buildData(mode, now = Date.now(), count = MOCK_PROMPTS.length) {
   const byOutcome = {};
   for (const k of OUTCOMES) if (req[k]) byOutcome[k] = { count: req[k], phases: phasesFor(k) };
 
-  const hitsServed = req.hit + req.semantic_hit + req.coalesced;
+  const hitsServed = req.hit + req["semantic-hit"] + req.coalesced;
   const perHit = hitsServed ? 405.3 : null;
   const stats = {
     object: "reprise.stats",
@@ -202,7 +202,7 @@ export function buildData(mode, now = Date.now(), count = MOCK_PROMPTS.length) {
     index: semantic ? { vectors: entries.length, tombstones: empty ? 0 : 2, rebuilding: false } : null,
     requests: req,
     rates: {
-      hit: rate(req.hit + req.semantic_hit + req.coalesced), exact_hit: rate(req.hit), semantic_hit: rate(req.semantic_hit),
+      hit: rate(req.hit + req["semantic-hit"] + req.coalesced), exact_hit: rate(req.hit), "semantic-hit": rate(req["semantic-hit"]),
       coalesced: rate(req.coalesced), miss: rate(req.miss), bypass: rate(req.bypass),
     },
     ttft_saved_ms: { total: hitsServed ? perHit * hitsServed : 0, per_hit: perHit, hits: hitsServed },

@@ -1,0 +1,411 @@
+//! What may be stored, and in which shape: the never-store rules, and the two shapes of an answer
+//! made from each other (a stream assembled into the body a non-streamed request would have
+//! received, a body re-chunked into the events a streamed one would have), so either kind of hit can
+//! be served from either kind of miss without re-deriving anything on the hit path.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Map, Value};
+
+use crate::entry::StoredEvent;
+use crate::ingress::Route;
+
+/// Why an answer must not be stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Uncacheable {
+    NoFinishReason,
+    Length,
+    /// A choice stopped at the provider's content filter: an error signal, not an answer.
+    ContentFilter,
+    /// The body carries an `error` member beside its choices.
+    Error,
+    InvalidToolArguments,
+    NotJson,
+    NoChoices,
+}
+
+/// Checks an assembled answer against the never-store rules.
+pub fn check_cacheable(route: Route, body: &Value, allow_length: bool) -> Result<(), Uncacheable> {
+    if route == Route::Embeddings {
+        return match body.get("data").and_then(Value::as_array) {
+            Some(d) if !d.is_empty() => Ok(()),
+            _ => Err(Uncacheable::NoChoices),
+        };
+    }
+    if body.get("error").is_some_and(|e| !e.is_null()) {
+        return Err(Uncacheable::Error);
+    }
+    let choices = body
+        .get("choices")
+        .and_then(Value::as_array)
+        .filter(|c| !c.is_empty())
+        .ok_or(Uncacheable::NoChoices)?;
+    for choice in choices {
+        match choice.get("finish_reason").and_then(Value::as_str) {
+            None => return Err(Uncacheable::NoFinishReason),
+            Some("length") if !allow_length => return Err(Uncacheable::Length),
+            Some("content_filter") => return Err(Uncacheable::ContentFilter),
+            Some(_) => {}
+        }
+        let calls = choice
+            .pointer("/message/tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten();
+        for call in calls {
+            let args = call
+                .pointer("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if serde_json::from_str::<Value>(args).is_err() {
+                return Err(Uncacheable::InvalidToolArguments);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct ChoiceAcc {
+    role: Option<Value>,
+    content: String,
+    has_content: bool,
+    refusal: Option<String>,
+    reasoning: Option<String>,
+    /// Tool calls by their stream index.
+    tool_calls: BTreeMap<u64, Map<String, Value>>,
+    logprobs: Option<Vec<Value>>,
+    finish_reason: Option<Value>,
+}
+
+/// Assembles the body a non-streamed request would have received from a stream's chunks.
+pub fn assemble(route: Route, chunks: &[Value]) -> Value {
+    let mut choices: BTreeMap<u64, ChoiceAcc> = BTreeMap::new();
+    let mut usage = Value::Null;
+    let mut head = Map::new();
+    for chunk in chunks {
+        for field in [
+            "id",
+            "created",
+            "model",
+            "system_fingerprint",
+            "service_tier",
+        ] {
+            if let Some(v) = chunk.get(field).filter(|v| !v.is_null()) {
+                head.entry(field).or_insert_with(|| v.clone());
+            }
+        }
+        if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
+            usage = u.clone();
+        }
+        for choice in chunk
+            .get("choices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let index = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
+            let acc = choices.entry(index).or_default();
+            if let Some(reason) = choice.get("finish_reason").filter(|r| !r.is_null()) {
+                acc.finish_reason = Some(reason.clone());
+            }
+            if let Some(text) = choice.get("text").and_then(Value::as_str) {
+                acc.content.push_str(text);
+                acc.has_content = true;
+            }
+            if let Some(lp) = choice
+                .pointer("/logprobs/content")
+                .and_then(Value::as_array)
+            {
+                acc.logprobs
+                    .get_or_insert_with(Vec::new)
+                    .extend(lp.iter().cloned());
+            }
+            let Some(delta) = choice.get("delta") else {
+                continue;
+            };
+            if let Some(role) = delta.get("role").filter(|r| !r.is_null()) {
+                acc.role.get_or_insert_with(|| role.clone());
+            }
+            if let Some(text) = delta.get("content").and_then(Value::as_str) {
+                acc.content.push_str(text);
+                acc.has_content = true;
+            }
+            if let Some(text) = delta.get("refusal").and_then(Value::as_str) {
+                acc.refusal.get_or_insert_with(String::new).push_str(text);
+            }
+            if let Some(text) = delta.get("reasoning_content").and_then(Value::as_str) {
+                acc.reasoning.get_or_insert_with(String::new).push_str(text);
+            }
+            for call in delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let call_index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let slot = acc.tool_calls.entry(call_index).or_default();
+                for field in ["id", "type"] {
+                    if let Some(v) = call.get(field).filter(|v| !v.is_null()) {
+                        slot.entry(field).or_insert_with(|| v.clone());
+                    }
+                }
+                let function = slot
+                    .entry("function")
+                    .or_insert_with(|| json!({"name": "", "arguments": ""}));
+                if let Some(name) = call.pointer("/function/name").and_then(Value::as_str) {
+                    let current = function["name"].as_str().unwrap_or("").to_owned();
+                    function["name"] = json!(current + name);
+                }
+                if let Some(args) = call.pointer("/function/arguments").and_then(Value::as_str) {
+                    let current = function["arguments"].as_str().unwrap_or("").to_owned();
+                    function["arguments"] = json!(current + args);
+                }
+            }
+        }
+    }
+    let chat = route == Route::ChatCompletions;
+    let choices: Vec<Value> = choices
+        .into_iter()
+        .map(|(index, acc)| {
+            let logprobs = acc.logprobs.map_or(Value::Null, |c| json!({"content": c}));
+            if !chat {
+                return json!({"text": acc.content, "index": index, "logprobs": Value::Null, "finish_reason": acc.finish_reason});
+            }
+            let mut message = json!({
+                "role": acc.role.unwrap_or_else(|| json!("assistant")),
+                "content": if acc.has_content || acc.tool_calls.is_empty() { json!(acc.content) } else { Value::Null },
+                "refusal": acc.refusal,
+            });
+            if let Some(r) = acc.reasoning {
+                message["reasoning_content"] = json!(r);
+            }
+            if !acc.tool_calls.is_empty() {
+                message["tool_calls"] = Value::Array(acc.tool_calls.into_values().map(Value::Object).collect());
+            }
+            json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": acc.finish_reason})
+        })
+        .collect();
+    let mut body = Map::new();
+    body.insert("id".into(), head.remove("id").unwrap_or(Value::Null));
+    body.insert(
+        "object".into(),
+        json!(if chat {
+            "chat.completion"
+        } else {
+            "text_completion"
+        }),
+    );
+    for field in ["created", "model", "system_fingerprint", "service_tier"] {
+        if let Some(v) = head.remove(field) {
+            body.insert(field.into(), v);
+        }
+    }
+    body.insert("choices".into(), Value::Array(choices));
+    body.insert("usage".into(), usage);
+    Value::Object(body)
+}
+
+/// Splits text into token-like pieces, each keeping the whitespace before it.
+fn pieces(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let mut in_word = false;
+    for ch in text.chars() {
+        if ch.is_whitespace() && in_word {
+            out.push(std::mem::take(&mut current));
+            in_word = false;
+        }
+        if !ch.is_whitespace() {
+            in_word = true;
+        }
+        current.push(ch);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+/// The chunks a streamed request would have received for a non-streamed body; offsets spread the
+/// content over the original decode time, so `recorded` pacing stays plausible.
+pub fn rechunk(route: Route, body: &Value, decode_ms: f64) -> Vec<StoredEvent> {
+    let chat = route == Route::ChatCompletions;
+    let mut head = json!({
+        "id": body.get("id").cloned().unwrap_or(Value::Null),
+        "object": if chat { "chat.completion.chunk" } else { "text_completion" },
+        "created": body.get("created").cloned().unwrap_or(Value::Null),
+        "model": body.get("model").cloned().unwrap_or(Value::Null),
+    });
+    if let Some(fp) = body.get("system_fingerprint") {
+        head["system_fingerprint"] = fp.clone();
+    }
+    let chunk = |choices: Value| {
+        let mut c = head.clone();
+        c["choices"] = choices;
+        c
+    };
+    let mut chunks = Vec::new();
+    let choices = body
+        .get("choices")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for choice in &choices {
+        let index = choice.get("index").cloned().unwrap_or(json!(0));
+        let finish = choice.get("finish_reason").cloned().unwrap_or(Value::Null);
+        if chat {
+            let message = choice.get("message").cloned().unwrap_or(json!({}));
+            chunks.push(chunk(json!([{"index": index, "delta": {"role": message.get("role").cloned().unwrap_or(json!("assistant")), "content": "", "refusal": null}, "logprobs": null, "finish_reason": null}])));
+            let text = message.get("content").and_then(Value::as_str).unwrap_or("");
+            for piece in pieces(text) {
+                chunks.push(chunk(json!([{"index": index, "delta": {"content": piece}, "logprobs": null, "finish_reason": null}])));
+            }
+            if let Some(refusal) = message.get("refusal").and_then(Value::as_str) {
+                chunks.push(chunk(json!([{"index": index, "delta": {"refusal": refusal}, "logprobs": null, "finish_reason": null}])));
+            }
+            for (i, call) in message
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let mut call = call.clone();
+                call["index"] = json!(i);
+                chunks.push(chunk(json!([{"index": index, "delta": {"tool_calls": [call]}, "logprobs": null, "finish_reason": null}])));
+            }
+            chunks.push(chunk(
+                json!([{"index": index, "delta": {}, "logprobs": null, "finish_reason": finish}]),
+            ));
+        } else {
+            let text = choice.get("text").and_then(Value::as_str).unwrap_or("");
+            for piece in pieces(text) {
+                chunks.push(chunk(json!([{"text": piece, "index": index, "logprobs": null, "finish_reason": null}])));
+            }
+            chunks.push(chunk(
+                json!([{"text": "", "index": index, "logprobs": null, "finish_reason": finish}]),
+            ));
+        }
+    }
+    if let Some(usage) = body.get("usage").filter(|u| !u.is_null()) {
+        let mut last = chunk(json!([]));
+        last["usage"] = usage.clone();
+        chunks.push(last);
+    }
+    let steps = chunks.len().saturating_sub(1).max(1) as f64;
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, data)| StoredEvent {
+            offset_ms: decode_ms * i as f64 / steps,
+            data,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks() -> Vec<Value> {
+        vec![
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]}),
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"content": "Hello"}, "finish_reason": null}]}),
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"content": " world"}, "finish_reason": null}]}),
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+        ]
+    }
+
+    #[test]
+    fn assembles_a_stream_into_a_body_and_back() {
+        let body = assemble(Route::ChatCompletions, &chunks());
+        assert_eq!(body["object"], "chat.completion");
+        assert_eq!(body["choices"][0]["message"]["content"], "Hello world");
+        assert_eq!(body["choices"][0]["finish_reason"], "stop");
+        assert_eq!(body["usage"]["completion_tokens"], 2);
+        let events = rechunk(Route::ChatCompletions, &body, 10.0);
+        let data: Vec<Value> = events.iter().map(|e| e.data.clone()).collect();
+        assert_eq!(assemble(Route::ChatCompletions, &data), body);
+        assert_eq!(events.last().map(|e| e.offset_ms), Some(10.0));
+    }
+
+    #[test]
+    fn tool_call_fragments_join_and_bad_arguments_are_refused() {
+        let mk = |args: &str| {
+            vec![
+                json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "get", "arguments": ""}}]}}]}),
+                json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": args}}]}}]}),
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+            ]
+        };
+        let good = assemble(Route::ChatCompletions, &mk("{\"q\": 1}"));
+        assert_eq!(
+            good["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            "{\"q\": 1}"
+        );
+        assert!(good["choices"][0]["message"]["content"].is_null());
+        assert_eq!(
+            check_cacheable(Route::ChatCompletions, &good, false),
+            Ok(())
+        );
+        let bad = assemble(Route::ChatCompletions, &mk("{\"q\": "));
+        assert_eq!(
+            check_cacheable(Route::ChatCompletions, &bad, false),
+            Err(Uncacheable::InvalidToolArguments)
+        );
+    }
+
+    #[test]
+    fn never_store_rules() {
+        let mut body = assemble(Route::ChatCompletions, &chunks()[..3]);
+        assert_eq!(
+            check_cacheable(Route::ChatCompletions, &body, false),
+            Err(Uncacheable::NoFinishReason)
+        );
+        body["choices"][0]["finish_reason"] = json!("length");
+        assert_eq!(
+            check_cacheable(Route::ChatCompletions, &body, false),
+            Err(Uncacheable::Length)
+        );
+        assert_eq!(check_cacheable(Route::ChatCompletions, &body, true), Ok(()));
+        assert_eq!(
+            check_cacheable(Route::ChatCompletions, &json!({"choices": []}), false),
+            Err(Uncacheable::NoChoices)
+        );
+        // Any choice stopped by the content filter, even beside clean ones.
+        let mut two = body.clone();
+        two["choices"][0]["finish_reason"] = json!("stop");
+        two["choices"]
+            .as_array_mut()
+            .expect("choices")
+            .push(json!({"index": 1, "message": {"role": "assistant", "content": ""}, "finish_reason": "content_filter"}));
+        assert_eq!(
+            check_cacheable(Route::ChatCompletions, &two, true),
+            Err(Uncacheable::ContentFilter)
+        );
+        assert_eq!(
+            check_cacheable(
+                Route::Completions,
+                &json!({"choices": [{"text": "", "finish_reason": "content_filter"}]}),
+                true
+            ),
+            Err(Uncacheable::ContentFilter)
+        );
+        body["error"] = json!({"message": "partial"});
+        assert_eq!(
+            check_cacheable(Route::ChatCompletions, &body, true),
+            Err(Uncacheable::Error)
+        );
+    }
+
+    #[test]
+    fn pieces_keep_whitespace_with_the_next_word() {
+        assert_eq!(
+            pieces("Hello  big\nworld"),
+            vec!["Hello", "  big", "\nworld"]
+        );
+        assert_eq!(pieces(""), Vec::<String>::new());
+    }
+}

@@ -1,0 +1,275 @@
+//! The cache around the upstream, one concept per file: exact lookup (here), the alias memory of
+//! paraphrases ([`alias`]), single flight for concurrent identical misses ([`flight`]), the recorder
+//! that turns a clean miss into an entry ([`recorder`]) under the never-store rules ([`cacheable`]),
+//! and the writer thread that does every store write off the request path ([`writer`]).
+
+pub mod alias;
+pub mod cacheable;
+pub mod flight;
+pub mod recorder;
+pub mod writer;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use flight::{Flight, FlightEnd, FlightUpdate, Join};
+pub use recorder::Recorder;
+
+use crate::backfill::Backfill;
+use crate::entry::{Entry, EntryId, HitEvent};
+use crate::index::VectorIndex;
+use crate::key::{CacheKey, PartitionKey};
+use crate::policy::Policy;
+use crate::record::unix_ms;
+use crate::store::Store;
+use alias::Aliases;
+use flight::Flights;
+use writer::{Budget, WriteOp, Writer};
+
+/// Settings of the cache that do not change per request.
+#[derive(Debug, Clone)]
+pub struct CacheSettings {
+    pub share_across_keys: bool,
+    /// Store answers that stopped at `max_tokens` (`finish_reason: "length"`).
+    pub cache_length_finish: bool,
+    /// Keep reading a stream whose client went away, so the answer can still be cached.
+    pub complete_on_disconnect: bool,
+    pub disconnect_budget_ms: u64,
+    pub max_entries: usize,
+    pub max_bytes: u64,
+    pub sweep_interval_ms: u64,
+}
+
+/// A poisoned lock still guards consistent data here (every critical section is a plain update).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub struct Cache {
+    pub store: Arc<dyn Store>,
+    /// The vector index new entries are added to, when semantic matching runs.
+    pub index: Option<Arc<dyn VectorIndex>>,
+    pub settings: CacheSettings,
+    writer: Writer,
+    flights: Flights,
+    aliases: Aliases,
+}
+
+/// A found entry and how old it is.
+pub struct Hit {
+    pub entry: Arc<Entry>,
+    pub age_s: u64,
+}
+
+impl Cache {
+    /// `backfill` is told of every entry stored without a vector (semantic matching only).
+    pub fn new(
+        store: Arc<dyn Store>,
+        index: Option<Arc<dyn VectorIndex>>,
+        backfill: Option<Arc<Backfill>>,
+        settings: CacheSettings,
+    ) -> Arc<Self> {
+        let budget = Budget {
+            max_entries: settings.max_entries,
+            max_bytes: settings.max_bytes,
+            sweep_interval_ms: settings.sweep_interval_ms,
+        };
+        Arc::new(Self {
+            writer: Writer::start(store.clone(), index.clone(), backfill, budget),
+            store,
+            index,
+            settings,
+            flights: Flights::default(),
+            aliases: Aliases::default(),
+        })
+    }
+
+    /// An unexpired entry for `key` that satisfies `max-age`, if any.
+    pub fn lookup(&self, key: &CacheKey, policy: &Policy) -> Option<Hit> {
+        let entry = match self.store.get_by_key(key) {
+            Ok(found) => found?,
+            Err(err) => {
+                // Fail open: a store error is a miss, never an error to the client. The store logs
+                // its own failures once; one line per request would flood the log.
+                tracing::debug!(error = %err, "cache lookup failed; treating as a miss");
+                return None;
+            }
+        };
+        let now = unix_ms();
+        if entry.is_expired(now) {
+            return None;
+        }
+        let age_s = entry.age_s(now);
+        if policy.max_age_s.is_some_and(|max| age_s > max) {
+            return None;
+        }
+        Some(Hit {
+            entry: Arc::new(entry),
+            age_s,
+        })
+    }
+
+    /// Remembers that the prompt with exact key `key` was served `id` at `similarity`.
+    pub fn remember_alias(&self, key: CacheKey, id: EntryId, similarity: f32) {
+        self.aliases.remember(key, id, similarity);
+    }
+
+    /// The entry a paraphrase with exact key `key` was served before, if it still qualifies: live,
+    /// in the request's partition, similar enough for today's `threshold`, young enough for
+    /// `max-age`. Returns it with the similarity it was matched at.
+    pub fn lookup_alias(
+        &self,
+        key: &CacheKey,
+        partition: &PartitionKey,
+        threshold: f32,
+        policy: &Policy,
+    ) -> Option<(Hit, f32)> {
+        let (id, similarity) = self.aliases.get(key)?;
+        if similarity < threshold {
+            return None;
+        }
+        let entry = match self.store.get(id) {
+            Ok(Some(e)) if e.partition == *partition => e,
+            Ok(_) => {
+                self.aliases.forget(key);
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let now = unix_ms();
+        let age_s = entry.age_s(now);
+        if entry.is_expired(now) || policy.max_age_s.is_some_and(|max| age_s > max) {
+            return None;
+        }
+        Some((
+            Hit {
+                entry: Arc::new(entry),
+                age_s,
+            },
+            similarity,
+        ))
+    }
+
+    /// Records a hit on an entry (batched by the writer thread).
+    pub fn note_hit(&self, id: EntryId, hit: HitEvent) {
+        self.writer.send(WriteOp::Touch(id, hit));
+    }
+
+    /// Joins the flight for `key`, or starts one when this request will store its answer.
+    pub fn join(&self, key: CacheKey, leader_streams: bool, will_store: bool) -> Option<Join> {
+        self.flights.join(key, leader_streams, will_store)
+    }
+
+    /// Waits until every write queued so far has landed (blocking; admin operations).
+    pub fn drain(&self) {
+        self.writer.flush(Duration::from_secs(30));
+    }
+
+    /// Drains pending writes and flushes the store (shutdown), waiting at most `within`. Returns
+    /// false when the writer did not finish in time (stuck on the disk): it is then left behind,
+    /// and the process can exit without it.
+    pub fn close(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        self.writer.flush(within);
+        self.writer
+            .stop(deadline.saturating_duration_since(Instant::now()))
+    }
+}
+
+/// How long a cache dropped without `close` waits for its writer.
+const DROP_WAIT: Duration = Duration::from_secs(10);
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        // A cache dropped without `close` (a test, an early exit) still stops its writer, which
+        // would otherwise keep the store, and its file lock, alive.
+        self.writer.stop(DROP_WAIT);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+    use std::time::Duration;
+
+    /// A store whose flush never returns (until the test is long over): a write stuck in a
+    /// failing disk.
+    struct StuckStore;
+
+    impl Store for StuckStore {
+        fn get(&self, _: EntryId) -> Result<Option<Entry>, StoreError> {
+            Ok(None)
+        }
+        fn get_by_key(&self, _: &CacheKey) -> Result<Option<Entry>, StoreError> {
+            Ok(None)
+        }
+        fn put(&self, _: Entry) -> Result<EntryId, StoreError> {
+            Err(StoreError::Unavailable)
+        }
+        fn delete(&self, _: EntryId) -> Result<bool, StoreError> {
+            Ok(false)
+        }
+        fn touch(&self, _: EntryId, _: u64, _: &[HitEvent]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn set_vector(&self, _: EntryId, _: &[f32]) -> Result<bool, StoreError> {
+            Ok(false)
+        }
+        fn list_newest(&self, _: Option<EntryId>, _: usize) -> Result<Vec<Entry>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn list(&self, _: Option<EntryId>, _: usize) -> Result<Vec<Entry>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn len(&self) -> usize {
+            0
+        }
+        fn bytes(&self) -> u64 {
+            0
+        }
+        fn sweep(&self, _: u64, _: usize, _: u64) -> Result<(usize, usize), StoreError> {
+            Ok((0, 0))
+        }
+        fn flush(&self) -> Result<(), StoreError> {
+            std::thread::sleep(Duration::from_secs(120));
+            Ok(())
+        }
+        fn clear(&self) -> Result<usize, StoreError> {
+            Ok(0)
+        }
+    }
+
+    fn settings() -> CacheSettings {
+        CacheSettings {
+            share_across_keys: false,
+            cache_length_finish: false,
+            complete_on_disconnect: false,
+            disconnect_budget_ms: 0,
+            max_entries: 10,
+            max_bytes: 1 << 20,
+            sweep_interval_ms: 3_600_000,
+        }
+    }
+
+    /// Before, `close` joined the writer thread without a deadline, so SIGTERM hung for as long
+    /// as a store write did (forever, on the full disk).
+    #[test]
+    fn close_gives_up_on_a_writer_stuck_in_the_store() {
+        let cache = Cache::new(Arc::new(StuckStore), None, None, settings());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let closed = cache.close(Duration::from_millis(300));
+            // Dropping the cache must not wait for the writer either.
+            drop(cache);
+            let _ = tx.send(closed);
+        });
+        let closed = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("close and drop returned while the store was stuck");
+        assert!(!closed, "close reports the writer it left behind");
+    }
+}

@@ -1,0 +1,197 @@
+//! The writer thread: every store write (new entries, hit bookkeeping, sweeps, the disk budget)
+//! happens here, off the request path, so a request never waits on the disk.
+//!
+//! Shutdown drains it and flushes the store, waiting no longer than it is given: a write stuck in a
+//! failing disk must not hold the process (and the store's lock) past the grace period. While the
+//! store is degraded, the writer also tries to bring it back.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::lock;
+use crate::backfill::Backfill;
+use crate::entry::{Entry, EntryId, HitEvent, HIT_HISTORY};
+use crate::index::VectorIndex;
+use crate::record::unix_ms;
+use crate::store::Store;
+
+pub(super) enum WriteOp {
+    Put(Box<Entry>),
+    Touch(EntryId, HitEvent),
+    Flush(mpsc::Sender<()>),
+}
+
+/// When the writer sweeps and what it enforces.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Budget {
+    pub max_entries: usize,
+    pub max_bytes: u64,
+    pub sweep_interval_ms: u64,
+}
+
+/// The handle on the writer thread.
+pub(super) struct Writer {
+    tx: Mutex<Option<mpsc::Sender<WriteOp>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Disconnects when the writer thread ends, so stopping it can wait with a deadline.
+    done: Mutex<Option<mpsc::Receiver<()>>>,
+}
+
+impl Writer {
+    /// Starts the thread. `backfill` is told of every entry stored without a vector.
+    pub(super) fn start(
+        store: Arc<dyn Store>,
+        index: Option<Arc<dyn VectorIndex>>,
+        backfill: Option<Arc<Backfill>>,
+        budget: Budget,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel::<WriteOp>();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("reprise-writer".into())
+            .spawn(move || {
+                // Dropped when the loop ends, however it ends.
+                let _done = done_tx;
+                writer_loop(store, index, backfill, rx, budget);
+            })
+            .ok();
+        Self {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(thread),
+            done: Mutex::new(Some(done_rx)),
+        }
+    }
+
+    pub(super) fn send(&self, op: WriteOp) {
+        if let Some(tx) = lock(&self.tx).as_ref() {
+            let _ = tx.send(op);
+        }
+    }
+
+    /// Waits until every write queued so far has landed and the store is flushed, at most `within`.
+    pub(super) fn flush(&self, within: Duration) {
+        let (tx, rx) = mpsc::channel();
+        self.send(WriteOp::Flush(tx));
+        let _ = rx.recv_timeout(within);
+    }
+
+    /// Ends the writer thread (it applies what is queued and flushes first); false if it has not
+    /// ended within `within`.
+    pub(super) fn stop(&self, within: Duration) -> bool {
+        lock(&self.tx).take();
+        let Some(done) = lock(&self.done).take() else {
+            return true;
+        };
+        match done.recv_timeout(within) {
+            Err(RecvTimeoutError::Timeout) => {
+                tracing::warn!(
+                    "the cache writer did not finish in time (a store write is stuck): exiting \
+                     without it; writes still queued are lost"
+                );
+                false
+            }
+            _ => {
+                if let Some(thread) = lock(&self.thread).take() {
+                    let _ = thread.join();
+                }
+                true
+            }
+        }
+    }
+}
+fn writer_loop(
+    store: Arc<dyn Store>,
+    index: Option<Arc<dyn VectorIndex>>,
+    backfill: Option<Arc<Backfill>>,
+    rx: mpsc::Receiver<WriteOp>,
+    budget: Budget,
+) {
+    let interval = Duration::from_millis(budget.sweep_interval_ms.max(10));
+    let mut last_sweep = Instant::now();
+    let mut touches: HashMap<EntryId, Touches> = HashMap::new();
+    let mut dirty = false;
+    loop {
+        let op = rx.recv_timeout(interval);
+        match op {
+            Ok(WriteOp::Put(entry)) => {
+                let vector = entry.vector.clone().map(|v| (entry.partition.0, v));
+                let unembedded = crate::backfill::wants_vector(&entry);
+                match store.put(*entry) {
+                    // The index learns of an entry only once the store holds it.
+                    Ok(id) => {
+                        if let (Some(index), Some((partition, vector))) = (&index, vector) {
+                            index.insert(id.0, partition, &vector);
+                        }
+                        // Its miss skipped the embedding: the vector comes later, off this path.
+                        if let Some(backfill) = backfill.as_ref().filter(|_| unembedded) {
+                            backfill.enqueue(id);
+                        }
+                    }
+                    // At debug: a failing store logs its state once, not once per answer.
+                    Err(err) => tracing::debug!(error = %err, "storing a cache entry failed"),
+                }
+                dirty = true;
+            }
+            Ok(WriteOp::Touch(id, hit)) => {
+                let t = touches.entry(id).or_default();
+                t.count += 1;
+                // Only the latest are kept with the entry: a hot entry's batch stays small.
+                if t.recent.len() == HIT_HISTORY {
+                    t.recent.pop_front();
+                }
+                t.recent.push_back(hit);
+            }
+            Ok(WriteOp::Flush(done)) => {
+                apply_touches(store.as_ref(), &mut touches);
+                if let Err(err) = store.flush() {
+                    tracing::debug!(error = %err, "flushing the store failed");
+                }
+                let _ = done.send(());
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                apply_touches(store.as_ref(), &mut touches);
+                let _ = store.flush();
+                return;
+            }
+        }
+        // Degraded (its disk failed): try to reopen it, busy or not; the store rate-limits this.
+        if store.degraded().is_some() {
+            store.recover();
+        }
+        // Hit counts are batched; TTL expiry and caps are enforced in the same quiet moments.
+        if last_sweep.elapsed() >= interval || dirty && store.len() > budget.max_entries {
+            apply_touches(store.as_ref(), &mut touches);
+            match store.sweep(unix_ms(), budget.max_entries, budget.max_bytes) {
+                Ok((expired, evicted)) if expired + evicted > 0 => {
+                    tracing::debug!(expired, evicted, "cache sweep");
+                }
+                Ok(_) => {}
+                Err(err) => tracing::debug!(error = %err, "cache sweep failed"),
+            }
+            // sled's log may hold far more than the live entries: rebuild it past its budget.
+            store.enforce_disk_budget(budget.max_bytes);
+            last_sweep = Instant::now();
+            dirty = false;
+        }
+    }
+}
+
+/// Hits on one entry since the last write of them.
+#[derive(Default)]
+struct Touches {
+    count: u64,
+    recent: VecDeque<HitEvent>,
+}
+
+fn apply_touches(store: &dyn Store, touches: &mut HashMap<EntryId, Touches>) {
+    for (id, t) in touches.drain() {
+        let recent: Vec<HitEvent> = t.recent.into();
+        if let Err(err) = store.touch(id, t.count, &recent) {
+            tracing::debug!(error = %err, "recording hits failed");
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! The per-request context carried through the stages: what ingress read, what the policy and key
+//! stages decided, and what the lookup learned on the way (the nearest candidate, a shadow
+//! decision, a vetoed entry, the prompt's vector), so that each stage takes one value instead of a
+//! long argument list.
+
+use std::sync::{Arc, OnceLock};
+
+use axum::http::HeaderMap;
+
+use crate::entry::{EntryId, RequestSummary};
+use crate::error::GatewayError;
+use crate::feedback::PromptKey;
+use crate::ingress::{Ingress, Route};
+use crate::key::{KeyInput, Keys, Tenant};
+use crate::live::Settings;
+use crate::policy::{self, Policy};
+use crate::record::{set_header, unix_ms, CacheOutcome, Nearest, RecordMeta};
+use crate::shadow::ShadowDecision;
+use crate::AppState;
+
+/// One request on its way through the pipeline.
+pub struct Exchange {
+    /// `x-reprise-request-id`, the key of the request's record.
+    pub id: String,
+    pub ingress: Ingress,
+    /// The live settings as they were when the request arrived (one snapshot for the whole request).
+    pub settings: Arc<Settings>,
+    pub policy: Policy,
+    pub tenant: Tenant,
+    pub keys: Keys,
+    /// Whether the response streams (embeddings never do, whatever the body says).
+    pub stream: bool,
+    /// `stream_options.include_usage`: the client wants the usage chunk.
+    pub include_usage: bool,
+    /// The similarity a semantic hit needs: the request's own when stricter, else the floor.
+    pub threshold: f32,
+    /// The prompt's feedback key, hashed once and only when a path needs it.
+    prompt_key: OnceLock<PromptKey>,
+    /// What the lookup found on its way to a miss, reported in the miss's headers and record.
+    pub misses: MissNotes,
+    /// The prompt's embedding, stored with the answer for semantic matching.
+    pub vector: Option<Vec<f32>>,
+}
+
+/// What a miss reports about the lookup that preceded it.
+#[derive(Default)]
+pub struct MissNotes {
+    /// The best semantic candidate, and the guard that refused it.
+    pub nearest: Nearest,
+    /// What semantic matching would have served, in shadow mode.
+    pub shadowed: Option<ShadowDecision>,
+    /// The entry an operator's verdict kept from being served.
+    pub vetoed: Option<EntryId>,
+}
+
+impl MissNotes {
+    /// Adds the `x-reprise-nearest`, `-guard`, `-shadow` and `-vetoed` headers to a miss's response.
+    pub fn annotate(&self, headers: &mut HeaderMap) {
+        if let Some(nearest) = self.nearest.similarity {
+            // What the best candidate scored, so thresholds can be tuned from real traffic.
+            set_header(headers, "x-reprise-nearest", format!("{nearest:.4}"));
+        }
+        if let Some(guard) = self.nearest.guard {
+            // A guard refuses the best candidate: no threshold would serve it.
+            set_header(headers, "x-reprise-guard", guard.name().to_owned());
+        }
+        if let Some(decision) = &self.shadowed {
+            // What `on` would have served: the response itself is the upstream's.
+            set_header(headers, "x-reprise-shadow", decision.header());
+        }
+        if let Some(entry) = self.vetoed {
+            set_header(headers, "x-reprise-vetoed", entry.to_string());
+        }
+    }
+}
+
+impl Exchange {
+    /// The policy and key stages: reads the cache controls against the live defaults, and builds the
+    /// partition, the exact key and the prompt. Fails on a control or a keyed field that is invalid.
+    pub fn new(state: &AppState, ingress: Ingress, id: String) -> Result<Self, GatewayError> {
+        let settings = state.live.current();
+        let policy =
+            policy::from_headers(&ingress.headers, &settings.defaults_for(&ingress.headers))?;
+        let tenant = Tenant::from_headers(&ingress.headers, state.cache.settings.share_across_keys);
+        let keys = crate::key::build(&KeyInput {
+            route: ingress.route,
+            body: &ingress.body,
+            tenant,
+            namespace: policy.namespace.as_deref(),
+        })?;
+        // A client may ask for stricter matching than the operator's floor, never for looser.
+        let floor = settings.threshold_floor(policy.namespace.as_deref());
+        if let Some(t) = policy.threshold.filter(|t| *t < floor) {
+            return Err(GatewayError::invalid(
+                format!("`x-reprise-threshold: {t}` is below the configured floor of {floor}; a request may only raise it."),
+                Some("x-reprise-threshold"),
+            ));
+        }
+        let include_usage = ingress
+            .body
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false);
+        Ok(Self {
+            id,
+            stream: ingress.stream && ingress.route != Route::Embeddings,
+            include_usage,
+            threshold: policy.threshold.unwrap_or(floor),
+            ingress,
+            settings,
+            policy,
+            tenant,
+            keys,
+            prompt_key: OnceLock::new(),
+            misses: MissNotes::default(),
+            vector: None,
+        })
+    }
+
+    pub fn route(&self) -> Route {
+        self.ingress.route
+    }
+
+    /// The prompt's key for operators' verdicts.
+    pub fn prompt_key(&self) -> PromptKey {
+        *self
+            .prompt_key
+            .get_or_init(|| PromptKey::of(&self.keys.prompt))
+    }
+
+    /// What an entry stored from this request says about it.
+    pub fn summary(&self) -> RequestSummary {
+        RequestSummary {
+            route: self.route().name().to_owned(),
+            model: self.ingress.model.clone(),
+            namespace: self.policy.namespace.clone(),
+            tenant: self.tenant.label(),
+            prompt: self.keys.prompt.clone(),
+            stream: self.stream,
+        }
+    }
+
+    /// The start of this request's record, as `cache`.
+    pub fn record(&self, cache: CacheOutcome) -> RecordMeta {
+        RecordMeta {
+            id: self.id.clone(),
+            started_at_ms: unix_ms()
+                .saturating_sub(self.ingress.clock.start.elapsed().as_millis() as u64),
+            method: "POST".into(),
+            route: self.route().name().to_owned(),
+            model: Some(self.ingress.model.clone()),
+            stream: self.ingress.stream,
+            cache,
+            served: None,
+            nearest: self.misses.nearest,
+            error: None,
+        }
+    }
+}

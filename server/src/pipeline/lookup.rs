@@ -1,0 +1,347 @@
+//! Lookup, the stage between the key and the upstream: decides whether a request is served from an
+//! entry ([`Decision::Hit`]), waits for an identical miss already in flight ([`Decision::Follow`]),
+//! or goes upstream ([`Decision::Miss`]).
+//!
+//! In order: the exact key; a paraphrase served before (the alias memory, or a match an operator
+//! approved); semantic matching (embed the prompt, search its partition, let the guards and the
+//! operators' verdicts veto candidates); single flight. With `semantic_overlap` on, the semantic
+//! search is started but not awaited: the miss stage races it against the upstream's first byte.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use tokio::task::JoinHandle;
+
+use super::Exchange;
+use crate::cache::{Flight, Join};
+use crate::entry::{Entry, EntryId, HitKind};
+use crate::feedback::{self, Encounter, Met};
+use crate::guard::Guards;
+use crate::ingress::Route;
+use crate::record::{unix_ms, CacheOutcome};
+use crate::semantic::{self, Query, Semantic};
+use crate::AppState;
+
+/// What the lookup decided for a request.
+pub enum Decision {
+    /// Serve this entry.
+    Hit(Found),
+    /// An identical miss is in flight: wait for its answer.
+    Follow(Arc<Flight>),
+    /// Go upstream; `flight` is set when this request leads identical ones, `search` when semantic
+    /// matching still runs beside the upstream request (`semantic_overlap`).
+    Miss {
+        flight: Option<Arc<Flight>>,
+        search: Option<PendingSearch>,
+    },
+}
+
+/// An entry found for a request, and how.
+pub struct Found {
+    pub entry: Arc<Entry>,
+    pub age_s: u64,
+    pub how: How,
+}
+
+/// How a request came to be served from an entry.
+#[derive(Debug, Clone, Copy)]
+pub enum How {
+    Exact,
+    Similar(f32),
+    /// An identical miss in flight landed.
+    Coalesced,
+}
+
+impl How {
+    pub fn outcome(self) -> CacheOutcome {
+        match self {
+            Self::Exact => CacheOutcome::Hit,
+            Self::Similar(_) => CacheOutcome::SemanticHit,
+            Self::Coalesced => CacheOutcome::Coalesced,
+        }
+    }
+
+    pub fn kind(self) -> HitKind {
+        match self {
+            Self::Exact => HitKind::Hit,
+            Self::Similar(_) => HitKind::SemanticHit,
+            Self::Coalesced => HitKind::Coalesced,
+        }
+    }
+
+    pub fn similarity(self) -> Option<f32> {
+        match self {
+            Self::Similar(s) => Some(s),
+            Self::Exact | Self::Coalesced => None,
+        }
+    }
+}
+
+/// What the semantic stage produced: the prompt's vector (to store with the answer) and, when it
+/// searched, what it found.
+#[derive(Default)]
+pub struct Searched {
+    pub vector: Option<Vec<f32>>,
+    pub embed_ms: Option<f64>,
+    pub outcome: Option<semantic::Outcome>,
+}
+
+/// A semantic search running beside the upstream request. Its vector also lands in `vector` when
+/// it is done, so that an answer recorded later can be stored with it.
+pub struct PendingSearch {
+    pub task: JoinHandle<Searched>,
+    pub vector: Arc<OnceLock<Vec<f32>>>,
+}
+
+/// Runs the lookup for `ex`.
+pub async fn decide(state: &AppState, ex: &mut Exchange) -> Decision {
+    if let Some(found) = exact(state, ex) {
+        return Decision::Hit(found);
+    }
+    let mut search = None;
+    if let Some((semantic, plan)) = semantic_plan(state, ex) {
+        let overlap = state.config.semantic_overlap && !plan.shadow && plan.search;
+        if overlap {
+            search = Some(start_search(state, semantic, ex, plan));
+        } else {
+            let searched = run_search(semantic, state.cache.store.clone(), ex, plan).await;
+            if let Some(found) = apply_search(state, ex, searched, plan.shadow) {
+                return Decision::Hit(found);
+            }
+        }
+    }
+    ex.ingress.clock.looked_up = Some(Instant::now());
+    let (policy, stream) = (&ex.policy, ex.stream);
+    if !(policy.lookup || policy.store) {
+        return Decision::Miss {
+            flight: None,
+            search,
+        };
+    }
+    match state.cache.join(ex.keys.exact, stream, policy.store) {
+        Some(Join::Follower(leader)) if policy.lookup => {
+            if let Some(pending) = search {
+                // The leader's answer serves this request; its search is the leader's to run.
+                pending.task.abort();
+            }
+            Decision::Follow(leader)
+        }
+        Some(Join::Leader(flight)) => Decision::Miss {
+            flight: Some(flight),
+            search,
+        },
+        _ => Decision::Miss {
+            flight: None,
+            search,
+        },
+    }
+}
+
+/// The exact key, then a paraphrase served before (an alias the operator approved, or one the alias
+/// memory kept).
+fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
+    if !ex.policy.lookup {
+        return None;
+    }
+    if let Some(hit) = state.cache.lookup(&ex.keys.exact, &ex.policy) {
+        return Some(found(state, ex, hit.entry, hit.age_s, How::Exact));
+    }
+    if !(ex.policy.semantic && state.semantic.is_some()) {
+        return None;
+    }
+    // A paraphrase served before: the same answer, without embedding it again. The guards are
+    // checked again: they may have been turned on since the alias was made. An alias an operator
+    // approved is served as it is (a veto of the same pair withdraws the approval); a remembered
+    // one only while feedback allows the pair.
+    let prompt = ex.prompt_key();
+    let (hit, similarity) =
+        feedback::approved_hit(&state.feedback, &state.cache, &ex.keys, &prompt, &ex.policy)
+            .or_else(|| {
+                state
+                    .cache
+                    .lookup_alias(&ex.keys.exact, &ex.keys.partition, ex.threshold, &ex.policy)
+                    .filter(|(hit, similarity)| {
+                        ex.settings
+                            .guards
+                            .refuses_texts(&ex.keys.prompt, &hit.entry.summary.prompt)
+                            .is_none()
+                            && state.feedback.allows(hit.entry.id, &prompt, *similarity)
+                    })
+            })?;
+    Some(found(
+        state,
+        ex,
+        hit.entry,
+        hit.age_s,
+        How::Similar(similarity),
+    ))
+}
+
+/// What the semantic stage will do for a request.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    /// Search for a candidate (else only embed, to store the vector with the answer).
+    search: bool,
+    /// Shadow mode: search at any similarity, unguarded, and only record what `on` would serve.
+    shadow: bool,
+}
+
+fn semantic_plan<'a>(state: &'a AppState, ex: &Exchange) -> Option<(&'a Arc<Semantic>, Plan)> {
+    let semantic = state
+        .semantic
+        .as_ref()
+        .filter(|_| ex.route() != Route::Embeddings)?;
+    let policy = &ex.policy;
+    let shadow = policy.lookup && policy.shadow;
+    let search = (policy.lookup && policy.semantic) || shadow;
+    (search || policy.store).then_some((semantic, Plan { search, shadow }))
+}
+
+fn query(ex: &Exchange, plan: Plan) -> Query {
+    let (threshold, guards) = if plan.shadow {
+        (f32::NEG_INFINITY, Guards::default())
+    } else {
+        (ex.threshold, ex.settings.guards)
+    };
+    Query {
+        partition: ex.keys.partition.0,
+        prompt: ex.keys.prompt.clone(),
+        threshold,
+        guards,
+        max_age_s: ex.policy.max_age_s,
+    }
+}
+
+async fn search(
+    semantic: Arc<Semantic>,
+    store: Arc<dyn crate::store::Store>,
+    query: Query,
+    search: bool,
+) -> Searched {
+    let Some((vector, embed_ms)) = semantic.embed(&query.prompt).await else {
+        return Searched::default();
+    };
+    let outcome = if search {
+        Some(semantic.search(&store, vector.clone(), query).await)
+    } else {
+        None
+    };
+    Searched {
+        vector: Some(vector),
+        embed_ms: Some(embed_ms),
+        outcome,
+    }
+}
+
+async fn run_search(
+    semantic: &Arc<Semantic>,
+    store: Arc<dyn crate::store::Store>,
+    ex: &Exchange,
+    plan: Plan,
+) -> Searched {
+    search(semantic.clone(), store, query(ex, plan), plan.search).await
+}
+
+fn start_search(
+    state: &AppState,
+    semantic: &Arc<Semantic>,
+    ex: &Exchange,
+    plan: Plan,
+) -> PendingSearch {
+    let vector = Arc::new(OnceLock::new());
+    let slot = vector.clone();
+    let running = search(
+        semantic.clone(),
+        state.cache.store.clone(),
+        query(ex, plan),
+        plan.search,
+    );
+    let task = state.tasks.spawn(async move {
+        let searched = running.await;
+        if let Some(v) = &searched.vector {
+            let _ = slot.set(v.clone());
+        }
+        searched
+    });
+    PendingSearch { task, vector }
+}
+
+/// Takes in what the semantic stage found: the nearest candidate and the guard that refused it
+/// (for the miss's headers), a shadow decision, an operator's veto, the vector. Returns the hit to
+/// serve, if any.
+pub fn apply_search(
+    state: &AppState,
+    ex: &mut Exchange,
+    searched: Searched,
+    shadow: bool,
+) -> Option<Found> {
+    ex.ingress.clock.embed_ms = searched.embed_ms;
+    ex.vector = searched.vector;
+    let mut outcome = searched.outcome?;
+    ex.ingress.clock.search_ms = outcome.search_ms;
+    let prompt = ex.prompt_key();
+    if let (Some(entry), Some(similarity), false) = (outcome.nearest_entry, outcome.nearest, shadow)
+    {
+        // Noted as a near miss; a hit below overwrites it.
+        note(state, ex, Met::NearMiss, entry, Some(similarity));
+    }
+    if shadow {
+        if let Some((entry, similarity)) = outcome.hit.take() {
+            ex.misses.shadowed = crate::shadow::record(state, ex, &entry, similarity);
+            note(state, ex, Met::Shadow, entry.id, Some(similarity));
+        }
+    }
+    // A pair an operator said was wrong is never served again.
+    if let Some((entry, similarity)) = outcome
+        .hit
+        .take_if(|(e, s)| !state.feedback.allows(e.id, &prompt, *s))
+    {
+        ex.misses.vetoed = Some(entry.id);
+        tracing::debug!(entry = %entry.id, similarity, "semantic hit vetoed by feedback");
+    }
+    ex.misses.nearest.similarity = outcome.nearest;
+    ex.misses.nearest.guard = outcome.nearest_guard;
+    if let Some(guard) = outcome.refused {
+        state.requests.stats.guard_refused(guard);
+    }
+    let (entry, similarity) = outcome.hit?;
+    if ex.policy.store {
+        state
+            .cache
+            .remember_alias(ex.keys.exact, entry.id, similarity);
+    }
+    let age_s = entry.age_s(unix_ms());
+    Some(found(
+        state,
+        ex,
+        Arc::new(entry),
+        age_s,
+        How::Similar(similarity),
+    ))
+}
+
+/// A hit: the lookup ends here, and feedback on this request will name the entry.
+fn found(state: &AppState, ex: &mut Exchange, entry: Arc<Entry>, age_s: u64, how: How) -> Found {
+    ex.ingress.clock.looked_up = Some(Instant::now());
+    let met = match how {
+        How::Exact => Met::Hit,
+        How::Similar(_) | How::Coalesced => Met::SemanticHit,
+    };
+    note(state, ex, met, entry.id, how.similarity());
+    Found { entry, age_s, how }
+}
+
+/// What feedback on this request will need to know about the entry it met.
+fn note(state: &AppState, ex: &Exchange, met: Met, entry: EntryId, similarity: Option<f32>) {
+    state.feedback.note(
+        &ex.id,
+        Encounter {
+            met,
+            entry,
+            partition: ex.keys.partition,
+            prompt: ex.prompt_key(),
+            preview: feedback::preview(&ex.keys.prompt),
+            similarity,
+        },
+    );
+}
