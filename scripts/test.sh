@@ -63,6 +63,20 @@ PROPTEST_CASES=100000 cargo test -p reprise-server --test it -- --exact \
 echo "==> Strict upstream tests (aiohttp)"
 REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/strict
 
+# ---- Framework clients: the official SDKs' helpers, LangChain, the OpenAI Agents SDK ----
+# Each client (pinned: server/tests/frameworks/requirements.txt, installed by scripts/python-env.sh, and
+# server/tests/frameworks/node/package.json) asks a real gateway with the model loaded: a miss, an
+# exact hit, a paraphrase served as a semantic hit, and a streamed miss replayed as a streamed hit.
+echo "==> Framework tests (Python: openai sync/async and helpers, LangChain ChatOpenAI, Agents SDK)"
+REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" \
+  .venv/bin/python -m pytest -q server/tests/frameworks
+echo "==> Framework tests (Node: openai create and chat.completions.stream)"
+(
+  cd server/tests/frameworks/node
+  npm ci --no-audit --no-fund --silent
+  REPRISE_BIN_DIR="$OLDPWD/target/debug" REPRISE_MODELS_DIR="$OLDPWD/models" node --test
+)
+
 # ---- kill -9 loss rate ----
 # The SIGKILL process test already ran above; run it again uncaptured to print the share of
 # completed answers that the kill lost (see README, "Durability and failure").
