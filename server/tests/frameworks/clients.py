@@ -20,6 +20,12 @@ SYSTEM = "You answer in one short sentence."
 class Reply:
     outcome: str | None  # the response's x-reprise-cache header
     text: str
+    request_id: str | None  # x-reprise-request-id: the gateway's record of this request in /admin/requests
+
+
+def reply(headers, text: str) -> Reply:
+    """A Reply from the response headers (any mapping with `get`) and the text the client assembled."""
+    return Reply(headers.get("x-reprise-cache"), text, headers.get("x-reprise-request-id"))
 
 
 @dataclass
@@ -42,15 +48,15 @@ def messages(prompt: str) -> list[dict]:
 
 
 class Outcomes:
-    """Records `x-reprise-cache` from every response an httpx client receives, through its event hooks: the way
-    to read a header when the library keeps the HTTP response to itself (the SDK's streaming helpers, the Agents
+    """Records the headers of every response an httpx client receives, through its event hooks: the way to read
+    `x-reprise-cache` when the library keeps the HTTP response to itself (the SDK's streaming helpers, the Agents
     SDK). Hooks run when the headers arrive, before the body is read."""
 
     def __init__(self):
-        self.seen: list[tuple[str, str | None]] = []
+        self.seen: list[tuple[str, object]] = []
 
     def _record(self, response) -> None:
-        self.seen.append((response.request.url.path, response.headers.get("x-reprise-cache")))
+        self.seen.append((response.request.url.path, response.headers))
 
     async def _arecord(self, response) -> None:
         self._record(response)
@@ -61,8 +67,8 @@ class Outcomes:
     def async_http_client(self):
         return openai.DefaultAsyncHttpxClient(event_hooks={"response": [self._arecord]})
 
-    def one(self) -> str | None:
-        """The outcome of the only request made since the last call; fails when there was not exactly one."""
+    def one(self):
+        """The headers of the only response since the last call; fails when there was not exactly one request."""
         seen, self.seen = self.seen, []
         assert len(seen) == 1, f"expected one request to the gateway, saw {seen}"
         return seen[0][1]
@@ -77,7 +83,7 @@ def openai_sync(stack, key, prompt, stream) -> Reply:
             text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
         else:
             text = raw.parse().choices[0].message.content
-        return Reply(raw.headers.get("x-reprise-cache"), text)
+        return reply(raw.headers, text)
 
 
 def openai_async(stack, key, prompt, stream) -> Reply:
@@ -91,7 +97,7 @@ def openai_async(stack, key, prompt, stream) -> Reply:
                 text = "".join([c.choices[0].delta.content or "" async for c in raw.parse() if c.choices])
             else:
                 text = raw.parse().choices[0].message.content
-            return Reply(raw.headers.get("x-reprise-cache"), text)
+            return reply(raw.headers, text)
 
     return run_async(run())
 
@@ -106,10 +112,10 @@ def openai_helpers_sync(stack, key, prompt, stream) -> Reply:
                 deltas = "".join(e.delta for e in events if e.type == "content.delta")
                 final = events.get_final_completion().choices[0].message.content
             assert deltas == final, "the helper's events and its final completion disagree"
-            return Reply(seen.one(), final)
+            return reply(seen.one(), final)
         raw = client.chat.completions.with_raw_response.parse(model=MODEL, messages=messages(prompt))
-        assert seen.one() == raw.headers.get("x-reprise-cache")
-        return Reply(raw.headers.get("x-reprise-cache"), raw.parse().choices[0].message.content)
+        assert seen.one() == raw.headers
+        return reply(raw.headers, raw.parse().choices[0].message.content)
 
 
 def openai_helpers_async(stack, key, prompt, stream) -> Reply:
@@ -123,9 +129,9 @@ def openai_helpers_async(stack, key, prompt, stream) -> Reply:
                     deltas = "".join([e.delta async for e in events if e.type == "content.delta"])
                     final = (await events.get_final_completion()).choices[0].message.content
                 assert deltas == final, "the helper's events and its final completion disagree"
-                return Reply(seen.one(), final)
+                return reply(seen.one(), final)
             parsed = await client.chat.completions.parse(model=MODEL, messages=messages(prompt))
-            return Reply(seen.one(), parsed.choices[0].message.content)
+            return reply(seen.one(), parsed.choices[0].message.content)
 
     return run_async(run())
 
@@ -142,18 +148,14 @@ def lc_messages(prompt):
     return [("system", SYSTEM), ("human", prompt)]
 
 
-def lc_outcome(metadata: dict) -> str | None:
-    return metadata.get("headers", {}).get("x-reprise-cache")
-
-
 def langchain_sync(stack, key, prompt, stream) -> Reply:
     llm = chat_openai(stack, key)
     if stream:
         chunks = list(llm.stream(lc_messages(prompt)))
         # The headers ride on the first chunk's metadata.
-        return Reply(lc_outcome(chunks[0].response_metadata), "".join(c.content for c in chunks))
+        return reply(chunks[0].response_metadata["headers"], "".join(c.content for c in chunks))
     message = llm.invoke(lc_messages(prompt))
-    return Reply(lc_outcome(message.response_metadata), message.content)
+    return reply(message.response_metadata["headers"], message.content)
 
 
 def langchain_async(stack, key, prompt, stream) -> Reply:
@@ -161,9 +163,9 @@ def langchain_async(stack, key, prompt, stream) -> Reply:
         llm = chat_openai(stack, key)
         if stream:
             chunks = [c async for c in llm.astream(lc_messages(prompt))]
-            return Reply(lc_outcome(chunks[0].response_metadata), "".join(c.content for c in chunks))
+            return reply(chunks[0].response_metadata["headers"], "".join(c.content for c in chunks))
         message = await llm.ainvoke(lc_messages(prompt))
-        return Reply(lc_outcome(message.response_metadata), message.content)
+        return reply(message.response_metadata["headers"], message.content)
 
     return run_async(run())
 
@@ -201,7 +203,7 @@ def agents_run(stack, key, prompt, stream) -> Reply:
         # One turn: one model call, answered with plain text (reprise-sim calls a tool only when forced to).
         assert [type(i) for i in result.new_items] == [MessageOutputItem], result.new_items
         assert isinstance(result.final_output, str) and result.final_output
-        return Reply(seen.one(), result.final_output)
+        return reply(seen.one(), result.final_output)
 
     return run_async(run())
 

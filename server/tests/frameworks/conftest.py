@@ -62,6 +62,16 @@ class Stack:
         with urllib.request.urlopen(req, timeout=5) as r:
             return json.load(r)["data"]
 
+    def record(self, request_id: str, seconds: float = 10.0) -> dict:
+        """The gateway's record of one request, by its x-reprise-request-id (a stream's lands after its last byte)."""
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            found = [r for r in self.requests(limit=50) if r["id"] == request_id]
+            if found:
+                return found[0]
+            time.sleep(0.02)
+        raise AssertionError(f"{request_id} is not in /admin/requests after {seconds}s")
+
     def require_semantic(self) -> None:
         """Semantic tests skip without the model outside CI (`models_dir` already failed the run under CI)."""
         if not self.semantic:

@@ -14,16 +14,23 @@ PARAPHRASE = "I forgot my password, how can I reset it"
 by_name = pytest.mark.parametrize("client", CLIENTS, ids=[c.name for c in CLIENTS])
 
 
+def served(stack, reply, outcome: str, stream: bool):
+    """Checks the header the client read, and that the gateway's own record agrees: same outcome, and a streamed
+    request really was one (a client that quietly asked for a whole body would pass the header check alone)."""
+    assert reply.outcome == outcome
+    record = stack.record(reply.request_id)
+    assert (record["cache"], record["stream"], record["status"]) == (outcome, stream, 200)
+    return reply
+
+
 @by_name
 def test_a_repeat_is_an_exact_hit_with_the_same_text(stack, client):
     key = stack.key(client.name)
     before = stack.stored()
-    first = client.ask(stack, key, QUESTION, stream=False)
-    assert first.outcome == "miss"
+    first = served(stack, client.ask(stack, key, QUESTION, stream=False), "miss", stream=False)
     assert first.text
     stack.wait_stored(before)
-    again = client.ask(stack, key, QUESTION, stream=False)
-    assert again.outcome == "hit"
+    again = served(stack, client.ask(stack, key, QUESTION, stream=False), "hit", stream=False)
     assert again.text == first.text
 
 
@@ -32,11 +39,9 @@ def test_a_paraphrase_is_a_semantic_hit_with_the_first_answer(stack, client):
     stack.require_semantic()
     key = stack.key(client.name)
     before = stack.stored()
-    first = client.ask(stack, key, QUESTION, stream=False)
-    assert first.outcome == "miss"
+    first = served(stack, client.ask(stack, key, QUESTION, stream=False), "miss", stream=False)
     stack.wait_stored(before)
-    paraphrase = client.ask(stack, key, PARAPHRASE, stream=False)
-    assert paraphrase.outcome == "semantic-hit"
+    paraphrase = served(stack, client.ask(stack, key, PARAPHRASE, stream=False), "semantic-hit", stream=False)
     # reprise-sim answers each prompt with its own words, so equal text means the stored answer was served.
     assert paraphrase.text == first.text
 
@@ -45,13 +50,11 @@ def test_a_paraphrase_is_a_semantic_hit_with_the_first_answer(stack, client):
 def test_a_streamed_miss_replays_as_a_streamed_hit_with_identical_content(stack, client):
     key = stack.key(client.name)
     before = stack.stored()
-    first = client.ask(stack, key, QUESTION, stream=True)
-    assert first.outcome == "miss"
+    first = served(stack, client.ask(stack, key, QUESTION, stream=True), "miss", stream=True)
     assert first.text
     stack.wait_stored(before)
-    again = client.ask(stack, key, QUESTION, stream=True)
-    assert again.outcome == "hit"
+    again = served(stack, client.ask(stack, key, QUESTION, stream=True), "hit", stream=True)
     assert again.text == first.text
     # The entry a stream left serves the non-streamed shape too.
-    whole = client.ask(stack, key, QUESTION, stream=False)
-    assert (whole.outcome, whole.text) == ("hit", first.text)
+    whole = served(stack, client.ask(stack, key, QUESTION, stream=False), "hit", stream=False)
+    assert whole.text == first.text

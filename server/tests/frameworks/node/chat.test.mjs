@@ -6,7 +6,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
-import { recordingFetch, startStack } from "./stack.mjs";
+import { outcomeOf, recordingFetch, startStack } from "./stack.mjs";
 
 const MODEL = "sim-model";
 const SYSTEM = "You answer in one short sentence.";
@@ -23,7 +23,7 @@ async function create(stack, apiKey, prompt, stream) {
   let text = "";
   if (stream) for await (const chunk of data) text += chunk.choices[0]?.delta?.content ?? "";
   else text = data.choices[0].message.content;
-  return { outcome: response.headers.get("x-reprise-cache"), text };
+  return { ...outcomeOf(response.headers), text };
 }
 
 /**
@@ -35,14 +35,14 @@ async function helpers(stack, apiKey, prompt, stream) {
   const client = new OpenAI({ baseURL: stack.baseURL, apiKey, maxRetries: 0, fetch });
   if (!stream) {
     const parsed = await client.chat.completions.parse({ model: MODEL, messages: messages(prompt) });
-    return { outcome: fetch.one(), text: parsed.choices[0].message.content };
+    return { ...outcomeOf(fetch.one()), text: parsed.choices[0].message.content };
   }
   const events = client.chat.completions.stream({ model: MODEL, messages: messages(prompt) });
   let deltas = "";
   events.on("content.delta", ({ delta }) => (deltas += delta));
   const final = (await events.finalChatCompletion()).choices[0].message.content;
   assert.equal(deltas, final, "the helper's events and its final completion disagree");
-  return { outcome: fetch.one(), text: final };
+  return { ...outcomeOf(fetch.one()), text: final };
 }
 
 const CLIENTS = { create, helpers };
@@ -51,37 +51,45 @@ let stack;
 before(async () => (stack = await startStack()));
 after(async () => stack?.stop());
 
+/**
+ * Checks the header the client read, and that the gateway's own record agrees: the same outcome, and a streamed
+ * request really was one. Returns the reply's text.
+ */
+async function served(reply, outcome, stream) {
+  assert.equal(reply.outcome, outcome);
+  const record = await stack.record(reply.requestId);
+  assert.deepEqual([record.cache, record.stream, record.status], [outcome, stream, 200]);
+  return reply.text;
+}
+
 for (const [name, ask] of Object.entries(CLIENTS)) {
   test(`${name}: a repeat is an exact hit with the same text`, async () => {
     const key = stack.key(name);
     const before = await stack.stored();
-    const first = await ask(stack, key, QUESTION, false);
-    assert.equal(first.outcome, "miss");
-    assert.ok(first.text);
+    const first = await served(await ask(stack, key, QUESTION, false), "miss", false);
+    assert.ok(first);
     await stack.waitStored(before);
-    assert.deepEqual(await ask(stack, key, QUESTION, false), { outcome: "hit", text: first.text });
+    assert.equal(await served(await ask(stack, key, QUESTION, false), "hit", false), first);
   });
 
   test(`${name}: a paraphrase is a semantic hit with the first answer`, async (t) => {
     if (!stack.semantic) return t.skip("no embedding model (run scripts/provision-models.sh)");
     const key = stack.key(name);
     const before = await stack.stored();
-    const first = await ask(stack, key, QUESTION, false);
-    assert.equal(first.outcome, "miss");
+    const first = await served(await ask(stack, key, QUESTION, false), "miss", false);
     await stack.waitStored(before);
     // reprise-sim answers each prompt with its own words, so equal text means the stored answer was served.
-    assert.deepEqual(await ask(stack, key, PARAPHRASE, false), { outcome: "semantic-hit", text: first.text });
+    assert.equal(await served(await ask(stack, key, PARAPHRASE, false), "semantic-hit", false), first);
   });
 
   test(`${name}: a streamed miss replays as a streamed hit with identical content`, async () => {
     const key = stack.key(name);
     const before = await stack.stored();
-    const first = await ask(stack, key, QUESTION, true);
-    assert.equal(first.outcome, "miss");
-    assert.ok(first.text);
+    const first = await served(await ask(stack, key, QUESTION, true), "miss", true);
+    assert.ok(first);
     await stack.waitStored(before);
-    assert.deepEqual(await ask(stack, key, QUESTION, true), { outcome: "hit", text: first.text });
+    assert.equal(await served(await ask(stack, key, QUESTION, true), "hit", true), first);
     // The entry a stream left serves the non-streamed shape too.
-    assert.deepEqual(await ask(stack, key, QUESTION, false), { outcome: "hit", text: first.text });
+    assert.equal(await served(await ask(stack, key, QUESTION, false), "hit", false), first);
   });
 }

@@ -80,24 +80,38 @@ async function start(models, procs, dataDir, stop) {
       }
       throw new Error(`no new entry stored (and indexed) within ${ms} ms: ${JSON.stringify(await stack.health())}`);
     },
+    /** The gateway's record of one request in /admin/requests, by its x-reprise-request-id (a stream's lands after its last byte). */
+    async record(requestId, ms = 10_000) {
+      const deadline = Date.now() + ms;
+      while (Date.now() < deadline) {
+        const res = await fetch(`${url}/admin/requests?limit=50`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } });
+        const found = (await res.json()).data.find((r) => r.id === requestId);
+        if (found) return found;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      throw new Error(`${requestId} is not in /admin/requests after ${ms} ms`);
+    },
     stop,
   };
   if (models) assert.equal((await stack.health()).mode, "semantic", "the model did not load");
   return stack;
 }
 
+/** What a test needs from a response's headers: the cache outcome and the id of the gateway's record. */
+export const outcomeOf = (headers) => ({ outcome: headers.get("x-reprise-cache"), requestId: headers.get("x-reprise-request-id") });
+
 /**
- * A `fetch` for `new OpenAI({ fetch })` that records the x-reprise-cache header of every response: the way to read
- * it when a helper such as `chat.completions.stream()` keeps the HTTP response to itself.
+ * A `fetch` for `new OpenAI({ fetch })` that records the headers of every response: the way to read x-reprise-cache
+ * when a helper such as `chat.completions.stream()` keeps the HTTP response to itself.
  */
 export function recordingFetch() {
   const seen = [];
   const record = async (input, init) => {
     const response = await fetch(input, init);
-    seen.push(response.headers.get("x-reprise-cache"));
+    seen.push(response.headers);
     return response;
   };
-  /** The outcome of the only request since the last call; throws unless there was exactly one. */
+  /** The headers of the only response since the last call; throws unless there was exactly one request. */
   record.one = () => {
     const got = seen.splice(0);
     assert.equal(got.length, 1, `expected one request to the gateway, saw ${JSON.stringify(got)}`);
