@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: Rust unit, router and integration tests, then the official OpenAI SDK tests
 # (Python and Node), the admin dashboard in headless Chromium and the framework clients (LangChain, the
-# OpenAI Agents SDK, the SDKs' helpers), against real reprise and reprise-sim processes. Installs what it needs on first run (Python venv, the embedding model, the Node SDK,
-# playwright-core and Debian's chromium). Screenshots land in target/artifacts (or $REPRISE_ARTIFACTS_DIR).
+# OpenAI Agents SDK, the SDKs' helpers), against real reprise and reprise-sim processes. Installs what it
+# needs on first run (Python venv, the embedding model, the Node SDK, playwright-core and Debian's
+# chromium). Screenshots land in target/artifacts (or $REPRISE_ARTIFACTS_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
