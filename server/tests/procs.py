@@ -47,4 +47,5 @@ def semantic_args(models: Path | None) -> list[str]:
     """`reprise serve` flags that load the model from `models`, or turn semantic matching off without one."""
     if models is None:
         return ["--semantic", "false"]
-    return ["--model-dir", str(models / "all-MiniLM-L6-v2"), "--ort-lib", str(models / "onnxruntime" / "libonnxruntime.so")]
+    return ["--model-dir", str(models / "all-MiniLM-L6-v2"),
+            "--ort-lib", str(models / "onnxruntime" / "libonnxruntime.so")]

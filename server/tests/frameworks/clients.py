@@ -170,15 +170,17 @@ def langchain_async(stack, key, prompt, stream) -> Reply:
     return run_async(run())
 
 
-# ---- the OpenAI Agents SDK: a one-turn agent on OpenAIChatCompletionsModel, tracing off ----
+# ---- the OpenAI Agents SDK: a one-turn agent on a model class given by name, tracing off ----
 
-def agents_run(stack, key, prompt, stream) -> Reply:
-    from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+def agents_run(stack, key, prompt, stream, model_class="OpenAIChatCompletionsModel") -> Reply:
+    import agents
+    from agents import Agent, Runner, set_tracing_disabled
     from agents.items import MessageOutputItem
 
-    # Tracing would post spans to OpenAI's own endpoint with the key; a gateway user turns it off or points it
-    # elsewhere.
+    # The SDK's trace exporter posts to OpenAI directly, not through the gateway; a gateway user turns it off or
+    # sends traces elsewhere.
     set_tracing_disabled(True)
+    model = getattr(agents, model_class)
 
     async def run():
         seen = Outcomes()
@@ -189,7 +191,7 @@ def agents_run(stack, key, prompt, stream) -> Reply:
 
     async def one_turn(client, seen):
         agent = Agent(
-            name="assistant", instructions=SYSTEM, model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
+            name="assistant", instructions=SYSTEM, model=model(model=MODEL, openai_client=client)
         )
         if stream:
             result = Runner.run_streamed(agent, prompt)
@@ -208,6 +210,10 @@ def agents_run(stack, key, prompt, stream) -> Reply:
     return run_async(run())
 
 
+# The Responses API (not cached yet) will add, with the same scenarios: `client.responses.with_raw_response.create(
+# model=MODEL, instructions=SYSTEM, input=prompt, stream=stream)` (sync and async) and `client.responses.stream(...)`,
+# ChatOpenAI(..., use_responses_api=True), and
+# Client("agents-responses", functools.partial(agents_run, model_class="OpenAIResponsesModel")).
 CLIENTS = [
     Client("openai-sync", openai_sync),
     Client("openai-async", openai_async),

@@ -19,7 +19,9 @@ const messages = (prompt) => [{ role: "system", content: SYSTEM }, { role: "user
 /** `chat.completions.create(...).withResponse()`: the parsed data and the HTTP response with its headers. */
 async function create(stack, apiKey, prompt, stream) {
   const client = new OpenAI({ baseURL: stack.baseURL, apiKey, maxRetries: 0 });
-  const { data, response } = await client.chat.completions.create({ model: MODEL, messages: messages(prompt), stream }).withResponse();
+  const { data, response } = await client.chat.completions
+    .create({ model: MODEL, messages: messages(prompt), stream })
+    .withResponse();
   let text = "";
   if (stream) for await (const chunk of data) text += chunk.choices[0]?.delta?.content ?? "";
   else text = data.choices[0].message.content;
@@ -28,7 +30,7 @@ async function create(stack, apiKey, prompt, stream) {
 
 /**
  * The helpers: `chat.completions.stream(...)` (its `content.delta` events and final completion) and, unstreamed,
- * `chat.completions.parse(...)`. The stream helper keeps its HTTP response, so the header comes from the client's fetch.
+ * `chat.completions.parse(...)`. The stream helper keeps its HTTP response: the header comes from the client's fetch.
  */
 async function helpers(stack, apiKey, prompt, stream) {
   const fetch = recordingFetch();

@@ -19,7 +19,9 @@ const ADMIN_TOKEN = "frameworks-admin";
 function modelsDir() {
   const dir = process.env.REPRISE_MODELS_DIR ?? join(root, "models");
   if (existsSync(join(dir, "all-MiniLM-L6-v2/model.onnx"))) return dir;
-  if (process.env.CI) throw new Error(`the embedding model is missing from ${dir} and CI is set: run scripts/provision-models.sh`);
+  if (process.env.CI) {
+    throw new Error(`the embedding model is missing from ${dir} and CI is set: run scripts/provision-models.sh`);
+  }
   return null;
 }
 
@@ -42,7 +44,8 @@ export async function startStack() {
 
 async function start(models, procs, dataDir, stop) {
   const simPort = await freePort();
-  procs.push(spawn(join(binDir, "reprise-sim"), ["--listen", `127.0.0.1:${simPort}`, "--ttft-ms", "20", "--itl-ms", "1", "--tokens", "12"], { stdio: "ignore" }));
+  const simArgs = ["--listen", `127.0.0.1:${simPort}`, "--ttft-ms", "20", "--itl-ms", "1", "--tokens", "12"];
+  procs.push(spawn(join(binDir, "reprise-sim"), simArgs, { stdio: "ignore" }));
   await waitReady(`http://127.0.0.1:${simPort}/healthz`);
   const gwPort = await freePort();
   const matching = models
@@ -80,11 +83,12 @@ async function start(models, procs, dataDir, stop) {
       }
       throw new Error(`no new entry stored (and indexed) within ${ms} ms: ${JSON.stringify(await stack.health())}`);
     },
-    /** The gateway's record of one request in /admin/requests, by its x-reprise-request-id (a stream's lands after its last byte). */
+    /** The gateway's record of a request in /admin/requests, by x-reprise-request-id (lands after the last byte). */
     async record(requestId, ms = 10_000) {
       const deadline = Date.now() + ms;
       while (Date.now() < deadline) {
-        const res = await fetch(`${url}/admin/requests?limit=50`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } });
+        const headers = { authorization: `Bearer ${ADMIN_TOKEN}` };
+        const res = await fetch(`${url}/admin/requests?limit=50`, { headers });
         const found = (await res.json()).data.find((r) => r.id === requestId);
         if (found) return found;
         await new Promise((r) => setTimeout(r, 20));
@@ -98,7 +102,10 @@ async function start(models, procs, dataDir, stop) {
 }
 
 /** What a test needs from a response's headers: the cache outcome and the id of the gateway's record. */
-export const outcomeOf = (headers) => ({ outcome: headers.get("x-reprise-cache"), requestId: headers.get("x-reprise-request-id") });
+export const outcomeOf = (headers) => ({
+  outcome: headers.get("x-reprise-cache"),
+  requestId: headers.get("x-reprise-request-id"),
+});
 
 /**
  * A `fetch` for `new OpenAI({ fetch })` that records the headers of every response: the way to read x-reprise-cache
