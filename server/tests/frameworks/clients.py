@@ -6,6 +6,7 @@ adapter here.
 An adapter is `ask(stack, key, prompt, stream) -> Reply`: one question under API key `key`, streamed or not."""
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -172,9 +173,14 @@ def langchain_async(stack, key, prompt, stream) -> Reply:
 
 # ---- the OpenAI Agents SDK: a one-turn agent on a model class given by name, tracing off ----
 
-def agents_run(stack, key, prompt, stream, model_class="OpenAIChatCompletionsModel") -> Reply:
+def lookup_order(order_id: str) -> str:
+    """Looks up an order by its id."""
+    return f"order {order_id}: shipped"
+
+
+def agents_run(stack, key, prompt, stream, model_class="OpenAIChatCompletionsModel", with_tool=False) -> Reply:
     import agents
-    from agents import Agent, Runner, set_tracing_disabled
+    from agents import Agent, Runner, function_tool, set_tracing_disabled
     from agents.items import MessageOutputItem
 
     # The SDK's trace exporter posts to OpenAI directly, not through the gateway; a gateway user turns it off or
@@ -191,7 +197,10 @@ def agents_run(stack, key, prompt, stream, model_class="OpenAIChatCompletionsMod
 
     async def one_turn(client, seen):
         agent = Agent(
-            name="assistant", instructions=SYSTEM, model=model(model=MODEL, openai_client=client)
+            name="assistant", instructions=SYSTEM, model=model(model=MODEL, openai_client=client),
+            # A tool the model may call (tool_choice auto): its schema joins the partition, and reprise-sim answers
+            # in text, so the run still ends in one turn.
+            tools=[function_tool(lookup_order)] if with_tool else [],
         )
         if stream:
             result = Runner.run_streamed(agent, prompt)
@@ -222,4 +231,5 @@ CLIENTS = [
     Client("langchain-sync", langchain_sync),
     Client("langchain-async", langchain_async),
     Client("agents", agents_run),
+    Client("agents-with-tool", functools.partial(agents_run, with_tool=True)),
 ]
