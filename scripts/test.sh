@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: Rust unit, router and integration tests, then the official OpenAI SDK tests
-# (Python and Node) and the admin dashboard in headless Chromium, against real reprise and reprise-sim
-# processes. Installs what it needs on first run (Python venv, the embedding model, the Node SDK,
-# playwright-core and Debian's chromium). Screenshots land in target/artifacts (or $REPRISE_ARTIFACTS_DIR).
+# (Python and Node), the admin dashboard in headless Chromium and the framework clients (LangChain, the
+# OpenAI Agents SDK, the SDKs' helpers), against real reprise and reprise-sim processes. Installs what it
+# needs on first run (Python venv, the embedding model, the Node SDK, playwright-core and Debian's
+# chromium). Screenshots land in target/artifacts (or $REPRISE_ARTIFACTS_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,6 +63,20 @@ PROPTEST_CASES=100000 cargo test -p reprise-server --test it -- --exact \
 # --- Strict third-party upstream (aiohttp): the gateway must front a real, strict HTTP server. ---
 echo "==> Strict upstream tests (aiohttp)"
 REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/strict
+
+# ---- Framework clients: the official SDKs' helpers, LangChain, the OpenAI Agents SDK ----
+# Each client (pinned: server/tests/frameworks/requirements.txt, installed by scripts/python-env.sh, and
+# server/tests/frameworks/node/package.json) asks a real gateway with the model loaded: a miss, an
+# exact hit, a paraphrase served as a semantic hit, and a streamed miss replayed as a streamed hit.
+echo "==> Framework tests (Python: openai sync/async and helpers, LangChain ChatOpenAI, Agents SDK)"
+REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" \
+  .venv/bin/python -m pytest -q server/tests/frameworks
+echo "==> Framework tests (Node: openai create and chat.completions.stream)"
+(
+  cd server/tests/frameworks/node
+  npm ci --no-audit --no-fund --silent
+  REPRISE_BIN_DIR="$OLDPWD/target/debug" REPRISE_MODELS_DIR="$OLDPWD/models" node --test
+)
 
 # ---- kill -9 loss rate ----
 # The SIGKILL process test already ran above; run it again uncaptured to print the share of
