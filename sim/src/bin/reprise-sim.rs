@@ -1,9 +1,9 @@
-//! `reprise-sim`: command line of the simulated OpenAI-compatible upstream (see `reprise_client::sim`).
+//! `reprise-sim`: command line of the simulated OpenAI-compatible upstream (see `reprise_sim`).
 
 use std::net::SocketAddr;
 
 use clap::Parser;
-use reprise_client::sim::{self, Fault, Profile, SimConfig};
+use reprise_sim::{self as sim, Fault, Profile, SimConfig};
 
 #[derive(Debug, Parser)]
 #[command(
