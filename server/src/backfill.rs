@@ -268,6 +268,10 @@ impl Worker {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests spawn clients and servers beside the code under test; none of it must outlive the test"
+)]
 mod tests {
     use std::sync::Condvar;
 
