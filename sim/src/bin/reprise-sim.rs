@@ -34,7 +34,7 @@ struct Args {
     #[arg(long, default_value_t = 0.0)]
     jitter: f64,
     /// Fault for every request: status=CODE, hang, cut[=N], abort[=N], malformed[=N], error-event[=N],
-    /// bad-tool-args, redirect, content-filter, error-frame[=N], bad-utf8[=N] (close-early and
+    /// bad-tool-args, redirect, content-filter, error-frame[=N], bad-utf8[=N], stall-at-done (close-early and
     /// garbage-status are per request only, as the `x-sim-fault` header).
     #[arg(long)]
     fault: Option<Fault>,
