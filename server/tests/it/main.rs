@@ -16,5 +16,6 @@ mod fuzz;
 mod gateway;
 mod learn;
 mod process;
+mod router;
 mod semantic;
 mod upstream;
