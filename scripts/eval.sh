@@ -33,7 +33,7 @@ echo "==> embedding model (skipped when present)" >&2
 scripts/provision-models.sh >&2
 
 echo "==> release build" >&2
-cargo build --release --quiet -p reprise-server --bin reprise -p reprise-client --bin reprise-sim --bin reprise-client
+cargo build --release --quiet -p reprise-server -p reprise-sim -p reprise-client --bin reprise --bin reprise-sim --bin reprise-client
 target_dir=${CARGO_TARGET_DIR:-target}
 BIN=$(cd "$target_dir/release" && pwd)
 MODELS=$(cd "${REPRISE_MODELS_DIR:-./models}" && pwd)

@@ -1,6 +1,6 @@
 //! Reprise client library: the typed admin API client (`admin`), the admin subcommands of
-//! `reprise-client` with their tables (`admin_cli`), the benchmark driver (`bench`), the
-//! match-quality evaluation (`eval`) and the simulated upstream (`sim`).
+//! `reprise-client` with their tables (`admin_cli`), the benchmark driver (`bench`) and the
+//! match-quality evaluation (`eval`). The simulated upstream is its own crate, `reprise-sim`.
 //!
 //! The crate talks to a gateway only over HTTP and never links the server, so it can measure any
 //! OpenAI-compatible endpoint the same way, and the admin client is checked against the admin API
@@ -11,4 +11,3 @@ pub mod admin_cli;
 pub mod bench;
 pub mod eval;
 pub mod phases;
-pub mod sim;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use reprise_client::bench::workload::{Bank, GenSpec, Generator, Kind, Workload};
 use reprise_client::bench::{self, BenchConfig, Event};
-use reprise_client::sim::{self, SimConfig};
+use reprise_sim::{self as sim, SimConfig};
 
 async fn start_sim() -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -268,6 +268,10 @@ impl Worker {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests spawn clients and servers beside the code under test; none of it must outlive the test"
+)]
 mod tests {
     use std::sync::Condvar;
 
@@ -352,7 +356,7 @@ mod tests {
     /// model is free the backfill embeds them, so their paraphrases become semantic hits.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn entries_stored_during_overload_get_their_vectors_later_and_become_semantic_hits() {
-        let sim = reprise_client::sim::spawn(reprise_client::sim::SimConfig {
+        let sim = reprise_sim::spawn(reprise_sim::SimConfig {
             ttft_ms: 1.0,
             itl_ms: 0.0,
             tokens: 4,

@@ -966,6 +966,10 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "tests spawn clients and servers beside the code under test; none of it must outlive the test"
+)]
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;

@@ -43,7 +43,7 @@ async fn admin_send(
 }
 
 /// A quick gateway: writes and hit bookkeeping land within ~20 ms.
-async fn gateway(sim: &reprise_client::sim::SimHandle) -> Gateway {
+async fn gateway(sim: &reprise_sim::SimHandle) -> Gateway {
     let mut config = config_for(sim.base_url());
     config.sweep_interval_ms = 20;
     config.semantic = false;

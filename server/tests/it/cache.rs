@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use reprise_client::sim::{self, SimConfig};
+use reprise_sim::{self as sim, SimConfig};
 use serde_json::{json, Value};
 
 use crate::common::*;

@@ -4,9 +4,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use reprise_client::sim::{self, SimConfig, SimHandle};
 use reprise_server::config::{Config, Secret};
 use reprise_server::AppState;
+use reprise_sim::{self as sim, SimConfig, SimHandle};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 

@@ -7,8 +7,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
-use reprise_client::sim::{self, SimConfig};
 use reprise_server::config::Config;
+use reprise_sim::{self as sim, SimConfig};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

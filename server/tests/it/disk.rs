@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use reprise_client::sim::{self, SimConfig, SimHandle};
+use reprise_sim::{self as sim, SimConfig, SimHandle};
 use serde_json::{json, Value};
 
 const ADMIN: &str = "disk-admin-token";

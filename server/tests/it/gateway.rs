@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use reprise_client::sim::{self, SimConfig};
 use reprise_server::config::Secret;
+use reprise_sim::{self as sim, SimConfig};
 use serde_json::{json, Value};
 
 use crate::common::*;

@@ -1,6 +1,12 @@
 //! The server's integration tests, one binary: the real gateway on an ephemeral port in front of
 //! `reprise-sim` (in process), and the `reprise` binary as a process.
 
+// server/clippy.toml bans bare spawns in the gateway; a test may spawn its clients and servers.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests spawn clients and servers beside the code under test; none of it must outlive the test"
+)]
+
 mod admin;
 mod cache;
 mod common;
@@ -10,5 +16,6 @@ mod fuzz;
 mod gateway;
 mod learn;
 mod process;
+mod router;
 mod semantic;
 mod upstream;

@@ -3,10 +3,10 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use reprise_client::sim::{self, SimConfig};
 use reprise_server::cache::cacheable::check_cacheable;
 use reprise_server::ingress::Route;
 use reprise_server::store::{SledStore, Store};
+use reprise_sim::{self as sim, SimConfig};
 
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");

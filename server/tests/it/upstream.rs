@@ -129,7 +129,7 @@ async fn answers_with_an_error_signal_are_relayed_but_never_cached() {
 }
 
 /// Header names of the last request the simulator saw, with how often each came.
-fn seen(sim: &reprise_client::sim::SimHandle) -> Vec<(String, String)> {
+fn seen(sim: &reprise_sim::SimHandle) -> Vec<(String, String)> {
     sim.stats.snapshot().last_headers
 }
 

@@ -1,9 +1,9 @@
-//! `reprise-sim`: command line of the simulated OpenAI-compatible upstream (see `reprise_client::sim`).
+//! `reprise-sim`: command line of the simulated OpenAI-compatible upstream (see `reprise_sim`).
 
 use std::net::SocketAddr;
 
 use clap::Parser;
-use reprise_client::sim::{self, Fault, Profile, SimConfig};
+use reprise_sim::{self as sim, Fault, Profile, SimConfig};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -34,7 +34,7 @@ struct Args {
     #[arg(long, default_value_t = 0.0)]
     jitter: f64,
     /// Fault for every request: status=CODE, hang, cut[=N], abort[=N], malformed[=N], error-event[=N],
-    /// bad-tool-args, redirect, content-filter, error-frame[=N], bad-utf8[=N] (close-early and
+    /// bad-tool-args, redirect, content-filter, error-frame[=N], bad-utf8[=N], stall-at-done (close-early and
     /// garbage-status are per request only, as the `x-sim-fault` header).
     #[arg(long)]
     fault: Option<Fault>,

@@ -13,7 +13,8 @@
 //! stop), `bad-tool-args`, `redirect` (a 302 to `/v1/sim/redirected`, which answers a `GET` with a
 //! complete chat answer), `content-filter` (the last choice stops with `content_filter`),
 //! `error-frame[=N]` (an `event: error` frame, then a clean end), `bad-utf8[=N]` (bytes that are not
-//! UTF-8 in the answer's text), and the transport faults, header only: `close-early` (the request is
+//! UTF-8 in the answer's text), `stall-at-done` (a stream stops before `[DONE]`, finish reason sent,
+//! connection open), and the transport faults, header only: `close-early` (the request is
 //! read, then the connection closes without a response) and `garbage-status` (a status line that is
 //! not HTTP, then close). N counts the content tokens sent before the fault (default 2).
 
@@ -487,6 +488,11 @@ fn stream_response(events: Vec<text::Event>, plan: Plan) -> Response {
                     Err(std::io::Error::other("injected abort")),
                     (Vec::new().into_iter(), next_at),
                 )),
+                text::Event::Stall => {
+                    // Long enough for any test or client idle timeout; the connection closing ends it.
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    None
+                }
             }
         },
     );

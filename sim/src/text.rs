@@ -204,6 +204,8 @@ pub enum Event {
     Immediate(Bytes),
     /// Break the connection here.
     Abort,
+    /// Send nothing more and keep the connection open (until the client gives up).
+    Stall,
 }
 
 /// Puts two bytes that are not UTF-8 (`0xFF 0xFE`) inside the first JSON string value after a
@@ -416,6 +418,10 @@ impl Answer {
             last["usage"] = self.usage();
             events.push(Event::Immediate(sse(&last)));
         }
+        if fault == Some(&Fault::StallAtDone) {
+            events.push(Event::Stall);
+            return events;
+        }
         events.push(Event::Immediate(Bytes::from_static(b"data: [DONE]\n\n")));
         events
     }
@@ -470,6 +476,13 @@ mod tests {
         let err = answer.stream_events(&ids, true, false, Some(&Fault::ErrorEvent(1)));
         assert!(
             matches!(err.last(), Some(Event::Immediate(b)) if b.starts_with(b"data: {\"error\""))
+        );
+        // role + 3 tokens + finish + usage, then a stall where `[DONE]` would be.
+        let stall = answer.stream_events(&ids, true, true, Some(&Fault::StallAtDone));
+        assert_eq!(stall.len(), 7);
+        assert!(matches!(stall.last(), Some(Event::Stall)));
+        assert!(
+            matches!(&stall[4], Event::Immediate(b) if b.windows(15).any(|w| w == b"\"finish_reason\""))
         );
     }
 

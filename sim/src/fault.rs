@@ -26,6 +26,9 @@ pub enum Fault {
     ErrorFrame(u32),
     /// Bytes that are not UTF-8 inside the answer's text (the Nth token of a stream): `bad-utf8[=N]`.
     BadUtf8(u32),
+    /// A stream sends its whole answer, finish reason (and usage) included, then stalls before
+    /// `[DONE]` with the connection open: `stall-at-done`. A non-streamed answer is unaffected.
+    StallAtDone,
     /// Read the request, then close the connection without a response: `close-early`.
     /// A transport fault: only as the `x-sim-fault` header (see [`super::transport`]).
     CloseEarly,
@@ -70,10 +73,11 @@ impl Fault {
             "content-filter" => Ok(Self::ContentFilter),
             "error-frame" => Ok(Self::ErrorFrame(count(value)?)),
             "bad-utf8" => Ok(Self::BadUtf8(count(value)?)),
+            "stall-at-done" => Ok(Self::StallAtDone),
             "close-early" => Ok(Self::CloseEarly),
             "garbage-status" => Ok(Self::GarbageStatus),
             other => Err(format!(
-                "unknown fault `{other}` (expected status=CODE, hang, cut[=N], abort[=N], malformed[=N], error-event[=N], bad-tool-args, redirect, content-filter, error-frame[=N], bad-utf8[=N], close-early, garbage-status)"
+                "unknown fault `{other}` (expected status=CODE, hang, cut[=N], abort[=N], malformed[=N], error-event[=N], bad-tool-args, redirect, content-filter, error-frame[=N], bad-utf8[=N], stall-at-done, close-early, garbage-status)"
             )),
         }
     }
@@ -120,6 +124,7 @@ mod tests {
         assert_eq!(Fault::parse("content-filter"), Ok(Fault::ContentFilter));
         assert_eq!(Fault::parse("error-frame=1"), Ok(Fault::ErrorFrame(1)));
         assert_eq!(Fault::parse("bad-utf8"), Ok(Fault::BadUtf8(2)));
+        assert_eq!(Fault::parse("stall-at-done"), Ok(Fault::StallAtDone));
         assert_eq!(Fault::parse("close-early"), Ok(Fault::CloseEarly));
         assert_eq!(Fault::parse("garbage-status"), Ok(Fault::GarbageStatus));
         assert!(Fault::parse("status=200").is_err());
