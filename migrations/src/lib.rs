@@ -544,7 +544,6 @@ mod tests {
         assert_eq!(chunks.len(), 3);
     }
 
-
     /// A version-2 entry as the server wrote it (JSON spelled out), chunked when `pad` makes it long.
     fn v2_entry(id: u64, key: u8, pad: usize) -> Vec<u8> {
         let k: Vec<String> = std::iter::repeat_n(key.to_string(), 32).collect();
@@ -603,9 +602,15 @@ mod tests {
         assert!(cold.get("events").is_none() && cold.get("body").is_none());
         assert_eq!(cold["hit_history"][0]["request_id"], "r");
         let hot = replays.get(3u64.to_be_bytes()).expect("get").expect("hot");
-        assert_eq!((hot[0], &hot[1..33]), (3, &blake3::hash(&hot[33..]).as_bytes()[..]));
+        assert_eq!(
+            (hot[0], &hot[1..33]),
+            (3, &blake3::hash(&hot[33..]).as_bytes()[..])
+        );
         let record = replay::Record::decode(&hot[33..]).expect("record");
-        assert_eq!((record.id, record.key, record.ttft_cost_ms), (3, [3; 32], Some(81.5)));
+        assert_eq!(
+            (record.id, record.key, record.ttft_cost_ms),
+            (3, [3; 32], Some(81.5))
+        );
         let (events, body) = record.original().expect("original");
         assert_eq!(events[1].0, 3.5);
         assert_eq!(events[1].1["usage"]["total_tokens"], 1);

@@ -159,11 +159,7 @@ impl Template {
 
     /// Appends two variants of one text, sharing their common prefix and suffix.
     fn push_variants(&mut self, without: &[u8], with: &[u8], ident: (u32, u32)) {
-        let prefix = without
-            .iter()
-            .zip(with)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let prefix = without.iter().zip(with).take_while(|(a, b)| a == b).count();
         let room = without.len().min(with.len()) - prefix;
         let suffix = without
             .iter()
@@ -267,7 +263,9 @@ pub fn chunk_tokens(chunk: &Value) -> u32 {
     chunk
         .get("choices")
         .and_then(Value::as_array)
-        .map_or(0, |choices| choices.iter().filter(|c| has_content(c)).count() as u32)
+        .map_or(0, |choices| {
+            choices.iter().filter(|c| has_content(c)).count() as u32
+        })
 }
 
 /// Compact JSON of `value` (as `Value`'s `Display` writes it) with the values of its top-level
@@ -313,7 +311,10 @@ struct Identities {
 
 impl Identities {
     fn of(&mut self, value: &Value) -> (u32, u32) {
-        (self.intern(value.get("id")), self.intern(value.get("created")))
+        (
+            self.intern(value.get("id")),
+            self.intern(value.get("created")),
+        )
     }
 
     fn intern(&mut self, value: Option<&Value>) -> u32 {
@@ -577,7 +578,8 @@ impl<'a> Reader<'a> {
 
     fn array<const N: usize>(&mut self) -> Result<[u8; N], String> {
         let b = self.bytes(N)?;
-        b.try_into().map_err(|_| "replay record cut short".to_owned())
+        b.try_into()
+            .map_err(|_| "replay record cut short".to_owned())
     }
 
     fn u8(&mut self) -> Result<u8, String> {
@@ -637,7 +639,11 @@ mod tests {
             ttl_ms: 6,
             ttft_cost_ms: Some(1.5),
             completions: false,
-            events: events.iter().enumerate().map(|(i, e)| (i as f64, e)).collect(),
+            events: events
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (i as f64, e))
+                .collect(),
             body,
             usage,
         }
@@ -658,7 +664,12 @@ mod tests {
         let decoded = Record::decode(&record.encode()).expect("decode");
         assert_eq!(decoded, record);
         let (original, original_body) = decoded.original().expect("original");
-        let want: Vec<(f64, Value)> = events.iter().cloned().enumerate().map(|(i, e)| (i as f64, e)).collect();
+        let want: Vec<(f64, Value)> = events
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, e)| (i as f64, e))
+            .collect();
         assert_eq!(original, want);
         assert_eq!(original_body, body);
         // Every prefix of a record is refused, not misread.
@@ -670,7 +681,9 @@ mod tests {
 
     #[test]
     fn holes_take_fresh_identities_and_usage_spans_follow_the_client() {
-        let events = vec![json!({"id": "c1", "created": 7, "choices": [{"index": 0, "delta": {"content": "x"}}]})];
+        let events = vec![
+            json!({"id": "c1", "created": 7, "choices": [{"index": 0, "delta": {"content": "x"}}]}),
+        ];
         let body = json!({"id": "c1", "created": 7, "choices": []});
         let record = build(parts(&events, &body, None));
         let fresh = Identity::Fresh {
@@ -679,7 +692,9 @@ mod tests {
         };
         let (t, h) = record.event_ranges(0, 1);
         let mut plain = Vec::new();
-        record.stream.render(t.clone(), h.clone(), false, fresh, &mut plain);
+        record
+            .stream
+            .render(t.clone(), h.clone(), false, fresh, &mut plain);
         assert_eq!(
             String::from_utf8_lossy(&plain),
             "data: {\"choices\":[{\"delta\":{\"content\":\"x\"},\"index\":0}],\"created\":99,\"id\":\"new\"}\n\n"

@@ -7,12 +7,11 @@ use std::time::Instant;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use crate::cache::{Flight, Join, Recorder};
 use crate::downstream::{Delivered, Delivery, Source};
-use crate::entry::{Entry, HitEvent, HitKind, RequestSummary};
+use crate::entry::{HitEvent, HitKind, Replay, RequestSummary};
 use crate::error::GatewayError;
 use crate::feedback::{self, Encounter, Met, PromptKey};
 use crate::forward::{self, set_cache_outcome, set_request_id, RecordMeta, Served};
@@ -82,12 +81,12 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
     if policy.lookup {
         if let Some(hit) = state.cache.lookup(&keys.exact, &policy) {
             ingress.clock.looked_up = Some(Instant::now());
-            note(Met::Hit, hit.entry.id, None);
+            note(Met::Hit, hit.replay.id(), None);
             return respond_entry(
                 state,
                 &ingress,
                 &request_id,
-                &hit.entry,
+                hit.replay,
                 hit.age_s,
                 Found::Exact,
                 stream,
@@ -124,7 +123,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
                 state,
                 &ingress,
                 &request_id,
-                &hit.entry,
+                Arc::new(Replay::of(&hit.entry)),
                 hit.age_s,
                 Found::Similar(similarity),
                 stream,
@@ -214,7 +213,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
                     state,
                     &ingress,
                     &request_id,
-                    &entry,
+                    Arc::new(Replay::of(&entry)),
                     age_s,
                     Found::Similar(similarity),
                     stream,
@@ -345,7 +344,7 @@ async fn follow(
             state,
             ingress,
             request_id,
-            &entry,
+            Arc::new(Replay::of(&entry)),
             0,
             Found::Coalesced,
             stream,
@@ -482,7 +481,7 @@ fn respond_entry(
     state: &AppState,
     ingress: &Ingress,
     request_id: &str,
-    entry: &Arc<Entry>,
+    entry: Arc<Replay>,
     age_s: u64,
     found: Found,
     stream: bool,
@@ -498,64 +497,22 @@ fn respond_entry(
     let mut clock: PhaseClock = ingress.clock.clone();
     let mut meta = meta_for(ingress, request_id, outcome);
     let log = state.requests.clone();
-    let (source, content_type) = if stream {
-        let events = replay::stream_events(entry, &fresh, include_usage, pacing);
-        clock.first_token = Some(Instant::now());
-        if matches!(pacing, Pacing::Instant) {
-            // The first token leaves before the rest of a long answer is rendered: the head goes
-            // out, the task yields once so the server flushes it, then the rest follows.
-            let tokens: u32 = entry
-                .events
-                .iter()
-                .map(|e| crate::sse::chunk_tokens(&e.data))
-                .sum();
-            clock.tokens(clock.first_token.unwrap_or_else(Instant::now), tokens);
-            let split = replay::head_len(entry);
-            let head = Bytes::from(replay::render_range(entry, &fresh, include_usage, 0, split));
-            let (entry, clock_at_head) = (entry.clone(), clock.clone());
-            let rest = async move {
-                tokio::task::yield_now().await;
-                let mut rest =
-                    replay::render_range(&entry, &fresh, include_usage, split, entry.events.len());
-                rest.extend_from_slice(&clock_at_head.phases(Instant::now()).sse_comment());
-                rest.extend_from_slice(b"data: [DONE]\n\n");
-                Bytes::from(rest)
-            };
-            let body = futures_util::stream::once(std::future::ready(head))
-                .chain(futures_util::stream::once(rest))
-                .boxed();
-            (Source::Replay(body), "text/event-stream; charset=utf-8")
-        } else {
-            let clock_at_start = clock.clone();
-            let tail = futures_util::stream::once(async move {
-                let mut tail = clock_at_start.phases(Instant::now()).sse_comment().to_vec();
-                tail.extend_from_slice(b"data: [DONE]\n\n");
-                Bytes::from(tail)
-            });
-            (
-                Source::Replay(replay::paced(events).chain(tail).boxed()),
-                "text/event-stream; charset=utf-8",
-            )
-        }
-    } else {
-        let body = replay::body(entry, &fresh);
-        clock.first_token = Some(Instant::now());
-        clock.last_token = clock.first_token;
-        (Source::Once(Some(body)), "application/json")
-    };
+    let id = entry.id();
+    let ttft_cost_ms = entry.ttft_cost_ms();
+    let (source, content_type) =
+        replay::render(entry, &fresh, stream, include_usage, pacing, &mut clock);
     let phases = clock.phases(Instant::now());
     // A coalesced request waited for the upstream like its leader: it claims no saving.
-    let saved = entry
-        .ttft_cost_ms()
+    let saved = ttft_cost_ms
         .filter(|_| !matches!(found, Found::Coalesced))
         .map(|cost| (cost - phases.ttft_ms.unwrap_or(0.0)).max(0.0));
     meta.served = Some(Served {
-        entry: entry.id,
+        entry: id,
         similarity,
         ttft_saved_ms: saved,
     });
     state.cache.note_hit(
-        entry.id,
+        id,
         HitEvent {
             at_ms: unix_ms(),
             kind,
@@ -586,7 +543,7 @@ fn respond_entry(
     }
     set_cache_outcome(headers, outcome);
     set_request_id(headers, request_id);
-    set_header(headers, "x-reprise-entry", entry.id.to_string());
+    set_header(headers, "x-reprise-entry", id.to_string());
     set_header(headers, "age", age_s.to_string());
     if let Some(saved) = saved {
         set_header(headers, "x-reprise-ttft-saved-ms", format!("{saved:.1}"));
