@@ -136,14 +136,23 @@ fn store(c: &mut Criterion) {
 fn replay_encode(c: &mut Criterion) {
     let mut group = c.benchmark_group("replay");
     for tokens in [64usize, 512] {
-        let e = entry(1, tokens);
+        let e = std::sync::Arc::new(reprise_server::entry::Replay::of(&entry(1, tokens)));
         let fresh = Fresh::new(Route::ChatCompletions);
-        group.bench_function(format!("sse_events/{tokens}tok"), |b| {
-            b.iter(|| replay::stream_events(black_box(&e), &fresh, false, Pacing::Instant))
-        });
-        group.bench_function(format!("body/{tokens}tok"), |b| {
-            b.iter(|| replay::body(black_box(&e), &fresh))
-        });
+        let clock = reprise_server::timing::PhaseClock::start(std::time::Instant::now());
+        for (name, stream) in [("sse_events", true), ("body", false)] {
+            group.bench_function(format!("{name}/{tokens}tok"), |b| {
+                b.iter(|| {
+                    replay::render(
+                        black_box(e.clone()),
+                        &fresh,
+                        stream,
+                        false,
+                        Pacing::Instant,
+                        &mut clock.clone(),
+                    )
+                })
+            });
+        }
     }
     group.finish();
 }

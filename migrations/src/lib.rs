@@ -6,8 +6,10 @@ use std::path::Path;
 
 use sled::Transactional;
 
+pub mod replay;
+
 /// The schema version this build writes and reads.
-pub const CURRENT: u32 = 2;
+pub const CURRENT: u32 = 3;
 
 /// Where the version is recorded. These two names never change, whatever later versions do, because
 /// every release must be able to read the version of a directory written by any other.
@@ -24,6 +26,11 @@ pub mod layout {
     /// Entry id (u64 BE) ++ chunk number (u32 BE) -> one piece of an encoded entry too long to
     /// keep in `entries` (version 2 on).
     pub const CHUNKS: &str = "chunks";
+    /// Entry id (u64 BE) -> encoded replay record: what an exact hit reads (version 3 on).
+    pub const REPLAYS: &str = "replays";
+    /// Entry id (u64 BE) ++ chunk number (u32 BE) -> one piece of a replay record too long to keep
+    /// in `replays` (version 3 on).
+    pub const REPLAY_CHUNKS: &str = "replay_chunks";
     pub use super::META_TREE as META;
 }
 
@@ -47,7 +54,7 @@ pub type Step = fn(&sled::Db) -> Result<(), MigrationError>;
 
 /// Every step, in version order, from 1 up to [`CURRENT`] (a test checks that there is no gap).
 /// A step may be run again after a crash interrupted it, so each must be safe to repeat.
-pub static STEPS: &[(u32, Step)] = &[(1, v1), (2, v2)];
+pub static STEPS: &[(u32, Step)] = &[(1, v1), (2, v2), (3, v3)];
 
 /// Brings `db` up to [`CURRENT`] and returns the version it found.
 ///
@@ -162,6 +169,162 @@ fn v2_record(value: &[u8], chunk: usize) -> Vec<u8> {
     record
 }
 
+/// Version 3: what an exact hit reads is kept apart from what it does not, and its bytes are
+/// ready for the socket. Each entry's encoded JSON is split in two:
+///
+/// - `entries` keeps the entry without its `events` and `body` (summary, usage, phases, hit counts
+///   and history, vector: what listings, hit bookkeeping and semantic matching read), encoded and
+///   chunked as in version 2 (`[tag 1][blake3][json]`, or a tag-2 record naming `chunks`);
+/// - the new tree `replays` holds the [`replay::Record`] built from the events and body, encoded as
+///   `[tag 3][blake3 of the record: 32 bytes][record]`, or, when longer than 4096 bytes, as a
+///   tag-2 record (as in version 2) naming its pieces in the new tree `replay_chunks`.
+///
+/// An entry whose record is already in `replays` was converted (both halves are written in one
+/// transaction), so the step can repeat. An entry that cannot be read is left as it is: the store
+/// drops an entry without a replay record as unreadable when it opens.
+fn v3(db: &sled::Db) -> Result<(), MigrationError> {
+    const CHUNK: usize = 4096;
+    let entries = db.open_tree("entries")?;
+    let chunks = db.open_tree("chunks")?;
+    let replays = db.open_tree("replays")?;
+    let replay_chunks = db.open_tree("replay_chunks")?;
+    for item in entries.iter() {
+        let (id, value) = item?;
+        let Ok(id_bytes) = <[u8; 8]>::try_from(id.as_ref()) else {
+            continue;
+        };
+        if replays.contains_key(id_bytes)? {
+            continue;
+        }
+        let old_chunks = v2_chunk_count(&value);
+        let Some(encoded) = v2_value(&chunks, id_bytes, &value)? else {
+            continue;
+        };
+        let Some((cold, record)) = v3_split(&encoded) else {
+            continue;
+        };
+        let cold = tagged(1, &cold);
+        let hot = tagged(3, &record.encode());
+        (&entries, &chunks, &replays, &replay_chunks)
+            .transaction(|(entries, chunks, replays, replay_chunks)| {
+                for n in 0..old_chunks {
+                    chunks.remove(&v3_chunk_key(id_bytes, n)[..])?;
+                }
+                for (tree, pieces, value) in
+                    [(entries, chunks, &cold), (replays, replay_chunks, &hot)]
+                {
+                    if value.len() <= CHUNK {
+                        tree.insert(&id_bytes[..], value.as_slice())?;
+                        continue;
+                    }
+                    for (n, piece) in value.chunks(CHUNK).enumerate() {
+                        pieces.insert(&v3_chunk_key(id_bytes, n as u32)[..], piece)?;
+                    }
+                    tree.insert(&id_bytes[..], v2_record(value, CHUNK))?;
+                }
+                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| MigrationError::Step {
+                version: 3,
+                reason: format!("{e:?}"),
+            })?;
+    }
+    Ok(())
+}
+
+fn v3_chunk_key(id: [u8; 8], n: u32) -> [u8; 12] {
+    let mut key = [0u8; 12];
+    key[..8].copy_from_slice(&id);
+    key[8..].copy_from_slice(&n.to_be_bytes());
+    key
+}
+
+/// `[tag][blake3 of payload][payload]`.
+fn tagged(tag: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(33 + payload.len());
+    out.push(tag);
+    out.extend_from_slice(blake3::hash(payload).as_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Chunks a version-2 `entries` value names (0 for an inline value).
+fn v2_chunk_count(value: &[u8]) -> u32 {
+    match value {
+        [2, rest @ ..] if rest.len() == 44 => {
+            u32::from_be_bytes([rest[40], rest[41], rest[42], rest[43]])
+        }
+        _ => 0,
+    }
+}
+
+/// The encoded entry a version-2 `entries` value stands for (joined from its chunks and checked
+/// when chunked); `None` when its chunks do not add up.
+fn v2_value(
+    chunks: &sled::Tree,
+    id: [u8; 8],
+    value: &[u8],
+) -> Result<Option<Vec<u8>>, MigrationError> {
+    let count = v2_chunk_count(value);
+    if count == 0 {
+        return Ok(Some(value.to_vec()));
+    }
+    let mut joined = Vec::new();
+    for n in 0..count {
+        let Some(piece) = chunks.get(v3_chunk_key(id, n))? else {
+            return Ok(None);
+        };
+        joined.extend_from_slice(&piece);
+    }
+    let len = u64::from_be_bytes(value[33..41].try_into().unwrap_or_default());
+    let ok = joined.len() as u64 == len && blake3::hash(&joined).as_bytes()[..] == value[1..33];
+    Ok(ok.then_some(joined))
+}
+
+/// Splits a version-2 encoded entry (`[tag 1][blake3][json]`) into the JSON of its cold part
+/// and its replay record; `None` when it is unreadable.
+fn v3_split(encoded: &[u8]) -> Option<(Vec<u8>, replay::Record)> {
+    use serde_json::Value;
+    let (&tag, rest) = encoded.split_first()?;
+    let (hash, payload) = rest.split_at_checked(32)?;
+    if tag != 1 || blake3::hash(payload).as_bytes()[..] != *hash {
+        return None;
+    }
+    let Value::Object(mut entry) = serde_json::from_slice::<Value>(payload).ok()? else {
+        return None;
+    };
+    let bytes32 = |v: Option<&Value>| -> Option<[u8; 32]> {
+        let items = v?.as_array()?;
+        let bytes: Vec<u8> = items
+            .iter()
+            .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+            .collect::<Option<_>>()?;
+        bytes.try_into().ok()
+    };
+    let events = entry.remove("events").unwrap_or(Value::Array(Vec::new()));
+    let body = entry.remove("body").unwrap_or(Value::Null);
+    let phases = entry.get("phases");
+    let phase = |name: &str| phases.and_then(|p| p.get(name)).and_then(Value::as_f64);
+    let mut stream = Vec::new();
+    for event in events.as_array()? {
+        stream.push((event.get("offset_ms")?.as_f64()?, event.get("data")?));
+    }
+    let record = replay::build(replay::Parts {
+        id: entry.get("id")?.as_u64()?,
+        key: bytes32(entry.get("key"))?,
+        partition: bytes32(entry.get("partition"))?,
+        created_at_ms: entry.get("created_at_ms")?.as_u64()?,
+        ttl_ms: entry.get("ttl_ms")?.as_u64()?,
+        ttft_cost_ms: phase("ttft_ms").map(|t| phase("upstream_send_ms").unwrap_or(0.0) + t),
+        completions: entry.get("summary")?.get("route")?.as_str()? == "completions",
+        events: stream,
+        body: &body,
+        usage: entry.get("usage").filter(|u| !u.is_null()),
+    });
+    let cold = serde_json::to_vec(&Value::Object(entry)).ok()?;
+    Some((cold, record))
+}
+
 /// Writers of data directories exactly as a past version laid them out, for tests that open them
 /// with the current code. Like the steps, they spell out their layout rather than use [`layout`].
 pub mod fixtures {
@@ -247,7 +410,14 @@ mod tests {
         assert_eq!(migrate(&db).expect("migrate"), CURRENT);
         assert_eq!(version(&db), Some(CURRENT));
         let names: Vec<Vec<u8>> = db.tree_names().iter().map(|n| n.to_vec()).collect();
-        for tree in [layout::ENTRIES, layout::EXACT, layout::CHUNKS, layout::META] {
+        for tree in [
+            layout::ENTRIES,
+            layout::EXACT,
+            layout::CHUNKS,
+            layout::REPLAYS,
+            layout::REPLAY_CHUNKS,
+            layout::META,
+        ] {
             assert!(
                 names.contains(&tree.as_bytes().to_vec()),
                 "missing tree {tree}"
@@ -349,7 +519,8 @@ mod tests {
         )
         .expect("write fixture");
         let db = open(dir.path());
-        assert_eq!(migrate(&db).expect("migrate"), 1);
+        // Only the steps up to 2: the values are not entries, which step 3 would read.
+        assert_eq!(migrate_with(&db, &STEPS[..2], 2).expect("migrate"), 1);
         assert_eq!(version(&db), Some(2));
         // Running the step again (a crash before the stamp) changes nothing.
         v2(&db).expect("repeat");
@@ -371,6 +542,90 @@ mod tests {
             .collect();
         assert_eq!(joined, long);
         assert_eq!(chunks.len(), 3);
+    }
+
+    /// A version-2 entry as the server wrote it (JSON spelled out), chunked when `pad` makes it long.
+    fn v2_entry(id: u64, key: u8, pad: usize) -> Vec<u8> {
+        let k: Vec<String> = std::iter::repeat_n(key.to_string(), 32).collect();
+        let payload = format!(
+            r#"{{"id":{id},"key":[{k}],"partition":[{k}],
+            "summary":{{"route":"chat.completions","model":"m","namespace":null,"tenant":"shared","prompt":"p","stream":true}},
+            "events":[{{"offset_ms":0.0,"data":{{"id":"c","created":5,"choices":[{{"index":0,"delta":{{"content":"{pad}"}}}}]}}}},
+                {{"offset_ms":3.5,"data":{{"id":"c","created":5,"choices":[],"usage":{{"total_tokens":1}}}}}}],
+            "body":{{"id":"c","created":5,"choices":[{{"index":0,"message":{{"content":"{pad}"}}}}]}},
+            "usage":{{"total_tokens":1}},
+            "phases":{{"upstream_send_ms":1.5,"ttft_ms":80.0,"total_ms":90.0,"tokens":1}},
+            "created_at_ms":1000,"ttl_ms":60000,"hit_count":3,"last_hit_ms":2000,
+            "hit_history":[{{"at_ms":2000,"kind":"hit","similarity":null,"request_id":"r","ttft_ms":1.0,"ttft_saved_ms":80.0}}]}}"#,
+            k = k.join(","),
+            pad = "x".repeat(pad),
+        );
+        tagged(1, payload.as_bytes())
+    }
+
+    #[test]
+    fn v3_splits_each_entry_into_its_cold_part_and_a_replay_record_and_can_repeat() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rows = vec![
+            (3, [3; 32], v2_entry(3, 3, 10)),
+            (4, [4; 32], v2_entry(4, 4, 9_000)),
+            (5, [5; 32], b"unreadable".to_vec()),
+        ];
+        fixtures::write_v2_data_dir(dir.path(), &rows, 0).expect("write fixture");
+        let db = open(dir.path());
+        assert_eq!(migrate(&db).expect("migrate"), 2);
+        assert_eq!(version(&db), Some(3));
+        let snapshot = |db: &sled::Db| -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
+            ["entries", "chunks", "replays", "replay_chunks"]
+                .iter()
+                .map(|t| {
+                    db.open_tree(t)
+                        .expect("tree")
+                        .iter()
+                        .map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())).expect("row"))
+                        .collect()
+                })
+                .collect()
+        };
+        let after = snapshot(&db);
+        // Running the step again (a crash before the stamp) changes nothing.
+        v3(&db).expect("repeat");
+        assert_eq!(snapshot(&db), after);
+        let entries = db.open_tree("entries").expect("entries");
+        let replays = db.open_tree("replays").expect("replays");
+        // The unreadable value is left for the store to drop; the others have both halves.
+        assert_eq!(entries.len(), 3);
+        assert_eq!(replays.len(), 2);
+        assert!(replays.get(5u64.to_be_bytes()).expect("get").is_none());
+        let cold = entries.get(3u64.to_be_bytes()).expect("get").expect("cold");
+        let cold: serde_json::Value = serde_json::from_slice(&cold[33..]).expect("cold json");
+        assert!(cold.get("events").is_none() && cold.get("body").is_none());
+        assert_eq!(cold["hit_history"][0]["request_id"], "r");
+        let hot = replays.get(3u64.to_be_bytes()).expect("get").expect("hot");
+        assert_eq!(
+            (hot[0], &hot[1..33]),
+            (3, &blake3::hash(&hot[33..]).as_bytes()[..])
+        );
+        let record = replay::Record::decode(&hot[33..]).expect("record");
+        assert_eq!(
+            (record.id, record.key, record.ttft_cost_ms),
+            (3, [3; 32], Some(81.5))
+        );
+        let (events, body) = record.original().expect("original");
+        assert_eq!(events[1].0, 3.5);
+        assert_eq!(events[1].1["usage"]["total_tokens"], 1);
+        assert_eq!(body["choices"][0]["message"]["content"], "x".repeat(10));
+        // The long entry: both halves over 4096 bytes are chunked, its old chunks are gone.
+        let chunked = replays.get(4u64.to_be_bytes()).expect("get").expect("hot");
+        assert_eq!(chunked[0], 2);
+        let replay_chunks = db.open_tree("replay_chunks").expect("tree");
+        assert_eq!(
+            replay_chunks.len(),
+            v2_chunk_count(&chunked) as usize,
+            "only the long record is chunked"
+        );
+        let chunks = db.open_tree("chunks").expect("tree");
+        assert!(chunks.is_empty(), "the cold halves fit in one value");
     }
 
     #[test]

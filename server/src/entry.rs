@@ -3,12 +3,17 @@
 //! Both shapes of the answer are kept: the stream events (with their offsets from the first event,
 //! so `recorded` pacing can reproduce them) and the assembled non-stream body, so either kind of
 //! request can be served from either kind of miss without re-deriving one from the other on the hit path.
+//!
+//! The store keeps an entry in two halves: its [`Replay`] (what an exact hit reads: the events and
+//! body already serialized for the socket, and the few fields a hit checks) and the rest (summary,
+//! phases, hit counts and history, vector), which only listings, bookkeeping and semantic matching read.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::key::{CacheKey, PartitionKey};
 use crate::timing::Phases;
+use reprise_migrations::replay::{self as record, Record};
 
 /// Store-assigned entry id, shown to clients as `x-reprise-entry`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -60,9 +65,12 @@ pub struct Entry {
     pub key: CacheKey,
     pub partition: PartitionKey,
     pub summary: RequestSummary,
-    /// The answer as stream chunks (without `[DONE]`); for embeddings, empty.
+    /// The answer as stream chunks (without `[DONE]`); for embeddings, empty. Absent from the
+    /// stored cold half (the [`Replay`] holds it).
+    #[serde(default)]
     pub events: Vec<StoredEvent>,
-    /// The answer as one response body.
+    /// The answer as one response body (absent from the cold half, like `events`).
+    #[serde(default)]
     pub body: Value,
     pub usage: Option<Value>,
     /// Phases of the miss that produced this entry.
@@ -165,5 +173,203 @@ impl Entry {
     pub fn ttft_cost_ms(&self) -> Option<f64> {
         let p = &self.phases;
         Some(p.upstream_send_ms.unwrap_or(0.0) + p.ttft_ms?)
+    }
+}
+
+/// The stored cold half of an entry: every field but `events` and `body`, spelled as [`Entry`]
+/// spells them, so that it reads back as an [`Entry`] with those two empty.
+#[derive(Serialize)]
+struct Cold<'a> {
+    id: EntryId,
+    key: CacheKey,
+    partition: PartitionKey,
+    summary: &'a RequestSummary,
+    usage: &'a Option<Value>,
+    phases: &'a Phases,
+    created_at_ms: u64,
+    ttl_ms: u64,
+    hit_count: u64,
+    last_hit_ms: u64,
+    #[serde(skip_serializing_if = "no_vector", serialize_with = "vector_ref")]
+    vector: &'a Option<Vec<f32>>,
+    #[serde(skip_serializing_if = "no_hits")]
+    hit_history: &'a [HitEvent],
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    warmed: bool,
+}
+
+fn no_vector(v: &&Option<Vec<f32>>) -> bool {
+    v.is_none()
+}
+
+fn no_hits(h: &&[HitEvent]) -> bool {
+    h.is_empty()
+}
+
+fn vector_ref<S: serde::Serializer>(v: &&Option<Vec<f32>>, s: S) -> Result<S::Ok, S::Error> {
+    vector_b64::serialize(v, s)
+}
+
+impl Entry {
+    /// JSON of everything but the answer (`events`, `body`): what the store keeps apart from the
+    /// [`Replay`], and rewrites alone when hits are recorded or a vector arrives.
+    pub fn cold_json(&self) -> serde_json::Result<Vec<u8>> {
+        serde_json::to_vec(&Cold {
+            id: self.id,
+            key: self.key,
+            partition: self.partition,
+            summary: &self.summary,
+            usage: &self.usage,
+            phases: &self.phases,
+            created_at_ms: self.created_at_ms,
+            ttl_ms: self.ttl_ms,
+            hit_count: self.hit_count,
+            last_hit_ms: self.last_hit_ms,
+            vector: &self.vector,
+            hit_history: &self.hit_history,
+            warmed: self.warmed,
+        })
+    }
+
+    /// Puts back the answer of a cold half read from the store.
+    pub fn with_answer(mut self, replay: &Replay) -> Result<Self, String> {
+        let (events, body) = replay.record.original()?;
+        self.events = events
+            .into_iter()
+            .map(|(offset_ms, data)| StoredEvent { offset_ms, data })
+            .collect();
+        self.body = body;
+        Ok(self)
+    }
+}
+
+/// What an exact hit reads of an entry: its identity, expiry and saving, and the answer's events and
+/// body pre-serialized, with holes for what each hit renews (see `reprise_migrations::replay`).
+/// Read without decoding any JSON; rendered by [`crate::replay`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replay {
+    pub(crate) record: Record,
+}
+
+impl Replay {
+    /// The replay of an entry (at store time, or for an entry that came from the cold read).
+    pub fn of(entry: &Entry) -> Self {
+        Self {
+            record: record::build(record::Parts {
+                id: entry.id.0,
+                key: entry.key.0,
+                partition: entry.partition.0,
+                created_at_ms: entry.created_at_ms,
+                ttl_ms: entry.ttl_ms,
+                ttft_cost_ms: entry.ttft_cost_ms(),
+                completions: entry.summary.route == crate::ingress::Route::Completions.name(),
+                events: entry
+                    .events
+                    .iter()
+                    .map(|e| (e.offset_ms, &e.data))
+                    .collect(),
+                body: &entry.body,
+                usage: entry.usage.as_ref(),
+            }),
+        }
+    }
+
+    /// Reads an encoded record (the store checked its checksum).
+    pub fn decode(raw: &[u8]) -> Result<Self, String> {
+        Record::decode(raw).map(|record| Self { record })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        self.record.encode()
+    }
+
+    pub fn id(&self) -> EntryId {
+        EntryId(self.record.id)
+    }
+
+    pub fn key(&self) -> CacheKey {
+        CacheKey(self.record.key)
+    }
+
+    pub fn partition(&self) -> PartitionKey {
+        PartitionKey(self.record.partition)
+    }
+
+    pub fn created_at_ms(&self) -> u64 {
+        self.record.created_at_ms
+    }
+
+    pub fn expires_at_ms(&self) -> u64 {
+        self.record.created_at_ms.saturating_add(self.record.ttl_ms)
+    }
+
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        now_ms >= self.expires_at_ms()
+    }
+
+    /// Whole seconds since the entry was stored.
+    pub fn age_s(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.record.created_at_ms) / 1000
+    }
+
+    /// See [`Entry::ttft_cost_ms`].
+    pub fn ttft_cost_ms(&self) -> Option<f64> {
+        self.record.ttft_cost_ms
+    }
+
+    /// Stream events of the answer.
+    pub fn events(&self) -> usize {
+        self.record.events.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cold_half_and_the_replay_give_back_the_whole_entry() {
+        let entry = Entry {
+            id: EntryId(4),
+            key: CacheKey([1; 32]),
+            partition: PartitionKey([2; 32]),
+            summary: RequestSummary {
+                route: "chat.completions".into(),
+                model: "m".into(),
+                namespace: Some("n".into()),
+                tenant: "t".into(),
+                prompt: "p".into(),
+                stream: true,
+            },
+            events: vec![StoredEvent {
+                offset_ms: 0.25,
+                data: serde_json::json!({"id": "x", "created": 3, "choices": [{"delta": {"content": "a"}}], "usage": null}),
+            }],
+            body: serde_json::json!({"id": "x", "created": 3, "choices": []}),
+            usage: Some(serde_json::json!({"total_tokens": 1})),
+            phases: Phases::default(),
+            created_at_ms: 10,
+            ttl_ms: 20,
+            hit_count: 2,
+            last_hit_ms: 11,
+            vector: Some(vec![0.5, -0.25]),
+            hit_history: vec![HitEvent {
+                at_ms: 11,
+                kind: HitKind::Hit,
+                similarity: None,
+                request_id: "r".into(),
+                ttft_ms: Some(0.1),
+                ttft_saved_ms: None,
+            }],
+            warmed: true,
+        };
+        let cold: Entry = serde_json::from_slice(&entry.cold_json().expect("cold")).expect("read");
+        assert!(cold.events.is_empty() && cold.body.is_null());
+        let replay = Replay::decode(&Replay::of(&entry).encode()).expect("replay");
+        assert_eq!(cold.with_answer(&replay).expect("whole"), entry);
+        assert_eq!(
+            (replay.id(), replay.key(), replay.expires_at_ms()),
+            (EntryId(4), CacheKey([1; 32]), 30)
+        );
     }
 }

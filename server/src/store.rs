@@ -4,21 +4,26 @@
 //! hand out a corrupt or half-written entry, and must never hold its writer lock for more than one
 //! small batch of sled writes: every put and delete shares that lock with eviction.
 //!
-//! On disk (schema version 2, laid out by `reprise-migrations`):
-//! - `entries`: entry id as u64 big-endian (so iteration is in id order) -> encoded entry, or the
-//!   record of a chunked one;
+//! On disk (schema version 3, laid out by `reprise-migrations`):
+//! - `entries`: entry id as u64 big-endian (so iteration is in id order) -> the entry's encoded
+//!   cold half (all but its answer), or the record of a chunked one;
 //! - `chunks`: entry id (u64 BE) ++ chunk number (u32 BE) -> up to [`CHUNK`] bytes of an encoded
-//!   entry longer than [`CHUNK`];
+//!   cold half longer than [`CHUNK`];
+//! - `replays`: entry id (u64 BE) -> the entry's encoded [`Replay`] (what an exact hit reads: the
+//!   answer pre-serialized), or the record of a chunked one;
+//! - `replay_chunks`: as `chunks`, for replays;
 //! - `exact`: 32-byte [`CacheKey`] -> entry id as u64 big-endian;
 //! - `meta`: `schema_version` -> u32 big-endian.
 //!
-//! An encoded entry is `[format tag = 1][blake3 of the payload: 32 bytes][payload]`, the payload
-//! being the serde_json of the [`Entry`]. One longer than [`CHUNK`] is kept in `chunks`, and its
-//! `entries` value is `[tag = 2][blake3 of the encoded entry: 32][its length: u64 BE][chunk count:
-//! u32 BE]`. No value handed to sled is longer than [`CHUNK`]: sled 0.34 writes a page above a
+//! An encoded cold half is `[format tag = 1][blake3 of the payload: 32 bytes][payload]`, the
+//! payload being the serde_json of the [`Entry`] without `events` and `body`; an encoded replay is
+//! `[tag = 3][blake3 of the record: 32][record]` (`reprise_migrations::replay`). A value longer than
+//! [`CHUNK`] is kept in its chunk tree, and its own tree holds `[tag = 2][blake3 of the encoded
+//! value: 32][its length: u64 BE][chunk count: u32 BE]`. An exact hit reads the replay alone and
+//! decodes no JSON; hit bookkeeping and the backfill rewrite the cold half alone. No value handed to sled is longer than [`CHUNK`]: sled 0.34 writes a page above a
 //! quarter of its segment as a file under `blobs/` that it does not reliably delete, and a leaf page
 //! holds about 20 values, so small values keep every page inline, where `--max-bytes` governs it.
-//! An entry, its chunks and its index row are written and removed in one sled transaction, which
+//! An entry's two halves, their chunks and its index row are written and removed in one sled transaction, which
 //! sled recovers atomically after a crash, so no index row can name a missing entry unless the
 //! entry was found corrupt and dropped; readers treat such a row as absent and remove it.
 //!
@@ -44,7 +49,7 @@ use sled::transaction::{ConflictableTransactionResult, TransactionError};
 use sled::Transactional;
 use tracing::{debug, error, info, warn};
 
-use crate::entry::{Entry, EntryId, HitEvent, HIT_HISTORY};
+use crate::entry::{Entry, EntryId, HitEvent, Replay, HIT_HISTORY};
 use crate::key::CacheKey;
 
 use reprise_migrations::layout;
@@ -67,8 +72,10 @@ const FORMAT_JSON: u8 = 1;
 const HEADER_LEN: usize = 1 + blake3::OUT_LEN;
 /// Longest value handed to sled; a longer encoded entry is split into chunks of this size.
 pub const CHUNK: usize = 4096;
-/// Tag of the `entries` record that stands for a chunked entry.
+/// Tag of the record that stands for a chunked value.
 const FORMAT_CHUNKED: u8 = 2;
+/// Format tag of an encoded replay: a binary replay record with a blake3 checksum.
+const FORMAT_REPLAY: u8 = 3;
 const CHUNKED_RECORD_LEN: usize = 1 + blake3::OUT_LEN + 8 + 4;
 /// Reads of a chunked entry retried when a writer replaced it mid-read.
 const READ_ATTEMPTS: usize = 3;
@@ -187,6 +194,9 @@ pub trait Store: Send + Sync + 'static {
     fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError>;
     /// The entry the exact-key index names for `key`.
     fn get_by_key(&self, key: &CacheKey) -> Result<Option<Entry>, StoreError>;
+    /// The hot read, for exact hits: the [`Replay`] of the entry the exact-key index names for
+    /// `key`, read without the rest of the entry and without decoding JSON.
+    fn replay_by_key(&self, key: &CacheKey) -> Result<Option<Replay>, StoreError>;
     /// Assigns `entry.id` (the incoming id is ignored) and writes the entry and its exact-key index
     /// row atomically, replacing (and deleting) any older entry with the same key. Returns the id.
     fn put(&self, entry: Entry) -> Result<EntryId, StoreError>;
@@ -253,6 +263,8 @@ pub struct SledStore {
     db: sled::Db,
     entries: sled::Tree,
     chunks: sled::Tree,
+    replays: sled::Tree,
+    replay_chunks: sled::Tree,
     exact: sled::Tree,
     /// Taken by every write, so the ledger always mirrors sled; readers never take it.
     ledger: Mutex<Ledger>,
@@ -461,9 +473,17 @@ impl SledStore {
         }
         let entries = db.open_tree(layout::ENTRIES)?;
         let chunks = db.open_tree(layout::CHUNKS)?;
+        let replays = db.open_tree(layout::REPLAYS)?;
+        let replay_chunks = db.open_tree(layout::REPLAY_CHUNKS)?;
         let exact = db.open_tree(layout::EXACT)?;
         let id_floor = id_floor(&db.open_tree(layout::META)?)?;
-        let ledger = load_ledger(&entries, &chunks, &exact)?;
+        let trees = Trees {
+            entries: &entries,
+            chunks: &chunks,
+            replays: &replays,
+            replay_chunks: &replay_chunks,
+        };
+        let ledger = load_ledger(&trees, &exact)?;
         info!(
             dir = %dir.display(),
             entries = ledger.slots.len(),
@@ -474,6 +494,8 @@ impl SledStore {
             db,
             entries,
             chunks,
+            replays,
+            replay_chunks,
             exact,
             len: AtomicUsize::new(ledger.slots.len()),
             bytes: AtomicU64::new(ledger.bytes),
@@ -536,14 +558,18 @@ impl SledStore {
         let Some(raw) = self.entries.get(id.0.to_be_bytes())? else {
             return Ok(false);
         };
-        let Some(mut entry) = self.read_entry(id, raw)? else {
+        // The cold half alone: the answer is neither read nor rewritten.
+        let Some((mut entry, old_len)) = self.read_cold(id, raw)? else {
             return Ok(false);
         };
         if !change(&mut entry) {
             return Ok(false);
         }
-        let value = encode(&entry)?;
-        let slot = Slot::new(&entry, value.len());
+        let value = encode_cold(&entry)?;
+        let replay_len = ledger
+            .get(id.0)
+            .map_or(0, |slot| slot.size.saturating_sub(old_len as u64));
+        let slot = Slot::new(&entry, value.len() + replay_len as usize);
         (&self.entries, &self.chunks)
             .transaction(|(entries, chunks)| -> TxResult<()> {
                 remove_value(entries, chunks, id.0)?;
@@ -560,78 +586,84 @@ impl SledStore {
         self.bytes.store(ledger.bytes, Ordering::Relaxed);
     }
 
-    /// Decodes `raw`, or quarantines the id and reports it absent.
-    fn decode_or_quarantine(&self, id: EntryId, raw: &[u8]) -> Option<Entry> {
-        match decode(id, raw) {
-            Ok(entry) => Some(entry),
-            Err(e) => {
-                warn!(error = %e, "unreadable cache entry read as absent; next sweep deletes it");
-                self.lock_quarantine().insert(id.0);
-                None
-            }
-        }
+    /// Notes an unreadable entry: it reads as absent, and the next sweep deletes it.
+    fn quarantine(&self, id: EntryId, reason: &str) {
+        warn!(%id, reason, "unreadable cache entry read as absent; next sweep deletes it");
+        self.lock_quarantine().insert(id.0);
     }
 
-    /// The entry that the `entries` record `raw` stands for: decoded in place, or joined from its
-    /// chunks first. Unreadable entries are quarantined and read as absent.
-    fn read_entry(&self, id: EntryId, raw: sled::IVec) -> Result<Option<Entry>, StoreError> {
+    /// The cold half that the `entries` record `raw` stands for (decoded in place, or joined from
+    /// its chunks first), with its encoded length. Unreadable entries are quarantined and read as absent.
+    fn read_cold(
+        &self,
+        id: EntryId,
+        raw: sled::IVec,
+    ) -> Result<Option<(Entry, usize)>, StoreError> {
         Ok(match resolve(&self.entries, &self.chunks, id.0, raw)? {
-            Resolved::Value(value) => self.decode_or_quarantine(id, &value),
+            Resolved::Value(value, checked) => match decode(id, &value, checked) {
+                Ok(entry) => Some((entry, value.len())),
+                Err(e) => {
+                    self.quarantine(id, &e.to_string());
+                    None
+                }
+            },
             Resolved::Gone => None,
             Resolved::Corrupt(reason) => {
-                warn!(%id, reason, "unreadable cache entry read as absent; next sweep deletes it");
-                self.lock_quarantine().insert(id.0);
+                self.quarantine(id, &reason);
                 None
             }
         })
     }
 
-    /// Removes `ids` (entries and the index rows that still name them) in one transaction, then
-    /// from the ledger. Returns how many entries were actually on disk.
-    fn remove_locked(&self, ledger: &mut Ledger, ids: &[u64]) -> Result<usize, StoreError> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        // The ledger knows every stored entry's key, so no payload is read to find index rows.
-        let targets: Vec<(u64, Option<CacheKey>)> = ids
-            .iter()
-            .map(|&id| (id, ledger.get(id).map(|slot| slot.key)))
-            .collect();
-        let removed = (&self.entries, &self.chunks, &self.exact)
-            .transaction(|(entries, chunks, exact)| -> TxResult<usize> {
-                let mut removed = 0;
-                for (id, key) in &targets {
-                    let id_bytes = id.to_be_bytes();
-                    if remove_value(entries, chunks, *id)? {
-                        removed += 1;
+    /// The replay that the `replays` record `raw` stands for. Unreadable ones are quarantined.
+    fn read_replay(&self, id: EntryId, raw: sled::IVec) -> Result<Option<Replay>, StoreError> {
+        Ok(
+            match resolve(&self.replays, &self.replay_chunks, id.0, raw)? {
+                Resolved::Value(value, checked) => match decode_replay(id, &value, checked) {
+                    Ok(replay) => Some(replay),
+                    Err(e) => {
+                        self.quarantine(id, &e.to_string());
+                        None
                     }
-                    if let Some(key) = key {
-                        // Only if the row still names this id: a newer entry may own the key.
-                        if exact.get(key.0)?.as_deref() == Some(&id_bytes[..]) {
-                            exact.remove(&key.0[..])?;
-                        }
-                    }
+                },
+                Resolved::Gone => None,
+                Resolved::Corrupt(reason) => {
+                    self.quarantine(id, &reason);
+                    None
                 }
-                Ok(removed)
-            })
-            .map_err(storage_error)?;
-        for &id in ids {
-            ledger.remove(id);
-        }
-        self.publish(ledger);
-        Ok(removed)
+            },
+        )
     }
-}
 
-impl Store for SledStore {
-    fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
-        let Some(raw) = self.entries.get(id.0.to_be_bytes())? else {
+    /// The whole entry that the `entries` record `raw` stands for: its cold half and its answer,
+    /// read back from its replay. Unreadable entries are quarantined and read as absent.
+    fn read_entry(&self, id: EntryId, raw: sled::IVec) -> Result<Option<Entry>, StoreError> {
+        let Some((cold, _)) = self.read_cold(id, raw)? else {
             return Ok(None);
         };
-        self.read_entry(id, raw)
+        let Some(raw) = self.replays.get(id.0.to_be_bytes())? else {
+            // Written and removed together: deleted between the two reads.
+            return Ok(None);
+        };
+        let Some(replay) = self.read_replay(id, raw)? else {
+            return Ok(None);
+        };
+        match cold.with_answer(&replay) {
+            Ok(entry) => Ok(Some(entry)),
+            Err(reason) => {
+                self.quarantine(id, &reason);
+                Ok(None)
+            }
+        }
     }
 
-    fn get_by_key(&self, key: &CacheKey) -> Result<Option<Entry>, StoreError> {
+    /// The id the exact-key index names for `key`, and `tree`'s record of it (`entries` or
+    /// `replays`). A dangling or malformed row is removed and reads as absent.
+    fn row_for_key(
+        &self,
+        key: &CacheKey,
+        tree: &sled::Tree,
+    ) -> Result<Option<(EntryId, sled::IVec)>, StoreError> {
         // Two rounds: a put may replace the entry between reading the row and reading the entry.
         for _ in 0..2 {
             let Some(row) = self.exact.get(key.0)? else {
@@ -645,7 +677,7 @@ impl Store for SledStore {
                 return Ok(None);
             };
             let id = EntryId(id);
-            let Some(raw) = self.entries.get(id.0.to_be_bytes())? else {
+            let Some(raw) = tree.get(id.0.to_be_bytes())? else {
                 // Ids are never reused and entry and row change together, so if the row is
                 // unchanged the entry is gone for good (dropped as corrupt): remove the row. If
                 // the row changed, a writer got there first: read again.
@@ -659,9 +691,93 @@ impl Store for SledStore {
                 }
                 continue;
             };
-            return Ok(self.read_entry(id, raw)?.filter(|entry| entry.key == *key));
+            return Ok(Some((id, raw)));
         }
         Ok(None)
+    }
+
+    /// Removes `ids` (entries and the index rows that still name them) in one transaction, then
+    /// from the ledger. Returns how many entries were actually on disk.
+    fn remove_locked(&self, ledger: &mut Ledger, ids: &[u64]) -> Result<usize, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        // The ledger knows every stored entry's key, so no payload is read to find index rows.
+        let targets: Vec<(u64, Option<CacheKey>)> = ids
+            .iter()
+            .map(|&id| (id, ledger.get(id).map(|slot| slot.key)))
+            .collect();
+        let removed = self
+            .all_trees()
+            .transaction(
+                |(entries, chunks, replays, replay_chunks, exact)| -> TxResult<usize> {
+                    let mut removed = 0;
+                    for (id, key) in &targets {
+                        let id_bytes = id.to_be_bytes();
+                        remove_value(replays, replay_chunks, *id)?;
+                        if remove_value(entries, chunks, *id)? {
+                            removed += 1;
+                        }
+                        if let Some(key) = key {
+                            // Only if the row still names this id: a newer entry may own the key.
+                            if exact.get(key.0)?.as_deref() == Some(&id_bytes[..]) {
+                                exact.remove(&key.0[..])?;
+                            }
+                        }
+                    }
+                    Ok(removed)
+                },
+            )
+            .map_err(storage_error)?;
+        for &id in ids {
+            ledger.remove(id);
+        }
+        self.publish(ledger);
+        Ok(removed)
+    }
+
+    /// Every tree an entry lives in, for one transaction: entries, chunks, replays, replay chunks, exact.
+    fn all_trees(
+        &self,
+    ) -> (
+        &sled::Tree,
+        &sled::Tree,
+        &sled::Tree,
+        &sled::Tree,
+        &sled::Tree,
+    ) {
+        (
+            &self.entries,
+            &self.chunks,
+            &self.replays,
+            &self.replay_chunks,
+            &self.exact,
+        )
+    }
+}
+
+impl Store for SledStore {
+    fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
+        let Some(raw) = self.entries.get(id.0.to_be_bytes())? else {
+            return Ok(None);
+        };
+        self.read_entry(id, raw)
+    }
+
+    fn get_by_key(&self, key: &CacheKey) -> Result<Option<Entry>, StoreError> {
+        let Some((id, raw)) = self.row_for_key(key, &self.entries)? else {
+            return Ok(None);
+        };
+        Ok(self.read_entry(id, raw)?.filter(|entry| entry.key == *key))
+    }
+
+    fn replay_by_key(&self, key: &CacheKey) -> Result<Option<Replay>, StoreError> {
+        let Some((id, raw)) = self.row_for_key(key, &self.replays)? else {
+            return Ok(None);
+        };
+        Ok(self
+            .read_replay(id, raw)?
+            .filter(|replay| replay.key() == *key))
     }
 
     fn put(&self, mut entry: Entry) -> Result<EntryId, StoreError> {
@@ -674,8 +790,9 @@ impl Store for SledStore {
                 .saturating_add(1);
             entry.id = EntryId(id);
             // Encode before taking the lock: every writer queues behind it.
-            let value = encode(&entry)?;
-            let slot = Slot::new(&entry, value.len());
+            let value = encode_cold(&entry)?;
+            let replay = encode_replay(&Replay::of(&entry));
+            let slot = Slot::new(&entry, value.len() + replay.len());
             let mut ledger = self.lock_ledger();
             if ledger.get(id).is_some() {
                 // Only possible if a data directory was written with ids the generator never gave.
@@ -683,16 +800,21 @@ impl Store for SledStore {
                 continue;
             }
             let id_bytes = id.to_be_bytes();
-            let replaced = (&self.entries, &self.chunks, &self.exact)
-                .transaction(|(entries, chunks, exact)| -> TxResult<Option<u64>> {
-                    let old = exact.insert(&entry.key.0[..], &id_bytes[..])?;
-                    let old_id = old.as_deref().and_then(parse_id);
-                    if let Some(old_id) = old_id {
-                        remove_value(entries, chunks, old_id)?;
-                    }
-                    write_value(entries, chunks, id, &value)?;
-                    Ok(old_id)
-                })
+            let replaced = self
+                .all_trees()
+                .transaction(
+                    |(entries, chunks, replays, replay_chunks, exact)| -> TxResult<Option<u64>> {
+                        let old = exact.insert(&entry.key.0[..], &id_bytes[..])?;
+                        let old_id = old.as_deref().and_then(parse_id);
+                        if let Some(old_id) = old_id {
+                            remove_value(entries, chunks, old_id)?;
+                            remove_value(replays, replay_chunks, old_id)?;
+                        }
+                        write_value(entries, chunks, id, &value)?;
+                        write_value(replays, replay_chunks, id, &replay)?;
+                        Ok(old_id)
+                    },
+                )
                 .map_err(storage_error)?;
             if let Some(old_id) = replaced {
                 ledger.remove(old_id);
@@ -826,6 +948,8 @@ impl Store for SledStore {
         // absent and remove; the other order would leave entries no key can reach.
         self.entries.clear()?;
         self.chunks.clear()?;
+        self.replays.clear()?;
+        self.replay_chunks.clear()?;
         self.exact.clear()?;
         *ledger = Ledger::new();
         self.publish(&ledger);
@@ -939,10 +1063,10 @@ fn remove_value(
     Ok(true)
 }
 
-/// What an `entries` record stands for.
+/// What an `entries` (or `replays`) record stands for.
 enum Resolved {
-    /// The encoded entry.
-    Value(Vec<u8>),
+    /// The encoded value, and whether its checksum was checked already (joined from chunks).
+    Value(Vec<u8>, bool),
     /// Deleted while it was being read.
     Gone,
     /// Its chunks are missing or do not match its record.
@@ -960,10 +1084,10 @@ fn resolve(
 ) -> Result<Resolved, StoreError> {
     for _ in 0..READ_ATTEMPTS {
         let Some(record) = ChunkedRecord::parse(&raw) else {
-            return Ok(Resolved::Value(raw.to_vec()));
+            return Ok(Resolved::Value(raw.to_vec(), false));
         };
         let why = match join_chunks(chunks, id, &record)? {
-            Ok(value) => return Ok(Resolved::Value(value)),
+            Ok(value) => return Ok(Resolved::Value(value, true)),
             Err(why) => why,
         };
         match entries.get(id.to_be_bytes())? {
@@ -1008,17 +1132,27 @@ fn join_chunks(
     Ok(Ok(value))
 }
 
-fn encode(entry: &Entry) -> Result<Vec<u8>, StoreError> {
-    let payload = serde_json::to_vec(entry)?;
+/// `[tag][blake3 of the payload][payload]`.
+fn tagged(tag: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.push(FORMAT_JSON);
-    out.extend_from_slice(blake3::hash(&payload).as_bytes());
-    out.extend_from_slice(&payload);
-    Ok(out)
+    out.push(tag);
+    out.extend_from_slice(blake3::hash(payload).as_bytes());
+    out.extend_from_slice(payload);
+    out
 }
 
-/// The checked payload of an encoded entry.
-fn payload(id: EntryId, raw: &[u8]) -> Result<&[u8], StoreError> {
+/// The encoded cold half of an entry.
+fn encode_cold(entry: &Entry) -> Result<Vec<u8>, StoreError> {
+    Ok(tagged(FORMAT_JSON, &entry.cold_json()?))
+}
+
+fn encode_replay(replay: &Replay) -> Vec<u8> {
+    tagged(FORMAT_REPLAY, &replay.encode())
+}
+
+/// The payload of an encoded value with format `tag`, its checksum verified unless `checked`
+/// already (a chunked value's record holds the checksum of the whole, verified when joined).
+fn payload(id: EntryId, raw: &[u8], tag: u8, checked: bool) -> Result<&[u8], StoreError> {
     let corrupt = |reason: &str| StoreError::Corrupt {
         id,
         reason: reason.to_owned(),
@@ -1027,20 +1161,32 @@ fn payload(id: EntryId, raw: &[u8]) -> Result<&[u8], StoreError> {
         return Err(corrupt("shorter than its header"));
     }
     let (header, payload) = raw.split_at(HEADER_LEN);
-    if header[0] != FORMAT_JSON {
+    if header[0] != tag {
         return Err(corrupt(&format!("unknown format tag {}", header[0])));
     }
-    if blake3::hash(payload).as_bytes() != &header[1..] {
+    if !checked && blake3::hash(payload).as_bytes() != &header[1..] {
         return Err(corrupt("checksum mismatch"));
     }
     Ok(payload)
 }
 
-fn decode(id: EntryId, raw: &[u8]) -> Result<Entry, StoreError> {
+fn decode_replay(id: EntryId, raw: &[u8], checked: bool) -> Result<Replay, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt { id, reason };
+    let replay = Replay::decode(payload(id, raw, FORMAT_REPLAY, checked)?).map_err(corrupt)?;
+    if replay.id() != id {
+        return Err(corrupt(format!("replay names entry {}", replay.id())));
+    }
+    Ok(replay)
+}
+
+/// The cold half of an entry (its `events` and `body` empty).
+fn decode(id: EntryId, raw: &[u8], checked: bool) -> Result<Entry, StoreError> {
     let entry: Entry =
-        serde_json::from_slice(payload(id, raw)?).map_err(|e| StoreError::Corrupt {
-            id,
-            reason: e.to_string(),
+        serde_json::from_slice(payload(id, raw, FORMAT_JSON, checked)?).map_err(|e| {
+            StoreError::Corrupt {
+                id,
+                reason: e.to_string(),
+            }
         })?;
     if entry.id != id {
         return Err(StoreError::Corrupt {
@@ -1061,82 +1207,110 @@ struct EntryHead {
     last_hit_ms: u64,
 }
 
-/// Scans both trees once: a ledger of every readable entry; unreadable entries and index rows that
-/// do not name a readable entry of their key are deleted.
-fn load_ledger(
-    entries: &sled::Tree,
-    chunks: &sled::Tree,
-    exact: &sled::Tree,
-) -> Result<Ledger, StoreError> {
+/// The trees an entry's two halves live in.
+struct Trees<'a> {
+    entries: &'a sled::Tree,
+    chunks: &'a sled::Tree,
+    replays: &'a sled::Tree,
+    replay_chunks: &'a sled::Tree,
+}
+
+/// The ledger head of the cold half behind `record`, with its length; `Err` when unreadable.
+fn read_head(
+    trees: &Trees<'_>,
+    raw_id: &[u8],
+    record: sled::IVec,
+) -> Result<Result<Option<(EntryHead, usize)>, String>, StoreError> {
+    let Some(id) = parse_id(raw_id) else {
+        return Ok(Err(format!(
+            "entry key is {} bytes, expected 8",
+            raw_id.len()
+        )));
+    };
+    let (raw, checked) = match resolve(trees.entries, trees.chunks, id, record)? {
+        Resolved::Value(raw, checked) => (raw, checked),
+        Resolved::Gone => return Ok(Ok(None)),
+        Resolved::Corrupt(reason) => return Ok(Err(reason)),
+    };
+    let head = payload(EntryId(id), &raw, FORMAT_JSON, checked)
+        .map_err(|e| e.to_string())
+        .and_then(|p| serde_json::from_slice::<EntryHead>(p).map_err(|e| e.to_string()));
+    Ok(match head {
+        Ok(head) if head.id.0 == id => Ok(Some((head, raw.len()))),
+        Ok(head) => Err(format!("payload names entry {}", head.id)),
+        Err(e) => Err(e),
+    })
+}
+
+/// Scans the trees once: a ledger of every readable entry; unreadable entries (a cold half that
+/// does not decode, or no replay), replays and chunks no entry owns, and index rows that do not
+/// name a readable entry of their key are deleted.
+fn load_ledger(trees: &Trees<'_>, exact: &sled::Tree) -> Result<Ledger, StoreError> {
     let mut ledger = Ledger::new();
     let mut unreadable = Vec::new();
-    for item in entries.iter() {
+    for item in trees.entries.iter() {
         let (raw_id, record) = item?;
-        let raw = match parse_id(&raw_id).map(|id| resolve(entries, chunks, id, record)) {
-            Some(Ok(Resolved::Value(raw))) => raw,
-            Some(Ok(Resolved::Gone)) => continue,
-            Some(Ok(Resolved::Corrupt(reason))) => {
+        let head = match read_head(trees, &raw_id, record)? {
+            Ok(Some(head)) => head,
+            Ok(None) => continue,
+            Err(reason) => {
                 warn!(reason, "deleting unreadable cache entry");
                 unreadable.push(raw_id);
                 continue;
             }
-            Some(Err(e)) => return Err(e),
-            // An id of the wrong length; reported below.
-            None => Vec::new(),
         };
-        let head =
-            parse_id(&raw_id)
-                .ok_or_else(|| StoreError::Corrupt {
-                    id: EntryId(0),
-                    reason: format!("entry key is {} bytes, expected 8", raw_id.len()),
-                })
-                .and_then(|id| {
-                    let head: EntryHead = serde_json::from_slice(payload(EntryId(id), &raw)?)
-                        .map_err(|e| StoreError::Corrupt {
-                            id: EntryId(id),
-                            reason: e.to_string(),
-                        })?;
-                    if head.id.0 != id {
-                        return Err(StoreError::Corrupt {
-                            id: EntryId(id),
-                            reason: format!("payload names entry {}", head.id),
-                        });
-                    }
-                    Ok(head)
-                });
-        match head {
-            Ok(head) => ledger.insert(Slot {
-                id: head.id.0,
-                key: head.key,
-                expires_at_ms: head.created_at_ms.saturating_add(head.ttl_ms),
-                recency_ms: head.last_hit_ms.max(head.created_at_ms),
-                size: raw.len() as u64,
-            }),
-            Err(e) => {
-                warn!(error = %e, "deleting unreadable cache entry");
+        let (head, cold_len) = head;
+        let replay_len = match trees.replays.get(&raw_id)? {
+            Some(record) => match resolve(trees.replays, trees.replay_chunks, head.id.0, record)? {
+                Resolved::Value(raw, checked) => payload(head.id, &raw, FORMAT_REPLAY, checked)
+                    .map(|_| raw.len())
+                    .map_err(|e| e.to_string()),
+                Resolved::Gone => continue,
+                Resolved::Corrupt(reason) => Err(reason),
+            },
+            None => Err("no replay".to_owned()),
+        };
+        let replay_len = match replay_len {
+            Ok(len) => len as u64,
+            Err(reason) => {
+                warn!(id = %head.id, reason, "deleting unreadable cache entry");
                 unreadable.push(raw_id);
+                continue;
+            }
+        };
+        ledger.insert(Slot {
+            id: head.id.0,
+            key: head.key,
+            expires_at_ms: head.created_at_ms.saturating_add(head.ttl_ms),
+            recency_ms: head.last_hit_ms.max(head.created_at_ms),
+            size: cold_len as u64 + replay_len,
+        });
+    }
+    for raw_id in unreadable {
+        trees.entries.remove(raw_id)?;
+    }
+    // Replays and chunks no readable entry owns (their entry was unreadable, or a crash undid what
+    // a failed write left half-done).
+    let owned = |key: &[u8]| {
+        key.get(..8)
+            .and_then(parse_id)
+            .is_some_and(|id| ledger.get(id).is_some())
+    };
+    let mut orphans = 0usize;
+    for tree in [trees.replays, trees.chunks, trees.replay_chunks] {
+        for key in tree.iter().keys() {
+            let key = key?;
+            if !owned(&key) {
+                tree.remove(key)?;
+                orphans += 1;
             }
         }
     }
-    for raw_id in unreadable {
-        entries.remove(raw_id)?;
-    }
-    // Chunks no readable entry owns (their entry was unreadable, or a crash undid what a failed
-    // write left half-done).
-    let mut orphans = 0usize;
-    for key in chunks.iter().keys() {
-        let key = key?;
-        let owned = key
-            .get(..8)
-            .and_then(parse_id)
-            .is_some_and(|id| ledger.get(id).is_some());
-        if !owned {
-            chunks.remove(key)?;
-            orphans += 1;
-        }
-    }
     if orphans > 0 {
-        warn!(orphans, "deleted chunks that no readable entry owns");
+        warn!(
+            orphans,
+            "deleted replays and chunks that no readable entry owns"
+        );
     }
     let mut dangling = 0usize;
     for item in exact.iter() {
@@ -1372,26 +1546,50 @@ mod tests {
         let mut len = 0;
         let mut bytes = 0;
         let mut chunks = 0;
+        let mut replay_chunks = 0;
         for item in store.entries.iter() {
             let (raw_id, raw) = item.expect("iter");
             let id = parse_id(&raw_id).expect("8-byte id");
             chunks += ChunkedRecord::parse(&raw).map_or(0, |r| r.count as usize);
-            let Resolved::Value(value) =
+            let Resolved::Value(value, _) =
                 resolve(&store.entries, &store.chunks, id, raw).expect("resolve")
             else {
                 panic!("entry {id} does not resolve");
             };
+            let raw = store
+                .replays
+                .get(&raw_id)
+                .expect("get")
+                .expect("its replay");
+            replay_chunks += ChunkedRecord::parse(&raw).map_or(0, |r| r.count as usize);
+            let Resolved::Value(replay, _) =
+                resolve(&store.replays, &store.replay_chunks, id, raw).expect("resolve")
+            else {
+                panic!("replay {id} does not resolve");
+            };
             len += 1;
-            bytes += value.len() as u64;
+            bytes += (value.len() + replay.len()) as u64;
         }
         assert_eq!(store.len(), len, "len counter");
         assert_eq!(store.bytes(), bytes, "bytes counter");
+        assert_eq!(store.replays.len(), len, "every replay belongs to an entry");
         assert_eq!(
             store.chunks.len(),
             chunks,
             "every chunk belongs to an entry"
         );
-        for item in store.entries.iter().chain(store.chunks.iter()) {
+        assert_eq!(
+            store.replay_chunks.len(),
+            replay_chunks,
+            "every replay chunk belongs to a replay"
+        );
+        for item in store
+            .entries
+            .iter()
+            .chain(store.chunks.iter())
+            .chain(store.replays.iter())
+            .chain(store.replay_chunks.iter())
+        {
             let (_, value) = item.expect("iter");
             assert!(value.len() <= CHUNK, "a value sled would write as a blob");
         }
@@ -1441,7 +1639,12 @@ mod tests {
         let store = open(dir.path());
         let small = store.put(entry(1, 1_000, 60_000)).expect("put");
         let big = store.put(big_entry(2, 1_000, 300_000)).expect("put");
-        assert!(store.chunks.len() > 70, "{} chunks", store.chunks.len());
+        // The answer is in the replay: its chunks, not the cold half's.
+        assert!(
+            store.replay_chunks.len() > 70,
+            "{} chunks",
+            store.replay_chunks.len()
+        );
         let read = store.get(big).expect("get").expect("present");
         assert_eq!(
             read,
@@ -1454,8 +1657,13 @@ mod tests {
             store.get_by_key(&key(2)).expect("by key").map(|e| e.id),
             Some(big)
         );
-        // A touch rewrites the chunks; a replacement by a shorter answer removes them all.
+        // A touch rewrites the cold half alone; a replacement by a shorter answer removes every chunk.
+        let replay_before = store.replays.get(big.0.to_be_bytes()).expect("get");
         store.touch(big, 2, &hits(2, 5_000)).expect("touch");
+        assert_eq!(
+            store.replays.get(big.0.to_be_bytes()).expect("get"),
+            replay_before
+        );
         assert_eq!(store.get(big).expect("get").map(|e| e.hit_count), Some(2));
         assert_consistent(&store);
         let replaced = store.put(big_entry(2, 2_000, 10_000)).expect("put");
@@ -1463,6 +1671,11 @@ mod tests {
         assert_consistent(&store);
         assert!(store.delete(replaced).expect("delete"));
         assert_eq!(store.chunks.len(), 0, "chunks removed with their entry");
+        assert_eq!(
+            store.replay_chunks.len(),
+            0,
+            "chunks removed with their entry"
+        );
         assert_eq!(store.get(small).expect("get").map(|e| e.id), Some(small));
         assert_consistent(&store);
         store.flush().expect("flush");
@@ -1480,16 +1693,18 @@ mod tests {
         let damaged = store.put(big_entry(1, 1_000, 20_000)).expect("put");
         let kept = store.put(big_entry(2, 1_000, 20_000)).expect("put");
         let mut piece = store
-            .chunks
+            .replay_chunks
             .get(chunk_key(damaged.0, 1))
             .expect("get")
             .expect("chunk 1")
             .to_vec();
         piece[10] ^= 0x20;
         store
-            .chunks
+            .replay_chunks
             .insert(chunk_key(damaged.0, 1), piece)
             .expect("insert");
+        // Neither the hot read nor the whole entry hands it out.
+        assert_eq!(store.replay_by_key(&key(1)).expect("replay"), None);
         assert_eq!(store.get(damaged).expect("get"), None);
         assert!(store.get(kept).expect("get").is_some());
         store.sweep(2_000, 100, u64::MAX).expect("sweep");
@@ -1497,7 +1712,10 @@ mod tests {
         assert_consistent(&store);
 
         // A missing chunk, found at open: the entry and its other chunks are deleted.
-        store.chunks.remove(chunk_key(kept.0, 0)).expect("remove");
+        store
+            .replay_chunks
+            .remove(chunk_key(kept.0, 0))
+            .expect("remove");
         store.flush().expect("flush");
         drop(store);
         let store = open(dir.path());
@@ -2013,19 +2231,31 @@ mod tests {
         assert_eq!(old.events.len(), 1);
         assert_eq!(old.hit_count, 3);
         assert_eq!(old.ttft_cost_ms(), Some(81.5));
-        assert_eq!((store.len(), store.bytes()), (1, value.len() as u64));
+        assert_eq!(store.len(), 1);
+        // The hot read serves it as the answer it stored.
+        let replay = store
+            .replay_by_key(&CacheKey(key))
+            .expect("replay")
+            .expect("the v1 entry's replay");
+        assert_eq!(replay, Replay::of(&old));
+        assert_eq!(replay.ttft_cost_ms(), Some(81.5));
         // The id generator was carried over: a new entry cannot collide with the old one.
         assert!(store.put(entry(42, 3_000, 60_000)).expect("put") > EntryId(7));
         assert_consistent(&store);
     }
 
-    /// A row of a fixture data dir: the entry under `id`, encoded as the store writes it.
+    /// An entry encoded whole, as versions 1 and 2 stored it.
+    fn encode_v2(e: &Entry) -> Vec<u8> {
+        tagged(FORMAT_JSON, &serde_json::to_vec(e).expect("json"))
+    }
+
+    /// A row of a v1 or v2 fixture data dir: the entry under `id`, encoded as those versions wrote it.
     fn fixture_row(id: u64, e: Entry) -> (u64, [u8; 32], Vec<u8>) {
         let e = Entry {
             id: EntryId(id),
             ..e
         };
-        (id, e.key.0, encode(&e).expect("encode"))
+        (id, e.key.0, encode_v2(&e))
     }
 
     /// A directory as version 2 lays it out (a chunked entry, an id floor from a rebuild) opens
@@ -2047,6 +2277,98 @@ mod tests {
         );
         assert!(store.put(entry(3, 2_000, 60_000)).expect("put") > EntryId(1_500));
         assert_consistent(&store);
+    }
+
+    /// An answer as a recorded stream leaves it: chunks with their id and `created`, `usage: null`
+    /// on each and a usage-only chunk, a vector and a hit history; `words` long.
+    fn recorded_entry(n: u64, words: usize) -> Entry {
+        let chunk = |delta: serde_json::Value, finish: serde_json::Value| {
+            json!({"id": format!("chatcmpl-{n}"), "object": "chat.completion.chunk", "created": 1_700_000_000 + n,
+                "model": "sim-1", "system_fingerprint": "fp_x", "usage": null,
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+        };
+        let mut chunks = vec![chunk(
+            json!({"role": "assistant", "content": ""}),
+            json!(null),
+        )];
+        for w in 0..words {
+            chunks.push(chunk(json!({"content": format!(" word{w}")}), json!(null)));
+        }
+        chunks.push(chunk(json!({}), json!("stop")));
+        let mut usage_chunk = chunk(json!({}), json!(null));
+        usage_chunk["choices"] = json!([]);
+        usage_chunk["usage"] =
+            json!({"prompt_tokens": 5, "completion_tokens": words, "total_tokens": words + 5});
+        chunks.push(usage_chunk);
+        let body =
+            crate::cache::cacheable::assemble(crate::ingress::Route::ChatCompletions, &chunks);
+        let mut e = entry(n, 1_000, 60_000);
+        e.usage = body.get("usage").cloned();
+        e.body = body;
+        e.events = chunks
+            .into_iter()
+            .enumerate()
+            .map(|(i, data)| StoredEvent {
+                offset_ms: 2.5 * i as f64,
+                data,
+            })
+            .collect();
+        e.vector = Some(vec![0.25; 384]);
+        e.hit_count = 40;
+        e.last_hit_ms = 9_000;
+        e.hit_history = hits(32, 5_000);
+        e.phases.upstream_send_ms = Some(1.25);
+        e
+    }
+
+    /// Recorded answers written by version 1 and by version 2 (short and chunked) read back whole
+    /// after the upgrade to version 3, and their replays are what a put writes today, so hits
+    /// render them as before (`replay::tests` compares that rendering with the old one).
+    #[test]
+    fn recorded_answers_of_v1_and_v2_dirs_read_back_whole_and_replay_as_written_today() {
+        let originals = [
+            recorded_entry(1, 3),
+            recorded_entry(2, 40),
+            recorded_entry(3, 600),
+        ];
+        let rows: Vec<_> = originals
+            .iter()
+            .enumerate()
+            .map(|(i, e)| fixture_row(10 + i as u64, e.clone()))
+            .collect();
+        for version in [1, 2] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            if version == 1 {
+                reprise_migrations::fixtures::write_v1_data_dir(dir.path(), &rows)
+            } else {
+                reprise_migrations::fixtures::write_v2_data_dir(dir.path(), &rows, 0)
+            }
+            .expect("write fixture");
+            let store = open(dir.path());
+            assert_eq!(store.len(), originals.len(), "v{version}");
+            for (i, original) in originals.iter().enumerate() {
+                let id = EntryId(10 + i as u64);
+                let original = Entry {
+                    id,
+                    ..original.clone()
+                };
+                assert_eq!(
+                    store.get(id).expect("get").as_ref(),
+                    Some(&original),
+                    "v{version} entry {i}"
+                );
+                let replay = store
+                    .replay_by_key(&original.key)
+                    .expect("replay")
+                    .expect("present");
+                assert_eq!(replay, Replay::of(&original), "v{version} entry {i}");
+            }
+            // The hit history and vector stay out of the replay: a touch leaves it as it was.
+            let before = store.replays.get(10u64.to_be_bytes()).expect("get");
+            store.touch(EntryId(10), 1, &hits(1, 9_500)).expect("touch");
+            assert_eq!(store.replays.get(10u64.to_be_bytes()).expect("get"), before);
+            assert_consistent(&store);
+        }
     }
 
     /// A version-1 directory holding an entry above sled's blob threshold (so `blobs/` holds its
@@ -2362,6 +2684,7 @@ mod tests {
         {
             let db = sled::open(dir.path()).expect("reopen raw");
             let entries = db.open_tree(layout::ENTRIES).expect("entries");
+            let replays = db.open_tree(layout::REPLAYS).expect("replays");
             let exact = db.open_tree(layout::EXACT).expect("exact");
             for item in exact.iter() {
                 let (raw_key, row) = item.expect("iter");
@@ -2370,13 +2693,23 @@ mod tests {
                     .get(id.to_be_bytes())
                     .expect("get")
                     .expect("index row names a stored entry");
-                let entry = decode(EntryId(id), &raw).expect("entry decodes");
+                let entry = decode(EntryId(id), &raw, false).expect("entry decodes");
                 assert_eq!(entry.key.0[..], raw_key[..]);
+                let raw = replays
+                    .get(id.to_be_bytes())
+                    .expect("get")
+                    .expect("index row names a stored replay");
+                let replay = decode_replay(EntryId(id), &raw, false).expect("replay decodes");
+                assert_eq!(replay.key().0[..], raw_key[..]);
             }
             for item in entries.iter() {
                 let (raw_id, raw) = item.expect("iter");
                 let id = parse_id(&raw_id).expect("8-byte id");
-                decode(EntryId(id), &raw).expect("no half-written entry");
+                decode(EntryId(id), &raw, false).expect("no half-written entry");
+                assert!(
+                    replays.contains_key(&raw_id).expect("get"),
+                    "no half-written entry"
+                );
             }
         }
         let store = open(dir.path());

@@ -8,14 +8,14 @@ use serde_json::Value;
 use tokio::sync::Notify;
 
 use super::lock;
-use crate::entry::Entry;
+use crate::entry::Replay;
 use crate::key::CacheKey;
 
 /// How a flight ended.
 #[derive(Clone)]
 pub enum FlightEnd {
     /// The leader's answer was clean and is stored (or would have been, under `no-store`).
-    Stored(Arc<Entry>),
+    Stored(Arc<Replay>),
     /// The leader's answer failed, broke off or may not be cached: followers go upstream themselves.
     Uncacheable,
 }

@@ -16,7 +16,7 @@ pub use flight::{Flight, FlightEnd, FlightUpdate, Join};
 pub use recorder::Recorder;
 
 use crate::backfill::Backfill;
-use crate::entry::{Entry, EntryId, HitEvent};
+use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::index::VectorIndex;
 use crate::key::{CacheKey, PartitionKey};
 use crate::policy::Policy;
@@ -55,6 +55,12 @@ pub struct Cache {
     aliases: Aliases,
 }
 
+/// An exact hit: the entry's replay and how old it is.
+pub struct ExactHit {
+    pub replay: Arc<Replay>,
+    pub age_s: u64,
+}
+
 /// A found entry and how old it is.
 pub struct Hit {
     pub entry: Arc<Entry>,
@@ -84,9 +90,10 @@ impl Cache {
         })
     }
 
-    /// An unexpired entry for `key` that satisfies `max-age`, if any.
-    pub fn lookup(&self, key: &CacheKey, policy: &Policy) -> Option<Hit> {
-        let entry = match self.store.get_by_key(key) {
+    /// The replay of an unexpired entry for `key` that satisfies `max-age`, if any: the hot read,
+    /// which decodes nothing but what a hit sends.
+    pub fn lookup(&self, key: &CacheKey, policy: &Policy) -> Option<ExactHit> {
+        let entry = match self.store.replay_by_key(key) {
             Ok(found) => found?,
             Err(err) => {
                 // Fail open: a store error is a miss, never an error to the client. The store logs
@@ -103,8 +110,8 @@ impl Cache {
         if policy.max_age_s.is_some_and(|max| age_s > max) {
             return None;
         }
-        Some(Hit {
-            entry: Arc::new(entry),
+        Some(ExactHit {
+            replay: Arc::new(entry),
             age_s,
         })
     }
@@ -199,6 +206,9 @@ mod tests {
 
     impl Store for StuckStore {
         fn get(&self, _: EntryId) -> Result<Option<Entry>, StoreError> {
+            Ok(None)
+        }
+        fn replay_by_key(&self, _: &CacheKey) -> Result<Option<Replay>, StoreError> {
             Ok(None)
         }
         fn get_by_key(&self, _: &CacheKey) -> Result<Option<Entry>, StoreError> {

@@ -11,7 +11,7 @@ use super::cacheable;
 use super::flight::{Flight, FlightEnd};
 use super::writer::WriteOp;
 use super::Cache;
-use crate::entry::{Entry, EntryId, RequestSummary, StoredEvent};
+use crate::entry::{Entry, EntryId, Replay, RequestSummary, StoredEvent};
 use crate::ingress::Route;
 use crate::key::Keys;
 use crate::record::unix_ms;
@@ -129,23 +129,25 @@ impl Recorder {
             hit_history: Vec::new(),
             warmed: false,
         };
-        let entry = Arc::new(entry);
-        if self.store {
-            self.cache
-                .writer
-                .send(WriteOp::Put(Box::new((*entry).clone())));
-        }
         self.landed = true;
-        if let Some(flight) = self.flight.take() {
+        // Followers are served the answer as a hit would be: from its replay.
+        let landing = self
+            .flight
+            .take()
+            .map(|flight| (flight, Arc::new(Replay::of(&entry))));
+        if self.store {
+            self.cache.writer.send(WriteOp::Put(Box::new(entry)));
+        }
+        if let Some((flight, replay)) = landing {
             self.cache
                 .flights
-                .land(&self.keys.exact, &flight, FlightEnd::Stored(entry));
+                .land(&self.keys.exact, &flight, FlightEnd::Stored(replay));
         }
     }
 
     /// The request was served `entry` instead of the upstream's answer (a semantic hit found while
     /// the upstream request was in flight): followers are served it too, and nothing is stored.
-    pub fn served_instead(mut self, entry: Arc<Entry>) {
+    pub fn served_instead(mut self, entry: Arc<Replay>) {
         self.landed = true;
         if let Some(flight) = self.flight.take() {
             self.cache

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 
 use super::Exchange;
 use crate::cache::{Flight, Join};
-use crate::entry::{Entry, EntryId, HitKind};
+use crate::entry::{EntryId, HitKind, Replay};
 use crate::feedback::{self, Encounter, Met};
 use crate::guard::Guards;
 use crate::ingress::Route;
@@ -38,7 +38,7 @@ pub enum Decision {
 
 /// An entry found for a request, and how.
 pub struct Found {
-    pub entry: Arc<Entry>,
+    pub entry: Arc<Replay>,
     pub age_s: u64,
     pub how: How,
 }
@@ -144,7 +144,7 @@ fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
         return None;
     }
     if let Some(hit) = state.cache.lookup(&ex.keys.exact, &ex.policy) {
-        return Some(found(state, ex, hit.entry, hit.age_s, How::Exact));
+        return Some(found(state, ex, hit.replay, hit.age_s, How::Exact));
     }
     if !(ex.policy.semantic && state.semantic.is_some()) {
         return None;
@@ -168,10 +168,11 @@ fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
                             && state.feedback.allows(hit.entry.id, &prompt, *similarity)
                     })
             })?;
+    let replay = Arc::new(Replay::of(&hit.entry));
     Some(found(
         state,
         ex,
-        hit.entry,
+        replay,
         hit.age_s,
         How::Similar(similarity),
     ))
@@ -314,20 +315,20 @@ pub fn apply_search(
     Some(found(
         state,
         ex,
-        Arc::new(entry),
+        Arc::new(Replay::of(&entry)),
         age_s,
         How::Similar(similarity),
     ))
 }
 
 /// A hit: the lookup ends here, and feedback on this request will name the entry.
-fn found(state: &AppState, ex: &mut Exchange, entry: Arc<Entry>, age_s: u64, how: How) -> Found {
+fn found(state: &AppState, ex: &mut Exchange, entry: Arc<Replay>, age_s: u64, how: How) -> Found {
     ex.ingress.clock.looked_up = Some(Instant::now());
     let met = match how {
         How::Exact => Met::Hit,
         How::Similar(_) | How::Coalesced => Met::SemanticHit,
     };
-    note(state, ex, met, entry.id, how.similarity());
+    note(state, ex, met, entry.id(), how.similarity());
     Found { entry, age_s, how }
 }
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use super::{SledStore, Store, StoreError};
-use crate::entry::{Entry, EntryId, HitEvent};
+use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
 /// Shortest time between two attempts to reopen a failed store.
@@ -226,6 +226,10 @@ impl Store for ResilientStore {
 
     fn get_by_key(&self, key: &CacheKey) -> Result<Option<Entry>, StoreError> {
         self.with(|| Ok(None), |s| s.get_by_key(key))
+    }
+
+    fn replay_by_key(&self, key: &CacheKey) -> Result<Option<Replay>, StoreError> {
+        self.with(|| Ok(None), |s| s.replay_by_key(key))
     }
 
     fn put(&self, entry: Entry) -> Result<EntryId, StoreError> {

@@ -247,7 +247,11 @@ async fn an_upstream_500_is_relayed_and_never_stored() {
         let calls = upstream_calls(&sim);
         assert_eq!(ask(&gw, &body, &[]).await.0, "miss");
         assert_eq!(upstream_calls(&sim), calls + 1);
-        assert_eq!(entries(&gw), stored + 1, "the same prompt answered is stored");
+        assert_eq!(
+            entries(&gw),
+            stored + 1,
+            "the same prompt answered is stored"
+        );
     }
 }
 
