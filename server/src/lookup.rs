@@ -109,7 +109,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
                         .cache
                         .lookup_alias(&keys.exact, &keys.partition, threshold, &policy)
                         .filter(|(hit, similarity)| {
-                            live.guards
+                            live.semantic_guards
                                 .refuses_texts(&keys.prompt, &hit.entry.summary.prompt)
                                 .is_none()
                                 && state
@@ -152,7 +152,7 @@ pub async fn handle(state: &AppState, mut ingress: Ingress, request_id: String) 
             let (floor, guards) = if shadow {
                 (f32::NEG_INFINITY, Guards::default())
             } else {
-                (threshold, live.guards)
+                (threshold, live.semantic_guards)
             };
             let mut outcome = semantic
                 .lookup(

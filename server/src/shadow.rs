@@ -213,7 +213,7 @@ pub fn record(
     similarity: f32,
     threshold: f32,
 ) -> Option<ShadowDecision> {
-    let guards = state.live.current().guards;
+    let guards = state.live.current().semantic_guards;
     let (mut would, mut verdicts) =
         ShadowDecision::judge(&keys.prompt, candidate, similarity, threshold, guards);
     // Feedback refuses like a guard: a vetoed pair, or a similarity under the entry's own
