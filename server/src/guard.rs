@@ -78,6 +78,15 @@ pub struct Guards(u8);
 impl Guards {
     pub const ALL: Guards = Guards(0b111_1111);
 
+    /// Builds what these guards read before a request needs it: the antonym table (50k pairs) is
+    /// built at start-up or on a live change of the guards, never on the first request that
+    /// reaches the antonym guard.
+    pub fn preload(&self) {
+        if self.runs(Guard::Antonym) {
+            antonym::load();
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0 == 0
     }
@@ -224,11 +233,6 @@ impl std::str::FromStr for Guards {
                 .find(|g| g.name().eq_ignore_ascii_case(name))
                 .ok_or_else(refused)?;
             guards.0 |= guard.bit();
-        }
-        // The antonym table (50k pairs) is built on first use: at start-up or on a live change of
-        // the guards, never on the first request that needs it.
-        if guards.runs(Guard::Antonym) {
-            antonym::load();
         }
         Ok(guards)
     }

@@ -33,9 +33,12 @@ pub struct LiveSettings {
     #[schema(required = true, default = 0.9)]
     pub similarity_threshold: f32,
     /// Floors of namespaces that differ from the global one.
+    // In the file: `[namespace_thresholds]` then `support = 0.95`.
     #[schema(required = true)]
     pub namespace_thresholds: BTreeMap<String, f32>,
     /// Default cache modes of namespaces that differ from `cache_mode` (e.g. `shadow`).
+    // In the file: `[namespace_modes]` then `support = "shadow"`; a request of that namespace
+    // without `x-reprise-cache-mode` runs in that mode.
     #[schema(required = true, value_type = BTreeMap<String, String>)]
     pub namespace_modes: BTreeMap<String, CacheMode>,
     /// Guards a semantic match must pass: a comma-separated list of numbers, negation, format,
@@ -211,6 +214,7 @@ pub struct Live {
 
 impl Live {
     pub fn new(settings: LiveSettings) -> Self {
+        settings.semantic_guards.preload();
         Self {
             current: RwLock::new(Arc::new(settings)),
         }
@@ -225,6 +229,10 @@ impl Live {
 
     /// Applies `patch` if the result is valid; returns the new settings. Nothing changes on error.
     pub fn apply(&self, patch: ConfigPatch) -> Result<Arc<LiveSettings>, GatewayError> {
+        // Before the lock: requests keep reading the current settings while the guards load.
+        if let Some(guards) = &patch.semantic_guards {
+            guards.preload();
+        }
         // The write lock is held from read to swap, so two patches cannot lose each other's changes.
         let mut slot = self.current.write().unwrap_or_else(|e| e.into_inner());
         let next = patch.applied_to(&slot).map_err(|err| match err {
