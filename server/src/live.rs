@@ -293,6 +293,37 @@ mod tests {
         assert!(removed.namespace_modes.is_empty());
     }
 
+    /// The typed fields are strings in the admin API's OpenAPI document, as on the wire.
+    #[test]
+    fn the_openapi_schema_shows_the_typed_fields_as_strings() {
+        use utoipa::OpenApi;
+        let doc = serde_json::to_value(crate::admin::ApiDoc::openapi()).expect("json");
+        let schemas = &doc["components"]["schemas"];
+        let settings = &schemas["LiveSettings"]["properties"];
+        let patch = &schemas["ConfigPatch"]["properties"];
+        for field in ["cache_mode", "replay", "semantic_guards"] {
+            assert_eq!(settings[field]["type"], "string", "{field}: {settings}");
+            assert_eq!(
+                patch[field]["type"],
+                serde_json::json!(["string", "null"]),
+                "{field}: {patch}"
+            );
+        }
+        let modes = &settings["namespace_modes"]["additionalProperties"];
+        assert_eq!(modes["type"], "string", "{settings}");
+        let modes = &patch["namespace_modes"]["additionalProperties"];
+        assert_eq!(
+            modes["type"],
+            serde_json::json!(["string", "null"]),
+            "{patch}"
+        );
+        // Every field is always present in a response.
+        assert_eq!(
+            schemas["LiveSettings"]["required"].as_array().map(Vec::len),
+            Some(7)
+        );
+    }
+
     #[test]
     fn a_namespace_mode_applies_to_that_namespace_only() {
         let settings = LiveSettings {
