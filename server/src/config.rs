@@ -1,20 +1,24 @@
 //! Gateway configuration: defaults, then a TOML file, then `REPRISE_*` environment variables, then CLI flags.
 //!
-//! Everything that can be set is validated once, at start-up, with a message naming the field; nothing
-//! downstream re-checks it. Secrets are wrapped so that `Debug` and logs never print them.
+//! Everything that can be set is parsed into its type where it is read (a cache mode is a
+//! [`CacheMode`], not a string) and checked once, at start-up, with a message naming the key;
+//! nothing downstream parses or re-checks it. The settings an operator may change while serving
+//! are one [`LiveSettings`], flattened in so that the file keeps flat keys. Secrets are wrapped so
+//! that `Debug` and logs never print them.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::error::{ContextKind, ErrorKind};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
 use crate::cache::CacheSettings;
 use crate::guard::Guards;
-use crate::policy::{CacheMode, Defaults, Pacing};
+use crate::live::LiveSettings;
+use crate::policy::{CacheMode, Pacing};
 
 /// A value that must never reach a log line: `Debug` and `Display` print `*****`.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
@@ -56,6 +60,62 @@ pub enum LogFormat {
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// Parses the command line, or prints why not and exits as clap does (status 2). clap names
+    /// the flag of a bad value even when the value came from the flag's environment variable;
+    /// then the variable is named instead, since that is where the operator must look.
+    pub fn parse_or_exit() -> Self {
+        let err = match Self::try_parse() {
+            Ok(cli) => return cli,
+            Err(err) => err,
+        };
+        let args: Vec<String> = std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let Some(variable) = from_environment(&err, &args) else {
+            err.exit()
+        };
+        let value = err.get(ContextKind::InvalidValue).map(|v| v.to_string());
+        // A value parser's own reason, or the choices of an enumerated flag.
+        let why = std::error::Error::source(&err)
+            .map(|e| e.to_string())
+            .or_else(|| {
+                let valid = err.get(ContextKind::ValidValue)?;
+                Some(format!("expected one of {valid}"))
+            })
+            .unwrap_or_else(|| err.kind().to_string());
+        eprintln!(
+            "reprise: invalid value `{}` in the environment variable {variable}: {why}",
+            value.unwrap_or_default()
+        );
+        std::process::exit(2)
+    }
+}
+
+/// The environment variable that gave the value `err` refuses: the flag's own variable, when it
+/// is set and the flag is absent from `args`.
+fn from_environment(err: &clap::Error, args: &[String]) -> Option<String> {
+    if err.kind() != ErrorKind::ValueValidation && err.kind() != ErrorKind::InvalidValue {
+        return None;
+    }
+    // Rendered as `--replay <REPLAY>`.
+    let shown = err.get(ContextKind::InvalidArg)?.to_string();
+    let long = shown.strip_prefix("--")?.split(' ').next()?.to_owned();
+    let flag = format!("--{long}");
+    let given = args
+        .iter()
+        .any(|a| *a == flag || a.starts_with(&format!("{flag}=")));
+    let command = Cli::command();
+    let variable = std::iter::once(&command)
+        .chain(command.get_subcommands())
+        .flat_map(|c| c.get_arguments())
+        .find(|a| a.get_long() == Some(long.as_str()))?
+        .get_env()?
+        .to_string_lossy()
+        .into_owned();
+    (!given && std::env::var_os(&variable).is_some()).then_some(variable)
 }
 
 #[derive(Debug, Subcommand)]
@@ -134,10 +194,10 @@ pub struct ServeArgs {
     pub share_across_keys: Option<bool>,
     /// Default cache mode: on, off, read-only, write-only, exact-only, shadow [default: on].
     #[arg(long, env = "REPRISE_CACHE_MODE")]
-    pub cache_mode: Option<String>,
+    pub cache_mode: Option<CacheMode>,
     /// Default replay pacing of hits: instant, recorded, tokens-per-second=N [default: instant].
     #[arg(long, env = "REPRISE_REPLAY")]
-    pub replay: Option<String>,
+    pub replay: Option<Pacing>,
     /// Most entries kept; the least recently used go first [default: 100000].
     #[arg(long, env = "REPRISE_MAX_ENTRIES")]
     pub max_entries: Option<usize>,
@@ -178,13 +238,14 @@ pub struct ServeArgs {
     /// (the upstream request is then cancelled) [default: false].
     #[arg(long, env = "REPRISE_SEMANTIC_OVERLAP")]
     pub semantic_overlap: Option<bool>,
-    /// Guards a semantic match must pass: a comma-separated list of numbers, negation, direction,
-    /// antonym, or `none` [default: numbers,negation,direction,antonym].
+    /// Guards a semantic match must pass: a comma-separated list of numbers, negation, format,
+    /// task, direction, antonym, entity, or `none` [default: all seven].
     #[arg(long, env = "REPRISE_SEMANTIC_GUARDS")]
-    pub semantic_guards: Option<String>,
+    pub semantic_guards: Option<Guards>,
 }
 
-/// The validated configuration the gateway runs with.
+/// The validated configuration the gateway runs with: the start-up settings, and the first
+/// [`LiveSettings`].
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -207,10 +268,7 @@ pub struct Config {
     /// `None`: derived from the open-file limit at start (see [`crate::serve::Limits`]).
     pub max_connections: Option<usize>,
     pub request_log_size: usize,
-    pub default_ttl_s: u64,
     pub share_across_keys: bool,
-    pub cache_mode: String,
-    pub replay: String,
     pub max_entries: usize,
     pub max_bytes: u64,
     pub cache_length_finish: bool,
@@ -221,14 +279,6 @@ pub struct Config {
     pub model_dir: PathBuf,
     pub ort_lib: PathBuf,
     pub semantic: bool,
-    pub similarity_threshold: f32,
-    /// Per-namespace threshold floors (TOML only), e.g. `[namespace_thresholds]` `support = 0.95`.
-    pub namespace_thresholds: BTreeMap<String, f32>,
-    /// Per-namespace default cache modes (TOML only), e.g. `[namespace_modes]` `support = "shadow"`:
-    /// a request of that namespace without `x-reprise-cache-mode` runs in that mode.
-    pub namespace_modes: BTreeMap<String, String>,
-    /// Literal guards a semantic candidate must pass (see [`crate::guard`]).
-    pub semantic_guards: String,
     pub embed_deadline_ms: u64,
     /// Longest estimated wait behind a running model call before a miss skips semantic matching.
     pub embed_queue_budget_ms: u64,
@@ -240,6 +290,10 @@ pub struct Config {
     pub embed_max_wait_ms: u64,
     /// How often the vector index is saved to the data dir, in seconds (TOML only).
     pub index_save_interval_s: u64,
+    /// The live settings as configured at start-up, under their own flat keys in the file. While
+    /// serving they may have changed: requests read [`crate::live::Live`], never this copy.
+    #[serde(flatten)]
+    pub live: LiveSettings,
 }
 
 impl Default for Config {
@@ -266,10 +320,7 @@ impl Default for Config {
             keepalive_timeout_ms: 75_000,
             max_connections: None,
             request_log_size: 1000,
-            default_ttl_s: 7 * 24 * 3600,
             share_across_keys: false,
-            cache_mode: "on".to_owned(),
-            replay: "instant".to_owned(),
             max_entries: 100_000,
             max_bytes: 1 << 30,
             cache_length_finish: false,
@@ -279,16 +330,13 @@ impl Default for Config {
             model_dir: PathBuf::from("models/all-MiniLM-L6-v2"),
             ort_lib: PathBuf::from("models/onnxruntime/libonnxruntime.so"),
             semantic: true,
-            similarity_threshold: 0.9,
-            namespace_thresholds: BTreeMap::new(),
-            namespace_modes: BTreeMap::new(),
-            semantic_guards: Guards::ALL.to_string(),
             embed_deadline_ms: 250,
             embed_queue_budget_ms: 5,
             semantic_overlap: false,
             embed_max_batch: 16,
             embed_max_wait_ms: 2,
             index_save_interval_s: 300,
+            live: LiveSettings::default(),
         }
     }
 }
@@ -300,13 +348,22 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("invalid config file {path}: {source}")]
+    #[error("invalid config file {}: {}", path.display(), parse_message(source))]
     Parse {
         path: PathBuf,
         source: Box<toml::de::Error>,
     },
     #[error("invalid value for `{field}`: {reason}")]
     Invalid { field: &'static str, reason: String },
+}
+
+/// A TOML error at its line; one raised for the file as a whole (an unknown key, next to the
+/// flattened live settings) has no line, and its message alone names the key.
+fn parse_message(error: &toml::de::Error) -> String {
+    match error.span() {
+        Some(span) if span.is_empty() && span.start == 0 => error.message().to_owned(),
+        _ => error.to_string(),
+    }
 }
 
 impl Config {
@@ -326,10 +383,14 @@ impl Config {
             path: path.to_owned(),
             source,
         })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        let parse_error = |source| ConfigError::Parse {
             path: path.to_owned(),
             source: Box::new(source),
-        })
+        };
+        // Flattened fields are read from a buffer that has lost their place in the file: read the
+        // live keys on their own first, so that a bad one is reported at its line.
+        toml::from_str::<LiveSettings>(&text).map_err(parse_error)?;
+        toml::from_str(&text).map_err(parse_error)
     }
 
     /// Overrides every field that the flags or the environment set.
@@ -395,10 +456,10 @@ impl Config {
             self.max_connections = max_connections;
         }
         set(&mut self.request_log_size, request_log_size);
-        set(&mut self.default_ttl_s, default_ttl_s);
+        set(&mut self.live.default_ttl_s, default_ttl_s);
         set(&mut self.share_across_keys, share_across_keys);
-        set(&mut self.cache_mode, cache_mode);
-        set(&mut self.replay, replay);
+        set(&mut self.live.cache_mode, cache_mode);
+        set(&mut self.live.replay, replay);
         set(&mut self.max_entries, max_entries);
         set(&mut self.max_bytes, max_bytes);
         set(&mut self.cache_length_finish, cache_length_finish);
@@ -407,11 +468,11 @@ impl Config {
         set(&mut self.model_dir, model_dir);
         set(&mut self.ort_lib, ort_lib);
         set(&mut self.semantic, semantic);
-        set(&mut self.similarity_threshold, similarity_threshold);
+        set(&mut self.live.similarity_threshold, similarity_threshold);
         set(&mut self.embed_deadline_ms, embed_deadline_ms);
         set(&mut self.embed_queue_budget_ms, embed_queue_budget_ms);
         set(&mut self.semantic_overlap, semantic_overlap);
-        set(&mut self.semantic_guards, semantic_guards);
+        set(&mut self.live.semantic_guards, semantic_guards);
     }
 
     /// Fails fast, naming the field, on anything the gateway could not run with.
@@ -454,7 +515,6 @@ impl Config {
             ("first_byte_timeout_ms", self.first_byte_timeout_ms),
             ("idle_timeout_ms", self.idle_timeout_ms),
             ("request_log_size", self.request_log_size as u64),
-            ("default_ttl_s", self.default_ttl_s),
             ("max_entries", self.max_entries as u64),
             ("max_bytes", self.max_bytes),
             ("sweep_interval_ms", self.sweep_interval_ms),
@@ -490,64 +550,7 @@ impl Config {
                         .into(),
             });
         }
-        if self.default_ttl_s > crate::policy::MAX_TTL_S {
-            return Err(ConfigError::Invalid {
-                field: "default_ttl_s",
-                reason: format!("must be at most {} (ten years)", crate::policy::MAX_TTL_S),
-            });
-        }
-        let thresholds = std::iter::once(("similarity_threshold", self.similarity_threshold))
-            .chain(
-                self.namespace_thresholds
-                    .values()
-                    .map(|t| ("namespace_thresholds", *t)),
-            );
-        for (field, t) in thresholds {
-            if !(0.0..=1.0).contains(&t) {
-                return Err(ConfigError::Invalid {
-                    field,
-                    reason: format!("{t} is not a similarity between 0 and 1"),
-                });
-            }
-        }
-        for (namespace, mode) in &self.namespace_modes {
-            if CacheMode::parse(mode).is_none() {
-                return Err(ConfigError::Invalid {
-                    field: "namespace_modes",
-                    reason: format!(
-                        "`{mode}` (namespace `{namespace}`) is not one of on, off, read-only, write-only, exact-only, shadow"
-                    ),
-                });
-            }
-        }
-        if CacheMode::parse(&self.cache_mode).is_none() {
-            return Err(ConfigError::Invalid {
-                field: "cache_mode",
-                reason: format!(
-                    "`{}` is not one of on, off, read-only, write-only, exact-only, shadow",
-                    self.cache_mode
-                ),
-            });
-        }
-        match Guards::parse(&self.semantic_guards) {
-            // Stored in its canonical spelling, so `/admin/config` shows what runs.
-            Some(guards) => self.semantic_guards = guards.to_string(),
-            None => {
-                return Err(ConfigError::Invalid {
-                    field: "semantic_guards",
-                    reason: format!(
-                        "`{}` is not a comma-separated list of numbers, negation, direction and antonym, or none",
-                        self.semantic_guards
-                    ),
-                })
-            }
-        }
-        if let Err(reason) = Pacing::parse(&self.replay) {
-            return Err(ConfigError::Invalid {
-                field: "replay",
-                reason,
-            });
-        }
+        self.live.validate()?;
         self.validate_upper_bounds()
     }
 
@@ -586,15 +589,6 @@ impl Config {
         Ok(())
     }
 
-    /// The per-request policy defaults (validated at load, so parsing cannot fail here).
-    pub fn policy_defaults(&self) -> Defaults {
-        Defaults {
-            mode: CacheMode::parse(&self.cache_mode).unwrap_or_default(),
-            ttl_s: self.default_ttl_s,
-            pacing: Pacing::parse(&self.replay).unwrap_or_default(),
-        }
-    }
-
     pub fn cache_settings(&self) -> CacheSettings {
         CacheSettings {
             share_across_keys: self.share_across_keys,
@@ -605,18 +599,6 @@ impl Config {
             max_bytes: self.max_bytes,
             sweep_interval_ms: self.sweep_interval_ms,
         }
-    }
-
-    /// The literal guards (validated at load, so parsing cannot fail here).
-    pub fn guards(&self) -> Guards {
-        Guards::parse(&self.semantic_guards).unwrap_or(Guards::ALL)
-    }
-
-    /// The similarity floor for a namespace: its own when configured, else the global one.
-    pub fn threshold_floor(&self, namespace: Option<&str>) -> f32 {
-        namespace
-            .and_then(|n| self.namespace_thresholds.get(n).copied())
-            .unwrap_or(self.similarity_threshold)
     }
 
     pub fn connect_timeout(&self) -> Duration {
@@ -741,21 +723,7 @@ mod tests {
 
     #[test]
     fn out_of_range_numbers_name_their_field() {
-        let cases: [(&str, ServeArgs); 8] = [
-            (
-                "replay",
-                ServeArgs {
-                    replay: Some("tokens-per-second=1e-300".into()),
-                    ..ServeArgs::default()
-                },
-            ),
-            (
-                "replay",
-                ServeArgs {
-                    replay: Some("tokens-per-second=NaN".into()),
-                    ..ServeArgs::default()
-                },
-            ),
+        let cases: [(&str, ServeArgs); 6] = [
             (
                 "similarity_threshold",
                 ServeArgs {
@@ -812,6 +780,108 @@ mod tests {
         };
         let err = config.validate().expect_err("embed_max_wait_ms");
         assert!(err.to_string().contains("embed_max_wait_ms"), "{err}");
+    }
+
+    /// A file with every live setting spelled as the wire spells it.
+    const LIVE_FILE: &str = r#"
+cache_mode = "Shadow"
+replay = "tokens-per-second=20"
+semantic_guards = "numbers, negation"
+similarity_threshold = 0.8
+default_ttl_s = 60
+
+[namespace_thresholds]
+support = 0.95
+
+[namespace_modes]
+support = "exact-only"
+"#;
+
+    #[test]
+    fn live_settings_are_typed_where_the_file_and_the_flags_are_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("reprise.toml");
+        std::fs::write(&path, LIVE_FILE).expect("write");
+        let config = Config::from_file(&path).expect("valid");
+        let live = &config.live;
+        assert_eq!(live.cache_mode, CacheMode::Shadow);
+        assert_eq!(live.replay, Pacing::TokensPerSecond(20.0));
+        assert_eq!(live.semantic_guards.to_string(), "numbers,negation");
+        assert_eq!((live.similarity_threshold, live.default_ttl_s), (0.8, 60));
+        assert_eq!(live.threshold_floor(Some("support")), 0.95);
+        assert_eq!(live.namespace_modes["support"], CacheMode::ExactOnly);
+
+        // Flags (and their environment variables, read by the same parser) win over the file.
+        let cli = Cli::try_parse_from([
+            "reprise",
+            "check-config",
+            "--config",
+            &path.to_string_lossy(),
+            "--cache-mode",
+            "read-only",
+            "--replay",
+            "recorded",
+            "--semantic-guards",
+            "none",
+        ])
+        .expect("valid flags");
+        let Command::CheckConfig(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        let config = Config::load(&args).expect("valid");
+        assert_eq!(config.live.cache_mode, CacheMode::ReadOnly);
+        assert_eq!(config.live.replay, Pacing::Recorded);
+        assert!(config.live.semantic_guards.is_empty());
+        assert_eq!(config.live.namespace_modes["support"], CacheMode::ExactOnly);
+    }
+
+    #[test]
+    fn a_bad_live_value_in_the_file_is_refused_at_its_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("bad.toml");
+        for (text, names, line) in [
+            ("cache_mode = \"sometimes\"", "cache_mode", 2),
+            ("replay = \"fast\"", "replay", 2),
+            ("replay = \"tokens-per-second=NaN\"", "replay", 2),
+            ("semantic_guards = \"numbers,vibes\"", "semantic_guards", 2),
+            ("default_ttl_s = -1", "default_ttl_s", 2),
+            ("similarity_threshold = \"high\"", "similarity_threshold", 2),
+            ("[namespace_modes]\nsupport = \"sometimes\"", "support", 3),
+            // A start-up key keeps its line next to the flattened live ones.
+            ("max_entries = \"many\"", "max_entries", 2),
+        ] {
+            std::fs::write(&path, format!("listen = \"127.0.0.1:1\"\n{text}\n")).expect("write");
+            let err = Config::from_file(&path).expect_err(text).to_string();
+            assert!(err.contains(names), "{text}: {err}");
+            assert!(err.contains(&format!("line {line}")), "{text}: {err}");
+        }
+        // An unknown key is named, without the misleading position of the whole file.
+        std::fs::write(&path, "listen = \"127.0.0.1:1\"\ncache_mod = \"on\"\n").expect("write");
+        let err = Config::from_file(&path).expect_err("unknown").to_string();
+        assert!(err.contains("unknown field `cache_mod`"), "{err}");
+        assert!(!err.contains("line 1"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_live_value_in_a_flag_is_refused_naming_the_flag() {
+        for (flag, value, says) in [
+            ("--cache-mode", "sometimes", "is not one of on, off"),
+            (
+                "--replay",
+                "tokens-per-second=0",
+                "tokens-per-second must be from",
+            ),
+            (
+                "--semantic-guards",
+                "numbers,vibes",
+                "is not a comma-separated list",
+            ),
+        ] {
+            let err = Cli::try_parse_from(["reprise", "serve", flag, value])
+                .expect_err(flag)
+                .to_string();
+            assert!(err.contains(flag) && err.contains(says), "{err}");
+        }
     }
 
     #[test]

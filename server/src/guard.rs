@@ -69,31 +69,22 @@ impl Guard {
     }
 }
 
-/// The guards a gateway runs: parsed from a comma-separated list of guard names, or `none`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The guards a gateway runs (`semantic_guards`): written everywhere as a comma-separated list of
+/// guard names, or `none`.
+#[derive(Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct Guards(u8);
 
 impl Guards {
     pub const ALL: Guards = Guards(0b111_1111);
 
-    pub fn parse(s: &str) -> Option<Self> {
-        let mut guards = Guards::default();
-        let s = s.trim();
-        if s.eq_ignore_ascii_case("none") {
-            return Some(guards);
-        }
-        for name in s.split(',').map(str::trim) {
-            let guard = Guard::ALL
-                .into_iter()
-                .find(|g| g.name().eq_ignore_ascii_case(name))?;
-            guards.0 |= guard.bit();
-        }
-        // The antonym table (50k pairs) is built on first use: at start-up or on a live change of
-        // the guards, never on the first request that needs it.
-        if guards.runs(Guard::Antonym) {
+    /// Builds what these guards read before a request needs it: the antonym table (50k pairs) is
+    /// built at start-up or on a live change of the guards, never on the first request that
+    /// reaches the antonym guard.
+    pub fn preload(&self) {
+        if self.runs(Guard::Antonym) {
             antonym::load();
         }
-        Some(guards)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -220,6 +211,33 @@ fn opposed(query: &[String], candidate: &[String], opposite: fn(&str, &str) -> b
     })
 }
 
+impl std::str::FromStr for Guards {
+    type Err = String;
+
+    /// Case and spaces around names are forgiven; an unknown or empty name is refused.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let refused = || {
+            let names: Vec<_> = Guard::ALL.into_iter().map(Guard::name).collect();
+            format!(
+                "`{s}` is not a comma-separated list of {}, or none",
+                names.join(", ")
+            )
+        };
+        let mut guards = Guards::default();
+        if s.trim().eq_ignore_ascii_case("none") {
+            return Ok(guards);
+        }
+        for name in s.split(',').map(str::trim) {
+            let guard = Guard::ALL
+                .into_iter()
+                .find(|g| g.name().eq_ignore_ascii_case(name))
+                .ok_or_else(refused)?;
+            guards.0 |= guard.bit();
+        }
+        Ok(guards)
+    }
+}
+
 impl std::fmt::Display for Guards {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let names: Vec<_> = Guard::ALL
@@ -232,6 +250,27 @@ impl std::fmt::Display for Guards {
         } else {
             f.write_str(&names.join(","))
         }
+    }
+}
+
+/// The names, not the bits: `reprise check-config` prints configuration with `Debug`.
+impl std::fmt::Debug for Guards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Guards({self})")
+    }
+}
+
+impl TryFrom<String> for Guards {
+    type Error = String;
+
+    fn try_from(value: String) -> Result<Self, String> {
+        value.parse()
+    }
+}
+
+impl From<Guards> for String {
+    fn from(guards: Guards) -> Self {
+        guards.to_string()
     }
 }
 
@@ -678,7 +717,7 @@ mod tests {
 
     #[test]
     fn verdicts_judge_every_guard_whether_it_runs_or_not() {
-        let running = Guards::parse("numbers,negation").expect("valid");
+        let running: Guards = "numbers,negation".parse().expect("valid");
         let verdicts = running.verdicts(
             &Literals::of("Convert 100 USD to EUR"),
             &Literals::of("Convert 100 EUR to USD"),
@@ -814,22 +853,36 @@ mod tests {
 
     #[test]
     fn guards_parse_and_display_and_can_be_turned_off() {
+        let parse = |s: &str| s.parse::<Guards>().ok();
         assert_eq!(
-            Guards::parse("numbers,negation,format,task,direction,antonym,entity"),
+            parse("numbers,negation,format,task,direction,antonym,entity"),
             Some(Guards::ALL)
         );
         assert_eq!(
-            Guards::parse(" Antonym, Negation , numbers,DIRECTION,format,Task,entity "),
+            parse(" Antonym, Negation , numbers,DIRECTION,format,Task,entity "),
             Some(Guards::ALL)
         );
-        assert_eq!(Guards::parse("none").map(|g| g.is_empty()), Some(true));
-        assert_eq!(Guards::parse("numbers, sarcasm"), None);
-        assert_eq!(Guards::parse(""), None);
+        assert_eq!(parse("none").map(|g| g.is_empty()), Some(true));
+        assert_eq!(parse("numbers, sarcasm"), None);
+        assert_eq!(parse(""), None);
         assert_eq!(
             Guards::ALL.to_string(),
             "numbers,negation,format,task,direction,antonym,entity"
         );
-        let numbers = Guards::parse("numbers").expect("valid");
+        let err = "numbers, sarcasm".parse::<Guards>().expect_err("sarcasm");
+        assert!(
+            err.contains("numbers, negation, format, task, direction, antonym, entity, or none"),
+            "{err}"
+        );
+        // A string on the wire, in its canonical spelling.
+        let json = serde_json::to_value(Guards::ALL).expect("json");
+        assert_eq!(json, Guards::ALL.to_string());
+        assert_eq!(
+            serde_json::from_value::<Guards>(json).ok(),
+            Some(Guards::ALL)
+        );
+        assert_eq!(format!("{:?}", Guards::default()), "Guards(none)");
+        let numbers: Guards = "numbers".parse().expect("valid");
         assert_eq!(numbers.to_string(), "numbers");
         assert_eq!(
             numbers.refuses(&Literals::of("Cancel it"), &Literals::of("Don't cancel it")),

@@ -210,7 +210,7 @@ impl AppState {
                 semantic.as_ref().map(|s| s.backfill.clone()),
                 config.cache_settings(),
             ),
-            live: Arc::new(live::Live::new(config.clone())),
+            live: Arc::new(live::Live::new(config.live.clone())),
             semantic,
             semantic_disabled,
             feedback: Arc::new(feedback),
@@ -266,8 +266,8 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
             // A rebuild from the stored vectors runs in the background after some starts.
             "index_rebuilding": s.index.is_building(),
             // f32 → f64 would print 0.8999999761581421 for 0.9.
-            "threshold": (f64::from(state.live.current().config.similarity_threshold) * 1e4).round() / 1e4,
-            "guards": state.live.current().config.semantic_guards,
+            "threshold": (f64::from(state.live.current().similarity_threshold) * 1e4).round() / 1e4,
+            "guards": state.live.current().semantic_guards.to_string(),
             "fallbacks": s.fallbacks.load(std::sync::atomic::Ordering::Relaxed),
             "fallback_reasons": s.fallbacks(),
             // Entries stored without a vector (under overload) still waiting for the backfill.

@@ -1,41 +1,129 @@
 //! The settings an operator may change while the gateway serves (`GET|PATCH /admin/config`):
 //! similarity floors, literal guards, default TTL, replay pacing and cache mode.
 //!
-//! A change is validated with the same rules as start-up configuration, applied as one swap (a
-//! request sees the old or the new settings, never a mix), and logged. It lasts until restart: the
-//! configuration file is the operator's, and the gateway never rewrites it.
+//! [`LiveSettings`] is their one definition: the config file and flags fill it at start-up (it is
+//! flattened into [`Config`](crate::config::Config), so the file keeps flat keys), requests read
+//! it, and the admin routes show and patch it. Each value is parsed into its type where it enters,
+//! so nothing downstream parses it again. A change is validated with the same rules as start-up
+//! configuration, applied as one swap (a request sees the old or the new settings, never a mix),
+//! and logged. It lasts until restart: the configuration file is the operator's, and the gateway
+//! never rewrites it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::ToSchema;
 
-use crate::config::{Config, ConfigError};
+use crate::config::ConfigError;
 use crate::error::GatewayError;
 use crate::guard::Guards;
-use crate::policy::Defaults;
+use crate::policy::{CacheMode, Defaults, Pacing, MAX_TTL_S};
 
-/// The live settings in their JSON shape.
+/// The settings that can change while the gateway serves, as the config file, the flags and
+/// `/admin/config` spell them.
+// The typed fields travel as strings (their `Display`/`FromStr` forms), and the schema says so.
+// No `deny_unknown_fields`: it is read from the whole config file, whose other keys are start-up
+// settings (the `Config` around it refuses keys that neither knows).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
-pub struct LiveConfig {
+#[serde(default)]
+pub struct LiveSettings {
     /// Global similarity floor for semantic hits.
+    // Given here, or the schema would show the f32 widened: 0.8999999761581421.
+    #[schema(required = true, default = 0.9)]
     pub similarity_threshold: f32,
     /// Floors of namespaces that differ from the global one.
+    // In the file: `[namespace_thresholds]` then `support = 0.95`.
+    #[schema(required = true)]
     pub namespace_thresholds: BTreeMap<String, f32>,
     /// Default cache modes of namespaces that differ from `cache_mode` (e.g. `shadow`).
-    pub namespace_modes: BTreeMap<String, String>,
-    /// Guards a semantic match must pass: a list of numbers, negation, direction, antonym, or `none`.
-    pub semantic_guards: String,
+    // In the file: `[namespace_modes]` then `support = "shadow"`; a request of that namespace
+    // without `x-reprise-cache-mode` runs in that mode.
+    #[schema(required = true, value_type = BTreeMap<String, String>)]
+    pub namespace_modes: BTreeMap<String, CacheMode>,
+    /// Guards a semantic match must pass: a comma-separated list of numbers, negation, format,
+    /// task, direction, antonym, entity, or `none`.
+    #[schema(required = true, value_type = String)]
+    pub semantic_guards: Guards,
     /// TTL of new entries when the request does not set one.
+    #[schema(required = true)]
     pub default_ttl_s: u64,
     /// Default replay pacing: `instant`, `recorded` or `tokens-per-second=N`.
-    pub replay: String,
-    /// `on`, `off`, `read-only`, `write-only` or `exact-only`.
-    pub cache_mode: String,
+    #[schema(required = true, value_type = String)]
+    pub replay: Pacing,
+    /// `on`, `off`, `read-only`, `write-only`, `exact-only` or `shadow`.
+    #[schema(required = true, value_type = String)]
+    pub cache_mode: CacheMode,
+}
+
+impl Default for LiveSettings {
+    fn default() -> Self {
+        Self {
+            similarity_threshold: 0.9,
+            namespace_thresholds: BTreeMap::new(),
+            namespace_modes: BTreeMap::new(),
+            semantic_guards: Guards::ALL,
+            default_ttl_s: 7 * 24 * 3600,
+            replay: Pacing::Instant,
+            cache_mode: CacheMode::On,
+        }
+    }
+}
+
+impl LiveSettings {
+    /// The numeric bounds a type cannot carry; the rest was checked when the values were parsed.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=MAX_TTL_S).contains(&self.default_ttl_s) {
+            return Err(ConfigError::Invalid {
+                field: "default_ttl_s",
+                reason: format!(
+                    "{} is not from 1 to {MAX_TTL_S} (ten years)",
+                    self.default_ttl_s
+                ),
+            });
+        }
+        let thresholds = std::iter::once(("similarity_threshold", self.similarity_threshold))
+            .chain(
+                self.namespace_thresholds
+                    .values()
+                    .map(|t| ("namespace_thresholds", *t)),
+            );
+        for (field, t) in thresholds {
+            if !(0.0..=1.0).contains(&t) {
+                return Err(ConfigError::Invalid {
+                    field,
+                    reason: format!("{t} is not a similarity between 0 and 1"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The similarity floor for a namespace: its own when configured, else the global one.
+    pub fn threshold_floor(&self, namespace: Option<&str>) -> f32 {
+        namespace
+            .and_then(|n| self.namespace_thresholds.get(n).copied())
+            .unwrap_or(self.similarity_threshold)
+    }
+
+    /// The defaults a request's headers apply to: its namespace's mode when one is configured
+    /// (the namespace header is read as sent; the policy validates it).
+    pub fn defaults_for(&self, headers: &axum::http::HeaderMap) -> Defaults {
+        let namespace_mode = headers
+            .get("x-reprise-namespace")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|n| self.namespace_modes.get(n.trim()));
+        Defaults {
+            mode: namespace_mode.copied().unwrap_or(self.cache_mode),
+            ttl_s: self.default_ttl_s,
+            pacing: self.replay,
+        }
+    }
 }
 
 /// A change to the live settings: absent fields stay as they are.
+// Values are parsed as the body is read, so a bad one is a 400 naming its field before anything
+// is applied; the numeric bounds are checked by `LiveSettings::validate`.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigPatch {
@@ -43,91 +131,45 @@ pub struct ConfigPatch {
     /// Merged into the current map; a `null` value removes that namespace's floor.
     pub namespace_thresholds: Option<BTreeMap<String, Option<f32>>>,
     /// Merged into the current map; a `null` value removes that namespace's mode.
-    pub namespace_modes: Option<BTreeMap<String, Option<String>>>,
-    pub semantic_guards: Option<String>,
+    #[serde(default, deserialize_with = "namespace_modes")]
+    #[schema(value_type = Option<BTreeMap<String, Option<String>>>)]
+    pub namespace_modes: Option<BTreeMap<String, Option<CacheMode>>>,
+    #[schema(value_type = Option<String>)]
+    pub semantic_guards: Option<Guards>,
     pub default_ttl_s: Option<u64>,
-    pub replay: Option<String>,
-    pub cache_mode: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub replay: Option<Pacing>,
+    #[schema(value_type = Option<String>)]
+    pub cache_mode: Option<CacheMode>,
 }
 
-/// What requests read: the configuration with the live changes, and its parsed defaults.
-#[derive(Debug)]
-pub struct Settings {
-    pub config: Config,
-    pub defaults: Defaults,
-    pub guards: Guards,
+/// Reads `namespace_modes` whole before parsing its modes, so that a bad mode is reported against
+/// `namespace_modes` (as the thresholds are), naming the namespace in the message.
+fn namespace_modes<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<BTreeMap<String, Option<CacheMode>>>, D::Error> {
+    let Some(raw) = Option::<BTreeMap<String, Option<String>>>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    raw.into_iter()
+        .map(|(namespace, mode)| {
+            let mode = mode
+                .map(|m| m.parse::<CacheMode>())
+                .transpose()
+                .map_err(|why| {
+                    serde::de::Error::custom(format!("namespace `{namespace}`: {why}"))
+                })?;
+            Ok((namespace, mode))
+        })
+        .collect::<Result<_, _>>()
+        .map(Some)
 }
 
-impl Settings {
-    fn new(config: Config) -> Self {
-        Self {
-            defaults: config.policy_defaults(),
-            guards: config.guards(),
-            config,
-        }
-    }
-
-    /// The similarity floor for a namespace: its own when configured, else the global one.
-    pub fn threshold_floor(&self, namespace: Option<&str>) -> f32 {
-        self.config.threshold_floor(namespace)
-    }
-
-    /// The defaults a request's headers apply to: its namespace's mode when one is configured
-    /// (the namespace header is read as sent; the policy validates it).
-    pub fn defaults_for(&self, headers: &axum::http::HeaderMap) -> std::borrow::Cow<'_, Defaults> {
-        let mode = headers
-            .get("x-reprise-namespace")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|n| self.config.namespace_modes.get(n.trim()))
-            .and_then(|m| crate::policy::CacheMode::parse(m));
-        match mode {
-            Some(mode) => std::borrow::Cow::Owned(Defaults {
-                mode,
-                ..self.defaults.clone()
-            }),
-            None => std::borrow::Cow::Borrowed(&self.defaults),
-        }
-    }
-
-    pub fn view(&self) -> LiveConfig {
-        let c = &self.config;
-        LiveConfig {
-            similarity_threshold: c.similarity_threshold,
-            namespace_thresholds: c.namespace_thresholds.clone(),
-            namespace_modes: c.namespace_modes.clone(),
-            semantic_guards: c.semantic_guards.clone(),
-            default_ttl_s: c.default_ttl_s,
-            replay: c.replay.clone(),
-            cache_mode: c.cache_mode.clone(),
-        }
-    }
-}
-
-/// The current settings, swapped whole on a change.
-pub struct Live {
-    current: RwLock<Arc<Settings>>,
-}
-
-impl Live {
-    pub fn new(config: Config) -> Self {
-        Self {
-            current: RwLock::new(Arc::new(Settings::new(config))),
-        }
-    }
-
-    pub fn current(&self) -> Arc<Settings> {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Applies `patch` if the result is valid; returns the new settings. Nothing changes on error.
-    pub fn apply(&self, patch: ConfigPatch) -> Result<Arc<Settings>, GatewayError> {
-        // The write lock is held from read to swap, so two patches cannot lose each other's changes.
-        let mut slot = self.current.write().unwrap_or_else(|e| e.into_inner());
-        let before = slot.view();
-        let mut config = slot.config.clone();
+impl ConfigPatch {
+    /// `settings` with this patch applied, or the first rule it breaks.
+    fn applied_to(self, settings: &LiveSettings) -> Result<LiveSettings, ConfigError> {
+        let mut next = settings.clone();
+        // Destructured so that a new live setting cannot be forgotten here.
         let ConfigPatch {
             similarity_threshold,
             namespace_thresholds,
@@ -136,47 +178,75 @@ impl Live {
             default_ttl_s,
             replay,
             cache_mode,
-        } = patch;
-        if let Some(t) = similarity_threshold {
-            config.similarity_threshold = t;
+        } = self;
+        set(&mut next.similarity_threshold, similarity_threshold);
+        merge(&mut next.namespace_thresholds, namespace_thresholds);
+        merge(&mut next.namespace_modes, namespace_modes);
+        set(&mut next.semantic_guards, semantic_guards);
+        set(&mut next.default_ttl_s, default_ttl_s);
+        set(&mut next.replay, replay);
+        set(&mut next.cache_mode, cache_mode);
+        next.validate()?;
+        Ok(next)
+    }
+}
+
+fn set<T>(slot: &mut T, value: Option<T>) {
+    if let Some(value) = value {
+        *slot = value;
+    }
+}
+
+/// Merges a patch of a per-namespace map: a value sets that namespace's, `None` removes it.
+fn merge<T>(map: &mut BTreeMap<String, T>, patch: Option<BTreeMap<String, Option<T>>>) {
+    for (namespace, value) in patch.unwrap_or_default() {
+        match value {
+            Some(v) => map.insert(namespace, v),
+            None => map.remove(&namespace),
+        };
+    }
+}
+
+/// The current live settings, swapped whole on a change.
+pub struct Live {
+    current: RwLock<Arc<LiveSettings>>,
+}
+
+impl Live {
+    pub fn new(settings: LiveSettings) -> Self {
+        settings.semantic_guards.preload();
+        Self {
+            current: RwLock::new(Arc::new(settings)),
         }
-        for (namespace, floor) in namespace_thresholds.unwrap_or_default() {
-            match floor {
-                Some(t) => config.namespace_thresholds.insert(namespace, t),
-                None => config.namespace_thresholds.remove(&namespace),
-            };
+    }
+
+    pub fn current(&self) -> Arc<LiveSettings> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Applies `patch` if the result is valid; returns the new settings. Nothing changes on error.
+    pub fn apply(&self, patch: ConfigPatch) -> Result<Arc<LiveSettings>, GatewayError> {
+        // Before the lock: requests keep reading the current settings while the guards load.
+        if let Some(guards) = &patch.semantic_guards {
+            guards.preload();
         }
-        for (namespace, mode) in namespace_modes.unwrap_or_default() {
-            match mode {
-                Some(m) => config.namespace_modes.insert(namespace, m),
-                None => config.namespace_modes.remove(&namespace),
-            };
-        }
-        if let Some(guards) = semantic_guards {
-            config.semantic_guards = guards;
-        }
-        if let Some(ttl) = default_ttl_s {
-            config.default_ttl_s = ttl;
-        }
-        if let Some(replay) = replay {
-            config.replay = replay;
-        }
-        if let Some(mode) = cache_mode {
-            config.cache_mode = mode;
-        }
-        config.validate().map_err(|err| match err {
+        // The write lock is held from read to swap, so two patches cannot lose each other's changes.
+        let mut slot = self.current.write().unwrap_or_else(|e| e.into_inner());
+        let next = patch.applied_to(&slot).map_err(|err| match err {
             ConfigError::Invalid { field, reason } => {
                 GatewayError::invalid(format!("Invalid `{field}`: {reason}."), Some(field))
             }
             other => GatewayError::invalid(other.to_string(), None),
         })?;
-        let next = Arc::new(Settings::new(config));
-        let after = next.view();
         tracing::info!(
-            before = %serde_json::to_string(&before).unwrap_or_default(),
-            after = %serde_json::to_string(&after).unwrap_or_default(),
+            before = %serde_json::to_string(&**slot).unwrap_or_default(),
+            after = %serde_json::to_string(&next).unwrap_or_default(),
             "live configuration changed"
         );
+        let next = Arc::new(next);
         *slot = next.clone();
         Ok(next)
     }
@@ -192,35 +262,87 @@ mod tests {
 
     #[test]
     fn a_valid_patch_changes_only_what_it_names() {
-        let live = Live::new(Config::default());
+        let live = Live::new(LiveSettings::default());
         let now = live
             .apply(patch(serde_json::json!({
                 "similarity_threshold": 0.95,
                 "namespace_thresholds": {"support": 0.97},
+                "namespace_modes": {"legal": "Shadow"},
                 "replay": "tokens-per-second=50",
                 "semantic_guards": "negation"
             })))
             .expect("valid");
-        assert_eq!(now.guards, Guards::parse("negation").expect("valid"));
-        assert_eq!(now.view().semantic_guards, "negation");
+        assert_eq!(now.semantic_guards, "negation".parse().expect("valid"));
         assert_eq!(now.threshold_floor(None), 0.95);
         assert_eq!(now.threshold_floor(Some("support")), 0.97);
-        assert_eq!(
-            now.defaults.pacing,
-            crate::policy::Pacing::TokensPerSecond(50.0)
-        );
-        assert_eq!(now.config.default_ttl_s, Config::default().default_ttl_s);
+        assert_eq!(now.replay, Pacing::TokensPerSecond(50.0));
+        assert_eq!(now.namespace_modes["legal"], CacheMode::Shadow);
+        assert_eq!(now.default_ttl_s, LiveSettings::default().default_ttl_s);
+        // Shown in the canonical spelling of each value.
+        let view = serde_json::to_value(&*now).expect("json");
+        assert_eq!(view["semantic_guards"], "negation");
+        assert_eq!(view["replay"], "tokens-per-second=50");
+        assert_eq!(view["namespace_modes"]["legal"], "shadow");
         let removed = live
-            .apply(patch(
-                serde_json::json!({"namespace_thresholds": {"support": null}}),
-            ))
+            .apply(patch(serde_json::json!({
+                "namespace_thresholds": {"support": null},
+                "namespace_modes": {"legal": null}
+            })))
             .expect("valid");
         assert_eq!(removed.threshold_floor(Some("support")), 0.95);
+        assert!(removed.namespace_modes.is_empty());
+    }
+
+    /// The typed fields are strings in the admin API's OpenAPI document, as on the wire.
+    #[test]
+    fn the_openapi_schema_shows_the_typed_fields_as_strings() {
+        use utoipa::OpenApi;
+        let doc = serde_json::to_value(crate::admin::ApiDoc::openapi()).expect("json");
+        let schemas = &doc["components"]["schemas"];
+        let settings = &schemas["LiveSettings"]["properties"];
+        let patch = &schemas["ConfigPatch"]["properties"];
+        for field in ["cache_mode", "replay", "semantic_guards"] {
+            assert_eq!(settings[field]["type"], "string", "{field}: {settings}");
+            assert_eq!(
+                patch[field]["type"],
+                serde_json::json!(["string", "null"]),
+                "{field}: {patch}"
+            );
+        }
+        let modes = &settings["namespace_modes"]["additionalProperties"];
+        assert_eq!(modes["type"], "string", "{settings}");
+        let modes = &patch["namespace_modes"]["additionalProperties"];
+        assert_eq!(
+            modes["type"],
+            serde_json::json!(["string", "null"]),
+            "{patch}"
+        );
+        // Every field is always present in a response.
+        assert_eq!(
+            schemas["LiveSettings"]["required"].as_array().map(Vec::len),
+            Some(7)
+        );
+    }
+
+    #[test]
+    fn a_namespace_mode_applies_to_that_namespace_only() {
+        let settings = LiveSettings {
+            namespace_modes: BTreeMap::from([("support".to_owned(), CacheMode::Shadow)]),
+            replay: Pacing::Recorded,
+            ..LiveSettings::default()
+        };
+        let mut headers = axum::http::HeaderMap::new();
+        assert_eq!(settings.defaults_for(&headers).mode, CacheMode::On);
+        headers.insert("x-reprise-namespace", " support ".parse().expect("value"));
+        let defaults = settings.defaults_for(&headers);
+        assert_eq!(defaults.mode, CacheMode::Shadow);
+        assert_eq!(defaults.pacing, Pacing::Recorded);
     }
 
     #[test]
     fn an_invalid_patch_names_the_field_and_changes_nothing() {
-        let live = Live::new(Config::default());
+        let live = Live::new(LiveSettings::default());
+        // Out of range: refused when applied.
         for (body, field) in [
             (
                 serde_json::json!({"similarity_threshold": 1.5}),
@@ -228,22 +350,44 @@ mod tests {
             ),
             (serde_json::json!({"default_ttl_s": 0}), "default_ttl_s"),
             (
-                serde_json::json!({"replay": "fast", "similarity_threshold": 0.5}),
-                "replay",
-            ),
-            (serde_json::json!({"cache_mode": "sometimes"}), "cache_mode"),
-            (
-                serde_json::json!({"semantic_guards": "numbers,vibes"}),
-                "semantic_guards",
+                serde_json::json!({"namespace_thresholds": {"a": 2.0}}),
+                "namespace_thresholds",
             ),
         ] {
             let err = live.apply(patch(body)).expect_err("invalid");
             assert_eq!(err.body()["error"]["param"], field);
         }
-        assert_eq!(
-            live.current().view(),
-            Settings::new(Config::default()).view()
-        );
-        assert!(serde_json::from_value::<ConfigPatch>(serde_json::json!({"listen": "x"})).is_err());
+        assert_eq!(*live.current(), LiveSettings::default());
+        // Not a value of its type: refused as the body is read, naming the field.
+        for (body, field, says) in [
+            (
+                r#"{"replay": "fast", "similarity_threshold": 0.5}"#,
+                "replay",
+                "`fast` is not instant, recorded or tokens-per-second=N",
+            ),
+            (
+                r#"{"cache_mode": "sometimes"}"#,
+                "cache_mode",
+                "`sometimes` is not one of on, off",
+            ),
+            (
+                r#"{"semantic_guards": "numbers,vibes"}"#,
+                "semantic_guards",
+                "`numbers,vibes` is not a comma-separated list of numbers",
+            ),
+            (
+                r#"{"namespace_modes": {"support": "sometimes"}}"#,
+                "namespace_modes",
+                "namespace `support`: `sometimes` is not one of",
+            ),
+            (r#"{"listen": "x"}"#, "listen", "unknown field"),
+        ] {
+            let err = crate::admin::parse_json::<ConfigPatch>(body.as_bytes()).expect_err(field);
+            let body = err.body();
+            assert_eq!(body["error"]["param"], field, "{body}");
+            assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+            let message = body["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains(says), "{message}");
+        }
     }
 }

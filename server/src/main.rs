@@ -1,12 +1,11 @@
 //! The `reprise` binary: parses the command line, sets up logging, and runs the gateway library.
 //! It must stay thin; behaviour belongs in the library where tests can reach it.
 
-use clap::Parser;
 use reprise_server::config::{Cli, Command, Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_or_exit();
     let (args, check_only) = match cli.command {
         Command::Serve(args) => (args, false),
         Command::CheckConfig(args) => (args, true),

@@ -8,9 +8,10 @@ use axum::http::HeaderMap;
 
 use crate::error::GatewayError;
 
-/// `x-reprise-cache-mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
+/// `x-reprise-cache-mode`, `cache_mode` and the values of `namespace_modes`: written on the wire,
+/// in the config file and in flags as `on`, `off`, `read-only`, `write-only`, `exact-only` or `shadow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum CacheMode {
     /// Look up and store.
     #[default]
@@ -29,22 +30,68 @@ pub enum CacheMode {
 }
 
 impl CacheMode {
-    pub fn parse(value: &str) -> Option<Self> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "on" => Some(Self::On),
-            "off" => Some(Self::Off),
-            "read-only" => Some(Self::ReadOnly),
-            "write-only" => Some(Self::WriteOnly),
-            "exact-only" => Some(Self::ExactOnly),
-            "shadow" => Some(Self::Shadow),
-            _ => None,
+    const ALL: [CacheMode; 6] = [
+        Self::On,
+        Self::Off,
+        Self::ReadOnly,
+        Self::WriteOnly,
+        Self::ExactOnly,
+        Self::Shadow,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::On => "on",
+            Self::Off => "off",
+            Self::ReadOnly => "read-only",
+            Self::WriteOnly => "write-only",
+            Self::ExactOnly => "exact-only",
+            Self::Shadow => "shadow",
         }
     }
 }
 
-/// How a hit is paced (`x-reprise-replay`).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize, Default)]
-#[serde(rename_all = "kebab-case", tag = "mode", content = "value")]
+impl std::str::FromStr for CacheMode {
+    type Err = String;
+
+    /// Case and surrounding spaces are forgiven, as HTTP header values usually are.
+    fn from_str(value: &str) -> Result<Self, String> {
+        let wanted = value.trim();
+        Self::ALL
+            .into_iter()
+            .find(|m| m.as_str().eq_ignore_ascii_case(wanted))
+            .ok_or_else(|| {
+                format!(
+                    "`{value}` is not one of on, off, read-only, write-only, exact-only, shadow"
+                )
+            })
+    }
+}
+
+impl std::fmt::Display for CacheMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl TryFrom<String> for CacheMode {
+    type Error = String;
+
+    fn try_from(value: String) -> Result<Self, String> {
+        value.parse()
+    }
+}
+
+impl From<CacheMode> for String {
+    fn from(mode: CacheMode) -> Self {
+        mode.as_str().to_owned()
+    }
+}
+
+/// How a hit is paced (`x-reprise-replay`, `replay`): `instant`, `recorded` or
+/// `tokens-per-second=N`, the same spelling everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum Pacing {
     /// Everything at once.
     #[default]
@@ -62,10 +109,12 @@ pub const MIN_TOKENS_PER_SECOND: f64 = 0.1;
 /// resolution, so any faster rate is `instant` under another name.
 pub const MAX_TOKENS_PER_SECOND: f64 = 1e6;
 
-impl Pacing {
+impl std::str::FromStr for Pacing {
+    type Err = String;
+
     /// Parses `instant`, `recorded` or `tokens-per-second=N` with N from
     /// [`MIN_TOKENS_PER_SECOND`] to [`MAX_TOKENS_PER_SECOND`]; the error says what was wrong.
-    pub fn parse(value: &str) -> Result<Self, String> {
+    fn from_str(value: &str) -> Result<Self, String> {
         let value = value.trim().to_ascii_lowercase();
         match value.as_str() {
             "instant" => Ok(Self::Instant),
@@ -86,6 +135,32 @@ impl Pacing {
                 }
             }
         }
+    }
+}
+
+impl std::fmt::Display for Pacing {
+    /// The canonical spelling; a rate prints in the shortest form that parses back to itself
+    /// (within the bounds, never in exponent notation).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Instant => f.write_str("instant"),
+            Self::Recorded => f.write_str("recorded"),
+            Self::TokensPerSecond(rate) => write!(f, "tokens-per-second={rate}"),
+        }
+    }
+}
+
+impl TryFrom<String> for Pacing {
+    type Error = String;
+
+    fn try_from(value: String) -> Result<Self, String> {
+        value.parse()
+    }
+}
+
+impl From<Pacing> for String {
+    fn from(pacing: Pacing) -> Self {
+        pacing.to_string()
     }
 }
 
@@ -111,7 +186,7 @@ pub struct Policy {
 }
 
 /// The configured defaults a request's headers apply to.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Defaults {
     pub mode: CacheMode,
     pub ttl_s: u64,
@@ -135,7 +210,7 @@ fn header<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<Option<&'a s
 
 pub fn from_headers(headers: &HeaderMap, defaults: &Defaults) -> Result<Policy, GatewayError> {
     let mode = match header(headers, "x-reprise-cache-mode")? {
-        Some(v) => CacheMode::parse(v).ok_or_else(|| {
+        Some(v) => v.parse::<CacheMode>().map_err(|_| {
             GatewayError::invalid(
                 format!("`x-reprise-cache-mode: {v}` is not one of on, off, read-only, write-only, exact-only, shadow."),
                 Some("x-reprise-cache-mode"),
@@ -220,7 +295,7 @@ pub fn from_headers(headers: &HeaderMap, defaults: &Defaults) -> Result<Policy, 
             })?;
     }
     if let Some(v) = header(headers, "x-reprise-replay")? {
-        policy.pacing = Pacing::parse(v).map_err(|why| {
+        policy.pacing = v.parse::<Pacing>().map_err(|why| {
             GatewayError::invalid(
                 format!("Invalid `x-reprise-replay: {v}`: {why}."),
                 Some("x-reprise-replay"),
@@ -330,17 +405,44 @@ mod tests {
     #[test]
     fn pacing_bounds_are_inclusive() {
         assert_eq!(
-            Pacing::parse("tokens-per-second=0.1"),
+            "tokens-per-second=0.1".parse(),
             Ok(Pacing::TokensPerSecond(0.1))
         );
         assert_eq!(
-            Pacing::parse("tokens-per-second=1e6"),
+            "tokens-per-second=1e6".parse(),
             Ok(Pacing::TokensPerSecond(1e6))
         );
-        let err = Pacing::parse("tokens-per-second=1e-300").expect_err("too slow");
+        let err = "tokens-per-second=1e-300"
+            .parse::<Pacing>()
+            .expect_err("too slow");
         assert!(err.contains("from 0.1 to 1000000"), "{err}");
         // The value is quoted as the client wrote it, not expanded to 300 digits.
         assert!(err.ends_with("not 1e-300"), "{err}");
+    }
+
+    #[test]
+    fn modes_and_pacings_are_strings_in_their_canonical_spelling() {
+        for mode in CacheMode::ALL {
+            assert_eq!(mode.to_string().parse(), Ok(mode));
+            let json = serde_json::to_value(mode).expect("json");
+            assert_eq!(json, mode.as_str());
+            assert_eq!(serde_json::from_value::<CacheMode>(json).ok(), Some(mode));
+        }
+        assert_eq!(" Read-Only ".parse(), Ok(CacheMode::ReadOnly));
+        for (written, canonical) in [
+            ("instant", "instant"),
+            ("RECORDED", "recorded"),
+            ("tokens-per-second=50", "tokens-per-second=50"),
+            ("tokens-per-second=1e6", "tokens-per-second=1000000"),
+            ("tokens-per-second= 0.1", "tokens-per-second=0.1"),
+        ] {
+            let pacing: Pacing = written.parse().expect(written);
+            assert_eq!(pacing.to_string(), canonical);
+            assert_eq!(canonical.parse(), Ok(pacing));
+            assert_eq!(serde_json::to_value(pacing).expect("json"), canonical);
+        }
+        let err = serde_json::from_value::<Pacing>(serde_json::json!("fast")).expect_err("fast");
+        assert!(err.to_string().contains("`fast` is not instant"), "{err}");
     }
 
     #[test]

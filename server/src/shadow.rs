@@ -208,7 +208,7 @@ pub fn record(
     similarity: f32,
 ) -> Option<ShadowDecision> {
     let (keys, threshold, prompt) = (&ex.keys, ex.threshold, &ex.prompt_key());
-    let guards = ex.settings.guards;
+    let guards = ex.settings.semantic_guards;
     let (mut would, mut verdicts) =
         ShadowDecision::judge(&keys.prompt, candidate, similarity, threshold, guards);
     // Feedback refuses like a guard: a vetoed pair, or a similarity under the entry's own

@@ -463,7 +463,7 @@ pub async fn invalidate(
             None,
         ));
     }
-    let floor = min_similarity.unwrap_or(state.live.current().config.similarity_threshold);
+    let floor = min_similarity.unwrap_or(state.live.current().similarity_threshold);
     if !(-1.0..=1.0).contains(&floor) {
         return Err(GatewayError::invalid(
             "`min_similarity` must be from -1 to 1.",

@@ -24,7 +24,7 @@ use subtle::ConstantTimeEq;
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use crate::error::GatewayError;
-use crate::live::{ConfigPatch, LiveConfig};
+use crate::live::{ConfigPatch, LiveSettings};
 use crate::record::RequestRecord;
 use crate::stats::{
     latency_by_outcome, Gauges, GuardRefusals, OutcomeLatency, Rates, RequestCounts, Timeline,
@@ -384,20 +384,20 @@ pub async fn requests(
 
 /// The settings that can change while the gateway serves.
 #[utoipa::path(get, path = "/admin/config", tag = "admin",
-    responses((status = 200, body = LiveConfig)), security(("admin_token" = [])))]
-pub async fn config(State(state): State<AppState>) -> Json<LiveConfig> {
-    Json(state.live.current().view())
+    responses((status = 200, body = LiveSettings)), security(("admin_token" = [])))]
+pub async fn config(State(state): State<AppState>) -> Json<LiveSettings> {
+    Json(state.live.current().as_ref().clone())
 }
 
 /// Changes live settings (validated; nothing changes on error; logged). Lasts until restart.
 #[utoipa::path(patch, path = "/admin/config", tag = "admin", request_body = ConfigPatch,
-    responses((status = 200, body = LiveConfig), (status = 400, description = "Invalid value; names the field")),
+    responses((status = 200, body = LiveSettings), (status = 400, description = "Invalid value; names the field")),
     security(("admin_token" = [])))]
 pub async fn patch_config(
     State(state): State<AppState>,
     AdminJson(patch): AdminJson<ConfigPatch>,
-) -> Result<Json<LiveConfig>, GatewayError> {
-    Ok(Json(state.live.apply(patch)?.view()))
+) -> Result<Json<LiveSettings>, GatewayError> {
+    Ok(Json(state.live.apply(patch)?.as_ref().clone()))
 }
 
 /// This document.

@@ -295,7 +295,7 @@ pub async fn warm(
     let raw = crate::ingress::read_limited(body, &parts.headers, super::ADMIN_MAX_BODY).await?;
     let rules = Rules {
         share_across_keys: state.cache.settings.share_across_keys,
-        default_ttl_s: state.live.current().config.default_ttl_s,
+        default_ttl_s: state.live.current().default_ttl_s,
     };
     // Parsing and keying a large file is CPU work: off the async workers.
     let prepared: Vec<Prepared> = tokio::task::spawn_blocking(move || {

@@ -12,7 +12,7 @@ use crate::error::GatewayError;
 use crate::feedback::PromptKey;
 use crate::ingress::{Ingress, Route};
 use crate::key::{KeyInput, Keys, Tenant};
-use crate::live::Settings;
+use crate::live::LiveSettings;
 use crate::policy::{self, Policy};
 use crate::record::{set_header, unix_ms, CacheOutcome, Nearest, RecordMeta};
 use crate::shadow::ShadowDecision;
@@ -24,7 +24,7 @@ pub struct Exchange {
     pub id: String,
     pub ingress: Ingress,
     /// The live settings as they were when the request arrived (one snapshot for the whole request).
-    pub settings: Arc<Settings>,
+    pub settings: Arc<LiveSettings>,
     pub policy: Policy,
     pub tenant: Tenant,
     pub keys: Keys,

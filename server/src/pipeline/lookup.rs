@@ -162,7 +162,7 @@ fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
                     .lookup_alias(&ex.keys.exact, &ex.keys.partition, ex.threshold, &ex.policy)
                     .filter(|(hit, similarity)| {
                         ex.settings
-                            .guards
+                            .semantic_guards
                             .refuses_texts(&ex.keys.prompt, &hit.entry.summary.prompt)
                             .is_none()
                             && state.feedback.allows(hit.entry.id, &prompt, *similarity)
@@ -202,7 +202,7 @@ fn query(ex: &Exchange, plan: Plan) -> Query {
     let (threshold, guards) = if plan.shadow {
         (f32::NEG_INFINITY, Guards::default())
     } else {
-        (ex.threshold, ex.settings.guards)
+        (ex.threshold, ex.settings.semantic_guards)
     };
     Query {
         partition: ex.keys.partition.0,

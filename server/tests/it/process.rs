@@ -25,6 +25,57 @@ fn invalid_configuration_fails_fast_naming_the_field() {
     assert!(stderr.contains("upstream_url"), "{stderr}");
 }
 
+/// Runs `reprise` with `args` (and one environment variable) expecting it to refuse its
+/// configuration; returns its stderr.
+fn refused_configuration(args: &[&str], env: Option<(&str, &str)>) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_reprise"));
+    command.args(args);
+    if let Some((name, value)) = env {
+        command.env(name, value);
+    }
+    let output = command.output().expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+    stderr
+}
+
+/// A live setting that is not a value of its type stops the start, and the message says where it
+/// was set: the file and its line, the flag, or the environment variable.
+#[test]
+fn a_bad_live_setting_stops_the_start_naming_where_it_was_set() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("reprise.toml");
+    std::fs::write(&file, "listen = \"127.0.0.1:1\"\nreplay = \"fast\"\n").expect("write");
+    let file = file.to_string_lossy().into_owned();
+    let stderr = refused_configuration(&["serve", "--config", &file], None);
+    for says in ["reprise.toml", "line 2", "`fast` is not instant, recorded"] {
+        assert!(stderr.contains(says), "{says} not in {stderr}");
+    }
+    let stderr = refused_configuration(&["serve", "--cache-mode", "sometimes"], None);
+    for says in ["--cache-mode", "`sometimes` is not one of on, off"] {
+        assert!(stderr.contains(says), "{says} not in {stderr}");
+    }
+    let guards = ("REPRISE_SEMANTIC_GUARDS", "numbers,vibes");
+    let stderr = refused_configuration(&["check-config"], Some(guards));
+    for says in [
+        "environment variable REPRISE_SEMANTIC_GUARDS",
+        "`numbers,vibes` is not a comma-separated list",
+    ] {
+        assert!(stderr.contains(says), "{says} not in {stderr}");
+    }
+    let replay = ("REPRISE_REPLAY", "tokens-per-second=0");
+    let stderr = refused_configuration(&["serve"], Some(replay));
+    for says in ["environment variable REPRISE_REPLAY", "from 0.1 to"] {
+        assert!(stderr.contains(says), "{says} not in {stderr}");
+    }
+    // The flag wins over its variable, and a bad flag is reported as the flag.
+    let stderr = refused_configuration(&["serve", "--replay=fast"], Some(replay));
+    assert!(
+        stderr.contains("--replay") && !stderr.contains("REPRISE_REPLAY"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn environment_variables_configure_and_secrets_stay_masked() {
     let output = Command::new(env!("CARGO_BIN_EXE_reprise"))

@@ -455,7 +455,7 @@ async fn literal_guards_refuse_other_numbers_and_negations_until_turned_off() {
 
     // Turned off live, the embedding decides alone and serves the opposite request.
     let off = reprise_server::live::ConfigPatch {
-        semantic_guards: Some("none".into()),
+        semantic_guards: Some("none".parse().expect("guards")),
         ..Default::default()
     };
     gw.state.live.apply(off).expect("valid patch");
@@ -468,7 +468,7 @@ async fn literal_guards_refuse_other_numbers_and_negations_until_turned_off() {
 
     // Back on: the alias that unguarded hit left behind is checked again, not trusted.
     let on = reprise_server::live::ConfigPatch {
-        semantic_guards: Some("numbers,negation".into()),
+        semantic_guards: Some("numbers,negation".parse().expect("guards")),
         ..Default::default()
     };
     gw.state.live.apply(on).expect("valid patch");
