@@ -9,6 +9,7 @@ mod disk;
 mod fuzz;
 mod gateway;
 mod learn;
+mod otel;
 mod process;
 mod semantic;
 mod upstream;
