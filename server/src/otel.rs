@@ -917,6 +917,81 @@ mod tests {
         assert!(!err.contains("sk-secret"), "{err}");
     }
 
+    fn span() -> SpanData {
+        SpanData {
+            trace_id: new_trace_id(),
+            span_id: new_span_id(),
+            parent: None,
+            trace_state: None,
+            name: "POST /v1/chat/completions".into(),
+            kind: SERVER,
+            start_ns: 1,
+            end_ns: 2,
+            attrs: Vec::new(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_spans_instead_of_waiting() {
+        // A collector that accepts connections and never answers: the export thread is stuck on
+        // its first batch, so what follows piles up in the queue.
+        let collector = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let settings = Settings::resolve(
+            Some(&format!("http://{}", collector.local_addr().expect("addr"))),
+            |name| match name {
+                "OTEL_BSP_MAX_QUEUE_SIZE" => Some("3".into()),
+                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" => Some("1".into()),
+                "OTEL_EXPORTER_OTLP_TIMEOUT" => Some("60000".into()),
+                _ => None,
+            },
+        )
+        .expect("settings")
+        .expect("on");
+        let exporter = Exporter::start(settings).expect("start");
+        for _ in 0..10 {
+            exporter.submit(vec![span()]);
+        }
+        // 3 queued, and at most 1 more taken by the stuck thread: the rest were dropped.
+        let dropped = exporter.counters.dropped.load(Ordering::Relaxed);
+        assert!((6..=7).contains(&dropped), "dropped {dropped}");
+        assert!(exporter.queued.load(Ordering::Relaxed) <= 3);
+        assert_eq!(exporter.counters.exported.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn spans_encode_as_otlp_json() {
+        let mut s = span();
+        s.parent = Some([0xab; 8]);
+        s.trace_state = Some("congo=t61rcWkgMzE".into());
+        s.attrs = vec![
+            ("reprise.cache", json!("hit")),
+            ("reprise.stream", json!(true)),
+            ("reprise.similarity", json!(0.93)),
+            ("http.response.status_code", int(200)),
+        ];
+        s.error = Some("upstream_timeout".into());
+        let v = s.to_json();
+        assert_eq!(v["traceId"], hex(&s.trace_id));
+        assert_eq!(v["parentSpanId"], "abababababababab");
+        assert_eq!(v["traceState"], "congo=t61rcWkgMzE");
+        assert_eq!(v["kind"], 2);
+        assert_eq!(v["startTimeUnixNano"], "1");
+        assert_eq!(
+            v["attributes"],
+            json!([
+                {"key": "reprise.cache", "value": {"stringValue": "hit"}},
+                {"key": "reprise.stream", "value": {"boolValue": true}},
+                {"key": "reprise.similarity", "value": {"doubleValue": 0.93}},
+                {"key": "http.response.status_code", "value": {"intValue": "200"}},
+            ])
+        );
+        assert_eq!(
+            v["status"],
+            json!({"code": 2, "message": "upstream_timeout"})
+        );
+    }
+
     #[test]
     fn phase_spans_use_the_measured_instants() {
         let t0 = Instant::now();

@@ -258,6 +258,27 @@ async fn a_miss_and_its_hits_join_the_clients_trace_and_reach_the_collector() {
         "{sent}"
     );
 
+    // An upstream that fails: the request span is an error, named by the gateway's error code.
+    let failed_trace = "55555555555555555555555555555555";
+    let failed = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(CLIENT_KEY)
+        .header(
+            "traceparent",
+            format!("00-{failed_trace}-6666666666666666-01"),
+        )
+        .header("x-sim-fault", "close-early")
+        .json(&chat_body("a question the upstream drops", false))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(failed.status(), 502);
+    let failed_body: Value = failed.json().await.expect("error body");
+    let failed_code = failed_body["error"]["code"]
+        .as_str()
+        .expect("code")
+        .to_owned();
+
     // A pass-through request without a traceparent starts a trace, and the upstream joins it.
     let models_response = client()
         .get(gw.url("/v1/models"))
@@ -353,6 +374,13 @@ async fn a_miss_and_its_hits_join_the_clients_trace_and_reach_the_collector() {
         !spans.iter().any(|s| s["traceId"] == unsampled),
         "a span of an unsampled trace was exported"
     );
+    let (root, _) = request_tree(&spans, failed_trace);
+    assert_eq!(root["status"]["code"], 2, "{root}");
+    let a = attrs(root);
+    assert_eq!(a["error.type"]["stringValue"], failed_code.as_str());
+    assert_eq!(a["http.response.status_code"]["intValue"], "502");
+    assert_eq!(a["reprise.completion"]["stringValue"], "gateway_error");
+
     let (root, _) = request_tree(&spans, &new_trace);
     assert_eq!(root["name"], "GET /v1/{*rest}");
     assert!(
@@ -368,6 +396,7 @@ async fn a_miss_and_its_hits_join_the_clients_trace_and_reach_the_collector() {
         QUESTION,
         PARAPHRASE,
         "capital of France",
+        "the upstream drops",
         CLIENT_KEY,
         "admin-secret",
     ] {
