@@ -110,6 +110,12 @@ impl Settings {
             .unwrap_or_else(|| "reprise".to_owned());
         resource.retain(|(k, _)| k != "service.name");
         resource.insert(0, ("service.name".to_owned(), service));
+        if !resource.iter().any(|(k, _)| k == "service.version") {
+            resource.push((
+                "service.version".to_owned(),
+                env!("CARGO_PKG_VERSION").to_owned(),
+            ));
+        }
         let number = |name: &str, default: u64| -> Result<u64, String> {
             match var(name) {
                 None => Ok(default),
@@ -874,7 +880,11 @@ mod tests {
             s.resource,
             vec![
                 ("service.name".to_owned(), "gateway-eu".to_owned()),
-                ("deployment.environment".to_owned(), "prod".to_owned())
+                ("deployment.environment".to_owned(), "prod".to_owned()),
+                (
+                    "service.version".to_owned(),
+                    env!("CARGO_PKG_VERSION").to_owned()
+                ),
             ]
         );
         assert_eq!(s.delay, Duration::from_millis(200));
