@@ -969,6 +969,72 @@ mod tests {
         assert_eq!(exporter.counters.exported.load(Ordering::Relaxed), 0);
     }
 
+    #[tokio::test]
+    async fn shutdown_sends_what_is_queued_without_waiting_for_the_schedule() {
+        let received = Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+        let kept = received.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+                let kept = kept.clone();
+                async move {
+                    kept.lock().expect("lock").push(body);
+                    "{}"
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        // A schedule far longer than the test: only the shutdown can have sent the spans.
+        let settings = Settings::resolve(Some(&format!("http://{addr}")), |name| {
+            (name == "OTEL_BSP_SCHEDULE_DELAY").then(|| "3600000".to_owned())
+        })
+        .expect("settings")
+        .expect("on");
+        let exporter = Exporter::start(settings).expect("start");
+        // The interval's first tick is immediate: let it pass before queueing.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for _ in 0..3 {
+            exporter.submit(vec![span(), span()]);
+        }
+        exporter.shutdown(Duration::from_secs(10)).await;
+        let received = received.lock().expect("lock");
+        let spans: usize = received
+            .iter()
+            .map(|body| {
+                body["resourceSpans"][0]["scopeSpans"][0]["spans"]
+                    .as_array()
+                    .map_or(0, Vec::len)
+            })
+            .sum();
+        assert_eq!(spans, 6);
+        assert_eq!(exporter.counters.exported.load(Ordering::Relaxed), 6);
+        assert_eq!(
+            received[0]["resourceSpans"][0]["resource"]["attributes"][0],
+            json!({"key": "service.name", "value": {"stringValue": "reprise"}})
+        );
+        // After shutdown nothing more is queued: a late span is counted as dropped.
+        exporter.submit(vec![span()]);
+        assert_eq!(exporter.counters.dropped.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn an_invalid_otlp_endpoint_stops_the_start_naming_the_field() {
+        let mut config = crate::config::Config {
+            otlp_endpoint: Some("collector:4318".into()),
+            ..crate::config::Config::default()
+        };
+        let err = config.validate().expect_err("invalid").to_string();
+        assert!(err.contains("otlp_endpoint"), "{err}");
+        config.otlp_endpoint = Some("http://127.0.0.1:4318".into());
+        config.validate().expect("valid");
+    }
+
     #[test]
     fn spans_encode_as_otlp_json() {
         let mut s = span();
