@@ -522,13 +522,18 @@ fn phases(clock: &PhaseClock, end: Instant) -> Vec<(&'static str, Instant, Insta
     let pair = |from: Option<Instant>, to: Option<Instant>| from.zip(to).filter(|(a, b)| a <= b);
     let after_lookup = clock.looked_up.or(clock.body_read);
     // Embedding and search are timed as durations, back to back from when the semantic stage began.
+    // Checked all the way: this runs where a panic would lose the request's record.
+    let after = |from: Instant, ms: f64| {
+        let d = Duration::try_from_secs_f64(ms / 1000.0).ok()?;
+        Some((from, from.checked_add(d)?))
+    };
     let embed = clock
         .semantic_began
         .zip(clock.embed_ms)
-        .map(|(began, ms)| (began, began + Duration::from_secs_f64(ms / 1000.0)));
+        .and_then(|(began, ms)| after(began, ms));
     let search = embed
         .zip(clock.search_ms)
-        .map(|((_, from), ms)| (from, from + Duration::from_secs_f64(ms / 1000.0)));
+        .and_then(|((_, from), ms)| after(from, ms));
     [
         ("ingress", pair(Some(clock.start), clock.body_read)),
         ("lookup", pair(clock.body_read, clock.looked_up)),
