@@ -23,7 +23,8 @@
 //! 8. [`record`]: the request's phases and its [`record::CacheOutcome`] go to the recent-requests
 //!    log and the [`stats`]; a clean miss's answer goes to the store through the cache's writer
 //!    thread, off the request path; one stored without a vector (its embedding was refused or late)
-//!    is embedded later by the [`backfill`], when the model is idle.
+//!    is embedded later by the [`backfill`], when the model is idle. With tracing on, the request's
+//!    spans (one per phase) go to the [`otel`] exporter, which sends them from its own thread.
 //!
 //! Around them: [`config`] (layered settings), [`error`] (the one error enum and its OpenAI-shaped
 //! responses), [`admin`] (authenticated operator routes), [`shadow`] and [`feedback`] (what
