@@ -242,6 +242,11 @@ pub struct ServeArgs {
     /// task, direction, antonym, entity, or `none` [default: all seven].
     #[arg(long, env = "REPRISE_SEMANTIC_GUARDS")]
     pub semantic_guards: Option<Guards>,
+    /// Export OpenTelemetry traces over OTLP/HTTP to this collector (e.g. http://127.0.0.1:4318;
+    /// `/v1/traces` is appended). The standard `OTEL_EXPORTER_OTLP_*` variables also turn it on
+    /// [default: off].
+    #[arg(long, env = "REPRISE_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// The validated configuration the gateway runs with: the start-up settings, and the first
@@ -294,6 +299,8 @@ pub struct Config {
     /// serving they may have changed: requests read [`crate::live::Live`], never this copy.
     #[serde(flatten)]
     pub live: LiveSettings,
+    /// OTLP/HTTP collector that traces are exported to; `None`: off unless `OTEL_EXPORTER_OTLP_*`.
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for Config {
@@ -337,6 +344,7 @@ impl Default for Config {
             embed_max_wait_ms: 2,
             index_save_interval_s: 300,
             live: LiveSettings::default(),
+            otlp_endpoint: None,
         }
     }
 }
@@ -432,6 +440,7 @@ impl Config {
             embed_queue_budget_ms,
             semantic_overlap,
             semantic_guards,
+            otlp_endpoint,
         } = args.clone();
         set(&mut self.listen, listen);
         set(&mut self.upstream_url, upstream_url);
@@ -473,6 +482,9 @@ impl Config {
         set(&mut self.embed_queue_budget_ms, embed_queue_budget_ms);
         set(&mut self.semantic_overlap, semantic_overlap);
         set(&mut self.live.semantic_guards, semantic_guards);
+        if otlp_endpoint.is_some() {
+            self.otlp_endpoint = otlp_endpoint;
+        }
     }
 
     /// Fails fast, naming the field, on anything the gateway could not run with.
@@ -495,6 +507,12 @@ impl Config {
         }
         // Joining paths later assumes no trailing slash.
         self.upstream_url = url.as_str().trim_end_matches('/').to_owned();
+        if let Some(endpoint) = &self.otlp_endpoint {
+            crate::otel::check_endpoint(endpoint).map_err(|reason| ConfigError::Invalid {
+                field: "otlp_endpoint",
+                reason,
+            })?;
+        }
         for (field, secret) in [
             ("admin_token", &self.admin_token),
             ("upstream_api_key", &self.upstream_api_key),

@@ -299,10 +299,14 @@ pub fn prepare(state: &AppState, ex: &Exchange) -> Outgoing {
         data: Some(ingress.raw.clone()),
         taken: taken.clone(),
     });
+    let mut headers = upstream.outgoing_headers(&ingress.headers, true);
+    if let Some(trace) = &ex.trace {
+        trace.inject(&mut headers);
+    }
     let request = upstream
         .client
         .post(upstream.url(ingress.route.upstream_path(), ingress.query.as_deref()))
-        .headers(upstream.outgoing_headers(&ingress.headers, true))
+        .headers(headers)
         .body(body);
     Outgoing { request, taken }
 }
@@ -835,15 +839,23 @@ pub async fn passthrough(state: &AppState, request: Request, request_id: String)
         served: None,
         nearest: Nearest::default(),
         error: None,
+        trace: state
+            .otel
+            .as_ref()
+            .map(|otel| otel.begin(&parts.headers, "/v1/{*rest}".to_owned())),
     };
     let upstream = &state.upstream;
+    let mut headers = upstream.outgoing_headers(&parts.headers, false);
+    if let Some(trace) = &meta.trace {
+        trace.inject(&mut headers);
+    }
     let method =
         reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).unwrap_or(Method::GET);
     let has_body = !(parts.method == Method::GET || parts.method == Method::HEAD);
     let mut request = upstream
         .client
         .request(method, upstream.url(below_v1, parts.uri.query()))
-        .headers(upstream.outgoing_headers(&parts.headers, false));
+        .headers(headers);
     // A client whose body stalls makes the upstream send fail: that is the client's 408, not an
     // unreachable upstream.
     let stalled = Arc::new(OnceLock::new());

@@ -23,7 +23,8 @@
 //! 8. [`record`]: the request's phases and its [`record::CacheOutcome`] go to the recent-requests
 //!    log and the [`stats`]; a clean miss's answer goes to the store through the cache's writer
 //!    thread, off the request path; one stored without a vector (its embedding was refused or late)
-//!    is embedded later by the [`backfill`], when the model is idle.
+//!    is embedded later by the [`backfill`], when the model is idle. With tracing on, the request's
+//!    spans (one per phase) go to the [`otel`] exporter, which sends them from its own thread.
 //!
 //! Around them: [`config`] (layered settings), [`error`] (the one error enum and its OpenAI-shaped
 //! responses), [`admin`] (authenticated operator routes), [`shadow`] and [`feedback`] (what
@@ -46,6 +47,7 @@ pub mod index;
 pub mod ingress;
 pub mod key;
 pub mod live;
+pub mod otel;
 pub mod pipeline;
 pub mod policy;
 pub mod record;
@@ -100,6 +102,8 @@ pub struct AppState {
     pub tasks: TaskTracker,
     /// Cancelled when shutdown begins.
     pub shutdown: CancellationToken,
+    /// The OpenTelemetry span exporter; `None` (the default) when traces are off.
+    pub otel: Option<Arc<otel::Exporter>>,
 }
 
 /// Why the gateway could not start, worded for the operator who reads it on stderr.
@@ -116,6 +120,8 @@ pub enum StartError {
     Upstream(String),
     #[error("cannot open even a temporary feedback store: {0}")]
     Feedback(String),
+    #[error("cannot set up trace export: {0}")]
+    Tracing(String),
 }
 
 /// Opens the store in `config.data_dir`. A corrupt store is moved aside (unless `strict_store`),
@@ -197,6 +203,13 @@ impl AppState {
             s.embedder
                 .observe_queue_waits(requests.stats.embed_wait_observer());
         }
+        let otel = otel::Settings::resolve(config.otlp_endpoint.as_deref(), |name| {
+            std::env::var(name).ok()
+        })
+        .map_err(StartError::Tracing)?
+        .map(otel::Exporter::start)
+        .transpose()
+        .map_err(|e| StartError::Tracing(format!("cannot start the export thread: {e}")))?;
         let upstream = Upstream::new(&config).map_err(|e| match e {
             GatewayError::Internal { detail } => StartError::Upstream(detail),
             other => StartError::Upstream(other.to_string()),
@@ -217,6 +230,7 @@ impl AppState {
             config: Arc::new(config),
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
+            otel,
         })
     }
 }
@@ -290,6 +304,12 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
         "entries": state.cache.store.len(),
         "semantic": semantic,
         "admin": state.config.admin_token.is_some(),
+        "tracing": state.otel.as_ref().map(|o| json!({
+            "endpoint": o.endpoint,
+            "exported": o.counters.exported.load(std::sync::atomic::Ordering::Relaxed),
+            "dropped": o.counters.dropped.load(std::sync::atomic::Ordering::Relaxed),
+            "failed": o.counters.failed.load(std::sync::atomic::Ordering::Relaxed),
+        })),
     }))
 }
 
@@ -336,6 +356,10 @@ pub async fn run(
         .is_err()
     {
         tracing::warn!("background tasks still running at exit");
+    }
+    // Every record is finished by now: the spans still queued go out within the grace period.
+    if let Some(otel) = &state.otel {
+        otel.shutdown(grace).await;
     }
     // Pending cache writes land, and the store is flushed, before `run` returns; then the vector
     // index is saved so the next start can load it instead of rebuilding. A failing disk can stall

@@ -229,6 +229,8 @@ pub struct RecordMeta {
     pub nearest: Nearest,
     /// `code` of the gateway's error response, if it sent one.
     pub error: Option<&'static str>,
+    /// The request's trace context when traces are exported; its spans are built at the end.
+    pub trace: Option<crate::otel::RequestTrace>,
 }
 
 /// The best semantic candidate of a miss: its similarity, and the guard that refused it.
@@ -247,7 +249,7 @@ pub struct Served {
 
 impl RecordMeta {
     pub fn finish(self, log: &RequestLog, status: u16, completion: Completion, clock: &PhaseClock) {
-        log.push(RequestRecord {
+        let record = RequestRecord {
             id: self.id,
             started_at_ms: self.started_at_ms,
             method: self.method,
@@ -264,7 +266,11 @@ impl RecordMeta {
             guard: self.nearest.guard.map(|g| g.name().to_owned()),
             ttft_saved_ms: self.served.as_ref().and_then(|s| s.ttft_saved_ms),
             error: self.error.map(str::to_owned),
-        });
+        };
+        if let Some(trace) = self.trace {
+            trace.end(&record, clock);
+        }
+        log.push(record);
     }
 }
 

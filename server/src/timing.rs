@@ -37,6 +37,8 @@ pub struct PhaseClock {
     /// Time spent embedding the prompt and searching the vector index (inside the lookup).
     pub embed_ms: Option<f64>,
     pub search_ms: Option<f64>,
+    /// When embedding began (the search follows it): places those two phases in a trace.
+    pub semantic_began: Option<Instant>,
 }
 
 impl PhaseClock {
@@ -55,6 +57,7 @@ impl PhaseClock {
             usage_tokens: None,
             embed_ms: None,
             search_ms: None,
+            semantic_began: None,
         }
     }
 

@@ -40,6 +40,8 @@ pub struct Exchange {
     pub misses: MissNotes,
     /// The prompt's embedding, stored with the answer for semantic matching.
     pub vector: Option<Vec<f32>>,
+    /// The trace context (joined to the client's `traceparent`) when traces are exported.
+    pub trace: Option<crate::otel::RequestTrace>,
 }
 
 /// What a miss reports about the lookup that preceded it.
@@ -102,7 +104,14 @@ impl Exchange {
             .and_then(|o| o.get("include_usage"))
             .and_then(serde_json::Value::as_bool)
             .unwrap_or(false);
+        let trace = state.otel.as_ref().map(|otel| {
+            otel.begin(
+                &ingress.headers,
+                format!("/v1{}", ingress.route.upstream_path()),
+            )
+        });
         Ok(Self {
+            trace,
             id,
             stream: ingress.stream && ingress.route != Route::Embeddings,
             include_usage,
@@ -155,6 +164,7 @@ impl Exchange {
             served: None,
             nearest: self.misses.nearest,
             error: None,
+            trace: self.trace.clone(),
         }
     }
 }

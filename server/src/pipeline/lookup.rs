@@ -83,6 +83,8 @@ impl How {
 pub struct Searched {
     pub vector: Option<Vec<f32>>,
     pub embed_ms: Option<f64>,
+    /// When the embedding began (a trace places the embed and search phases from it).
+    pub began: Option<Instant>,
     pub outcome: Option<semantic::Outcome>,
 }
 
@@ -219,6 +221,7 @@ async fn search(
     query: Query,
     search: bool,
 ) -> Searched {
+    let began = Instant::now();
     let Some((vector, embed_ms)) = semantic.embed(&query.prompt).await else {
         return Searched::default();
     };
@@ -230,6 +233,7 @@ async fn search(
     Searched {
         vector: Some(vector),
         embed_ms: Some(embed_ms),
+        began: Some(began),
         outcome,
     }
 }
@@ -277,6 +281,7 @@ pub fn apply_search(
     shadow: bool,
 ) -> Option<Found> {
     ex.ingress.clock.embed_ms = searched.embed_ms;
+    ex.ingress.clock.semantic_began = searched.began;
     ex.vector = searched.vector;
     let mut outcome = searched.outcome?;
     ex.ingress.clock.search_ms = outcome.search_ms;

@@ -15,6 +15,7 @@ mod disk;
 mod fuzz;
 mod gateway;
 mod learn;
+mod otel;
 mod process;
 mod router;
 mod semantic;
