@@ -247,7 +247,11 @@ async fn an_upstream_500_is_relayed_and_never_stored() {
         let calls = upstream_calls(&sim);
         assert_eq!(ask(&gw, &body, &[]).await.0, "miss");
         assert_eq!(upstream_calls(&sim), calls + 1);
-        assert_eq!(entries(&gw), stored + 1, "the same prompt answered is stored");
+        assert_eq!(
+            entries(&gw),
+            stored + 1,
+            "the same prompt answered is stored"
+        );
     }
 }
 
@@ -308,7 +312,9 @@ async fn concurrent_identical_misses_make_one_upstream_call() {
 #[tokio::test]
 async fn an_entry_past_its_ttl_is_a_miss() {
     let sim = fast_sim().await;
-    let gw = gateway(&sim, |_| {});
+    // No sweep during the test: the expired entry stays in the store, so the lookup's own check
+    // is what turns it into a miss.
+    let gw = gateway(&sim, |c| c.sweep_interval_ms = 3_600_000);
     let body = chat_body("short-lived", false);
     assert_eq!(ask(&gw, &body, &[("x-reprise-ttl", "1")]).await.0, "miss");
     assert_eq!(
@@ -317,6 +323,7 @@ async fn an_entry_past_its_ttl_is_a_miss() {
         "stored, within its TTL"
     );
     tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(entries(&gw), 1, "still stored, only expired");
     assert_eq!(
         ask(&gw, &body, &[]).await.0,
         "miss",
