@@ -1,5 +1,6 @@
-//! The server's integration tests, one binary: the real gateway on an ephemeral port in front of
-//! `reprise-sim` (in process), and the `reprise` binary as a process.
+//! The server's integration tests, one binary: router tests through `oneshot` (`router`, `fuzz`),
+//! the real gateway on an ephemeral port in front of `reprise-sim` (in process), and the `reprise`
+//! binary as a process.
 
 // server/clippy.toml bans bare spawns in the gateway; a test may spawn its clients and servers.
 #![allow(

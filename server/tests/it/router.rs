@@ -157,18 +157,29 @@ fn entries(gw: &Gateway) -> usize {
 // ---- forward ----
 
 /// An upstream that never answers ends at the first-byte deadline (tokio time, paused: the 30 s
-/// pass at once), as a 504 in OpenAI's shape, and leaves nothing in the store for that prompt.
+/// pass at once), as a 504 in OpenAI's shape, and leaves nothing in the store for that prompt:
+/// whether no response head comes (`hang`), or a stream's head comes but its first event does not
+/// (an hour's time to first token).
 #[tokio::test(start_paused = true)]
 async fn a_silent_upstream_ends_at_the_first_byte_deadline_and_nothing_is_stored() {
     let sim = fast_sim().await;
     let gw = gateway(&sim, |c| c.first_byte_timeout_ms = 30_000);
-    for stream in [false, true] {
-        let body = chat_body(&format!("silence, stream {stream}"), stream);
+    let cases = [
+        (false, ("x-sim-fault", "hang")),
+        (true, ("x-sim-fault", "hang")),
+        (true, ("x-sim-ttft-ms", "3600000")),
+    ];
+    for (stream, silence) in cases {
+        let body = chat_body(&format!("silence: {silence:?}, stream {stream}"), stream);
         let stored = entries(&gw);
         let started = tokio::time::Instant::now();
-        let response = send(&gw, &body, &[("x-sim-fault", "hang")]).await;
+        let response = send(&gw, &body, &[silence]).await;
         let waited = started.elapsed();
-        assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(
+            response.status(),
+            StatusCode::GATEWAY_TIMEOUT,
+            "{silence:?}"
+        );
         assert_eq!(outcome(&response), "miss");
         let id = request_id(&response);
         let error: Value = serde_json::from_str(&text(response).await).expect("json");
@@ -185,7 +196,7 @@ async fn a_silent_upstream_ends_at_the_first_byte_deadline_and_nothing_is_stored
         let (o, _) = ask(&gw, &body, &[]).await;
         assert_eq!(o, "miss");
     }
-    assert_eq!(entries(&gw), 2);
+    assert_eq!(entries(&gw), cases.len());
 }
 
 /// A stream that stalls after its whole answer and finish reason, before `[DONE]`, ends at the
@@ -312,7 +323,9 @@ async fn concurrent_identical_misses_make_one_upstream_call() {
 #[tokio::test]
 async fn an_entry_past_its_ttl_is_a_miss() {
     let sim = fast_sim().await;
-    let gw = gateway(&sim, |_| {});
+    // No sweep during the test: the expired entry stays in the store, so the lookup's own check
+    // is what turns it into a miss.
+    let gw = gateway(&sim, |c| c.sweep_interval_ms = 3_600_000);
     let body = chat_body("short-lived", false);
     assert_eq!(ask(&gw, &body, &[("x-reprise-ttl", "1")]).await.0, "miss");
     assert_eq!(
@@ -321,6 +334,7 @@ async fn an_entry_past_its_ttl_is_a_miss() {
         "stored, within its TTL"
     );
     tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(entries(&gw), 1, "still stored, only expired");
     assert_eq!(
         ask(&gw, &body, &[]).await.0,
         "miss",
