@@ -296,7 +296,7 @@ pub struct Config {
     /// How often the vector index is saved to the data dir, in seconds (TOML only).
     pub index_save_interval_s: u64,
     /// The live settings as configured at start-up, under their own flat keys in the file. While
-    /// serving they may have changed: requests read [`crate::live::Live`], never this copy.
+    /// serving they may have changed: requests read [`crate::live::CurrentSettings`], never this copy.
     #[serde(flatten)]
     pub live: LiveSettings,
     /// OTLP/HTTP collector that traces are exported to; `None`: off unless `OTEL_EXPORTER_OTLP_*`.

@@ -196,7 +196,7 @@ type IdMap<V> = HashMap<VectorId, V, BuildHasherDefault<IdHasher>>;
 type IdSet = HashSet<VectorId, BuildHasherDefault<IdHasher>>;
 
 /// A live id: where its vector sits, and which insert put it there.
-struct Live {
+struct Placement {
     partition: PartitionTag,
     /// Row in the partition's [`Partition::vectors`].
     slot: usize,
@@ -216,7 +216,7 @@ struct State {
     graph: Arc<Graph>,
     /// Points in `graph`; minus `live.len()` it gives the tombstones.
     graph_points: usize,
-    live: IdMap<Live>,
+    live: IdMap<Placement>,
     partitions: HashMap<PartitionTag, Partition>,
     next_version: u64,
 }
@@ -237,7 +237,7 @@ impl State {
         self.graph_points.saturating_sub(self.live.len())
     }
 
-    fn vector(&self, live: &Live) -> &[f32] {
+    fn vector(&self, live: &Placement) -> &[f32] {
         let start = live.slot * self.dimension;
         self.partitions
             .get(&live.partition)
@@ -257,7 +257,7 @@ impl State {
         let version = self.next_version;
         self.live.insert(
             id,
-            Live {
+            Placement {
                 partition,
                 slot,
                 version,
@@ -541,7 +541,7 @@ impl HnswIndex {
         fs::create_dir_all(dir)?;
         let generation = read_manifest(dir).map_or(1, |m| m.generation + 1);
 
-        let mut order: Vec<(&VectorId, &Live)> = state.live.iter().collect();
+        let mut order: Vec<(&VectorId, &Placement)> = state.live.iter().collect();
         order.sort_unstable_by_key(|(id, _)| **id);
         let entries = write_entries(
             &dir.join(format!("entries-{generation}.bin")),

@@ -91,7 +91,7 @@ pub struct AppState {
     pub requests: Arc<RequestLog>,
     pub cache: Arc<Cache>,
     /// The settings operators can change while serving (thresholds, TTL, pacing, cache mode).
-    pub live: Arc<live::Live>,
+    pub live: Arc<live::CurrentSettings>,
     /// Embedder and vector index; `None` in exact-only mode (see `semantic_disabled`).
     pub semantic: Option<Arc<Semantic>>,
     /// Why semantic matching is off, when it is.
@@ -223,7 +223,7 @@ impl AppState {
                 semantic.as_ref().map(|s| s.backfill.clone()),
                 config.cache_settings(),
             ),
-            live: Arc::new(live::Live::new(config.live.clone())),
+            live: Arc::new(live::CurrentSettings::new(config.live.clone())),
             semantic,
             semantic_disabled,
             feedback: Arc::new(feedback),

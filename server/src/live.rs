@@ -208,11 +208,11 @@ fn merge<T>(map: &mut BTreeMap<String, T>, patch: Option<BTreeMap<String, Option
 }
 
 /// The current live settings, swapped whole on a change.
-pub struct Live {
+pub struct CurrentSettings {
     current: RwLock<Arc<LiveSettings>>,
 }
 
-impl Live {
+impl CurrentSettings {
     pub fn new(settings: LiveSettings) -> Self {
         settings.semantic_guards.preload();
         Self {
@@ -262,7 +262,7 @@ mod tests {
 
     #[test]
     fn a_valid_patch_changes_only_what_it_names() {
-        let live = Live::new(LiveSettings::default());
+        let live = CurrentSettings::new(LiveSettings::default());
         let now = live
             .apply(patch(serde_json::json!({
                 "similarity_threshold": 0.95,
@@ -341,7 +341,7 @@ mod tests {
 
     #[test]
     fn an_invalid_patch_names_the_field_and_changes_nothing() {
-        let live = Live::new(LiveSettings::default());
+        let live = CurrentSettings::new(LiveSettings::default());
         // Out of range: refused when applied.
         for (body, field) in [
             (

@@ -27,7 +27,7 @@ const CANDIDATES: usize = 4;
 /// The embedder and the index, present only when the model loaded.
 pub struct Semantic {
     pub embedder: Arc<Embedder>,
-    pub index: Arc<LiveIndex>,
+    pub index: Arc<SwappableIndex>,
     index_dir: PathBuf,
     /// Requests that fell back to exact matching, all reasons together.
     pub fallbacks: AtomicU64,
@@ -484,7 +484,11 @@ fn stored_vectors(store: &dyn Store) -> (Vec<StoredVector>, Vec<u64>) {
 /// Loads the dump when it matches the store. Otherwise the gateway starts with an empty index and
 /// rebuilds it from the stored vectors on a background thread (minutes at 100k entries), serving
 /// exact matches, and new entries, in the meantime.
-fn load_or_rebuild(dir: &Path, dimension: usize, store: &dyn Store) -> (Arc<LiveIndex>, Vec<u64>) {
+fn load_or_rebuild(
+    dir: &Path,
+    dimension: usize,
+    store: &dyn Store,
+) -> (Arc<SwappableIndex>, Vec<u64>) {
     let started = std::time::Instant::now();
     let (items, unembedded) = stored_vectors(store);
     let expected: BTreeSet<u64> = items.iter().map(|(id, _, _)| *id).collect();
@@ -495,17 +499,17 @@ fn load_or_rebuild(dir: &Path, dimension: usize, store: &dyn Store) -> (Arc<Live
                 ms = started.elapsed().as_millis() as u64,
                 "vector index loaded from its dump"
             );
-            return (LiveIndex::ready(index), unembedded);
+            return (SwappableIndex::ready(index), unembedded);
         }
         Err(reason) => reason,
     };
     if items.is_empty() {
         return (
-            LiveIndex::ready(HnswIndex::new(index_config(dimension))),
+            SwappableIndex::ready(HnswIndex::new(index_config(dimension))),
             unembedded,
         );
     }
-    let live = LiveIndex::building(HnswIndex::new(index_config(dimension)));
+    let live = SwappableIndex::building(HnswIndex::new(index_config(dimension)));
     let count = items.len();
     tracing::warn!(vectors = count, %reason, "rebuilding the vector index in the background; semantic hits resume when it is done");
     let target = live.clone();
@@ -533,13 +537,13 @@ enum Change {
 }
 
 /// The index the gateway searches: swappable, so a rebuild can run while requests are served.
-pub struct LiveIndex {
+pub struct SwappableIndex {
     slot: std::sync::RwLock<Arc<HnswIndex>>,
     /// `Some` while a background rebuild runs: the changes made since it started.
     pending: Mutex<Option<Vec<Change>>>,
 }
 
-impl LiveIndex {
+impl SwappableIndex {
     fn ready(index: HnswIndex) -> Arc<Self> {
         Arc::new(Self {
             slot: std::sync::RwLock::new(Arc::new(index)),
@@ -578,7 +582,7 @@ impl LiveIndex {
     }
 }
 
-impl VectorIndex for LiveIndex {
+impl VectorIndex for SwappableIndex {
     fn insert(&self, id: u64, partition: [u8; 32], vector: &[f32]) {
         let mut pending = lock(&self.pending);
         self.current().insert(id, partition, vector);
@@ -638,7 +642,7 @@ mod tests {
     #[test]
     fn changes_made_during_a_rebuild_survive_the_swap() {
         let config = || IndexConfig::new(8);
-        let live = LiveIndex::building(HnswIndex::new(config()));
+        let live = SwappableIndex::building(HnswIndex::new(config()));
         assert!(live.is_building());
         // Served while the rebuild runs: a new entry, and a removal of a rebuilt one.
         live.insert(100, [1; 32], &unit(100));
