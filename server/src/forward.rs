@@ -526,6 +526,7 @@ async fn relay_whole(
         .ok()
         .and_then(|v| {
             v.pointer("/usage/completion_tokens")
+                .or_else(|| v.pointer("/usage/output_tokens"))
                 .and_then(|t| t.as_u64())
         });
     let phases = clock.phases(now);
@@ -748,9 +749,12 @@ impl Pump {
                     }
                     self.clock.tokens(now, tokens);
                     self.saw_finish |= finish_reason.is_some();
-                    if let Some(t) =
-                        usage.and_then(|u| u.get("completion_tokens").and_then(|t| t.as_u64()))
-                    {
+                    // `output_tokens` on the Responses API.
+                    if let Some(t) = usage.and_then(|u| {
+                        u.get("completion_tokens")
+                            .or_else(|| u.get("output_tokens"))
+                            .and_then(|t| t.as_u64())
+                    }) {
                         self.clock.usage_tokens = Some(t);
                     }
                     event
@@ -796,7 +800,7 @@ impl Pump {
         if self.failure.is_none() && !self.saw_done && !self.saw_finish && !self.saw_error_event {
             self.failure = Some(GatewayError::UpstreamProtocol {
                 reason: "the stream ended before completion",
-                detail: "no finish_reason and no [DONE]".to_owned(),
+                detail: "no finish_reason, no [DONE] and no response.completed".to_owned(),
             });
         }
         let tail = if let Some(failure) = &self.failure {

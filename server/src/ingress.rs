@@ -21,6 +21,8 @@ pub enum Route {
     ChatCompletions,
     Completions,
     Embeddings,
+    /// `POST /v1/responses`, the Responses API.
+    Responses,
 }
 
 impl Route {
@@ -30,6 +32,7 @@ impl Route {
             Self::ChatCompletions => "/chat/completions",
             Self::Completions => "/completions",
             Self::Embeddings => "/embeddings",
+            Self::Responses => "/responses",
         }
     }
 
@@ -39,6 +42,7 @@ impl Route {
             Self::ChatCompletions => "chat.completions",
             Self::Completions => "completions",
             Self::Embeddings => "embeddings",
+            Self::Responses => "responses",
         }
     }
 }
@@ -236,6 +240,14 @@ pub(crate) fn check_route_fields(
             Some(Value::String(_) | Value::Array(_)) => Ok(()),
             _ => Err(GatewayError::invalid(
                 "`input` must be a string or an array.",
+                Some("input"),
+            )),
+        },
+        // `input` may be left out when `previous_response_id` or a stored `prompt` carries it.
+        Route::Responses => match body.get("input") {
+            None | Some(Value::Null | Value::String(_) | Value::Array(_)) => Ok(()),
+            Some(_) => Err(GatewayError::invalid(
+                "`input` must be a string or an array of input items.",
                 Some("input"),
             )),
         },

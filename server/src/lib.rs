@@ -227,6 +227,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
+        // `GET`/`DELETE /v1/responses/{id}` and its input items pass through below.
+        .route("/v1/responses", post(responses))
         .route("/v1/{*rest}", any(passthrough))
         .route("/v1", any(passthrough))
         .route("/healthz", get(healthz))
@@ -246,6 +248,10 @@ async fn completions(State(state): State<AppState>, request: Request) -> Respons
 
 async fn embeddings(State(state): State<AppState>, request: Request) -> Response {
     pipeline::handle(state, Route::Embeddings, request).await
+}
+
+async fn responses(State(state): State<AppState>, request: Request) -> Response {
+    pipeline::handle(state, Route::Responses, request).await
 }
 
 #[tracing::instrument(name = "request", skip_all, fields(route = "passthrough", id))]

@@ -16,6 +16,7 @@ mod fuzz;
 mod gateway;
 mod learn;
 mod process;
+mod responses;
 mod router;
 mod semantic;
 mod upstream;
