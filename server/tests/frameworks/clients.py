@@ -281,8 +281,7 @@ def responses_helpers_async(stack, key, prompt, stream) -> Reply:
 
 def lc_text(message) -> str:
     """A LangChain message's text: on the Responses API its content is a list of blocks."""
-    text = message.text
-    return text() if callable(text) else text
+    return str(message.text)
 
 
 def langchain_responses(stack, key, prompt, stream) -> Reply:
