@@ -488,3 +488,57 @@ async fn a_paraphrase_is_a_semantic_hit_with_the_stored_response() {
     .await;
     assert_eq!(outcome(&other), "miss");
 }
+
+#[tokio::test]
+async fn identical_requests_in_flight_share_one_upstream_call_with_typed_events() {
+    let sim = sim_default().await;
+    let gw = start(config_for(sim.base_url())).await;
+    let gw = std::sync::Arc::new(gw);
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let gw = gw.clone();
+        // Streaming and non-streaming followers, behind a slow first token so that they all join.
+        let stream = i % 2 == 0;
+        tasks.push(tokio::spawn(async move {
+            let response = create(
+                &gw,
+                "sk-a",
+                &ask("All at once?", stream),
+                &[("x-sim-ttft-ms", "400")],
+            )
+            .await;
+            (
+                outcome(&response),
+                stream,
+                response.text().await.expect("body"),
+            )
+        }));
+        if i == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    let mut texts = Vec::new();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        let (o, stream, text) = t.await.expect("task");
+        let answer = if stream {
+            let typed = parse_typed(&text);
+            check_stream(&typed, &text);
+            typed.text()
+        } else {
+            output_text(&serde_json::from_str(&text).expect("json"))
+        };
+        outcomes.push(o);
+        texts.push(answer);
+    }
+    assert_eq!(upstream_responses(&sim), 1, "{outcomes:?}");
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "coalesced").count(),
+        5,
+        "{outcomes:?}"
+    );
+    assert!(
+        texts.iter().all(|t| t == &texts[0] && !t.is_empty()),
+        "{texts:?}"
+    );
+}
