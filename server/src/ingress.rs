@@ -284,6 +284,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_responses_request_needs_a_string_or_list_input_when_it_has_one() {
+        let read_responses = |body: &'static str| {
+            read(
+                Route::Responses,
+                request(Some("application/json"), body),
+                1024,
+                Instant::now(),
+            )
+        };
+        for ok in [
+            r#"{"model":"m","input":"hi"}"#,
+            r#"{"model":"m","input":[{"role":"user","content":"hi"}]}"#,
+            r#"{"model":"m","previous_response_id":"resp_1"}"#,
+        ] {
+            read_responses(ok).await.expect(ok);
+        }
+        let err = read_responses(r#"{"model":"m","input":5}"#)
+            .await
+            .expect_err("number");
+        assert_eq!(err.status().as_u16(), 400);
+        assert_eq!(err.body()["error"]["param"], "input");
+    }
+
+    #[tokio::test]
     async fn accepts_a_chat_request_and_keeps_raw_bytes() {
         let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"x_unknown":1}"#;
         let ingress = read_chat(Some("application/json; charset=utf-8"), body, 1024)

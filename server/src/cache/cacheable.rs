@@ -25,6 +25,9 @@ pub enum Uncacheable {
     /// A Responses API response whose status is not `completed` (incomplete, failed, cancelled,
     /// queued), or with an output item that did not complete.
     NotCompleted,
+    /// A Responses API response in which the provider ran a tool with effects outside the answer
+    /// (a remote MCP call, code in a container) or waits for an approval: a hit would skip them.
+    ServerSideTool,
 }
 
 /// Checks an assembled answer against the never-store rules.

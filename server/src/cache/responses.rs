@@ -10,7 +10,9 @@ use crate::entry::StoredEvent;
 
 /// Only a `completed` response is an answer: `incomplete` (cut at `max_output_tokens` or by the
 /// content filter), `failed`, `cancelled`, `queued` and `in_progress` never are. A response with an
-/// `error`, a refusal, or function-call arguments that are not JSON is not stored either.
+/// `error`, a refusal, function-call arguments that are not JSON, or a tool the provider ran with
+/// effects beyond the answer (`mcp_call`, `mcp_approval_request`, `code_interpreter_call`) is not
+/// stored either.
 pub fn check(body: &Value) -> Result<(), Uncacheable> {
     if body.get("error").is_some_and(|e| !e.is_null()) {
         return Err(Uncacheable::Error);
@@ -26,6 +28,14 @@ pub fn check(body: &Value) -> Result<(), Uncacheable> {
         .filter(|o| !o.is_empty())
         .ok_or(Uncacheable::NoChoices)?;
     for item in output {
+        // The provider ran these itself: a hit would skip the effect (a remote MCP server's action,
+        // a container's state), or answer an approval request nobody gave.
+        if matches!(
+            item.get("type").and_then(Value::as_str),
+            Some("mcp_call" | "mcp_approval_request" | "code_interpreter_call")
+        ) {
+            return Err(Uncacheable::ServerSideTool);
+        }
         if item
             .get("status")
             .and_then(Value::as_str)
@@ -238,6 +248,21 @@ mod tests {
         let mut call = body("completed");
         call["output"] = json!([{"type": "function_call", "id": "fc_1", "call_id": "c", "name": "f", "arguments": "{\"q\": ", "status": "completed"}]);
         assert_eq!(check(&call), Err(Uncacheable::InvalidToolArguments));
+        for kind in ["mcp_call", "mcp_approval_request", "code_interpreter_call"] {
+            let mut ran = body("completed");
+            ran["output"]
+                .as_array_mut()
+                .expect("output")
+                .insert(0, json!({"type": kind, "id": "x_1", "status": "completed"}));
+            assert_eq!(check(&ran), Err(Uncacheable::ServerSideTool), "{kind}");
+        }
+        // A web search's answer is an answer like any other (its staleness is the TTL's to bound).
+        let mut searched = body("completed");
+        searched["output"].as_array_mut().expect("output").insert(
+            0,
+            json!({"type": "web_search_call", "id": "ws_1", "status": "completed"}),
+        );
+        assert_eq!(check(&searched), Ok(()));
         assert_eq!(
             assemble(&[json!({"type": "response.created"})]),
             Value::Null
