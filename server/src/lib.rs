@@ -258,7 +258,18 @@ async fn responses(State(state): State<AppState>, request: Request) -> Response 
 async fn passthrough(State(state): State<AppState>, request: Request) -> Response {
     let request_id = state.requests.next_id();
     tracing::Span::current().record("id", request_id.as_str());
-    forward::passthrough(&state, request, request_id).await
+    let deleted = cache::responses::deleted_response(request.method(), request.uri().path())
+        .map(|id| (id, key::Tenant::from_headers(request.headers(), false)));
+    let response = forward::passthrough(&state, request, request_id).await;
+    if let Some((id, tenant)) = deleted.filter(|_| response.status().is_success()) {
+        // Its entries would serve an id the provider no longer knows: forget them, off the path.
+        // Entries of stored responses are kept per API key, whatever `share_across_keys` says.
+        let cache = state.cache.clone();
+        state
+            .tasks
+            .spawn_blocking(move || cache::responses::forget_deleted(&cache, &tenant.label(), &id));
+    }
+    response
 }
 
 async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {

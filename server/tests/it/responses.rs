@@ -244,6 +244,8 @@ async fn a_conversation_continues_from_the_id_a_hit_returned() {
     let err: Value = refused.json().await.expect("json");
     assert_eq!(err["error"]["code"], "previous_response_not_found");
 
+    // Deleted upstream, the response is forgotten here too: the repeat goes upstream for a new id.
+    let entries = gw.state.cache.store.len();
     let deleted = client()
         .delete(gw.url(&format!("/v1/responses/{id}")))
         .bearer_auth("sk-a")
@@ -251,6 +253,19 @@ async fn a_conversation_continues_from_the_id_a_hit_returned() {
         .await
         .expect("delete");
     assert_eq!(deleted.status(), 200);
+    for _ in 0..200 {
+        if gw.state.cache.store.len() < entries {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(gw.state.cache.store.len(), entries - 1);
+    let again = create(&gw, "sk-a", &ask("Name a river.", false), &[]).await;
+    assert_eq!(outcome(&again), "miss");
+    let again: Value = again.json().await.expect("json");
+    assert_ne!(again["id"], json!(id));
+    // The chained follow-up's entry is untouched.
+    assert_eq!(outcome(&create(&gw, "sk-a", &follow_up, &[]).await), "hit");
 }
 
 #[tokio::test]
