@@ -168,6 +168,14 @@ async fn a_repeat_is_a_hit_with_the_stored_response_in_either_shape() {
         replayed.events, upstream.events,
         "the upstream's events, in order, as they came"
     );
+    // Paced, the same events.
+    let paced = [("x-reprise-replay", "tokens-per-second=2000")];
+    let hit = create(&gw, "sk-a", &ask("What is a vector?", true), &paced).await;
+    assert_eq!(outcome(&hit), "hit");
+    let text = hit.text().await.expect("body");
+    let replayed = parse_typed(&text);
+    check_stream(&replayed, &text);
+    assert_eq!(replayed.events, upstream.events);
     assert_eq!(upstream_responses(&sim), 2);
 
     // Stats and metrics count the route by name.
@@ -181,7 +189,7 @@ async fn a_repeat_is_a_hit_with_the_stored_response_in_either_shape() {
         .await
         .expect("text");
     assert!(
-        metrics.contains("reprise_requests_total{cache=\"hit\",route=\"responses\"} 4"),
+        metrics.contains("reprise_requests_total{cache=\"hit\",route=\"responses\"} 5"),
         "{metrics}"
     );
 }
@@ -373,6 +381,16 @@ async fn what_changes_the_answer_is_another_partition() {
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Summarize the plan."}]}
     ]});
     assert_eq!(outcome(&create(&gw, "sk-a", &items, &[]).await), "hit");
+    // The cache controls apply as on chat: a namespace is its own partition, `no-cache` refreshes.
+    let other = [("x-reprise-namespace", "other")];
+    assert_eq!(outcome(&create(&gw, "sk-a", &base, &other).await), "miss");
+    let refresh = [("cache-control", "no-cache")];
+    assert_eq!(
+        outcome(&create(&gw, "sk-a", &base, &refresh).await),
+        "refresh"
+    );
+    let off = [("x-reprise-cache-mode", "off")];
+    assert_eq!(outcome(&create(&gw, "sk-a", &base, &off).await), "bypass");
 }
 
 #[tokio::test]
@@ -457,6 +475,12 @@ async fn incomplete_failed_refused_cut_background_and_conversation_answers_are_n
         }
         assert_eq!(upstream_responses(&sim) - before, 2, "{case}");
     }
+    // Writes land off the request path: give a wrongly stored answer the time to show up.
+    let cache = gw.state.cache.clone();
+    tokio::task::spawn_blocking(move || cache.drain())
+        .await
+        .expect("drain");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert_eq!(gw.state.cache.store.len(), 0);
 }
 
