@@ -70,6 +70,14 @@ pub fn stored_upstream(body: &Map<String, Value>) -> bool {
     body.get("store").and_then(Value::as_bool) != Some(false)
 }
 
+/// Whether the request names state the provider keeps per organization: a `previous_response_id`
+/// or a stored `prompt` (template).
+pub fn refers_to_stored_state(body: &Map<String, Value>) -> bool {
+    ["previous_response_id", "prompt"]
+        .iter()
+        .any(|field| body.get(*field).is_some_and(|v| !v.is_null()))
+}
+
 /// Why a request must never be looked up or stored, if it must not: `background` runs it later
 /// (the answer is a `queued` placeholder), and a `conversation` is server-side state the provider
 /// appends each turn to, which a hit would not do.

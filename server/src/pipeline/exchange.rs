@@ -83,7 +83,8 @@ pub const STORED_RESPONSE_RETENTION_S: u64 = 30 * 24 * 3600;
 /// stored. A response the provider stores is served on a hit with its original ids (so that
 /// `previous_response_id` and `GET /v1/responses/{id}` keep working upstream): those ids belong to
 /// the API key's organization, so such entries are never shared across keys, and live no longer
-/// than the provider keeps the response.
+/// than the provider keeps the response. Nor are those of requests that name a previous response
+/// or a stored prompt, which belong to one organization as well.
 fn responses_rules(ingress: &Ingress, policy: &mut Policy) -> bool {
     if let Some(why) = crate::key::responses::never_cached(&ingress.body) {
         tracing::debug!(why, "a Responses API request that is never cached");
@@ -96,7 +97,9 @@ fn responses_rules(ingress: &Ingress, policy: &mut Policy) -> bool {
         policy.ttl_s = policy.ttl_s.min(STORED_RESPONSE_RETENTION_S);
         return false;
     }
-    true
+    // A previous response or a stored prompt belongs to one organization too: the provider would
+    // refuse another key's request for it, so a hit must not answer that key either.
+    !crate::key::responses::refers_to_stored_state(&ingress.body)
 }
 
 impl Exchange {

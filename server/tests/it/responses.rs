@@ -312,6 +312,22 @@ async fn stored_responses_stay_with_their_api_key_even_when_keys_share() {
     assert_eq!(outcome(&other), "hit");
     assert_eq!(other.json::<Value>().await.expect("json"), first);
 
+    // A request naming key A's previous response stays with key A, even unstored: the provider
+    // would refuse it to another organization.
+    let planet: Value = create(&gw, "sk-a", &ask("Name a planet.", false), &[])
+        .await
+        .json()
+        .await
+        .expect("json");
+    let mut chained = ask("And its moon?", false);
+    chained["store"] = json!(false);
+    chained["previous_response_id"] = planet["id"].clone();
+    assert_eq!(outcome(&create(&gw, "sk-a", &chained, &[]).await), "miss");
+    wait_for_entries(&gw, 4).await;
+    assert_eq!(outcome(&create(&gw, "sk-a", &chained, &[]).await), "hit");
+    assert_eq!(outcome(&create(&gw, "sk-b", &chained, &[]).await), "miss");
+    wait_for_entries(&gw, 5).await;
+
     // A stored response's entry lives no longer than the provider keeps it (30 days).
     let listing: Value = client()
         .get(gw.url("/admin/entries"))
@@ -323,9 +339,9 @@ async fn stored_responses_stay_with_their_api_key_even_when_keys_share() {
         .await
         .expect("json");
     let entries = listing["data"].as_array().expect("entries");
-    // Key B's miss of the stored question was stored too, under key B.
-    assert_eq!(entries.len(), 3, "{listing}");
-    for entry in entries {
+    // Key B's misses were stored too, under key B.
+    assert_eq!(entries.len(), 5, "{listing}");
+    for entry in entries.iter().filter(|e| e["prompt"] != "And its moon?") {
         assert_eq!(entry["route"], "responses");
         let ttl_s = (entry["expires_at_ms"].as_u64().expect("expires")
             - entry["created_at_ms"].as_u64().expect("created"))
