@@ -2,7 +2,8 @@
 //! then relay the answer to the client (streamed event by event, or as one body) while timing it.
 //!
 //! The relay never rewrites the upstream's events. It only adds one SSE comment with the timings
-//! just before `data: [DONE]`, and, when the upstream fails after the stream has begun (cut, malformed
+//! just before `data: [DONE]` (after `response.completed` on the Responses API, where the stream
+//! ends at that event), and, when the upstream fails after the stream has begun (cut, malformed
 //! event, idle timeout), one OpenAI-shaped `error` event so that SDKs raise instead of hanging.
 //! Redirects are never followed (a `3xx` is the upstream's answer, relayed and never cached), and a
 //! failed exchange is named by what happened: no connection, no answer in time, or broken HTTP.
@@ -737,6 +738,8 @@ impl Pump {
         for event in events {
             let now = Instant::now();
             self.invalid_utf8 |= std::str::from_utf8(&event).is_err();
+            // A Responses API stream ends with its `response.completed` (or `.incomplete`) event.
+            let mut last_event = false;
             let outgoing = match classify(&event) {
                 EventKind::Chunk {
                     tokens,
@@ -744,6 +747,7 @@ impl Pump {
                     usage,
                     value,
                 } => {
+                    last_event = finish_reason.is_some() && value.get("response").is_some();
                     if let Some(recorder) = &mut self.recorder {
                         recorder.chunk(now, &value);
                     }
@@ -787,7 +791,7 @@ impl Pump {
                 }
                 tracing::debug!("client left mid-stream; reading on to cache the answer");
             }
-            if self.saw_done {
+            if self.saw_done || last_event {
                 return false;
             }
         }

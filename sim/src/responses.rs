@@ -503,10 +503,6 @@ impl Shape<'_> {
             json!({"type": "response.output_item.done", "output_index": 0, "item": self.item(output, status, true)}),
             false,
         );
-        if fault == Some(&Fault::StallAtDone) {
-            events.push(Event::Stall);
-            return events;
-        }
         let done = self.response(status, output, incomplete, true);
         let kind = if incomplete.is_some() {
             "response.incomplete"
@@ -514,6 +510,10 @@ impl Shape<'_> {
             "response.completed"
         };
         push(&mut events, json!({"type": kind, "response": done}), false);
+        if fault == Some(&Fault::StallAtDone) {
+            // The last event is out, and the connection stays open.
+            events.push(Event::Stall);
+        }
         events
     }
 }

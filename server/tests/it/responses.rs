@@ -597,3 +597,29 @@ async fn identical_requests_in_flight_share_one_upstream_call_with_typed_events(
         "{texts:?}"
     );
 }
+
+#[tokio::test]
+async fn a_stream_ends_at_response_completed_even_when_the_upstream_holds_on() {
+    let sim = sim_default().await;
+    let mut config = config_for(sim.base_url());
+    // Longer than the test waits: reaching it would mean the relay waited for the connection to close.
+    config.idle_timeout_ms = 30_000;
+    let gw = start(config).await;
+    let stall = [("x-sim-fault", "stall-at-done")];
+    let response = create(&gw, "sk-a", &ask("Hold the line?", true), &stall).await;
+    assert_eq!(outcome(&response), "miss");
+    let text = tokio::time::timeout(std::time::Duration::from_secs(10), response.text())
+        .await
+        .expect("the stream ends at response.completed")
+        .expect("body");
+    let typed = parse_typed(&text);
+    assert_eq!(typed.completed()["status"], "completed");
+    assert!(typed.tail.starts_with(": reprise-timing {"), "{text}");
+    // No error event after it (an unnamed one would have failed `parse_typed`).
+    assert!(!typed.names().contains(&"error"), "{text}");
+    wait_for_entries(&gw, 1).await;
+    assert_eq!(
+        outcome(&create(&gw, "sk-a", &ask("Hold the line?", true), &stall).await),
+        "hit"
+    );
+}
