@@ -68,10 +68,10 @@ REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/s
 # Each client (pinned: server/tests/frameworks/requirements.txt, installed by scripts/python-env.sh, and
 # server/tests/frameworks/node/package.json) asks a real gateway with the model loaded: a miss, an
 # exact hit, a paraphrase served as a semantic hit, and a streamed miss replayed as a streamed hit.
-echo "==> Framework tests (Python: openai sync/async and helpers, LangChain ChatOpenAI, Agents SDK)"
+echo "==> Framework tests (Python: openai sync/async and helpers, LangChain ChatOpenAI, Agents SDK; chat and Responses API)"
 REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" \
   .venv/bin/python -m pytest -q server/tests/frameworks
-echo "==> Framework tests (Node: openai create and chat.completions.stream)"
+echo "==> Framework tests (Node: openai create, chat.completions.stream and responses.create)"
 (
   cd server/tests/frameworks/node
   npm ci --no-audit --no-fund --silent

@@ -317,6 +317,8 @@ fn v3_split(encoded: &[u8]) -> Option<(Vec<u8>, replay::Record)> {
         ttl_ms: entry.get("ttl_ms")?.as_u64()?,
         ttft_cost_ms: phase("ttft_ms").map(|t| phase("upstream_send_ms").unwrap_or(0.0) + t),
         completions: entry.get("summary")?.get("route")?.as_str()? == "completions",
+        // Entries older than version 3 predate the Responses API route.
+        named_events: false,
         events: stream,
         body: &body,
         usage: entry.get("usage").filter(|u| !u.is_null()),

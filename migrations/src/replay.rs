@@ -226,6 +226,8 @@ pub struct Parts<'a> {
     pub ttft_cost_ms: Option<f64>,
     /// The legacy completions route (its chunks are `text_completion` objects).
     pub completions: bool,
+    /// A Responses API answer: see [`build_named`].
+    pub named_events: bool,
     /// (offset ms, chunk) of each stream event.
     pub events: Vec<(f64, &'a Value)>,
     pub body: &'a Value,
@@ -335,6 +337,9 @@ impl Identities {
 /// usage gets no usage-only chunk and no `usage` member, one that did gets `"usage":null` on every
 /// other chunk, and a usage-only chunk synthesized from the body's usage when the stream had none.
 pub fn build(parts: Parts<'_>) -> Record {
+    if parts.named_events {
+        return build_named(parts);
+    }
     let mut identities = Identities::default();
     let mut stream = Template::default();
     let mut events = Vec::with_capacity(parts.events.len());
@@ -410,7 +415,68 @@ pub fn build(parts: Parts<'_>) -> Record {
     }
 }
 
+/// A Responses API answer's record: each event is `event: <its type>\ndata: <json>\n\n`, and it
+/// has no holes at all. A hit serves the stored response with its original ids (so that a
+/// conversation continued from it with `previous_response_id`, and `GET /v1/responses/{id}`, reach
+/// the response the provider stored), and `include_usage` does not apply: usage is in
+/// `response.completed`. The stream ends with its last event; no `[DONE]` follows.
+fn build_named(parts: Parts<'_>) -> Record {
+    let mut stream = Template::default();
+    let mut events = Vec::with_capacity(parts.events.len());
+    for (offset_ms, data) in &parts.events {
+        let kind = data
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("message");
+        stream.text.extend_from_slice(b"event: ");
+        stream.text.extend_from_slice(kind.as_bytes());
+        stream.text.extend_from_slice(b"\ndata: ");
+        let _ = serde_json::to_writer(&mut stream.text, data);
+        stream.text.extend_from_slice(b"\n\n");
+        events.push(Event {
+            text_end: stream.text.len() as u32,
+            holes_end: 0,
+            offset_ms: *offset_ms,
+            tokens: named_event_tokens(data),
+            had_usage: false,
+        });
+    }
+    let body = Template {
+        text: serde_json::to_vec(parts.body).unwrap_or_default(),
+        holes: Vec::new(),
+    };
+    Record {
+        id: parts.id,
+        key: parts.key,
+        partition: parts.partition,
+        created_at_ms: parts.created_at_ms,
+        ttl_ms: parts.ttl_ms,
+        ttft_cost_ms: parts.ttft_cost_ms,
+        events,
+        stream,
+        usage_chunk: None,
+        body,
+        identities: Vec::new(),
+    }
+}
+
+/// About one token for each delta event of a Responses API stream that carries text.
+pub fn named_event_tokens(event: &Value) -> u32 {
+    let delta = event.get("type").and_then(Value::as_str).is_some_and(|t| {
+        t.starts_with("response.")
+            && t.ends_with(".delta")
+            && !t.starts_with("response.audio.transcript")
+    });
+    u32::from(delta && event.get("delta").is_some_and(|d| d != "" && !d.is_null()))
+}
+
 impl Record {
+    /// A Responses API record: its events are named (`event:` lines), and its stream ends with
+    /// its last event, without `[DONE]`.
+    pub fn named_events(&self) -> bool {
+        self.stream.text.starts_with(b"event: ")
+    }
+
     /// Bytes `[from, to)` of the stream text and holes of events `from..to`.
     pub fn event_ranges(&self, from: usize, to: usize) -> (Range<usize>, Range<usize>) {
         let start = |i: usize| {
@@ -433,7 +499,15 @@ impl Record {
             let (text, holes) = self.event_ranges(i, i + 1);
             self.stream
                 .render(text, holes, event.had_usage, identity, &mut out);
-            let json = out
+            // A named event's `event:` line is its data's `type`: read back from the data.
+            let framed = match out.strip_prefix(b"event: ") {
+                Some(rest) => rest
+                    .iter()
+                    .position(|&b| b == b'\n')
+                    .map_or(&rest[..0], |at| &rest[at + 1..]),
+                None => &out[..],
+            };
+            let json = framed
                 .strip_prefix(b"data: ")
                 .and_then(|r| r.strip_suffix(b"\n\n"))
                 .ok_or_else(|| format!("event {i} is not framed"))?;
@@ -639,6 +713,7 @@ mod tests {
             ttl_ms: 6,
             ttft_cost_ms: Some(1.5),
             completions: false,
+            named_events: false,
             events: events
                 .iter()
                 .enumerate()
@@ -677,6 +752,47 @@ mod tests {
         for cut in 0..raw.len() {
             assert!(Record::decode(&raw[..cut]).is_err(), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn named_events_keep_their_names_and_ids_and_read_back() {
+        let events = vec![
+            json!({"type": "response.created", "sequence_number": 0, "response": {"id": "resp_1", "status": "in_progress"}}),
+            json!({"type": "response.output_text.delta", "sequence_number": 1, "delta": "Hi"}),
+            json!({"type": "response.completed", "sequence_number": 2, "response": {"id": "resp_1", "status": "completed"}}),
+        ];
+        let body = json!({"id": "resp_1", "created_at": 7, "status": "completed"});
+        let mut p = parts(&events, &body, None);
+        p.named_events = true;
+        let record = build(p);
+        assert!(record.named_events());
+        assert!(record.stream.holes.is_empty() && record.body.holes.is_empty());
+        let tokens: Vec<u32> = record.events.iter().map(|e| e.tokens).collect();
+        assert_eq!(tokens, [0, 1, 0]);
+        let text = String::from_utf8_lossy(&record.stream.text).into_owned();
+        assert!(
+            text.starts_with("event: response.created\ndata: {"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("\"type\":\"response.completed\"}\n\n"),
+            "{text}"
+        );
+        let decoded = Record::decode(&record.encode()).expect("decode");
+        let (original, original_body) = decoded.original().expect("original");
+        assert_eq!(
+            original.into_iter().map(|(_, e)| e).collect::<Vec<_>>(),
+            events
+        );
+        assert_eq!(original_body, body);
+        let fresh = Identity::Fresh {
+            id: b"\"new\"",
+            created: b"9",
+        };
+        assert_eq!(
+            record.body.render_all(false, fresh),
+            serde_json::to_vec(&body).expect("json")
+        );
     }
 
     #[test]

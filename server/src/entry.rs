@@ -263,6 +263,7 @@ impl Replay {
                 ttl_ms: entry.ttl_ms,
                 ttft_cost_ms: entry.ttft_cost_ms(),
                 completions: entry.summary.route == crate::ingress::Route::Completions.name(),
+                named_events: entry.summary.route == crate::ingress::Route::Responses.name(),
                 events: entry
                     .events
                     .iter()

@@ -2,7 +2,8 @@
 //! then relay the answer to the client (streamed event by event, or as one body) while timing it.
 //!
 //! The relay never rewrites the upstream's events. It only adds one SSE comment with the timings
-//! just before `data: [DONE]`, and, when the upstream fails after the stream has begun (cut, malformed
+//! just before `data: [DONE]` (after `response.completed` on the Responses API, where the stream
+//! ends at that event), and, when the upstream fails after the stream has begun (cut, malformed
 //! event, idle timeout), one OpenAI-shaped `error` event so that SDKs raise instead of hanging.
 //! Redirects are never followed (a `3xx` is the upstream's answer, relayed and never cached), and a
 //! failed exchange is named by what happened: no connection, no answer in time, or broken HTTP.
@@ -530,6 +531,7 @@ async fn relay_whole(
         .ok()
         .and_then(|v| {
             v.pointer("/usage/completion_tokens")
+                .or_else(|| v.pointer("/usage/output_tokens"))
                 .and_then(|t| t.as_u64())
         });
     let phases = clock.phases(now);
@@ -740,6 +742,8 @@ impl Pump {
         for event in events {
             let now = Instant::now();
             self.invalid_utf8 |= std::str::from_utf8(&event).is_err();
+            // A Responses API stream ends with its `response.completed` (or `.incomplete`) event.
+            let mut last_event = false;
             let outgoing = match classify(&event) {
                 EventKind::Chunk {
                     tokens,
@@ -747,14 +751,18 @@ impl Pump {
                     usage,
                     value,
                 } => {
+                    last_event = finish_reason.is_some() && value.get("response").is_some();
                     if let Some(recorder) = &mut self.recorder {
                         recorder.chunk(now, &value);
                     }
                     self.clock.tokens(now, tokens);
                     self.saw_finish |= finish_reason.is_some();
-                    if let Some(t) =
-                        usage.and_then(|u| u.get("completion_tokens").and_then(|t| t.as_u64()))
-                    {
+                    // `output_tokens` on the Responses API.
+                    if let Some(t) = usage.and_then(|u| {
+                        u.get("completion_tokens")
+                            .or_else(|| u.get("output_tokens"))
+                            .and_then(|t| t.as_u64())
+                    }) {
                         self.clock.usage_tokens = Some(t);
                     }
                     event
@@ -787,7 +795,7 @@ impl Pump {
                 }
                 tracing::debug!("client left mid-stream; reading on to cache the answer");
             }
-            if self.saw_done {
+            if self.saw_done || last_event {
                 return false;
             }
         }
@@ -800,7 +808,7 @@ impl Pump {
         if self.failure.is_none() && !self.saw_done && !self.saw_finish && !self.saw_error_event {
             self.failure = Some(GatewayError::UpstreamProtocol {
                 reason: "the stream ended before completion",
-                detail: "no finish_reason and no [DONE]".to_owned(),
+                detail: "no finish_reason, no [DONE] and no response.completed".to_owned(),
             });
         }
         let tail = if let Some(failure) = &self.failure {

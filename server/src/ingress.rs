@@ -21,6 +21,8 @@ pub enum Route {
     ChatCompletions,
     Completions,
     Embeddings,
+    /// `POST /v1/responses`, the Responses API.
+    Responses,
 }
 
 impl Route {
@@ -30,6 +32,7 @@ impl Route {
             Self::ChatCompletions => "/chat/completions",
             Self::Completions => "/completions",
             Self::Embeddings => "/embeddings",
+            Self::Responses => "/responses",
         }
     }
 
@@ -39,6 +42,7 @@ impl Route {
             Self::ChatCompletions => "chat.completions",
             Self::Completions => "completions",
             Self::Embeddings => "embeddings",
+            Self::Responses => "responses",
         }
     }
 }
@@ -239,6 +243,14 @@ pub(crate) fn check_route_fields(
                 Some("input"),
             )),
         },
+        // `input` may be left out when `previous_response_id` or a stored `prompt` carries it.
+        Route::Responses => match body.get("input") {
+            None | Some(Value::Null | Value::String(_) | Value::Array(_)) => Ok(()),
+            Some(_) => Err(GatewayError::invalid(
+                "`input` must be a string or an array of input items.",
+                Some("input"),
+            )),
+        },
     }
 }
 
@@ -269,6 +281,30 @@ mod tests {
             Instant::now(),
         )
         .await
+    }
+
+    #[tokio::test]
+    async fn a_responses_request_needs_a_string_or_list_input_when_it_has_one() {
+        let read_responses = |body: &'static str| {
+            read(
+                Route::Responses,
+                request(Some("application/json"), body),
+                1024,
+                Instant::now(),
+            )
+        };
+        for ok in [
+            r#"{"model":"m","input":"hi"}"#,
+            r#"{"model":"m","input":[{"role":"user","content":"hi"}]}"#,
+            r#"{"model":"m","previous_response_id":"resp_1"}"#,
+        ] {
+            read_responses(ok).await.expect(ok);
+        }
+        let err = read_responses(r#"{"model":"m","input":5}"#)
+            .await
+            .expect_err("number");
+        assert_eq!(err.status().as_u16(), 400);
+        assert_eq!(err.body()["error"]["param"], "input");
     }
 
     #[tokio::test]

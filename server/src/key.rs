@@ -16,6 +16,7 @@
 //! - **Left out**, because they do not change the answer: `user`, `stream`, `stream_options`,
 //!   `metadata`, `store`, `service_tier`, `prompt_cache_key`, `safety_identifier` (legacy
 //!   completions: `user`, `stream`, `stream_options`; embeddings: `user`).
+//! - **Responses API**: see [`responses`] (the same rules over `instructions` and input items).
 //! - **Exact key**: the partition plus the canonical final user turn (chat), the `prompt` (legacy
 //!   completions) or the `input` (embeddings). A chat request without any user message has an empty
 //!   final turn.
@@ -178,6 +179,7 @@ pub fn build(input: &KeyInput<'_>) -> Result<Keys, GatewayError> {
         Route::ChatCompletions => chat(input.body, &mut partition)?,
         Route::Completions => completions(input.body, &mut partition)?,
         Route::Embeddings => embeddings(input.body, &mut partition)?,
+        Route::Responses => responses::keys(input.body, &mut partition)?,
     };
     let partition = PartitionKey(partition.finish());
 
@@ -287,6 +289,8 @@ macro_rules! hash_fields {
         $( $hasher.json(stringify!($field), $field.as_ref()); )+
     };
 }
+
+pub mod responses;
 
 fn chat(body: &Map<String, Value>, partition: &mut FieldHasher) -> Result<Turn, GatewayError> {
     let fields = ChatFields::deserialize(body).map_err(unreadable)?;

@@ -241,6 +241,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
+        // `GET`/`DELETE /v1/responses/{id}` and its input items pass through below.
+        .route("/v1/responses", post(responses))
         .route("/v1/{*rest}", any(passthrough))
         .route("/v1", any(passthrough))
         .route("/healthz", get(healthz))
@@ -262,11 +264,26 @@ async fn embeddings(State(state): State<AppState>, request: Request) -> Response
     pipeline::handle(state, Route::Embeddings, request).await
 }
 
+async fn responses(State(state): State<AppState>, request: Request) -> Response {
+    pipeline::handle(state, Route::Responses, request).await
+}
+
 #[tracing::instrument(name = "request", skip_all, fields(route = "passthrough", id))]
 async fn passthrough(State(state): State<AppState>, request: Request) -> Response {
     let request_id = state.requests.next_id();
     tracing::Span::current().record("id", request_id.as_str());
-    forward::passthrough(&state, request, request_id).await
+    let deleted = cache::responses::deleted_response(request.method(), request.uri().path())
+        .map(|id| (id, key::Tenant::from_headers(request.headers(), false)));
+    let response = forward::passthrough(&state, request, request_id).await;
+    if let Some((id, tenant)) = deleted.filter(|_| response.status().is_success()) {
+        // Its entries would serve an id the provider no longer knows: forget them, off the path.
+        // Entries of stored responses are kept per API key, whatever `share_across_keys` says.
+        let cache = state.cache.clone();
+        state
+            .tasks
+            .spawn_blocking(move || cache::responses::forget_deleted(&cache, &tenant.label(), &id));
+    }
+    response
 }
 
 async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {

@@ -1,6 +1,6 @@
 //! Replay, the stage that serves an entry: a hit (or a follower of an identical miss in flight)
-//! gets a copy of the stored answer with a fresh `id`/`created`, as a body or an SSE stream paced
-//! as asked. Both shapes are stored (see [`crate::cache::cacheable`]), so nothing is re-derived here.
+//! gets a copy of the stored answer with a fresh `id`/`created` (a Responses API answer keeps its
+//! original ids: see [`crate::key::responses`]), as a body or an SSE stream paced as asked. Both shapes are stored (see [`crate::cache::cacheable`]), so nothing is re-derived here.
 //!
 //! A hit renders from the entry's [`Replay`]: its events and body are stored serialized, with
 //! holes for the fresh identity and spans for `include_usage`, so rendering copies bytes and parses
@@ -45,6 +45,8 @@ impl Fresh {
             Route::ChatCompletions => "chatcmpl-",
             Route::Completions => "cmpl-",
             Route::Embeddings => "",
+            // Never written into a Responses API hit, which keeps the stored response's ids.
+            Route::Responses => "resp_",
         };
         let seed = blake3::hash(&crate::record::unix_ms().to_le_bytes());
         let nonce: u64 = rand_u64() ^ u64::from_le_bytes(first8(seed.as_bytes()));
@@ -240,9 +242,10 @@ pub fn render(
         let events = stream_events(&replay, &fresh, include_usage, pacing);
         clock.first_token = Some(Instant::now());
         let clock_at_start = clock.clone();
+        let end = stream_end(&replay);
         let tail = futures_util::stream::once(async move {
             let mut tail = clock_at_start.phases(Instant::now()).sse_comment().to_vec();
-            tail.extend_from_slice(b"data: [DONE]\n\n");
+            tail.extend_from_slice(end);
             Bytes::from(tail)
         });
         return (Source::Replay(paced(events).chain(tail).boxed()), SSE);
@@ -263,13 +266,34 @@ pub fn render(
         let to = replay.events();
         render_range(&replay, &fresh, include_usage, split, to, &mut rest);
         rest.extend_from_slice(&clock_at_head.phases(Instant::now()).sse_comment());
-        rest.extend_from_slice(b"data: [DONE]\n\n");
+        rest.extend_from_slice(stream_end(&replay));
         Bytes::from(rest)
     };
     let body = futures_util::stream::once(std::future::ready(Bytes::from(head)))
         .chain(futures_util::stream::once(rest))
         .boxed();
     (Source::Replay(body), SSE)
+}
+
+/// What follows the timing comment at the end of a hit's stream: `data: [DONE]`, or for a
+/// Responses API stream (which ends with its `response.completed` event) the blank line that
+/// closes the comment.
+fn stream_end(replay: &Replay) -> &'static [u8] {
+    if replay.record.named_events() {
+        b"\n"
+    } else {
+        b"data: [DONE]\n\n"
+    }
+}
+
+/// A Responses API event as a coalesced follower receives it: named by its type, as the leader
+/// received it (ids included, see [`reprise_migrations::replay`]).
+fn render_named(event: &Value) -> Bytes {
+    let kind = event
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("message");
+    Bytes::from(format!("event: {kind}\ndata: {event}\n\n"))
 }
 
 /// Sleeps until each event's offset (after the hit's near-zero first event) and yields it.
@@ -399,6 +423,7 @@ pub async fn follow(state: &AppState, ex: &Exchange, flight: &Arc<Flight>) -> Op
     }
     let fresh = Fresh::new(ex.route());
     let include_usage = ex.include_usage;
+    let named = ex.route() == Route::Responses;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let mut clock = ex.ingress.clock.clone();
     let mut meta = ex.record(CacheOutcome::Coalesced);
@@ -413,11 +438,21 @@ pub async fn follow(state: &AppState, ex: &Exchange, flight: &Arc<Flight>) -> Op
             seen += update.chunks.len();
             for chunk in &update.chunks {
                 let now = Instant::now();
-                clock.tokens(now, crate::sse::chunk_tokens(chunk));
+                let tokens = if named {
+                    reprise_migrations::replay::named_event_tokens(chunk)
+                } else {
+                    crate::sse::chunk_tokens(chunk)
+                };
+                clock.tokens(now, tokens);
                 if clock.first_token.is_none() {
                     clock.first_token = Some(now);
                 }
-                if let Some(bytes) = render_chunk(chunk, &fresh, include_usage) {
+                let rendered = if named {
+                    Some(render_named(chunk))
+                } else {
+                    render_chunk(chunk, &fresh, include_usage)
+                };
+                if let Some(bytes) = rendered {
                     if tx.send(bytes).await.is_err() {
                         break;
                     }
@@ -443,7 +478,7 @@ pub async fn follow(state: &AppState, ex: &Exchange, flight: &Arc<Flight>) -> Op
                         },
                     );
                     let mut tail = clock.phases(Instant::now()).sse_comment().to_vec();
-                    tail.extend_from_slice(b"data: [DONE]\n\n");
+                    tail.extend_from_slice(if named { b"\n" } else { b"data: [DONE]\n\n" });
                     let _ = tx.send(Bytes::from(tail)).await;
                     break Completion::Complete;
                 }

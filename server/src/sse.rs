@@ -1,4 +1,6 @@
-//! Incremental Server-Sent Events framing and classification of OpenAI stream events.
+//! Incremental Server-Sent Events framing and classification of OpenAI stream events: chat and
+//! completion chunks ending in `[DONE]`, and the Responses API's typed events ending in
+//! `response.completed`.
 //!
 //! The relay must forward the upstream's bytes untouched, yet it needs to know where each event ends
 //! (to insert the timing comment before `data: [DONE]`), which events carry tokens, and whether the
@@ -153,6 +155,9 @@ pub fn classify(event: &[u8]) -> EventKind {
     if !value.is_object() {
         return EventKind::Malformed(data);
     }
+    if let Some(kind) = typed_event(&value).map(str::to_owned) {
+        return classify_typed(&kind, value);
+    }
     let finish_reason = value
         .get("choices")
         .and_then(Value::as_array)
@@ -165,6 +170,41 @@ pub fn classify(event: &[u8]) -> EventKind {
         tokens: chunk_tokens(&value),
         finish_reason,
         usage: value.get("usage").filter(|u| !u.is_null()).cloned(),
+        value,
+    }
+}
+
+/// The `type` of a Responses API stream event (`response.output_text.delta`, `error`…).
+fn typed_event(value: &Value) -> Option<&str> {
+    let kind = value.get("type")?.as_str()?;
+    (kind.starts_with("response.") || kind == "error").then_some(kind)
+}
+
+/// A Responses API event: `response.completed` (and `response.incomplete`, whose status the
+/// never-store rules refuse) end the stream, with the response's status as the finish reason;
+/// `response.failed` and `error` are failures; a text, refusal, reasoning or arguments delta is
+/// about one token.
+fn classify_typed(kind: &str, value: Value) -> EventKind {
+    match kind {
+        "error" | "response.failed" => return EventKind::Error(value),
+        _ => {}
+    }
+    let finish_reason = matches!(kind, "response.completed" | "response.incomplete").then(|| {
+        value
+            .pointer("/response/status")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_owned()
+    });
+    let usage = finish_reason
+        .as_ref()
+        .and_then(|_| value.pointer("/response/usage"))
+        .filter(|u| !u.is_null())
+        .cloned();
+    EventKind::Chunk {
+        tokens: reprise_migrations::replay::named_event_tokens(&value),
+        finish_reason,
+        usage,
         value,
     }
 }
@@ -272,6 +312,43 @@ mod tests {
 
 "#;
         assert!(matches!(classify(text), EventKind::Chunk { tokens: 1, .. }));
+    }
+
+    #[test]
+    fn classifies_responses_api_events() {
+        let delta = b"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":4,\"delta\":\"Hi\"}\n\n";
+        assert!(matches!(
+            classify(delta),
+            EventKind::Chunk {
+                tokens: 1,
+                finish_reason: None,
+                ..
+            }
+        ));
+        let done = b"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"status\":\"completed\",\"usage\":{\"output_tokens\":3}}}\n\n";
+        assert!(
+            matches!(classify(done), EventKind::Chunk { finish_reason: Some(r), usage: Some(_), .. } if r == "completed")
+        );
+        let incomplete = b"event: response.incomplete\ndata: {\"type\":\"response.incomplete\",\"response\":{\"status\":\"incomplete\"}}\n\n";
+        assert!(
+            matches!(classify(incomplete), EventKind::Chunk { finish_reason: Some(r), .. } if r == "incomplete")
+        );
+        let failed = b"event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\"}}\n\n";
+        assert!(matches!(classify(failed), EventKind::Error(_)));
+        // Unnamed, an `error` typed event is still an error.
+        assert!(matches!(
+            classify(b"data: {\"type\":\"error\",\"code\":\"server_error\"}\n\n"),
+            EventKind::Error(_)
+        ));
+        let created = b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"status\":\"in_progress\"}}\n\n";
+        assert!(matches!(
+            classify(created),
+            EventKind::Chunk {
+                tokens: 0,
+                finish_reason: None,
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -29,6 +29,11 @@ pub enum Fault {
     /// A stream sends its whole answer, finish reason (and usage) included, then stalls before
     /// `[DONE]` with the connection open: `stall-at-done`. A non-streamed answer is unaffected.
     StallAtDone,
+    /// A Responses API stream sends `response.failed` after N deltas and stops; a non-streamed
+    /// response comes back with status `failed`: `failed[=N]`.
+    Failed(u32),
+    /// A Responses API answer is a `refusal` content part instead of text: `refusal`.
+    Refusal,
     /// Read the request, then close the connection without a response: `close-early`.
     /// A transport fault: only as the `x-sim-fault` header (see [`super::transport`]).
     CloseEarly,
@@ -74,10 +79,12 @@ impl Fault {
             "error-frame" => Ok(Self::ErrorFrame(count(value)?)),
             "bad-utf8" => Ok(Self::BadUtf8(count(value)?)),
             "stall-at-done" => Ok(Self::StallAtDone),
+            "failed" => Ok(Self::Failed(count(value)?)),
+            "refusal" => Ok(Self::Refusal),
             "close-early" => Ok(Self::CloseEarly),
             "garbage-status" => Ok(Self::GarbageStatus),
             other => Err(format!(
-                "unknown fault `{other}` (expected status=CODE, hang, cut[=N], abort[=N], malformed[=N], error-event[=N], bad-tool-args, redirect, content-filter, error-frame[=N], bad-utf8[=N], stall-at-done, close-early, garbage-status)"
+                "unknown fault `{other}` (expected status=CODE, hang, cut[=N], abort[=N], malformed[=N], error-event[=N], bad-tool-args, redirect, content-filter, error-frame[=N], bad-utf8[=N], stall-at-done, failed[=N], refusal, close-early, garbage-status)"
             )),
         }
     }

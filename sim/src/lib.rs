@@ -1,6 +1,7 @@
 //! `reprise-sim`: a simulated OpenAI-compatible upstream for tests, demos and benchmarks.
 //!
-//! It answers `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings` and `/v1/models` with
+//! It answers `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models` and the
+//! Responses API (`/v1/responses`, with stored responses: see [`responses`]) with
 //! deterministic text (a hash of the prompt picks the words), paced like a real server: a time to
 //! first token that grows with prompt length (prefill) and a fixed inter-token latency (decode),
 //! both with optional jitter. Faults can be injected globally (`--fault`) or per request with the
@@ -19,6 +20,7 @@
 //! not HTTP, then close). N counts the content tokens sent before the fault (default 2).
 
 mod fault;
+mod responses;
 mod text;
 mod transport;
 
@@ -125,6 +127,7 @@ pub struct SimStats {
     completions: AtomicU64,
     embeddings: AtomicU64,
     models: AtomicU64,
+    responses: AtomicU64,
     last_authorization: Mutex<Option<String>>,
     last_headers: Mutex<Vec<(String, String)>>,
 }
@@ -137,6 +140,9 @@ pub struct StatsSnapshot {
     pub completions: u64,
     pub embeddings: u64,
     pub models: u64,
+    /// `POST /v1/responses` requests (counted in `requests` too).
+    #[serde(default)]
+    pub responses: u64,
     /// The `Authorization` header of the last request, so tests can check what a gateway forwarded.
     pub last_authorization: Option<String>,
     /// Every header of the last generation request, in order, repeated names included.
@@ -149,8 +155,10 @@ impl SimStats {
         let chat = self.chat.load(Ordering::SeqCst);
         let completions = self.completions.load(Ordering::SeqCst);
         let embeddings = self.embeddings.load(Ordering::SeqCst);
+        let responses = self.responses.load(Ordering::SeqCst);
         StatsSnapshot {
-            requests: chat + completions + embeddings,
+            requests: chat + completions + embeddings + responses,
+            responses,
             chat_completions: chat,
             completions,
             embeddings,
@@ -174,6 +182,7 @@ impl SimStats {
             &self.completions,
             &self.embeddings,
             &self.models,
+            &self.responses,
         ] {
             counter.store(0, Ordering::SeqCst);
         }
@@ -203,6 +212,7 @@ struct Sim {
     config: Arc<SimConfig>,
     stats: Arc<SimStats>,
     ids: Arc<AtomicU64>,
+    stored: Arc<responses::Stored>,
 }
 
 /// The simulator's router and its counters.
@@ -212,12 +222,22 @@ pub fn router(config: SimConfig) -> (Router, Arc<SimStats>) {
         config: Arc::new(config),
         stats: stats.clone(),
         ids: Arc::new(AtomicU64::new(1)),
+        stored: Arc::default(),
     };
     let router = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get_response).delete(responses::delete_response),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
         .route("/v1/sim/redirected", get(redirected))
         .route("/stats", get(stats_handler))
         .route("/stats/reset", post(stats_reset))

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::Fault;
 
-const VOCAB: &[&str] = &[
+pub(crate) const VOCAB: &[&str] = &[
     "cache", "token", "stream", "answer", "latency", "prefill", "decode", "vector", "gateway",
     "request", "prompt", "reply", "index", "store", "model", "replay", "signal", "river", "garden",
     "window", "copper", "silver", "orbit", "harbor", "meadow", "lantern", "paper", "pencil",

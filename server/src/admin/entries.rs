@@ -109,6 +109,9 @@ pub struct EntryPage {
 
 /// The text of an answer: the first choice's message (or tool calls) or completion text.
 pub fn answer_text(body: &Value) -> String {
+    if body.get("object").and_then(Value::as_str) == Some("response") {
+        return response_text(body);
+    }
     let Some(choice) = body.pointer("/choices/0") else {
         return match body.get("data").and_then(Value::as_array) {
             Some(data) => format!("[{} embedding vector(s)]", data.len()),
@@ -129,6 +132,29 @@ pub fn answer_text(body: &Value) -> String {
             .map(|t| format!("[tool calls] {t}"))
             .unwrap_or_default(),
     }
+}
+
+/// A Responses API answer's text: its `output_text` parts, or its function calls.
+fn response_text(body: &Value) -> String {
+    let items = body.get("output").and_then(Value::as_array);
+    let mut text = String::new();
+    for item in items.into_iter().flatten() {
+        match item.get("type").and_then(Value::as_str) {
+            Some("message") => {
+                let parts = item.get("content").and_then(Value::as_array);
+                for part in parts.into_iter().flatten() {
+                    text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""));
+                }
+            }
+            Some("function_call") => text.push_str(&format!(
+                "[function call] {}({})",
+                item.get("name").and_then(Value::as_str).unwrap_or(""),
+                item.get("arguments").and_then(Value::as_str).unwrap_or("")
+            )),
+            _ => {}
+        }
+    }
+    text
 }
 
 fn summary(entry: &Entry, now: u64, similarity: Option<f32>) -> EntrySummary {

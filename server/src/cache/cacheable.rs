@@ -22,10 +22,19 @@ pub enum Uncacheable {
     InvalidToolArguments,
     NotJson,
     NoChoices,
+    /// A Responses API response whose status is not `completed` (incomplete, failed, cancelled,
+    /// queued), or with an output item that did not complete.
+    NotCompleted,
+    /// A Responses API response in which the provider ran a tool with effects outside the answer
+    /// (a remote MCP call, code in a container) or waits for an approval: a hit would skip them.
+    ServerSideTool,
 }
 
 /// Checks an assembled answer against the never-store rules.
 pub fn check_cacheable(route: Route, body: &Value, allow_length: bool) -> Result<(), Uncacheable> {
+    if route == Route::Responses {
+        return super::responses::check(body);
+    }
     if route == Route::Embeddings {
         return match body.get("data").and_then(Value::as_array) {
             Some(d) if !d.is_empty() => Ok(()),
@@ -80,6 +89,9 @@ struct ChoiceAcc {
 
 /// Assembles the body a non-streamed request would have received from a stream's chunks.
 pub fn assemble(route: Route, chunks: &[Value]) -> Value {
+    if route == Route::Responses {
+        return super::responses::assemble(chunks);
+    }
     let mut choices: BTreeMap<u64, ChoiceAcc> = BTreeMap::new();
     let mut usage = Value::Null;
     let mut head = Map::new();
@@ -207,7 +219,7 @@ pub fn assemble(route: Route, chunks: &[Value]) -> Value {
 }
 
 /// Splits text into token-like pieces, each keeping the whitespace before it.
-fn pieces(text: &str) -> Vec<String> {
+pub(super) fn pieces(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = String::new();
     let mut in_word = false;
@@ -230,6 +242,9 @@ fn pieces(text: &str) -> Vec<String> {
 /// The chunks a streamed request would have received for a non-streamed body; offsets spread the
 /// content over the original decode time, so `recorded` pacing stays plausible.
 pub fn rechunk(route: Route, body: &Value, decode_ms: f64) -> Vec<StoredEvent> {
+    if route == Route::Responses {
+        return super::responses::rechunk(body, decode_ms);
+    }
     let chat = route == Route::ChatCompletions;
     let mut head = json!({
         "id": body.get("id").cloned().unwrap_or(Value::Null),

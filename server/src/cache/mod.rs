@@ -7,6 +7,7 @@ pub mod alias;
 pub mod cacheable;
 pub mod flight;
 pub mod recorder;
+pub mod responses;
 pub mod writer;
 
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 """The ways an application asks the gateway a question, one adapter per client library and calling style, each
 reading the cache outcome (`x-reprise-cache`) the way a user of that library would. The scenarios in
-test_cache.py run against every adapter in CLIENTS; a new client or route (e.g. the Responses API) is one more
-adapter here.
+test_cache.py run against every adapter in CLIENTS, chat completions and the Responses API alike; a new client or
+route is one more adapter here.
 
 An adapter is `ask(stack, key, prompt, stream) -> Reply`: one question under API key `key`, streamed or not."""
 
@@ -219,10 +219,86 @@ def agents_run(stack, key, prompt, stream, model_class="OpenAIChatCompletionsMod
     return run_async(run())
 
 
-# The Responses API (not cached yet) will add, with the same scenarios: `client.responses.with_raw_response.create(
-# model=MODEL, instructions=SYSTEM, input=prompt, stream=stream)` (sync and async) and `client.responses.stream(...)`,
-# ChatOpenAI(..., use_responses_api=True), and
-# Client("agents-responses", functools.partial(agents_run, model_class="OpenAIResponsesModel")).
+# ---- the Responses API: `client.responses` (create with `with_raw_response`, and the `stream`/`parse` helpers) ----
+
+def response_text(events) -> str:
+    """The text of a Responses API stream: its `response.output_text.delta` events."""
+    return "".join(e.delta for e in events if e.type == "response.output_text.delta")
+
+
+def responses_sync(stack, key, prompt, stream) -> Reply:
+    with OpenAI(base_url=stack.base_url, api_key=key, max_retries=0) as client:
+        raw = client.responses.with_raw_response.create(model=MODEL, instructions=SYSTEM, input=prompt, stream=stream)
+        text = response_text(raw.parse()) if stream else raw.parse().output_text
+        return reply(raw.headers, text)
+
+
+def responses_async(stack, key, prompt, stream) -> Reply:
+    async def run():
+        async with AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0) as client:
+            raw = await client.responses.with_raw_response.create(
+                model=MODEL, instructions=SYSTEM, input=prompt, stream=stream
+            )
+            if stream:
+                text = response_text([e async for e in raw.parse()])
+            else:
+                text = raw.parse().output_text
+            return reply(raw.headers, text)
+
+    return run_async(run())
+
+
+def responses_helpers_sync(stack, key, prompt, stream) -> Reply:
+    seen = Outcomes()
+    with OpenAI(base_url=stack.base_url, api_key=key, max_retries=0, http_client=seen.http_client()) as client:
+        if stream:
+            with client.responses.stream(model=MODEL, instructions=SYSTEM, input=prompt) as events:
+                deltas = response_text(events)
+                final = events.get_final_response().output_text
+            assert deltas == final, "the helper's events and its final response disagree"
+            return reply(seen.one(), final)
+        parsed = client.responses.parse(model=MODEL, instructions=SYSTEM, input=prompt)
+        return reply(seen.one(), parsed.output_text)
+
+
+def responses_helpers_async(stack, key, prompt, stream) -> Reply:
+    async def run():
+        seen = Outcomes()
+        async with AsyncOpenAI(
+            base_url=stack.base_url, api_key=key, max_retries=0, http_client=seen.async_http_client()
+        ) as client:
+            if stream:
+                async with client.responses.stream(model=MODEL, instructions=SYSTEM, input=prompt) as events:
+                    deltas = response_text([e async for e in events])
+                    final = (await events.get_final_response()).output_text
+                assert deltas == final, "the helper's events and its final response disagree"
+                return reply(seen.one(), final)
+            parsed = await client.responses.parse(model=MODEL, instructions=SYSTEM, input=prompt)
+            return reply(seen.one(), parsed.output_text)
+
+    return run_async(run())
+
+
+def lc_text(message) -> str:
+    """A LangChain message's text: on the Responses API its content is a list of blocks."""
+    return str(message.text)
+
+
+def langchain_responses(stack, key, prompt, stream) -> Reply:
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(
+        model=MODEL, base_url=stack.base_url, api_key=key, max_retries=0, include_response_headers=True,
+        use_responses_api=True,
+    )
+    if stream:
+        chunks = list(llm.stream(lc_messages(prompt)))
+        headers = next(c.response_metadata["headers"] for c in chunks if "headers" in c.response_metadata)
+        return reply(headers, "".join(lc_text(c) for c in chunks))
+    message = llm.invoke(lc_messages(prompt))
+    return reply(message.response_metadata["headers"], lc_text(message))
+
+
 CLIENTS = [
     Client("openai-sync", openai_sync),
     Client("openai-async", openai_async),
@@ -232,4 +308,10 @@ CLIENTS = [
     Client("langchain-async", langchain_async),
     Client("agents", agents_run),
     Client("agents-with-tool", functools.partial(agents_run, with_tool=True)),
+    Client("responses-sync", responses_sync),
+    Client("responses-async", responses_async),
+    Client("responses-helpers-sync", responses_helpers_sync),
+    Client("responses-helpers-async", responses_helpers_async),
+    Client("langchain-responses", langchain_responses),
+    Client("agents-responses", functools.partial(agents_run, model_class="OpenAIResponsesModel")),
 ]

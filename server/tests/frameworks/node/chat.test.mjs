@@ -1,8 +1,8 @@
 // The official OpenAI Node SDK's calling styles through a real gateway (with the embedding model) in front of
 // reprise-sim: for each, a first question is a `miss`, the same question again a `hit` with the same text, a paraphrase
 // a `semantic-hit` with the first answer, and a streamed miss replays as a streamed hit with identical content.
-// Each adapter reads x-reprise-cache as its users would; a new calling style or route (the Responses API) is one more
-// entry in CLIENTS.
+// Each adapter reads x-reprise-cache as its users would (chat completions and the Responses API); a new calling style
+// or route is one more entry in CLIENTS.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
@@ -47,7 +47,20 @@ async function helpers(stack, apiKey, prompt, stream) {
   return { ...outcomeOf(fetch.one()), text: final };
 }
 
-const CLIENTS = { create, helpers };
+/** The Responses API: `responses.create(...).withResponse()`, its typed stream's text deltas or `output_text`. */
+async function responses(stack, apiKey, prompt, stream) {
+  const client = new OpenAI({ baseURL: stack.baseURL, apiKey, maxRetries: 0 });
+  const { data, response } = await client.responses
+    .create({ model: MODEL, instructions: SYSTEM, input: prompt, stream })
+    .withResponse();
+  let text = "";
+  if (stream) {
+    for await (const event of data) if (event.type === "response.output_text.delta") text += event.delta;
+  } else text = data.output_text;
+  return { ...outcomeOf(response.headers), text };
+}
+
+const CLIENTS = { create, helpers, responses };
 
 let stack;
 before(async () => (stack = await startStack()));
