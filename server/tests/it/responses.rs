@@ -282,7 +282,7 @@ async fn stored_responses_stay_with_their_api_key_even_when_keys_share() {
     let mut config = config_for(sim.base_url());
     config.share_across_keys = true;
     // Longer than the provider keeps a stored response.
-    config.default_ttl_s = 90 * 24 * 3600;
+    config.live.default_ttl_s = 90 * 24 * 3600;
     let gw = start(config).await;
 
     // `store` defaults to true: the response's id belongs to key A's organization.
