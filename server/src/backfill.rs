@@ -28,7 +28,7 @@ const BUSY_POLL: Duration = Duration::from_millis(5);
 const AFTER_REFUSAL: Duration = Duration::from_millis(25);
 
 /// Whether an entry is meant to carry a vector: embeddings answers and empty prompts never do.
-pub fn wants_vector(entry: &Entry) -> bool {
+pub(crate) fn wants_vector(entry: &Entry) -> bool {
     entry.vector.is_none()
         && entry.summary.route != Route::Embeddings.name()
         && !entry.summary.prompt.trim().is_empty()

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 /// How delivery of a body ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Delivered {
+pub(crate) enum Delivered {
     /// The server took the last byte at this instant.
     Complete(Instant),
     /// The source failed (e.g. a pass-through upstream broke mid-body).
@@ -35,20 +35,20 @@ pub enum Source {
 
 type Callback = Box<dyn FnOnce(Delivered) + Send>;
 
-pub struct Delivery {
+pub(crate) struct Delivery {
     source: Source,
     on_end: Option<Callback>,
 }
 
 impl Delivery {
-    pub fn new(source: Source, on_end: impl FnOnce(Delivered) + Send + 'static) -> Self {
+    pub(crate) fn new(source: Source, on_end: impl FnOnce(Delivered) + Send + 'static) -> Self {
         Self {
             source,
             on_end: Some(Box::new(on_end)),
         }
     }
 
-    pub fn into_body(self) -> Body {
+    pub(crate) fn into_body(self) -> Body {
         Body::from_stream(self)
     }
 

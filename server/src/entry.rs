@@ -124,7 +124,7 @@ mod vector_b64 {
     use base64::Engine as _;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(v: &Option<Vec<f32>>, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(v: &Option<Vec<f32>>, s: S) -> Result<S::Ok, S::Error> {
         match v {
             Some(v) => {
                 let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
@@ -134,7 +134,9 @@ mod vector_b64 {
         }
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<f32>>, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Vec<f32>>, D::Error> {
         let Some(text) = Option::<String>::deserialize(d)? else {
             return Ok(None);
         };

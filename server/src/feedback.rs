@@ -72,7 +72,7 @@ pub enum Met {
 }
 
 /// How many characters of a prompt feedback keeps for display; the prompt itself is keyed by hash.
-pub const PREVIEW_CHARS: usize = 500;
+pub(crate) const PREVIEW_CHARS: usize = 500;
 
 /// A prompt as feedback keys it: the blake3 hash of its words, lowercased and single-spaced, so
 /// case and spacing do not make another question.
@@ -93,7 +93,7 @@ impl PromptKey {
 }
 
 /// The first [`PREVIEW_CHARS`] characters of `text`.
-pub fn preview(text: &str) -> String {
+pub(crate) fn preview(text: &str) -> String {
     match text.char_indices().nth(PREVIEW_CHARS) {
         Some((end, _)) => format!("{}…", &text[..end]),
         None => text.to_owned(),
@@ -450,7 +450,7 @@ impl Drop for Feedback {
 
 /// The entry approved for `keys`' prompt, if it is still live, in the partition, young enough for
 /// `max-age` and not vetoed since: an alias the operator confirmed, served at any threshold.
-pub fn approved_hit(
+pub(crate) fn approved_hit(
     feedback: &Feedback,
     cache: &crate::cache::Cache,
     keys: &crate::key::Keys,

@@ -262,7 +262,7 @@ impl http_body::Body for TimedBody {
 
 /// An upstream exchange that has begun: its response head arrived and, for an event stream, its
 /// first whole event. Nothing has reached the client yet.
-pub struct Started {
+pub(crate) struct Started {
     response_status: reqwest::StatusCode,
     headers: HeaderMap,
     body: Body,
@@ -285,14 +285,14 @@ enum Body {
 
 /// A request ready to go upstream: built from the exchange, owned, so that it can be sent while the
 /// exchange itself is still being worked on (a semantic search racing it).
-pub struct Outgoing {
+pub(crate) struct Outgoing {
     request: reqwest::RequestBuilder,
     taken: Arc<OnceLock<Instant>>,
 }
 
 /// Builds the upstream request of a parsed JSON request: its raw body, unchanged, and the client's
 /// headers as [`Upstream::outgoing_headers`] passes them on.
-pub fn prepare(state: &AppState, ex: &Exchange) -> Outgoing {
+pub(crate) fn prepare(state: &AppState, ex: &Exchange) -> Outgoing {
     let ingress = &ex.ingress;
     let upstream = &state.upstream;
     let taken = Arc::new(OnceLock::new());
@@ -315,7 +315,7 @@ pub fn prepare(state: &AppState, ex: &Exchange) -> Outgoing {
 /// Sends a request upstream and waits for its first byte: the response head, and for a successful
 /// event stream its first whole event, within the first-byte deadline. Dropping the future cancels
 /// the upstream request (a semantic hit found meanwhile does that).
-pub async fn start(state: &AppState, outgoing: Outgoing) -> Result<Started, GatewayError> {
+pub(crate) async fn start(state: &AppState, outgoing: Outgoing) -> Result<Started, GatewayError> {
     let Outgoing { request, taken } = outgoing;
     let upstream = &state.upstream;
     let deadline = tokio::time::Instant::now() + upstream.first_byte_timeout;
@@ -385,7 +385,7 @@ async fn first_events(
 
 /// The forward stage of a miss: relays what [`start`] began (the body, or the event stream from a
 /// tracked task), timing it; `recorder` stores the answer when it ends cleanly.
-pub async fn relay(
+pub(crate) async fn relay(
     state: &AppState,
     ex: Exchange,
     started: Result<Started, GatewayError>,
@@ -829,7 +829,11 @@ impl Pump {
 
 /// Any other `/v1/*` route: method, path, query, headers and body pass through as they are,
 /// streamed both ways.
-pub async fn passthrough(state: &AppState, request: Request, request_id: String) -> Response {
+pub(crate) async fn passthrough(
+    state: &AppState,
+    request: Request,
+    request_id: String,
+) -> Response {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
     let path = parts.uri.path();

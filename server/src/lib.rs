@@ -32,31 +32,33 @@
 //! matches; the lookup consults them), [`serve`] (connections: timeouts, the connection cap, refused
 //! request heads), and [`app`]/[`run`] here.
 
-pub mod admin;
-pub mod backfill;
+#![warn(unreachable_pub)]
+
+pub(crate) mod admin;
+pub(crate) mod backfill;
 pub mod cache;
 pub mod config;
-pub mod downstream;
+pub(crate) mod downstream;
 pub mod embed;
 pub mod entry;
-pub mod error;
-pub mod feedback;
-pub mod forward;
+pub(crate) mod error;
+pub(crate) mod feedback;
+pub(crate) mod forward;
 pub mod guard;
 pub mod index;
 pub mod ingress;
 pub mod key;
 pub mod live;
-pub mod otel;
-pub mod pipeline;
+pub(crate) mod otel;
+pub(crate) mod pipeline;
 pub mod policy;
 pub mod record;
 pub mod replay;
 pub mod semantic;
-pub mod serve;
-pub mod shadow;
+pub(crate) mod serve;
+pub(crate) mod shadow;
 pub mod sse;
-pub mod stats;
+pub(crate) mod stats;
 pub mod store;
 pub mod timing;
 

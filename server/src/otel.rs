@@ -145,7 +145,7 @@ impl Settings {
 }
 
 /// Checks an `otlp_endpoint` value the way [`Settings::resolve`] will read it (for `validate`).
-pub fn check_endpoint(value: &str) -> Result<(), String> {
+pub(crate) fn check_endpoint(value: &str) -> Result<(), String> {
     traces_url(value, "otlp_endpoint", true).map(|_| ())
 }
 

@@ -53,11 +53,11 @@ use crate::error::GatewayError;
 use crate::stats::Stats;
 
 /// Longest request target accepted (hyper's own limit is 64 KiB, answered with an empty 414).
-pub const MAX_URI_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_URI_BYTES: usize = 16 * 1024;
 /// Longest request head accepted (hyper's own limit is about 400 KB, answered with an empty 431).
-pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most header fields accepted; hyper is given twice as many so that this check always answers.
-pub const MAX_HEADER_FIELDS: usize = 100;
+pub(crate) const MAX_HEADER_FIELDS: usize = 100;
 /// Descriptors kept for everything but sockets: the store, the model, the runtime, the logs.
 const RESERVED_FDS: u64 = 128;
 /// The derived connection cap never goes below this, whatever the open-file limit.
@@ -75,7 +75,7 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The client-side limits, resolved once at start.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(crate) struct Limits {
     pub header_timeout: Duration,
     pub body_timeout: Duration,
     pub keepalive_timeout: Duration,
@@ -91,7 +91,7 @@ impl Limits {
     }
 
     /// Takes the configured values; an unset `max_connections` is derived from the open-file limit.
-    pub fn for_config(config: &Config) -> Self {
+    pub(crate) fn for_config(config: &Config) -> Self {
         let nofile = open_file_limit();
         let derived = derived_max_connections(nofile);
         let max_connections = match config.max_connections {
@@ -126,7 +126,7 @@ impl Limits {
 
 /// Half of what is left after the reserve: every client connection may hold an upstream socket
 /// too (nginx counts its `worker_connections` the same way).
-pub fn derived_max_connections(nofile: u64) -> usize {
+pub(crate) fn derived_max_connections(nofile: u64) -> usize {
     let half = nofile.saturating_sub(RESERVED_FDS) / 2;
     usize::try_from(half)
         .unwrap_or(usize::MAX)
@@ -151,14 +151,14 @@ fn open_file_limit() -> u64 {
 
 /// Connection counters, registered in the gateway's Prometheus registry.
 #[derive(Clone)]
-pub struct ConnMetrics {
+pub(crate) struct ConnMetrics {
     open: IntGauge,
     closed: IntCounterVec,
     limit_waits: IntCounter,
 }
 
 impl ConnMetrics {
-    pub fn new(stats: &Stats) -> Self {
+    pub(crate) fn new(stats: &Stats) -> Self {
         let metrics = Self {
             open: IntGauge::new("reprise_client_connections", "Client connections open now.")
                 .unwrap_or_else(invalid_metric),
@@ -197,13 +197,13 @@ fn invalid_metric<T>(err: prometheus::Error) -> T {
 /// The error a request body yields when the client sent nothing for the body timeout.
 #[derive(Debug, thiserror::Error)]
 #[error("the client sent no part of the request body for {timeout_ms} ms")]
-pub struct BodyTimeout {
+pub(crate) struct BodyTimeout {
     pub timeout_ms: u64,
 }
 
 impl BodyTimeout {
     /// The body timeout behind `err`, however deeply the body's consumer wrapped it.
-    pub fn in_chain<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a Self> {
+    pub(crate) fn in_chain<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a Self> {
         let mut source = Some(err);
         while let Some(e) = source {
             if let Some(stalled) = e.downcast_ref::<Self>() {
@@ -218,7 +218,7 @@ impl BodyTimeout {
 /// Serves `router` on `listener` until `shutdown` is cancelled, then stops accepting, asks every
 /// connection to finish (in-flight requests complete, idle connections close) and returns when
 /// all have. Dropping the future drops every connection.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: Limits,

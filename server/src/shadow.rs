@@ -14,7 +14,7 @@ use crate::entry::Entry;
 use crate::guard::{Guards, Literals};
 
 /// How many decisions are kept; the oldest go first.
-pub const MAX_DECISIONS: usize = 10_000;
+pub(crate) const MAX_DECISIONS: usize = 10_000;
 
 /// What `on` would have done with the nearest candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -201,7 +201,7 @@ impl ShadowLog {
 
 /// Judges and records the candidate a shadowed request met; the decision, for its header. A
 /// failure to record is logged, never the client's problem.
-pub fn record(
+pub(crate) fn record(
     state: &crate::AppState,
     ex: &crate::pipeline::Exchange,
     candidate: &Entry,

@@ -22,7 +22,7 @@ use crate::record::{unix_ms, CacheOutcome, Completion, RequestRecord};
 use crate::timing::{percentile, Phases};
 
 /// Upper bounds (ms) of the TTFT histogram buckets; one more bucket counts what lies above.
-pub const TTFT_BOUNDS_MS: [f64; 13] = [
+pub(crate) const TTFT_BOUNDS_MS: [f64; 13] = [
     0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
 ];
 /// Phase-duration buckets (seconds) for Prometheus: 0.1 ms to 30 s.
@@ -656,7 +656,7 @@ pub struct Totals {
 
 /// p50/p90/p99 and the mean of one phase.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub p50: f64,
     pub p90: f64,
     pub p99: f64,
@@ -664,7 +664,7 @@ pub struct Summary {
 }
 
 impl Summary {
-    pub fn of(samples: &[f64]) -> Option<Self> {
+    pub(crate) fn of(samples: &[f64]) -> Option<Self> {
         Some(Self {
             p50: percentile(samples, 0.50)?,
             p90: percentile(samples, 0.90)?,
@@ -676,7 +676,7 @@ impl Summary {
 
 /// Phase summaries of one outcome over the window.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct OutcomeLatency {
+pub(crate) struct OutcomeLatency {
     pub count: usize,
     /// Keyed by phase (`ingress_ms` … `total_ms`); `null` when no request of the window had it.
     #[schema(value_type = BTreeMap<String, Summary>)]
@@ -684,7 +684,7 @@ pub struct OutcomeLatency {
 }
 
 /// Per-outcome phase percentiles of the complete requests among `records`.
-pub fn latency_by_outcome(records: &[RequestRecord]) -> BTreeMap<String, OutcomeLatency> {
+pub(crate) fn latency_by_outcome(records: &[RequestRecord]) -> BTreeMap<String, OutcomeLatency> {
     let mut out = BTreeMap::new();
     for outcome in CacheOutcome::SERVED {
         let mine: Vec<&Phases> = records

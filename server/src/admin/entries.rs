@@ -30,7 +30,7 @@ const PREVIEW_CHARS: usize = 200;
 const SCAN_PAGE: usize = 256;
 
 #[derive(Debug, Deserialize, IntoParams)]
-pub struct EntriesQuery {
+pub(crate) struct EntriesQuery {
     /// Only entries of this namespace.
     pub namespace: Option<String>,
     /// Only entries of this model.
@@ -45,7 +45,7 @@ pub struct EntriesQuery {
 
 /// One entry as listed.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct EntrySummary {
+pub(crate) struct EntrySummary {
     pub id: String,
     pub object: String,
     pub route: String,
@@ -78,7 +78,7 @@ pub struct EntrySummary {
 
 /// One entry in full.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct EntryDetail {
+pub(crate) struct EntryDetail {
     #[serde(flatten)]
     pub summary: EntrySummary,
     /// The exact key and the semantic partition, hex.
@@ -100,7 +100,7 @@ pub struct EntryDetail {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct EntryPage {
+pub(crate) struct EntryPage {
     pub object: String,
     pub data: Vec<EntrySummary>,
     pub has_more: bool,
@@ -108,7 +108,7 @@ pub struct EntryPage {
 }
 
 /// The text of an answer: the first choice's message (or tool calls) or completion text.
-pub fn answer_text(body: &Value) -> String {
+pub(crate) fn answer_text(body: &Value) -> String {
     if body.get("object").and_then(Value::as_str) == Some("response") {
         return response_text(body);
     }
@@ -259,7 +259,7 @@ fn matches(entry: &Entry, namespace: Option<&str>, model: Option<&str>) -> bool 
 #[utoipa::path(get, path = "/admin/entries", tag = "admin", params(EntriesQuery),
     responses((status = 200, body = EntryPage), (status = 400, description = "Bad limit, cursor or query")),
     security(("admin_token" = [])))]
-pub async fn list(
+pub(crate) async fn list(
     State(state): State<AppState>,
     query: Result<Query<EntriesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<EntryPage>, GatewayError> {
@@ -363,7 +363,7 @@ pub async fn list(
     params(("id" = String, Path, description = "Entry id, e.g. e_00000000002a")),
     responses((status = 200, body = EntryDetail), (status = 404, description = "No such entry")),
     security(("admin_token" = [])))]
-pub async fn show(
+pub(crate) async fn show(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<EntryDetail>, GatewayError> {
@@ -388,7 +388,7 @@ pub async fn show(
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Deleted {
+pub(crate) struct Deleted {
     pub id: String,
     pub object: String,
     pub deleted: bool,
@@ -399,7 +399,7 @@ pub struct Deleted {
     params(("id" = String, Path, description = "Entry id")),
     responses((status = 200, body = Deleted), (status = 404, description = "No such entry")),
     security(("admin_token" = [])))]
-pub async fn delete(
+pub(crate) async fn delete(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Deleted>, GatewayError> {
@@ -437,7 +437,7 @@ async fn delete_ids(state: &AppState, ids: Vec<EntryId>) -> Result<usize, Gatewa
 /// Which entries to invalidate: every given criterion must hold.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct InvalidateRequest {
+pub(crate) struct InvalidateRequest {
     pub namespace: Option<String>,
     pub model: Option<String>,
     /// Tenant label as listed (16 hex digits, or `shared`).
@@ -454,7 +454,7 @@ pub struct InvalidateRequest {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Invalidation {
+pub(crate) struct Invalidation {
     pub object: String,
     pub matched: usize,
     pub deleted: usize,
@@ -465,7 +465,7 @@ pub struct Invalidation {
 #[utoipa::path(post, path = "/admin/invalidate", tag = "admin", request_body = InvalidateRequest,
     responses((status = 200, body = Invalidation), (status = 400, description = "No criterion, or an invalid one")),
     security(("admin_token" = [])))]
-pub async fn invalidate(
+pub(crate) async fn invalidate(
     State(state): State<AppState>,
     AdminJson(request): AdminJson<InvalidateRequest>,
 ) -> Result<Json<Invalidation>, GatewayError> {
@@ -564,7 +564,7 @@ pub async fn invalidate(
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Flushed {
+pub(crate) struct Flushed {
     pub object: String,
     pub deleted: usize,
 }
@@ -572,7 +572,7 @@ pub struct Flushed {
 /// Removes every entry.
 #[utoipa::path(post, path = "/admin/flush", tag = "admin",
     responses((status = 200, body = Flushed)), security(("admin_token" = [])))]
-pub async fn flush(State(state): State<AppState>) -> Result<Json<Flushed>, GatewayError> {
+pub(crate) async fn flush(State(state): State<AppState>) -> Result<Json<Flushed>, GatewayError> {
     let store = state.cache.store.clone();
     let index = state.cache.index.clone();
     let cache = state.cache.clone();

@@ -52,7 +52,7 @@ async fn blocking<T: Send + 'static>(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
-pub struct ShadowQuery {
+pub(crate) struct ShadowQuery {
     /// Only decisions of this namespace.
     pub namespace: Option<String>,
     /// Only `would-hit`, `would-refuse` or `would-miss` decisions (`hit`, `refuse`, `miss` too).
@@ -64,7 +64,7 @@ pub struct ShadowQuery {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct ShadowPage {
+pub(crate) struct ShadowPage {
     pub object: String,
     pub data: Vec<ShadowDecision>,
     pub has_more: bool,
@@ -75,7 +75,7 @@ pub struct ShadowPage {
 #[utoipa::path(get, path = "/admin/shadow", tag = "admin", params(ShadowQuery),
     responses((status = 200, body = ShadowPage), (status = 400, description = "Bad limit, cursor or filter")),
     security(("admin_token" = [])))]
-pub async fn shadow(
+pub(crate) async fn shadow(
     State(state): State<AppState>,
     query: Result<Query<ShadowQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<ShadowPage>, GatewayError> {
@@ -117,7 +117,7 @@ pub async fn shadow(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
-pub struct FeedbackQuery {
+pub(crate) struct FeedbackQuery {
     /// How many, newest first (default 50, at most 1000).
     pub limit: Option<usize>,
     /// The `next_cursor` of the previous page.
@@ -125,7 +125,7 @@ pub struct FeedbackQuery {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct FeedbackPage {
+pub(crate) struct FeedbackPage {
     pub object: String,
     pub data: Vec<VerdictRecord>,
     pub has_more: bool,
@@ -136,7 +136,7 @@ pub struct FeedbackPage {
 #[utoipa::path(get, path = "/admin/feedback", tag = "admin", params(FeedbackQuery),
     responses((status = 200, body = FeedbackPage), (status = 400, description = "Bad limit or cursor")),
     security(("admin_token" = [])))]
-pub async fn list_feedback(
+pub(crate) async fn list_feedback(
     State(state): State<AppState>,
     query: Result<Query<FeedbackQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<FeedbackPage>, GatewayError> {
@@ -162,7 +162,7 @@ pub async fn list_feedback(
     responses((status = 200, body = VerdictRecord), (status = 400, description = "Invalid body, or an exact hit"),
         (status = 404, description = "Unknown request id")),
     security(("admin_token" = [])))]
-pub async fn post_feedback(
+pub(crate) async fn post_feedback(
     State(state): State<AppState>,
     AdminJson(request): AdminJson<FeedbackRequest>,
 ) -> Result<Json<VerdictRecord>, GatewayError> {

@@ -5,9 +5,9 @@
 //! wrong token answers 401. Tokens are compared in constant time. Handlers are thin: blocking store
 //! and index work runs on blocking threads.
 
-pub mod entries;
-pub mod learn;
-pub mod warm;
+pub(crate) mod entries;
+pub(crate) mod learn;
+pub(crate) mod warm;
 
 use std::collections::BTreeMap;
 
@@ -37,7 +37,7 @@ const DASHBOARD: &str = include_str!("../../assets/dashboard.html");
 
 /// The admin routes, every one behind the bearer token (the dashboard shell aside: it holds no
 /// data and asks for the token itself).
-pub fn routes(state: AppState) -> Router<AppState> {
+pub(crate) fn routes(state: AppState) -> Router<AppState> {
     let protected = Router::new()
         .route("/admin/stats", get(stats))
         .route("/admin/entries", get(entries::list).post(warm::warm))
@@ -73,7 +73,7 @@ async fn require_admin(
 }
 
 /// Checks `Authorization: Bearer <admin token>`.
-pub fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), GatewayError> {
+pub(crate) fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), GatewayError> {
     let Some(expected) = &state.config.admin_token else {
         return Err(GatewayError::AdminDisabled);
     };
@@ -97,10 +97,10 @@ pub fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), GatewayErr
 }
 
 /// A JSON body for admin routes: serde's rejections become OpenAI-shaped 400s naming the field.
-pub struct AdminJson<T>(pub T);
+pub(crate) struct AdminJson<T>(pub T);
 
 /// Admin bodies (warm files) may be much larger than a chat request.
-pub const ADMIN_MAX_BODY: usize = 64 * 1024 * 1024;
+pub(crate) const ADMIN_MAX_BODY: usize = 64 * 1024 * 1024;
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for AdminJson<T> {
     type Rejection = GatewayError;
@@ -113,12 +113,12 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for AdminJson<T> {
 }
 
 /// Parses `raw` as `T`, naming the failing field in the error.
-pub fn parse_json<T: DeserializeOwned>(raw: &[u8]) -> Result<T, GatewayError> {
+pub(crate) fn parse_json<T: DeserializeOwned>(raw: &[u8]) -> Result<T, GatewayError> {
     deserialize(&mut serde_json::Deserializer::from_slice(raw))
 }
 
 /// Reads an already parsed JSON value as `T`, with the same errors as [`parse_json`].
-pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, GatewayError> {
+pub(crate) fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, GatewayError> {
     deserialize(value)
 }
 
@@ -149,7 +149,7 @@ where
 
 /// Store size and health.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct StoreStats {
+pub(crate) struct StoreStats {
     /// `ok`, or `degraded` when its disk failed and the gateway serves without caching.
     pub status: String,
     /// Why it is degraded; `null` when ok.
@@ -160,7 +160,7 @@ pub struct StoreStats {
 
 /// Why the store stopped caching.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct StoreDegraded {
+pub(crate) struct StoreDegraded {
     pub reason: String,
     /// Unix ms when caching stopped.
     pub since_ms: u64,
@@ -170,7 +170,7 @@ pub struct StoreDegraded {
 
 /// Vector index size; `null` in exact-only mode.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct IndexStats {
+pub(crate) struct IndexStats {
     pub vectors: u64,
     pub tombstones: u64,
     /// A rebuild from the stored vectors runs in the background.
@@ -179,7 +179,7 @@ pub struct IndexStats {
 
 /// The embedding model's work; `null` in exact-only mode.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct EmbeddingStats {
+pub(crate) struct EmbeddingStats {
     /// Requests that fell back to exact matching, all reasons together.
     pub fallbacks: u64,
     /// The same by reason: `overload` (refused at once, the queue could not meet the deadline),
@@ -202,7 +202,7 @@ pub struct EmbeddingStats {
 
 /// Phase percentiles of the recent requests, per cache outcome.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct LatencyWindow {
+pub(crate) struct LatencyWindow {
     /// How many recent requests the percentiles cover (the request log's size).
     pub window: usize,
     pub by_outcome: BTreeMap<String, OutcomeLatency>,
@@ -210,7 +210,7 @@ pub struct LatencyWindow {
 
 /// `GET /admin/stats`.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct StatsBody {
+pub(crate) struct StatsBody {
     pub object: String,
     pub version: String,
     pub uptime_s: f64,
@@ -239,7 +239,7 @@ pub struct StatsBody {
 #[utoipa::path(get, path = "/admin/stats", tag = "admin",
     responses((status = 200, body = StatsBody), (status = 401, description = "Missing or wrong admin token")),
     security(("admin_token" = [])))]
-pub async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
+pub(crate) async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
     let degraded = state.cache.store.degraded();
     let totals = state.requests.stats.totals();
     let recent = state.requests.recent(usize::MAX);
@@ -316,7 +316,7 @@ fn mode(state: &AppState) -> &'static str {
 #[utoipa::path(get, path = "/metrics", tag = "admin",
     responses((status = 200, description = "Prometheus text exposition format", content_type = "text/plain")),
     security(("admin_token" = [])))]
-pub async fn metrics(State(state): State<AppState>) -> Response {
+pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     use crate::index::VectorIndex;
     let gauges = Gauges {
         entries: state.cache.store.len() as u64,
@@ -345,13 +345,13 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
-pub struct RequestsQuery {
+pub(crate) struct RequestsQuery {
     /// How many, newest first (default 100, at most the request log's size).
     pub limit: Option<usize>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct RequestsPage {
+pub(crate) struct RequestsPage {
     pub object: String,
     pub data: Vec<RequestRecord>,
 }
@@ -359,7 +359,7 @@ pub struct RequestsPage {
 /// The most recent requests with their phases, newest first.
 #[utoipa::path(get, path = "/admin/requests", tag = "admin", params(RequestsQuery),
     responses((status = 200, body = RequestsPage)), security(("admin_token" = [])))]
-pub async fn requests(
+pub(crate) async fn requests(
     State(state): State<AppState>,
     query: Result<Query<RequestsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<RequestsPage>, GatewayError> {
@@ -385,7 +385,7 @@ pub async fn requests(
 /// The settings that can change while the gateway serves.
 #[utoipa::path(get, path = "/admin/config", tag = "admin",
     responses((status = 200, body = LiveSettings)), security(("admin_token" = [])))]
-pub async fn config(State(state): State<AppState>) -> Json<LiveSettings> {
+pub(crate) async fn config(State(state): State<AppState>) -> Json<LiveSettings> {
     Json(state.live.current().as_ref().clone())
 }
 
@@ -393,7 +393,7 @@ pub async fn config(State(state): State<AppState>) -> Json<LiveSettings> {
 #[utoipa::path(patch, path = "/admin/config", tag = "admin", request_body = ConfigPatch,
     responses((status = 200, body = LiveSettings), (status = 400, description = "Invalid value; names the field")),
     security(("admin_token" = [])))]
-pub async fn patch_config(
+pub(crate) async fn patch_config(
     State(state): State<AppState>,
     AdminJson(patch): AdminJson<ConfigPatch>,
 ) -> Result<Json<LiveSettings>, GatewayError> {
@@ -403,12 +403,12 @@ pub async fn patch_config(
 /// This document.
 #[utoipa::path(get, path = "/admin/openapi.json", tag = "admin",
     responses((status = 200, description = "OpenAPI 3.1 document")), security(("admin_token" = [])))]
-pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+pub(crate) async fn openapi() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
 }
 
 /// The dashboard page (no data inside: its script asks for the token and calls the routes above).
-pub async fn dashboard(State(state): State<AppState>) -> Result<Response, GatewayError> {
+pub(crate) async fn dashboard(State(state): State<AppState>) -> Result<Response, GatewayError> {
     if state.config.admin_token.is_none() {
         return Err(GatewayError::AdminDisabled);
     }
@@ -456,4 +456,4 @@ impl utoipa::Modify for BearerAuth {
     modifiers(&BearerAuth),
     tags((name = "admin", description = "Cache statistics, entries and settings"))
 )]
-pub struct ApiDoc;
+pub(crate) struct ApiDoc;

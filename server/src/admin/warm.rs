@@ -28,7 +28,7 @@ use crate::policy::MAX_TTL_S;
 /// One prompt/response pair to pre-load.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct WarmItem {
+pub(crate) struct WarmItem {
     /// Required unless `request` names it.
     pub model: Option<String>,
     /// The user's prompt (one user message, or the completions prompt).
@@ -61,13 +61,13 @@ enum WarmBody {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct WarmedEntry {
+pub(crate) struct WarmedEntry {
     pub id: String,
     pub prompt: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Warmed {
+pub(crate) struct Warmed {
     pub object: String,
     pub created: usize,
     pub data: Vec<WarmedEntry>,
@@ -281,7 +281,7 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
     request_body(content = Vec<WarmItem>, description = "An item, an array of items, `{\"entries\": [...]}`, or JSON Lines (application/x-ndjson)"),
     responses((status = 201, body = Warmed), (status = 400, description = "An invalid item; names it, and nothing was stored")),
     security(("admin_token" = [])))]
-pub async fn warm(
+pub(crate) async fn warm(
     State(state): State<AppState>,
     request: Request,
 ) -> Result<(StatusCode, Json<Warmed>), GatewayError> {

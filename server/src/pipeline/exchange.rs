@@ -78,7 +78,7 @@ impl MissNotes {
 
 /// How long a provider keeps a stored response (OpenAI: 30 days): an entry that serves a stored
 /// response's ids must not outlive it, or a hit would hand out ids that no longer resolve.
-pub const STORED_RESPONSE_RETENTION_S: u64 = 30 * 24 * 3600;
+pub(crate) const STORED_RESPONSE_RETENTION_S: u64 = 30 * 24 * 3600;
 
 /// The Responses API's own cache rules, applied to the policy; returns whether the entry may be
 /// shared across API keys. A `background` or `conversation` request is neither looked up nor

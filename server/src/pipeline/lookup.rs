@@ -23,7 +23,7 @@ use crate::semantic::{self, Query, Semantic};
 use crate::AppState;
 
 /// What the lookup decided for a request.
-pub enum Decision {
+pub(crate) enum Decision {
     /// Serve this entry.
     Hit(Found),
     /// An identical miss is in flight: wait for its answer.
@@ -80,7 +80,7 @@ impl How {
 /// What the semantic stage produced: the prompt's vector (to store with the answer) and, when it
 /// searched, what it found.
 #[derive(Default)]
-pub struct Searched {
+pub(crate) struct Searched {
     pub vector: Option<Vec<f32>>,
     pub embed_ms: Option<f64>,
     /// When the embedding began (a trace places the embed and search phases from it).
@@ -90,13 +90,13 @@ pub struct Searched {
 
 /// A semantic search running beside the upstream request. Its vector also lands in `vector` when
 /// it is done, so that an answer recorded later can be stored with it.
-pub struct PendingSearch {
+pub(crate) struct PendingSearch {
     pub task: JoinHandle<Searched>,
     pub vector: Arc<OnceLock<Vec<f32>>>,
 }
 
 /// Runs the lookup for `ex`.
-pub async fn decide(state: &AppState, ex: &mut Exchange) -> Decision {
+pub(crate) async fn decide(state: &AppState, ex: &mut Exchange) -> Decision {
     if let Some(found) = exact(state, ex) {
         return Decision::Hit(found);
     }
@@ -274,7 +274,7 @@ fn start_search(
 /// Takes in what the semantic stage found: the nearest candidate and the guard that refused it
 /// (for the miss's headers), a shadow decision, an operator's veto, the vector. Returns the hit to
 /// serve, if any.
-pub fn apply_search(
+pub(crate) fn apply_search(
     state: &AppState,
     ex: &mut Exchange,
     searched: Searched,

@@ -2,16 +2,16 @@
 //! [`Exchange`]: ingress, policy and key ([`Exchange::new`]), lookup ([`lookup::decide`]), then
 //! replay on a hit or forward on a miss; downstream and record run as the response is delivered.
 
-pub mod exchange;
-pub mod lookup;
+pub(crate) mod exchange;
+pub(crate) mod lookup;
 
 use std::time::Instant;
 
 use axum::extract::Request;
 use axum::response::Response;
 
-pub use exchange::Exchange;
-pub use lookup::Decision;
+pub(crate) use exchange::Exchange;
+pub(crate) use lookup::Decision;
 
 use crate::cache::{Flight, Recorder};
 use crate::ingress::{self, Route};
@@ -21,7 +21,7 @@ use lookup::PendingSearch;
 
 /// Runs one request on a cacheable route through the pipeline.
 #[tracing::instrument(name = "request", skip_all, fields(route = route.name(), id))]
-pub async fn handle(state: AppState, route: Route, request: Request) -> Response {
+pub(crate) async fn handle(state: AppState, route: Route, request: Request) -> Response {
     let started = Instant::now();
     let id = state.requests.next_id();
     tracing::Span::current().record("id", id.as_str());

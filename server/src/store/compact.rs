@@ -21,7 +21,7 @@ const STAGING: &str = "rebuild.tmp";
 const READY: &str = "rebuild.ready";
 
 /// True when sled's `blobs/` directory in `dir` holds any file.
-pub fn has_blobs(dir: &Path) -> bool {
+pub(super) fn has_blobs(dir: &Path) -> bool {
     std::fs::read_dir(dir.join("blobs")).is_ok_and(|mut listing| listing.next().is_some())
 }
 
@@ -54,7 +54,7 @@ fn sync_dir(dir: &Path) {
 }
 
 /// Finishes a committed rebuild, or discards one that never committed.
-pub fn finish_or_discard(dir: &Path) -> Result<(), StoreError> {
+pub(super) fn finish_or_discard(dir: &Path) -> Result<(), StoreError> {
     if dir.join(READY).exists() {
         info!(dir = %dir.display(), "finishing an interrupted store rebuild");
         return finish(dir);
@@ -69,7 +69,7 @@ pub fn finish_or_discard(dir: &Path) -> Result<(), StoreError> {
 
 /// Copies `old` into a fresh database and puts it in its place; returns the new database, opened.
 /// When the copy cannot be made (a full disk), the old database is kept and returned.
-pub fn rebuild(dir: &Path, old: sled::Db) -> Result<sled::Db, StoreError> {
+pub(super) fn rebuild(dir: &Path, old: sled::Db) -> Result<sled::Db, StoreError> {
     let staging = dir.join(STAGING);
     remove_any(&staging).map_err(|e| io_error("removing", &staging, e))?;
     let bytes_before = old.size_on_disk().unwrap_or(0);

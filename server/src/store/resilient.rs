@@ -19,7 +19,7 @@ use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
 /// Shortest time between two attempts to reopen a failed store.
-pub const RETRY: Duration = Duration::from_secs(2);
+pub(super) const RETRY: Duration = Duration::from_secs(2);
 /// Shortest time between two log lines about the same degraded spell.
 const LOG_EVERY: Duration = Duration::from_secs(300);
 
