@@ -316,10 +316,10 @@ async fn concurrent_identical_misses_make_one_upstream_call() {
     assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
 }
 
-/// An entry past its TTL is a miss. Expiry compares the entry's `created_at_ms` with the wall
-/// clock (unix ms, in `cache::lookup`), which a paused tokio clock does not move, and the shortest
-/// TTL a request can ask for is one second: so this test waits 1.1 s of real time. (A clock seam,
-/// a `now_ms` the cache holds, would let it run on a paused clock instead.)
+/// An entry past its TTL is a miss. The gateway's unix clock (`record::unix_ms`) follows tokio's,
+/// so the test pauses it and moves it past the one-second TTL instead of waiting. Time is paused only
+/// around that jump: while it is paused, a request to the (real, in-process) upstream would let
+/// tokio jump to the first-byte deadline.
 #[tokio::test]
 async fn an_entry_past_its_ttl_is_a_miss() {
     let sim = fast_sim().await;
@@ -333,7 +333,7 @@ async fn an_entry_past_its_ttl_is_a_miss() {
         "hit",
         "stored, within its TTL"
     );
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    age_by(Duration::from_millis(1_100)).await;
     assert_eq!(entries(&gw), 1, "still stored, only expired");
     assert_eq!(
         ask(&gw, &body, &[]).await.0,
@@ -344,14 +344,14 @@ async fn an_entry_past_its_ttl_is_a_miss() {
 }
 
 /// `Cache-Control: max-age=N` refuses an entry older than N seconds and accepts a younger one.
-/// Ages are whole seconds of wall-clock time (see the TTL test), so the entry is aged 1.1 s for real.
+/// Ages are whole seconds; the entry is aged 1.1 s on tokio's clock (see the TTL test).
 #[tokio::test]
 async fn max_age_refuses_an_entry_older_than_asked_for() {
     let sim = fast_sim().await;
     let gw = gateway(&sim, |_| {});
     let body = chat_body("how old may it be", false);
     assert_eq!(ask(&gw, &body, &[]).await.0, "miss");
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    age_by(Duration::from_millis(1_100)).await;
     let young_enough = ask(&gw, &body, &[("cache-control", "max-age=60")]).await;
     assert_eq!(young_enough.0, "hit");
     let too_old = ask(&gw, &body, &[("cache-control", "max-age=0")]).await;
@@ -424,4 +424,11 @@ async fn no_cache_skips_the_lookup_and_replaces_the_entry() {
     assert_eq!(hit, "hit");
     assert_eq!(served, fresh, "the refreshed answer replaced the old entry");
     assert_eq!(entries(&gw), 1);
+}
+
+/// Moves tokio's clock, and with it the gateway's unix clock, forward by `by` without waiting.
+async fn age_by(by: Duration) {
+    tokio::time::pause();
+    tokio::time::advance(by).await;
+    tokio::time::resume();
 }
