@@ -1,5 +1,6 @@
 //! Criterion benches of the hot components on the request path, with fixed inputs and seeds:
-//! key canonicalization and hashing, store get/put, rendering a replayed entry as SSE, the literal
+//! key canonicalization and hashing, store get/put and the exact hit's hot read (`replay_by_key`),
+//! rendering a hit (SSE at each pacing, the body, and the first byte of an instant stream), the literal
 //! guards (reading a prompt's literals, one candidate check, and a 2 KB lookup with every guard), embedding
 //! (one text and batches; needs the provisioned model), and vector index search (exact partition
 //! scan, filtered graph search, and the admin's cross-partition scan) at 10k and 100k vectors.
@@ -12,8 +13,9 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use reprise_server::downstream::Source;
 use reprise_server::embed::{EmbedConfig, Embedder};
-use reprise_server::entry::{Entry, EntryId, RequestSummary};
+use reprise_server::entry::{Entry, EntryId, Replay, RequestSummary};
 use reprise_server::guard::{Guards, Literals};
 use reprise_server::index::{HnswIndex, VectorIndex};
 use reprise_server::ingress::Route;
@@ -21,7 +23,7 @@ use reprise_server::key::{build, CacheKey, KeyInput, PartitionKey, Tenant};
 use reprise_server::policy::Pacing;
 use reprise_server::replay::{self, Fresh};
 use reprise_server::store::{SledStore, Store};
-use reprise_server::timing::Phases;
+use reprise_server::timing::{PhaseClock, Phases};
 use serde_json::{json, Map, Value};
 
 fn chat_body(turns: usize) -> Map<String, Value> {
@@ -114,10 +116,22 @@ fn store(c: &mut Criterion) {
     for i in 0..1000 {
         store.put(entry(i, 64)).expect("put");
     }
+    for i in 0..100 {
+        store.put(entry(100_000 + i, 512)).expect("put");
+    }
     let probe = entry(500, 64).key;
+    let probe_512 = entry(100_050, 512).key;
     let mut group = c.benchmark_group("store");
+    // The whole entry (the cold read: admin, semantic candidates).
     group.bench_function("get_by_key/64tok", |b| {
         b.iter(|| store.get_by_key(black_box(&probe)))
+    });
+    // What an exact hit reads.
+    group.bench_function("replay_by_key/64tok", |b| {
+        b.iter(|| store.replay_by_key(black_box(&probe)))
+    });
+    group.bench_function("replay_by_key/512tok", |b| {
+        b.iter(|| store.replay_by_key(black_box(&probe_512)))
     });
     let mut next = 10_000u64;
     group.bench_function("put/64tok", |b| {
@@ -133,16 +147,73 @@ fn store(c: &mut Criterion) {
     group.finish();
 }
 
+/// Renders a hit and drains what it sends: every byte of the body or stream.
+fn render_all(
+    runtime: &tokio::runtime::Runtime,
+    replay: &std::sync::Arc<Replay>,
+    stream: bool,
+    include_usage: bool,
+    pacing: Pacing,
+) -> usize {
+    use futures_util::StreamExt;
+    let fresh = Fresh::new(Route::ChatCompletions);
+    let mut clock = PhaseClock::start(std::time::Instant::now());
+    let (source, _) = replay::render(
+        replay.clone(),
+        &fresh,
+        stream,
+        include_usage,
+        pacing,
+        &mut clock,
+    );
+    match source {
+        Source::Once(body) => body.map_or(0, |b| b.len()),
+        Source::Replay(events) => {
+            runtime.block_on(events.map(|b| b.len()).fold(0, |a, n| async move { a + n }))
+        }
+        _ => 0,
+    }
+}
+
 fn replay_encode(c: &mut Criterion) {
     let mut group = c.benchmark_group("replay");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
     for tokens in [64usize, 512] {
         let e = entry(1, tokens);
-        let fresh = Fresh::new(Route::ChatCompletions);
+        let replay = std::sync::Arc::new(Replay::of(&e));
+        // The whole answer as the client receives it, rendered from the stored replay (an instant
+        // replay: the head, then the rest, the timing comment and `[DONE]`).
         group.bench_function(format!("sse_events/{tokens}tok"), |b| {
-            b.iter(|| replay::stream_events(black_box(&e), &fresh, false, Pacing::Instant))
+            b.iter(|| render_all(&runtime, black_box(&replay), true, false, Pacing::Instant))
+        });
+        group.bench_function(format!("sse_events+usage/{tokens}tok"), |b| {
+            b.iter(|| render_all(&runtime, black_box(&replay), true, true, Pacing::Instant))
         });
         group.bench_function(format!("body/{tokens}tok"), |b| {
-            b.iter(|| replay::body(black_box(&e), &fresh))
+            b.iter(|| render_all(&runtime, black_box(&replay), false, false, Pacing::Instant))
+        });
+        // From the end of the lookup to the first byte ready for the socket: an instant replay
+        // renders its head at once and the rest after the head is flushed.
+        group.bench_function(format!("first_byte/{tokens}tok"), |b| {
+            b.iter(|| {
+                let fresh = Fresh::new(Route::ChatCompletions);
+                let mut clock = PhaseClock::start(std::time::Instant::now());
+                replay::render(
+                    black_box(replay.clone()),
+                    &fresh,
+                    true,
+                    false,
+                    Pacing::Instant,
+                    &mut clock,
+                )
+            })
+        });
+        // Building the replay: once per stored answer, on the writer thread.
+        group.bench_function(format!("build/{tokens}tok"), |b| {
+            b.iter(|| Replay::of(black_box(&e)))
         });
     }
     group.finish();
