@@ -1,5 +1,5 @@
 //! Criterion benches of the hot components on the request path, with fixed inputs and seeds:
-//! key canonicalization and hashing, store get/put, rendering a replayed entry as SSE, the literal
+//! key canonicalization and hashing (the store and rendering a hit are in `hit.rs`), the literal
 //! guards (reading a prompt's literals, one candidate check, and a 2 KB lookup with every guard), embedding
 //! (one text and batches; needs the provisioned model), and vector index search (exact partition
 //! scan, filtered graph search, and the admin's cross-partition scan) at 10k and 100k vectors.
@@ -9,19 +9,14 @@
 
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reprise_server::embed::{EmbedConfig, Embedder};
-use reprise_server::entry::{Entry, EntryId, RequestSummary};
 use reprise_server::guard::{Guards, Literals};
 use reprise_server::index::{HnswIndex, VectorIndex};
 use reprise_server::ingress::Route;
-use reprise_server::key::{build, CacheKey, KeyInput, PartitionKey, Tenant};
-use reprise_server::policy::Pacing;
-use reprise_server::replay::{self, Fresh};
-use reprise_server::store::{SledStore, Store};
-use reprise_server::timing::Phases;
+use reprise_server::key::{build, KeyInput, Tenant};
 use serde_json::{json, Map, Value};
 
 fn chat_body(turns: usize) -> Map<String, Value> {
@@ -62,97 +57,6 @@ fn keys(c: &mut Criterion) {
                 build(&input).map(|k| k.exact)
             })
         });
-    }
-    group.finish();
-}
-
-fn entry(i: u64, tokens: usize) -> Entry {
-    let chunks: Vec<Value> = (0..tokens)
-        .map(|t| json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": {"content": format!(" word{t}")}, "finish_reason": null}]}))
-        .chain(std::iter::once(json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})))
-        .collect();
-    let mut key = [0u8; 32];
-    key[..8].copy_from_slice(&i.to_le_bytes());
-    Entry {
-        id: EntryId(0),
-        key: CacheKey(key),
-        partition: PartitionKey([1; 32]),
-        summary: RequestSummary {
-            route: "chat.completions".into(),
-            model: "m".into(),
-            namespace: None,
-            tenant: "t".into(),
-            prompt: "p".into(),
-            stream: true,
-        },
-        body: reprise_server::cache::cacheable::assemble(Route::ChatCompletions, &chunks),
-        events: chunks
-            .into_iter()
-            .enumerate()
-            .map(|(n, data)| reprise_server::entry::StoredEvent {
-                offset_ms: n as f64,
-                data,
-            })
-            .collect(),
-        usage: None,
-        phases: Phases::default(),
-        created_at_ms: 0,
-        ttl_ms: u64::MAX / 2,
-        hit_count: 0,
-        last_hit_ms: 0,
-        vector: None,
-        hit_history: Vec::new(),
-        warmed: false,
-    }
-}
-
-fn store(c: &mut Criterion) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = SledStore::open(dir.path()).expect("store");
-    for i in 0..1000 {
-        store.put(entry(i, 64)).expect("put");
-    }
-    let probe = entry(500, 64).key;
-    let mut group = c.benchmark_group("store");
-    group.bench_function("get_by_key/64tok", |b| {
-        b.iter(|| store.get_by_key(black_box(&probe)))
-    });
-    let mut next = 10_000u64;
-    group.bench_function("put/64tok", |b| {
-        b.iter_batched(
-            || {
-                next += 1;
-                entry(next, 64)
-            },
-            |e| store.put(e),
-            BatchSize::SmallInput,
-        )
-    });
-    group.finish();
-}
-
-fn replay_encode(c: &mut Criterion) {
-    let mut group = c.benchmark_group("replay");
-    for tokens in [64usize, 512] {
-        let e = std::sync::Arc::new(reprise_server::entry::Replay::of(&entry(1, tokens)));
-        let fresh = Fresh::new(Route::ChatCompletions);
-        let clock = reprise_server::timing::PhaseClock::start(std::time::Instant::now());
-        for (name, stream) in [("sse_events", true), ("body", false)] {
-            group.bench_function(format!("{name}/{tokens}tok"), |b| {
-                b.iter(|| {
-                    replay::render(
-                        black_box(e.clone()),
-                        &fresh,
-                        stream,
-                        false,
-                        Pacing::Instant,
-                        &mut clock.clone(),
-                    )
-                })
-            });
-        }
     }
     group.finish();
 }
@@ -317,14 +221,5 @@ fn embedding(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(
-    benches,
-    keys,
-    store,
-    replay_encode,
-    guard,
-    index,
-    index_100k,
-    embedding
-);
+criterion_group!(benches, keys, guard, index, index_100k, embedding);
 criterion_main!(benches);

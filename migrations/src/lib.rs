@@ -390,8 +390,21 @@ pub mod fixtures {
 mod tests {
     use super::*;
 
+    /// Opens `dir`, waiting for the lock: sled releases a dropped database's file lock from its
+    /// flusher thread a moment later, so opening right after a fixture writer closed it can fail.
     fn open(dir: &Path) -> sled::Db {
-        sled::open(dir).expect("open sled")
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match sled::open(dir) {
+                Err(sled::Error::Io(e))
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => return other.expect("open sled"),
+            }
+        }
     }
 
     fn version(db: &sled::Db) -> Option<u32> {

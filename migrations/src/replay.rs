@@ -348,23 +348,30 @@ pub fn build(parts: Parts<'_>) -> Record {
         let usage_only = is_usage_chunk(data);
         saw_usage |= usage_only;
         let ident = identities.of(data);
-        let without = if usage_only {
-            Vec::new()
-        } else {
+        // As `render_chunk` of version 3 had it: without usage, the `usage` member is removed (and
+        // a usage-only chunk is not sent); with usage, it is added as `null` where absent. One of
+        // the two is the chunk as stored, so one clone per event.
+        let has_usage = data.get("usage").is_some();
+        let edited = |with_usage: bool| {
             let mut chunk = (*data).clone();
             if let Some(obj) = chunk.as_object_mut() {
-                obj.remove("usage");
+                if with_usage {
+                    obj.entry("usage").or_insert(Value::Null);
+                } else {
+                    obj.remove("usage");
+                }
             }
             sse_marked(&chunk)
         };
-        let with = if usage_only {
+        let without = match (usage_only, has_usage) {
+            (true, _) => Vec::new(),
+            (false, false) => sse_marked(data),
+            (false, true) => edited(false),
+        };
+        let with = if usage_only || has_usage {
             sse_marked(data)
         } else {
-            let mut chunk = (*data).clone();
-            if let Some(obj) = chunk.as_object_mut() {
-                obj.entry("usage").or_insert(Value::Null);
-            }
-            sse_marked(&chunk)
+            edited(true)
         };
         stream.push_variants(&without, &with, ident);
         events.push(Event {

@@ -13,8 +13,8 @@
 //!    user turn with [`embed`], searches the partition in the vector [`index`] and lets the
 //!    [`guard`]s veto candidates that differ in numbers, negation, format, task, direction, an
 //!    antonym or a name); `Follow` when an identical miss is in flight; else `Miss`.
-//! 5. [`replay`] on a hit: renders the stored [`entry::Entry`] as a body or a paced SSE stream, or
-//!    follows the identical miss in flight.
+//! 5. [`replay`] on a hit: renders the entry's [`entry::Replay`] (its answer, pre-serialized) as a
+//!    body or a paced SSE stream, or follows the identical miss in flight.
 //! 6. [`forward`] on a miss: sends the request upstream over a pooled connection, waits for the first
 //!    event within the first-byte deadline, then relays the body or the event stream (framed by
 //!    [`sse`]) while timing tokens and feeding the [`cache::Recorder`]. With `semantic_overlap`, the
@@ -38,7 +38,7 @@ pub(crate) mod admin;
 pub(crate) mod backfill;
 pub mod cache;
 pub mod config;
-pub(crate) mod downstream;
+pub mod downstream;
 pub mod embed;
 pub mod entry;
 pub(crate) mod error;

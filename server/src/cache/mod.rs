@@ -25,7 +25,7 @@ use crate::record::unix_ms;
 use crate::store::Store;
 use alias::Aliases;
 use flight::Flights;
-use writer::{Budget, WriteOp, Writer};
+use writer::{Budget, Writer};
 
 /// Settings of the cache that do not change per request.
 #[derive(Debug, Clone)]
@@ -160,7 +160,7 @@ impl Cache {
 
     /// Records a hit on an entry (batched by the writer thread).
     pub fn note_hit(&self, id: EntryId, hit: HitEvent) {
-        self.writer.send(WriteOp::Touch(id, hit));
+        self.writer.note_hit(id, hit);
     }
 
     /// Joins the flight for `key`, or starts one when this request will store its answer.

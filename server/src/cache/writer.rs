@@ -20,9 +20,13 @@ use crate::store::Store;
 
 pub(super) enum WriteOp {
     Put(Box<Entry>),
-    Touch(EntryId, HitEvent),
     Flush(mpsc::Sender<()>),
 }
+
+/// Hits noted since the writer last recorded them. A map behind a lock rather than a message per
+/// hit: sending one woke the writer thread on every hit (a futex wake and a context switch, about a
+/// tenth of the gateway's CPU under a hit storm), and the writer records them in batches anyway.
+type PendingTouches = Arc<Mutex<HashMap<EntryId, Touches>>>;
 
 /// When the writer sweeps and what it enforces.
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +39,7 @@ pub(super) struct Budget {
 /// The handle on the writer thread.
 pub(super) struct Writer {
     tx: Mutex<Option<mpsc::Sender<WriteOp>>>,
+    touches: PendingTouches,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Disconnects when the writer thread ends, so stopping it can wait with a deadline.
     done: Mutex<Option<mpsc::Receiver<()>>>,
@@ -50,19 +55,27 @@ impl Writer {
     ) -> Self {
         let (tx, rx) = mpsc::channel::<WriteOp>();
         let (done_tx, done_rx) = mpsc::channel::<()>();
+        let touches = PendingTouches::default();
+        let pending = touches.clone();
         let thread = std::thread::Builder::new()
             .name("reprise-writer".into())
             .spawn(move || {
                 // Dropped when the loop ends, however it ends.
                 let _done = done_tx;
-                writer_loop(store, index, backfill, rx, budget);
+                writer_loop(store, index, backfill, rx, &pending, budget);
             })
             .ok();
         Self {
             tx: Mutex::new(Some(tx)),
+            touches,
             thread: Mutex::new(thread),
             done: Mutex::new(Some(done_rx)),
         }
+    }
+
+    /// Notes a hit on an entry; the writer records the hits in batches.
+    pub(super) fn note_hit(&self, id: EntryId, hit: HitEvent) {
+        lock(&self.touches).entry(id).or_default().add(hit);
     }
 
     pub(super) fn send(&self, op: WriteOp) {
@@ -107,11 +120,13 @@ fn writer_loop(
     index: Option<Arc<dyn VectorIndex>>,
     backfill: Option<Arc<Backfill>>,
     rx: mpsc::Receiver<WriteOp>,
+    pending: &Mutex<HashMap<EntryId, Touches>>,
     budget: Budget,
 ) {
     let interval = Duration::from_millis(budget.sweep_interval_ms.max(10));
     let mut last_sweep = Instant::now();
-    let mut touches: HashMap<EntryId, Touches> = HashMap::new();
+    // Takes the hits noted so far, leaving the lock at once.
+    let take = || std::mem::take(&mut *lock(pending));
     let mut dirty = false;
     loop {
         let op = rx.recv_timeout(interval);
@@ -135,17 +150,8 @@ fn writer_loop(
                 }
                 dirty = true;
             }
-            Ok(WriteOp::Touch(id, hit)) => {
-                let t = touches.entry(id).or_default();
-                t.count += 1;
-                // Only the latest are kept with the entry: a hot entry's batch stays small.
-                if t.recent.len() == HIT_HISTORY {
-                    t.recent.pop_front();
-                }
-                t.recent.push_back(hit);
-            }
             Ok(WriteOp::Flush(done)) => {
-                apply_touches(store.as_ref(), &mut touches);
+                apply_touches(store.as_ref(), &mut take());
                 if let Err(err) = store.flush() {
                     tracing::debug!(error = %err, "flushing the store failed");
                 }
@@ -153,7 +159,7 @@ fn writer_loop(
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
-                apply_touches(store.as_ref(), &mut touches);
+                apply_touches(store.as_ref(), &mut take());
                 let _ = store.flush();
                 return;
             }
@@ -164,7 +170,7 @@ fn writer_loop(
         }
         // Hit counts are batched; TTL expiry and caps are enforced in the same quiet moments.
         if last_sweep.elapsed() >= interval || dirty && store.len() > budget.max_entries {
-            apply_touches(store.as_ref(), &mut touches);
+            apply_touches(store.as_ref(), &mut take());
             match store.sweep(unix_ms(), budget.max_entries, budget.max_bytes) {
                 Ok((expired, evicted)) if expired + evicted > 0 => {
                     tracing::debug!(expired, evicted, "cache sweep");
@@ -182,9 +188,20 @@ fn writer_loop(
 
 /// Hits on one entry since the last write of them.
 #[derive(Default)]
-struct Touches {
+pub(super) struct Touches {
     count: u64,
     recent: VecDeque<HitEvent>,
+}
+
+impl Touches {
+    fn add(&mut self, hit: HitEvent) {
+        self.count += 1;
+        // Only the latest are kept with the entry: a hot entry's batch stays small.
+        if self.recent.len() == HIT_HISTORY {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(hit);
+    }
 }
 
 fn apply_touches(store: &dyn Store, touches: &mut HashMap<EntryId, Touches>) {
