@@ -107,6 +107,10 @@ pub struct BenchArgs {
     /// Write report.md, report.json and SVG charts into this directory.
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
+    /// Write every measured request as one JSON line (target, index, kind, outcome, TTFT, total,
+    /// phases, error) to this file, so runs can be pooled or paired by a script.
+    #[arg(long, value_name = "FILE")]
+    pub samples: Option<PathBuf>,
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
@@ -301,6 +305,17 @@ fn progress_of(bar: ProgressBar) -> Progress {
     })
 }
 
+/// Writes `samples` as JSON Lines to `path` (`--samples`).
+fn write_samples(path: &std::path::Path, samples: &[super::Sample]) -> Result<(), String> {
+    let mut text = String::new();
+    for sample in samples {
+        let line = serde_json::to_string(sample).map_err(|e| e.to_string())?;
+        text.push_str(&line);
+        text.push('\n');
+    }
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
 /// Runs `reprise-client bench`.
 pub async fn main(args: BenchArgs) -> ExitCode {
     let id = run_id();
@@ -325,6 +340,12 @@ pub async fn main(args: BenchArgs) -> ExitCode {
         }
     } else {
         print!("{}", super::render(&report));
+    }
+    if let Some(path) = &args.samples {
+        if let Err(err) = write_samples(path, &report.samples) {
+            eprintln!("reprise-client bench: {err}");
+            return ExitCode::FAILURE;
+        }
     }
     if let Some(dir) = &args.report {
         match report::write(dir, &report) {
@@ -402,6 +423,31 @@ mod tests {
             Arrivals::Uniform
         );
         assert!(parse(&["--arrivals", "poisson"]).is_err(), "needs --rate");
+    }
+
+    #[test]
+    fn samples_are_written_one_json_line_each() {
+        let args = parse(&["--samples", "s.jsonl"]).expect("parses");
+        assert_eq!(args.samples, Some(PathBuf::from("s.jsonl")));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.jsonl");
+        let mut first = super::super::Sample::new(0, 0, workload::Kind::New);
+        first.outcome = "miss".to_owned();
+        first.ttft_ms = Some(51.5);
+        let second = super::super::Sample::new(1, 0, workload::Kind::New);
+        write_samples(&path, &[first, second]).expect("written");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["outcome"], "miss");
+        assert_eq!(lines[0]["ttft_ms"], 51.5);
+        assert_eq!(
+            (lines[1]["target"].as_u64(), lines[1]["index"].as_u64()),
+            (Some(1), Some(0))
+        );
     }
 
     #[test]
