@@ -354,32 +354,45 @@ fn chat(body: &Map<String, Value>, partition: &mut FieldHasher) -> Result<Turn, 
     for (i, message) in messages.iter().enumerate() {
         canonical.push(canonical_message(i, message)?);
     }
-    let last_user = canonical
-        .iter()
-        .rposition(|m| m.get("role").and_then(Value::as_str) == Some("user"));
-    let Some(last_user) = last_user else {
-        // Nothing to match semantically: the whole conversation is context.
-        partition.field("messages.before", canonical_seq(&canonical).as_bytes());
-        return Ok(Turn {
+    Ok(final_turn(
+        partition,
+        ["messages.before", "messages.after"],
+        &canonical,
+        |m| m.get("role").and_then(Value::as_str) == Some("user"),
+        turn_shape,
+        turn_text,
+    ))
+}
+
+/// Splits canonical messages (or input items) at the last one `is_turn` accepts, the final user turn:
+/// it is the exact and semantic text, and what comes before and after it (each under its own field
+/// of `names`, so moving a message across the turn changes the partition: tool results after the
+/// turn must never be matched against other results) and the turn's shape go into the partition.
+/// Without such a turn there is nothing to match semantically: everything is context.
+fn final_turn(
+    partition: &mut FieldHasher,
+    [before_name, after_name]: [&str; 2],
+    canonical: &[Map<String, Value>],
+    is_turn: impl Fn(&Map<String, Value>) -> bool,
+    shape: impl Fn(&Map<String, Value>) -> Value,
+    text: impl Fn(&Map<String, Value>) -> String,
+) -> Turn {
+    let Some(at) = canonical.iter().rposition(is_turn) else {
+        partition.field(before_name, canonical_seq(canonical).as_bytes());
+        return Turn {
             canonical: String::new(),
             prompt: String::new(),
-        });
+        };
     };
     // `rposition` returned an index into `canonical`, so these slices are in bounds.
-    let (before, last, after) = (
-        &canonical[..last_user],
-        &canonical[last_user],
-        &canonical[last_user + 1..],
-    );
-    // Before and after are separate fields, so moving a message across the user turn changes the
-    // partition; tool results after the user turn must never be matched against other results.
-    partition.field("messages.before", canonical_seq(before).as_bytes());
-    partition.field("messages.after", canonical_seq(after).as_bytes());
-    partition.field("turn.shape", canonical_string(&turn_shape(last)).as_bytes());
-    Ok(Turn {
+    let (before, last, after) = (&canonical[..at], &canonical[at], &canonical[at + 1..]);
+    partition.field(before_name, canonical_seq(before).as_bytes());
+    partition.field(after_name, canonical_seq(after).as_bytes());
+    partition.field("turn.shape", canonical_string(&shape(last)).as_bytes());
+    Turn {
         canonical: canonical_string(&Value::Object(last.clone())),
-        prompt: turn_text(last),
-    })
+        prompt: text(last),
+    }
 }
 
 fn completions(

@@ -209,33 +209,10 @@ fn classify_typed(kind: &str, value: Value) -> EventKind {
     }
 }
 
-/// How many choices of a chunk carry content (about one token each on OpenAI-style streams).
-pub fn chunk_tokens(chunk: &Value) -> u32 {
-    chunk
-        .get("choices")
-        .and_then(Value::as_array)
-        .map_or(0, |choices| {
-            choices.iter().filter(|c| choice_has_content(c)).count() as u32
-        })
-}
-
-/// A chat delta with content, a refusal, reasoning or tool-call arguments, or a legacy completion's text.
-fn choice_has_content(choice: &Value) -> bool {
-    let non_empty = |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
-    if non_empty(choice.get("text")) {
-        return true;
-    }
-    let Some(delta) = choice.get("delta") else {
-        return false;
-    };
-    non_empty(delta.get("content"))
-        || non_empty(delta.get("refusal"))
-        || non_empty(delta.get("reasoning_content"))
-        || delta
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .is_some_and(|calls| !calls.is_empty())
-}
+/// Tokens a chunk carries: its choices with content (a chat delta with content, a refusal, reasoning
+/// or tool-call arguments, or a legacy completion's text), about one token each on OpenAI-style
+/// streams. One rule with the replay record's token counts, which the migrations crate owns.
+pub use reprise_migrations::replay::chunk_tokens;
 
 #[cfg(test)]
 mod tests {

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{canonical_seq, canonical_string, model_field, normalize_text, unreadable};
+use super::{final_turn, model_field, normalize_text, unreadable};
 use super::{FieldHasher, Ignored, Turn};
 use crate::error::GatewayError;
 
@@ -158,26 +158,14 @@ pub(super) fn keys(
     for (i, item) in items.iter().enumerate() {
         canonical.push(canonical_item(i, item)?);
     }
-    let last_user = canonical.iter().rposition(is_user_message);
-    let Some(last_user) = last_user else {
-        partition.field("input.before", canonical_seq(&canonical).as_bytes());
-        return Ok(Turn {
-            canonical: String::new(),
-            prompt: String::new(),
-        });
-    };
-    let (before, last, after) = (
-        &canonical[..last_user],
-        &canonical[last_user],
-        &canonical[last_user + 1..],
-    );
-    partition.field("input.before", canonical_seq(before).as_bytes());
-    partition.field("input.after", canonical_seq(after).as_bytes());
-    partition.field("turn.shape", canonical_string(&shape(last)).as_bytes());
-    Ok(Turn {
-        canonical: canonical_string(&Value::Object(last.clone())),
-        prompt: text_of(last),
-    })
+    Ok(final_turn(
+        partition,
+        ["input.before", "input.after"],
+        &canonical,
+        is_user_message,
+        shape,
+        text_of,
+    ))
 }
 
 fn user_message(text: String) -> Value {
