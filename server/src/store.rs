@@ -197,6 +197,12 @@ pub trait Store: Send + Sync + 'static {
     /// The hot read, for exact hits: the [`Replay`] of the entry the exact-key index names for
     /// `key`, read without the rest of the entry and without decoding JSON.
     fn replay_by_key(&self, key: &CacheKey) -> Result<Option<Replay>, StoreError>;
+    /// The [`Replay`] of entry `id`, for a hit that found its entry by id (semantic matching, an
+    /// alias): the same read as an exact hit's, where the store keeps replays apart. The default
+    /// builds it from the whole entry.
+    fn replay(&self, id: EntryId) -> Result<Option<Replay>, StoreError> {
+        Ok(self.get(id)?.map(|entry| Replay::of(&entry)))
+    }
     /// Assigns `entry.id` (the incoming id is ignored) and writes the entry and its exact-key index
     /// row atomically, replacing (and deleting) any older entry with the same key. Returns the id.
     fn put(&self, entry: Entry) -> Result<EntryId, StoreError>;
@@ -769,6 +775,13 @@ impl Store for SledStore {
             return Ok(None);
         };
         Ok(self.read_entry(id, raw)?.filter(|entry| entry.key == *key))
+    }
+
+    fn replay(&self, id: EntryId) -> Result<Option<Replay>, StoreError> {
+        match self.replays.get(id.0.to_be_bytes())? {
+            Some(raw) => self.read_replay(id, raw),
+            None => Ok(None),
+        }
     }
 
     fn replay_by_key(&self, key: &CacheKey) -> Result<Option<Replay>, StoreError> {
@@ -1703,8 +1716,10 @@ mod tests {
             .replay_chunks
             .insert(chunk_key(damaged.0, 1), piece)
             .expect("insert");
-        // Neither the hot read nor the whole entry hands it out.
+        // Neither the hot reads nor the whole entry hand it out.
         assert_eq!(store.replay_by_key(&key(1)).expect("replay"), None);
+        assert_eq!(store.replay(damaged).expect("replay"), None);
+        assert!(store.replay(kept).expect("replay").is_some());
         assert_eq!(store.get(damaged).expect("get"), None);
         assert!(store.get(kept).expect("get").is_some());
         store.sweep(2_000, 100, u64::MAX).expect("sweep");

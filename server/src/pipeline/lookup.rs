@@ -170,7 +170,7 @@ fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
                             && state.feedback.allows(hit.entry.id, &prompt, *similarity)
                     })
             })?;
-    let replay = Arc::new(Replay::of(&hit.entry));
+    let replay = replay_of(state, &hit.entry);
     Some(found(
         state,
         ex,
@@ -320,10 +320,18 @@ pub(crate) fn apply_search(
     Some(found(
         state,
         ex,
-        Arc::new(Replay::of(&entry)),
+        replay_of(state, &entry),
         age_s,
         How::Similar(similarity),
     ))
+}
+
+/// The replay a hit found by id serves: read as an exact hit reads it (the entry was decoded whole
+/// for the guards; its answer need not be serialized again), or built from the entry when the
+/// store has none to give (it was replaced or dropped since).
+fn replay_of(state: &AppState, entry: &crate::entry::Entry) -> Arc<Replay> {
+    let stored = state.cache.store.replay(entry.id).ok().flatten();
+    Arc::new(stored.unwrap_or_else(|| Replay::of(entry)))
 }
 
 /// A hit: the lookup ends here, and feedback on this request will name the entry.

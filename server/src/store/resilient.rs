@@ -232,6 +232,10 @@ impl Store for ResilientStore {
         self.with(|| Ok(None), |s| s.replay_by_key(key))
     }
 
+    fn replay(&self, id: EntryId) -> Result<Option<Replay>, StoreError> {
+        self.with(|| Ok(None), |s| s.replay(id))
+    }
+
     fn put(&self, entry: Entry) -> Result<EntryId, StoreError> {
         self.with(|| Err(refused()), |s| s.put(entry))
     }
