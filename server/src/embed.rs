@@ -841,7 +841,12 @@ impl Worker {
                 panic_message(panic.as_ref())
             )),
         };
-        self.record(texts.len(), started.elapsed());
+        // A failed or panicked call says nothing of the model's speed (unwinding and printing a
+        // panic's backtrace can take longer than any call), so only a good one moves the estimate
+        // admission works from: one slow failure must not refuse the texts after it.
+        if result.is_ok() {
+            self.record(texts.len(), started.elapsed());
+        }
         self.counters.queue().running = false;
         // Answered below: these texts no longer hold anyone up.
         let answered: u64 = jobs.iter().map(|j| j.count).sum();
@@ -1005,6 +1010,10 @@ mod tests {
                 .iter()
                 .map(|t| match t.as_str() {
                     "boom" => panic!("fake panic"),
+                    "slow-boom" => {
+                        std::thread::sleep(Duration::from_millis(800));
+                        panic!("fake panic, late")
+                    }
                     "short" => Ok(vec![0.0]),
                     t => Ok(vec![t.parse::<f32>().unwrap_or(-1.0); self.dimension]),
                 })
@@ -1290,6 +1299,23 @@ mod tests {
         assert!(admit(job, now, &counters, Counted::Waiting).is_none());
         assert!(matches!(rx.try_recv(), Ok(Err(EmbedError::Timeout))));
         assert_eq!(counters.pending.load(Ordering::Relaxed), 0);
+    }
+
+    /// Under load a panicking call took long enough (the backtrace) to make the time estimate refuse
+    /// the next text as `Overloaded`: a failed call must not move the estimate.
+    #[tokio::test]
+    async fn a_slow_failed_call_does_not_refuse_the_texts_after_it() {
+        let embedder =
+            Embedder::with_model(Box::new(Fake::new(0)), &config(1_000, 0)).expect("start");
+        let result = embedder.embed("slow-boom").await;
+        assert!(matches!(result, Err(EmbedError::Failed(_))), "{result:?}");
+        assert_eq!(
+            embedder
+                .embed("3")
+                .await
+                .expect("admitted after the failure"),
+            vec![3.0; 4]
+        );
     }
 
     #[tokio::test]
