@@ -1413,10 +1413,13 @@ mod tests {
         static REAL: OnceLock<Arc<Embedder>> = OnceLock::new();
         let (model_dir, ort_lib) = real_paths()?;
         Some(Arc::clone(REAL.get_or_init(|| {
+            // Shared by tests that run in parallel: one's text may queue behind another's call
+            // (the default budget of a few ms refuses it as Overloaded on a busy machine).
             let config = EmbedConfig {
                 model_dir,
                 ort_lib,
                 deadline: Duration::from_secs(30),
+                queue_budget: Duration::from_secs(30),
                 ..EmbedConfig::default()
             };
             Arc::new(Embedder::load(&config).expect("load the real model"))
