@@ -71,13 +71,16 @@ async fn streamed_chat_through_gateway_matches_direct_and_carries_timing() {
         "ttft {ttft} implausibly large"
     );
     assert_eq!(timing["tokens"], 8);
+    // Decode is measured (first to last token as the gateway read them). No lower bound: on a busy
+    // machine a late read takes several of the simulator's tokens at once, so the span it sees can
+    // be far shorter than the 14 ms over which they left (a bound of 5 ms failed at 4.6 ms).
     let decode = timing["decode_ms"].as_f64().expect("decode");
-    // 8 tokens leave the simulator 2 ms apart; allow for timer rounding and coalesced reads.
+    let total = timing["total_ms"].as_f64().expect("total");
     assert!(
-        decode >= 5.0,
-        "8 tokens 2 ms apart cannot arrive within {decode} ms"
+        decode >= 0.0 && decode <= total,
+        "decode {decode} of {total} ms"
     );
-    assert!(timing["total_ms"].as_f64().expect("total") >= ttft);
+    assert!(total >= ttft);
     assert!(timing["itl_p50_ms"].as_f64().is_some());
     gw.shutdown().await.expect("clean shutdown");
 }
