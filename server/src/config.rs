@@ -970,4 +970,53 @@ support = "exact-only"
         };
         assert!(!format!("{config:?}").contains("very-secret"));
     }
+    #[test]
+    fn the_store_is_sled_unless_redis_is_asked_for_with_a_url() {
+        assert_eq!(Config::default().store, StoreKind::Sled);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("reprise.toml");
+        std::fs::write(
+            &path,
+            "store = \"redis\"\nredis_url = \"redis://:pw-in-url@127.0.0.1:6379/2\"\n",
+        )
+        .expect("write");
+        let config = Config::from_file(&path).expect("valid");
+        assert_eq!(config.store, StoreKind::Redis);
+        assert!(!format!("{config:?}").contains("pw-in-url"));
+
+        let cli = Cli::try_parse_from([
+            "reprise",
+            "check-config",
+            "--store",
+            "redis",
+            "--redis-url",
+            "rediss://cache.internal:6380",
+        ])
+        .expect("valid flags");
+        let Command::CheckConfig(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        let config = Config::load(&args).expect("valid");
+        assert_eq!(config.store, StoreKind::Redis);
+        assert_eq!(
+            config.redis_url.as_ref().map(Secret::expose),
+            Some("rediss://cache.internal:6380")
+        );
+
+        for (url, why) in [
+            (None, "required"),
+            (Some("http://127.0.0.1:6379"), "scheme"),
+            (Some("127.0.0.1:6379"), "scheme"),
+            (Some("redis://127.0.0.1:notaport"), "redis_url"),
+        ] {
+            let args = ServeArgs {
+                store: Some(StoreKind::Redis),
+                redis_url: url.map(str::to_owned),
+                ..ServeArgs::default()
+            };
+            let err = Config::load(&args).expect_err(why).to_string();
+            assert!(err.contains("redis_url") && err.contains(why), "{err}");
+        }
+        assert!(Cli::try_parse_from(["reprise", "check-config", "--store", "postgres"]).is_err());
+    }
 }

@@ -38,9 +38,12 @@ use crate::key::CacheKey;
 
 /// Connecting to Redis on the request path: a loopback or same-zone server answers in well under
 /// a millisecond, so a connect slower than this is a server in trouble, and the request goes upstream.
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(20);
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(25);
 /// One command's reply: a large replay is a few hundred kB; past this the request goes upstream.
-const IO_TIMEOUT: Duration = Duration::from_millis(100);
+const IO_TIMEOUT: Duration = Duration::from_millis(50);
+/// An entry that lives longer than this (a TTL of a century) is stored without an expiry: Redis
+/// refuses an expiry time past what its clock arithmetic holds.
+const NO_EXPIRY_AFTER_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
 /// Idle connections kept for reuse (the request path's blocking threads and the writer).
 const POOL: usize = 16;
 /// Keys asked per `SCAN` step and per `MGET`/`UNLINK` batch, so no command blocks Redis for long.
@@ -257,8 +260,10 @@ impl RedisStore {
             self.with(|c| script.key(exact_key(key)).arg(id.0).invoke::<i64>(c))?;
         }
         if gone > 0 {
-            self.len
-                .fetch_sub(1.min(self.len.load(Ordering::Relaxed)), Ordering::Relaxed);
+            // Approximate until the next sweep recounts (bytes included): never below zero.
+            let _ = self
+                .len
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         }
         Ok(gone > 0)
     }
@@ -344,21 +349,24 @@ impl Store for RedisStore {
         let cold = encode_cold(&entry)?;
         let replay = encode_replay(&Replay::of(&entry));
         let size = (cold.len() + replay.len()) as u64;
-        let expires_at = entry.expires_at_ms().max(1);
+        // `PXAT` the entry's expiry (one already past deletes the key at once, as it should).
+        let expiry: Vec<String> = if entry.ttl_ms < NO_EXPIRY_AFTER_MS {
+            vec!["PXAT".into(), entry.expires_at_ms().max(1).to_string()]
+        } else {
+            Vec::new()
+        };
         self.with(|c| {
             ::redis::pipe()
                 .atomic()
                 .cmd("SET")
                 .arg(replay_key(id))
                 .arg(replay)
-                .arg("PXAT")
-                .arg(expires_at)
+                .arg(&expiry)
                 .ignore()
                 .cmd("SET")
                 .arg(cold_key(id))
                 .arg(cold)
-                .arg("PXAT")
-                .arg(expires_at)
+                .arg(&expiry)
                 .ignore()
                 .query::<()>(c)
         })?;
@@ -367,8 +375,7 @@ impl Store for RedisStore {
             ::redis::cmd("SET")
                 .arg(exact_key(&entry.key))
                 .arg(id.0)
-                .arg("PXAT")
-                .arg(expires_at)
+                .arg(&expiry)
                 .arg("GET")
                 .query(c)
         })?;
