@@ -348,6 +348,21 @@ async fn an_answer_cached_through_one_replica_is_an_exact_hit_on_another() {
         "one upstream call for both replicas"
     );
     assert_eq!(health(&b).await["store"]["status"], "ok");
+
+    // A flush through A empties the shared store: B stops serving the answer at once.
+    flush(&a).await;
+    let after = ask(&b, "what is the tallest mountain").await;
+    assert_eq!(header(&after, "x-reprise-cache").as_deref(), Some("miss"));
+}
+
+async fn flush(gw: &Gateway) {
+    let response = client()
+        .post(gw.url("/admin/flush"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .expect("flush");
+    assert_eq!(response.status(), 200);
 }
 
 #[tokio::test]
@@ -395,6 +410,12 @@ async fn a_replica_started_after_an_answer_serves_it_as_a_semantic_hit() {
     );
     assert_eq!(content(hit, false).await, answer);
     assert_eq!(upstream_calls(&sim), 1);
+
+    // Flushed through A: B's index still names the entry (no change feed), but reads nothing
+    // for it, so it is not served.
+    flush(&a).await;
+    let after = ask(&b, "I forgot my password, how can I reset it").await;
+    assert_eq!(header(&after, "x-reprise-cache").as_deref(), Some("miss"));
 }
 
 #[tokio::test]
