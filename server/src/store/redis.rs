@@ -78,6 +78,9 @@ impl From<RedisError> for StoreError {
     }
 }
 
+/// An entry's encoded cold half and replay.
+type Halves = (Vec<u8>, Vec<u8>);
+
 pub struct RedisStore {
     client: Client,
     pool: Mutex<Vec<Connection>>,
@@ -173,7 +176,7 @@ impl RedisStore {
     }
 
     /// Both halves of entry `id` in one read (the same slot), if both are there.
-    fn halves(&self, id: EntryId) -> Result<Option<(Vec<u8>, Vec<u8>)>, StoreError> {
+    fn halves(&self, id: EntryId) -> Result<Option<Halves>, StoreError> {
         let (cold, replay): (Option<Vec<u8>>, Option<Vec<u8>>) =
             self.with(|c| c.mget(&[cold_key(id), replay_key(id)]))?;
         Ok(cold.zip(replay))
