@@ -27,7 +27,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ::redis::{Client, Commands, Connection, RedisError, Value};
 use tracing::debug;
@@ -46,6 +46,9 @@ const IO_TIMEOUT: Duration = Duration::from_millis(50);
 const NO_EXPIRY_AFTER_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
 /// Idle connections kept for reuse (the request path's blocking threads and the writer).
 const POOL: usize = 16;
+/// Least time between two full recounts by a sweep while this replica sees no cap exceeded: a
+/// recount scans every key, and every replica sweeps each `sweep_interval_ms`.
+const RECOUNT_EVERY: Duration = Duration::from_secs(10);
 /// Keys asked per `SCAN` step and per `MGET`/`UNLINK` batch, so no command blocks Redis for long.
 const BATCH: usize = 256;
 
@@ -88,6 +91,8 @@ pub struct RedisStore {
     /// (`len`/`bytes` must be O(1); other replicas' writes show at the next sweep).
     len: AtomicUsize,
     bytes: AtomicU64,
+    /// When a sweep last recounted.
+    counted_at: Mutex<Option<Instant>>,
 }
 
 impl RedisStore {
@@ -98,6 +103,7 @@ impl RedisStore {
             pool: Mutex::new(Vec::new()),
             len: AtomicUsize::new(0),
             bytes: AtomicU64::new(0),
+            counted_at: Mutex::new(None),
         })
     }
 
@@ -452,13 +458,22 @@ impl Store for RedisStore {
 
     /// Redis expires entries itself (`PXAT`), so `expired` is always 0. Over a cap, the oldest
     /// entries go first (the ids are in insertion order): LRU across replicas needs the hit
-    /// history in Redis, a later step.
+    /// history in Redis, a later step. The recount behind it scans every key, so it runs at most
+    /// every [`RECOUNT_EVERY`] unless this replica's own count is already over a cap.
     fn sweep(
         &self,
         _now_ms: u64,
         max_entries: usize,
         max_bytes: u64,
     ) -> Result<(usize, usize), StoreError> {
+        let over = self.len() > max_entries || self.bytes() > max_bytes;
+        {
+            let mut at = self.counted_at.lock().unwrap_or_else(|e| e.into_inner());
+            if !over && at.is_some_and(|at| at.elapsed() < RECOUNT_EVERY) {
+                return Ok((0, 0));
+            }
+            *at = Some(Instant::now());
+        }
         let sized = self.count()?;
         let mut len = sized.len();
         let mut bytes: u64 = sized.iter().map(|(_, s)| s).sum();

@@ -92,6 +92,17 @@ impl RedisServer {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to the server: a stopped server still accepts
+    /// connections (the kernel does) but never answers, as a hung or overloaded one.
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
     fn restart(&mut self) {
         self.kill();
         self.spawn(&redis_server_binary().expect("redis-server"));
@@ -477,4 +488,46 @@ async fn a_dead_redis_fails_open_and_caching_resumes_when_it_returns() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(hit.is_some(), "caching never resumed after redis came back");
+}
+
+#[tokio::test]
+async fn a_redis_that_stops_answering_costs_requests_a_timeout_not_a_hang() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = sim_default().await;
+    let gw = start(redis_config(sim.base_url(), &redis)).await;
+    ask(&gw, "question one").await;
+    wait_for_entries(&gw, 1).await;
+
+    redis.signal("STOP");
+    // The pooled connections and any new one reach a server that never replies: the read
+    // timeout ends the lookup, and the request is answered from upstream.
+    let response = ask(&gw, "question one").await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        header(&response, "x-reprise-cache").as_deref(),
+        Some("miss")
+    );
+    let h = health(&gw).await;
+    assert_eq!(h["store"]["status"], "degraded", "{h}");
+    // Degraded: later requests do not wait on Redis at all.
+    let response = ask(&gw, "question one").await;
+    assert_eq!(response.status(), 200);
+
+    redis.signal("CONT");
+    let mut recovered = false;
+    for _ in 0..1000 {
+        if health(&gw).await["store"]["status"] == "ok" {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(recovered, "the store never left degraded mode");
+    // The entry stored before the stall is still there (the server kept its data).
+    assert_eq!(
+        header(&ask(&gw, "question one").await, "x-reprise-cache").as_deref(),
+        Some("hit")
+    );
 }
