@@ -9,6 +9,7 @@
 //! does that; the cache's writer thread calls it while degraded, at most every [`RETRY`].
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,8 @@ pub struct ResilientStore {
     /// Set for `--store redis`, in place of sled: it is never closed, but while degraded no call
     /// reaches it (a dead server must not cost each request its timeouts) until a `PING` answers.
     redis: Option<Arc<RedisStore>>,
+    /// Whether the Redis store is degraded, read by every call without taking `state`'s lock.
+    redis_down: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -57,6 +60,7 @@ impl ResilientStore {
             dir: dir.to_owned(),
             inner: RwLock::new(Some(Arc::new(store))),
             redis: None,
+            redis_down: AtomicBool::new(false),
             state: Mutex::new(State::default()),
         }
     }
@@ -67,6 +71,7 @@ impl ResilientStore {
             dir: PathBuf::from("redis"),
             inner: RwLock::new(None),
             redis: Some(Arc::new(store)),
+            redis_down: AtomicBool::new(false),
             state: Mutex::new(State::default()),
         }
     }
@@ -78,6 +83,7 @@ impl ResilientStore {
             dir: dir.to_owned(),
             inner: RwLock::new(None),
             redis: None,
+            redis_down: AtomicBool::new(false),
             state: Mutex::new(State::default()),
         };
         this.fail(why);
@@ -101,6 +107,9 @@ impl ResilientStore {
     /// reminder per [`LOG_EVERY`]).
     pub(crate) fn fail(&self, why: &StoreError) {
         let mut state = self.lock_state();
+        if self.redis.is_some() {
+            self.redis_down.store(true, Ordering::Release);
+        }
         let now = Instant::now();
         let quiet = state.logged_at.is_some_and(|at| now - at < LOG_EVERY);
         match &mut state.degraded {
@@ -136,14 +145,10 @@ impl ResilientStore {
         op: impl FnOnce(&dyn Store) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         if let Some(redis) = &self.redis {
-            let degraded = match &mut self.lock_state().degraded {
-                Some(d) => {
+            if self.redis_down.load(Ordering::Acquire) {
+                if let Some(d) = &mut self.lock_state().degraded {
                     d.failures += 1;
-                    true
                 }
-                None => false,
-            };
-            if degraded {
                 return fallback();
             }
             return match op(redis.as_ref()) {
@@ -221,6 +226,7 @@ impl ResilientStore {
 impl ResilientStore {
     fn recovered(&self) {
         let mut state = self.lock_state();
+        self.redis_down.store(false, Ordering::Release);
         if let Some(d) = state.degraded.take() {
             info!(
                 down_ms = crate::record::unix_ms().saturating_sub(d.since_ms),
