@@ -47,18 +47,23 @@ fn redis_server_binary() -> Option<PathBuf> {
 
 impl RedisServer {
     fn start() -> Option<Self> {
-        let binary = redis_server_binary()?;
+        let mut server = Self::unstarted()?;
+        server.spawn(&redis_server_binary()?);
+        Some(server)
+    }
+
+    /// A free port and a folder, with no server on it yet.
+    fn unstarted() -> Option<Self> {
+        redis_server_binary()?;
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("free port")
             .port();
-        let mut server = Self {
+        Some(Self {
             port,
             dir: tempfile::tempdir().expect("tempdir"),
             child: None,
-        };
-        server.spawn(&binary);
-        Some(server)
+        })
     }
 
     fn spawn(&mut self, binary: &std::path::Path) {
@@ -528,6 +533,40 @@ async fn a_redis_that_stops_answering_costs_requests_a_timeout_not_a_hang() {
     // The entry stored before the stall is still there (the server kept its data).
     assert_eq!(
         header(&ask(&gw, "question one").await, "x-reprise-cache").as_deref(),
+        Some("hit")
+    );
+}
+
+#[tokio::test]
+async fn a_gateway_started_while_redis_is_down_serves_and_caches_once_it_is_up() {
+    let Some(mut redis) = RedisServer::unstarted() else {
+        return;
+    };
+    let sim = sim_default().await;
+    let gw = start(redis_config(sim.base_url(), &redis)).await;
+    let h = health(&gw).await;
+    assert_eq!(h["store"]["status"], "degraded", "{h}");
+    let response = ask(&gw, "question one").await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        header(&response, "x-reprise-cache").as_deref(),
+        Some("miss")
+    );
+
+    redis.restart();
+    let mut recovered = false;
+    for _ in 0..1000 {
+        if health(&gw).await["store"]["status"] == "ok" {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(recovered, "the store never left degraded mode");
+    ask(&gw, "question two").await;
+    wait_for_entries(&gw, 1).await;
+    assert_eq!(
+        header(&ask(&gw, "question two").await, "x-reprise-cache").as_deref(),
         Some("hit")
     );
 }
