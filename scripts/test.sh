@@ -18,6 +18,8 @@ scripts/python-env.sh
 scripts/provision-models.sh
 # The antonym guard's table must be what WordNet (Debian's wordnet-base) gives, not hand edits.
 scripts/wordnet-antonyms.sh --check
+# The shared-store tests (server/tests/it/redis.rs) start a real redis-server on a loopback port.
+scripts/apt-install.sh redis-server
 
 # Incremental caches are pure cost on a one-shot run (1.4 GB on a fresh clone), and CI disks are small.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"

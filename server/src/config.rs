@@ -42,6 +42,16 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// Where cache entries live: sled in `data_dir` (one process), or a Redis server that several
+/// replicas share (`redis_url`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    #[default]
+    Sled,
+    Redis,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ValueEnum, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -148,6 +158,12 @@ pub struct ServeArgs {
     /// Refuse to start on a corrupt store instead of moving it aside and starting empty [default: false].
     #[arg(long, env = "REPRISE_STRICT_STORE", num_args = 0..=1, default_missing_value = "true")]
     pub strict_store: Option<bool>,
+    /// Where cache entries live: sled in the data dir, or a shared Redis [default: sled].
+    #[arg(long, env = "REPRISE_STORE", value_enum)]
+    pub store: Option<StoreKind>,
+    /// Redis server for `--store redis`: redis://[user:password@]host:port[/db] or rediss:// (TLS).
+    #[arg(long, env = "REPRISE_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
     /// Bearer token for `/admin/*`; without one the admin routes are disabled.
     #[arg(long, env = "REPRISE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
@@ -260,6 +276,10 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Refuse to start on a corrupt store (else it is moved aside and the cache starts empty).
     pub strict_store: bool,
+    /// Where cache entries live.
+    pub store: StoreKind,
+    /// The Redis server of `store = "redis"` (a secret: it may carry a password).
+    pub redis_url: Option<Secret>,
     pub admin_token: Option<Secret>,
     pub log_format: LogFormat,
     pub max_body_bytes: usize,
@@ -311,6 +331,8 @@ impl Default for Config {
             upstream_api_key: None,
             data_dir: PathBuf::from("./reprise-data"),
             strict_store: false,
+            store: StoreKind::Sled,
+            redis_url: None,
             admin_token: None,
             log_format: LogFormat::Text,
             max_body_bytes: 8 * 1024 * 1024,
@@ -411,6 +433,8 @@ impl Config {
             upstream_api_key,
             data_dir,
             strict_store,
+            store,
+            redis_url,
             admin_token,
             log_format,
             max_body_bytes,
@@ -449,6 +473,10 @@ impl Config {
         }
         set(&mut self.data_dir, data_dir);
         set(&mut self.strict_store, strict_store);
+        set(&mut self.store, store);
+        if let Some(url) = redis_url {
+            self.redis_url = Some(Secret::new(url));
+        }
         if let Some(token) = admin_token {
             self.admin_token = Some(Secret::new(token));
         }
@@ -507,6 +535,7 @@ impl Config {
         }
         // Joining paths later assumes no trailing slash.
         self.upstream_url = url.as_str().trim_end_matches('/').to_owned();
+        self.validate_store()?;
         if let Some(endpoint) = &self.otlp_endpoint {
             crate::otel::check_endpoint(endpoint).map_err(|reason| ConfigError::Invalid {
                 field: "otlp_endpoint",
@@ -575,6 +604,35 @@ impl Config {
     /// Upper bounds: a huge duration overflows `Instant + Duration` (a panic on every request that
     /// adds it), and a huge size is an allocation the process cannot make. Each bound is far above
     /// any useful value.
+    /// `store = "redis"` needs a `redis_url` the client can parse (redis:// or rediss://).
+    fn validate_store(&self) -> Result<(), ConfigError> {
+        let invalid = |reason: String| ConfigError::Invalid {
+            field: "redis_url",
+            reason,
+        };
+        match (self.store, &self.redis_url) {
+            (StoreKind::Sled, _) => Ok(()),
+            (StoreKind::Redis, None) => Err(invalid(
+                "required with store = \"redis\" (e.g. redis://127.0.0.1:6379)".into(),
+            )),
+            (StoreKind::Redis, Some(url)) => {
+                let scheme = url.expose().split("://").next().unwrap_or_default();
+                if !matches!(scheme, "redis" | "rediss") || !url.expose().contains("://") {
+                    return Err(invalid("scheme must be redis:// or rediss://".into()));
+                }
+                // The client's own parser: what it accepts here, it connects to at start.
+                // Its message never repeats the URL (which may hold a password).
+                redis::Client::open(url.expose()).map(drop).map_err(|e| {
+                    invalid(format!(
+                        "{} ({})",
+                        e.category(),
+                        e.detail().unwrap_or("unparsable")
+                    ))
+                })
+            }
+        }
+    }
+
     fn validate_upper_bounds(&self) -> Result<(), ConfigError> {
         const DAY_MS: u64 = 24 * 3600 * 1000;
         for (field, value, max) in [
@@ -911,5 +969,54 @@ support = "exact-only"
             ..Config::default()
         };
         assert!(!format!("{config:?}").contains("very-secret"));
+    }
+    #[test]
+    fn the_store_is_sled_unless_redis_is_asked_for_with_a_url() {
+        assert_eq!(Config::default().store, StoreKind::Sled);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("reprise.toml");
+        std::fs::write(
+            &path,
+            "store = \"redis\"\nredis_url = \"redis://:pw-in-url@127.0.0.1:6379/2\"\n",
+        )
+        .expect("write");
+        let config = Config::from_file(&path).expect("valid");
+        assert_eq!(config.store, StoreKind::Redis);
+        assert!(!format!("{config:?}").contains("pw-in-url"));
+
+        let cli = Cli::try_parse_from([
+            "reprise",
+            "check-config",
+            "--store",
+            "redis",
+            "--redis-url",
+            "rediss://cache.internal:6380",
+        ])
+        .expect("valid flags");
+        let Command::CheckConfig(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        let config = Config::load(&args).expect("valid");
+        assert_eq!(config.store, StoreKind::Redis);
+        assert_eq!(
+            config.redis_url.as_ref().map(Secret::expose),
+            Some("rediss://cache.internal:6380")
+        );
+
+        for (url, why) in [
+            (None, "required"),
+            (Some("http://127.0.0.1:6379"), "scheme"),
+            (Some("127.0.0.1:6379"), "scheme"),
+            (Some("redis://127.0.0.1:notaport"), "redis_url"),
+        ] {
+            let args = ServeArgs {
+                store: Some(StoreKind::Redis),
+                redis_url: url.map(str::to_owned),
+                ..ServeArgs::default()
+            };
+            let err = Config::load(&args).expect_err(why).to_string();
+            assert!(err.contains("redis_url") && err.contains(why), "{err}");
+        }
+        assert!(Cli::try_parse_from(["reprise", "check-config", "--store", "postgres"]).is_err());
     }
 }

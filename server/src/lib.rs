@@ -130,6 +130,9 @@ pub enum StartError {
 /// and a disk that is full or failing starts the gateway degraded (answering, not caching) rather
 /// than not at all. A path that is not a directory, cannot be written or is locked stops the start.
 fn open_store(config: &Config) -> Result<ResilientStore, StartError> {
+    if config.store == config::StoreKind::Redis {
+        return open_redis(config);
+    }
     let dir = &config.data_dir;
     match SledStore::open_or_recover(dir, config.strict_store) {
         Ok((store, _moved_aside)) => Ok(ResilientStore::new(dir, store)),
@@ -148,6 +151,20 @@ fn open_store(config: &Config) -> Result<ResilientStore, StartError> {
             Ok(ResilientStore::unavailable(dir, &e))
         }
     }
+}
+
+/// Connects to the shared Redis store. An unreachable server starts the gateway degraded
+/// (answering from upstream, not caching) rather than not at all: the writer thread keeps trying.
+fn open_redis(config: &Config) -> Result<ResilientStore, StartError> {
+    let url = config.redis_url.as_ref().map_or("", |u| u.expose());
+    let redis = store::RedisStore::new(url).map_err(StartError::Store)?;
+    let reached = redis.ping().and_then(|()| redis.refresh_counts());
+    let store = ResilientStore::redis(redis);
+    if let Err(e) = reached {
+        tracing::error!(error = %e, "REDIS STORE UNAVAILABLE at start: serving without caching until it answers");
+        store.fail(&e);
+    }
+    Ok(store)
 }
 
 /// Opens the operators' verdicts and shadow decisions. Like the cache store, a full, failing or

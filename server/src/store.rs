@@ -56,8 +56,10 @@ use reprise_migrations::layout;
 pub use reprise_migrations::MigrationError;
 
 mod compact;
+mod redis;
 mod resilient;
 
+pub use self::redis::RedisStore;
 pub use resilient::{Degraded, ResilientStore};
 
 /// `meta` key of the number added to sled's id generator (u64 BE, absent = 0): a rebuilt database
@@ -128,6 +130,9 @@ pub enum StoreError {
     CorruptStore { path: PathBuf, reason: String },
     #[error("the cache store is unavailable (degraded) and not caching")]
     Unavailable,
+    /// A Redis command failed (unreachable, timed out, refused): never names the URL.
+    #[error("redis: {0}")]
+    Redis(String),
 }
 
 impl StoreError {

@@ -9,12 +9,13 @@
 //! does that; the cache's writer thread calls it while degraded, at most every [`RETRY`].
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use super::{SledStore, Store, StoreError};
+use super::{RedisStore, SledStore, Store, StoreError};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
@@ -37,6 +38,11 @@ pub struct ResilientStore {
     dir: PathBuf,
     /// `None` while the store is closed for recovery (or never opened).
     inner: RwLock<Option<Arc<SledStore>>>,
+    /// Set for `--store redis`, in place of sled: it is never closed, but while degraded no call
+    /// reaches it (a dead server must not cost each request its timeouts) until a `PING` answers.
+    redis: Option<Arc<RedisStore>>,
+    /// Whether the Redis store is degraded, read by every call without taking `state`'s lock.
+    redis_down: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -53,6 +59,19 @@ impl ResilientStore {
         Self {
             dir: dir.to_owned(),
             inner: RwLock::new(Some(Arc::new(store))),
+            redis: None,
+            redis_down: AtomicBool::new(false),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The shared Redis store; `dir` only names it in logs.
+    pub fn redis(store: RedisStore) -> Self {
+        Self {
+            dir: PathBuf::from("redis"),
+            inner: RwLock::new(None),
+            redis: Some(Arc::new(store)),
+            redis_down: AtomicBool::new(false),
             state: Mutex::new(State::default()),
         }
     }
@@ -63,6 +82,8 @@ impl ResilientStore {
         let this = Self {
             dir: dir.to_owned(),
             inner: RwLock::new(None),
+            redis: None,
+            redis_down: AtomicBool::new(false),
             state: Mutex::new(State::default()),
         };
         this.fail(why);
@@ -84,8 +105,11 @@ impl ResilientStore {
 
     /// Notes a failed operation: the first one of a spell is logged, later ones only counted (one
     /// reminder per [`LOG_EVERY`]).
-    fn fail(&self, why: &StoreError) {
+    pub(crate) fn fail(&self, why: &StoreError) {
         let mut state = self.lock_state();
+        if self.redis.is_some() {
+            self.redis_down.store(true, Ordering::Release);
+        }
         let now = Instant::now();
         let quiet = state.logged_at.is_some_and(|at| now - at < LOG_EVERY);
         match &mut state.degraded {
@@ -118,15 +142,31 @@ impl ResilientStore {
     fn with<T>(
         &self,
         fallback: impl FnOnce() -> Result<T, StoreError>,
-        op: impl FnOnce(&SledStore) -> Result<T, StoreError>,
+        op: impl FnOnce(&dyn Store) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        if let Some(redis) = &self.redis {
+            if self.redis_down.load(Ordering::Acquire) {
+                if let Some(d) = &mut self.lock_state().degraded {
+                    d.failures += 1;
+                }
+                return fallback();
+            }
+            return match op(redis.as_ref()) {
+                Err(e) if is_storage_failure(&e) => {
+                    redis.reset();
+                    self.fail(&e);
+                    fallback()
+                }
+                other => other,
+            };
+        }
         let Some(store) = self.current() else {
             if let Some(d) = &mut self.lock_state().degraded {
                 d.failures += 1;
             }
             return fallback();
         };
-        match op(&store) {
+        match op(store.as_ref()) {
             Err(e) if is_storage_failure(&e) => {
                 self.fail(&e);
                 fallback()
@@ -148,21 +188,28 @@ impl ResilientStore {
             }
             state.attempted_at = Some(Instant::now());
         }
+        if let Some(redis) = &self.redis {
+            return match redis.ping() {
+                Ok(()) => {
+                    self.recovered();
+                    true
+                }
+                Err(e) => {
+                    redis.reset();
+                    if let Some(d) = &mut self.lock_state().degraded {
+                        d.reason = e.to_string();
+                    }
+                    false
+                }
+            };
+        }
         // Readers see no store from here (a miss each); sled's file lock goes with the last handle.
         let old = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
         drop(old);
         match SledStore::open(&self.dir) {
             Ok(store) => {
                 *self.inner.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(store));
-                let mut state = self.lock_state();
-                if let Some(d) = state.degraded.take() {
-                    info!(
-                        down_ms = crate::record::unix_ms().saturating_sub(d.since_ms),
-                        refused = d.failures,
-                        "cache store recovered: caching again"
-                    );
-                }
-                state.logged_at = None;
+                self.recovered();
                 true
             }
             Err(e) => {
@@ -177,6 +224,19 @@ impl ResilientStore {
 }
 
 impl ResilientStore {
+    fn recovered(&self) {
+        let mut state = self.lock_state();
+        self.redis_down.store(false, Ordering::Release);
+        if let Some(d) = state.degraded.take() {
+            info!(
+                down_ms = crate::record::unix_ms().saturating_sub(d.since_ms),
+                refused = d.failures,
+                "cache store recovered: caching again"
+            );
+        }
+        state.logged_at = None;
+    }
+
     /// Rebuilds the store into a fresh file when sled's files outgrew
     /// [`super::disk_budget`]`(max_bytes)`. Lookups miss while it runs (about a second per
     /// 100 MB of live entries); a failure degrades the store, and recovery reopens it.
@@ -261,15 +321,21 @@ impl Store for ResilientStore {
     }
 
     fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
-        self.with(|| Ok(Vec::new()), SledStore::ids)
+        self.with(|| Ok(Vec::new()), |s| s.ids())
     }
 
     fn len(&self) -> usize {
-        self.current().map_or(0, |s| s.len())
+        match &self.redis {
+            Some(redis) => redis.len(),
+            None => self.current().map_or(0, |s| s.len()),
+        }
     }
 
     fn bytes(&self) -> u64 {
-        self.current().map_or(0, |s| s.bytes())
+        match &self.redis {
+            Some(redis) => redis.bytes(),
+            None => self.current().map_or(0, |s| s.bytes()),
+        }
     }
 
     fn sweep(
@@ -285,11 +351,11 @@ impl Store for ResilientStore {
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.with(|| Err(refused()), SledStore::flush)
+        self.with(|| Err(refused()), |s| s.flush())
     }
 
     fn clear(&self) -> Result<usize, StoreError> {
-        self.with(|| Err(refused()), SledStore::clear)
+        self.with(|| Err(refused()), |s| s.clear())
     }
 
     fn degraded(&self) -> Option<Degraded> {

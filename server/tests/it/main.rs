@@ -18,6 +18,7 @@ mod gateway;
 mod learn;
 mod otel;
 mod process;
+mod redis;
 mod responses;
 mod router;
 mod semantic;

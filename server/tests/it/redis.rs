@@ -1,0 +1,572 @@
+//! The shared Redis store (`--store redis`) against a real `redis-server` on a loopback port: the
+//! same store assertions as sled's, expiry by Redis itself, two gateways on one Redis serving each
+//! other's answers, and a Redis killed mid-test (requests still answered, `/healthz` degraded,
+//! caching back once it restarts). Needs Debian's redis-server (scripts/test.sh installs it);
+//! without it these tests skip locally and fail in CI.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use reprise_server::config::{Config, Secret, StoreKind};
+use reprise_server::entry::{
+    Entry, EntryId, HitEvent, HitKind, Replay, RequestSummary, StoredEvent,
+};
+use reprise_server::key::{CacheKey, PartitionKey};
+use reprise_server::store::{RedisStore, SledStore, Store};
+use reprise_server::timing::Phases;
+use serde_json::{json, Value};
+
+use crate::common::*;
+use crate::semantic::{models, semantic_config};
+
+/// A `redis-server` on a free loopback port, without persistence, killed on drop.
+struct RedisServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+/// The redis-server binary, or `None` (skip) when it is missing outside CI.
+fn redis_server_binary() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("redis-server"))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "redis-server is missing: scripts/test.sh installs Debian's redis-server"
+        );
+        eprintln!("skipping: no redis-server on PATH (apt-get install redis-server)");
+    }
+    found
+}
+
+impl RedisServer {
+    fn start() -> Option<Self> {
+        let mut server = Self::unstarted()?;
+        server.spawn(&redis_server_binary()?);
+        Some(server)
+    }
+
+    /// A free port and a folder, with no server on it yet.
+    fn unstarted() -> Option<Self> {
+        redis_server_binary()?;
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        Some(Self {
+            port,
+            dir: tempfile::tempdir().expect("tempdir"),
+            child: None,
+        })
+    }
+
+    fn spawn(&mut self, binary: &std::path::Path) {
+        let child = Command::new(binary)
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let store = RedisStore::new(&self.url()).expect("url");
+        for _ in 0..500 {
+            if store.ping().is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("redis-server on port {} never answered", self.port);
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the server: a stopped server still accepts
+    /// connections (the kernel does) but never answers, as a hung or overloaded one.
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    fn restart(&mut self) {
+        self.kill();
+        self.spawn(&redis_server_binary().expect("redis-server"));
+    }
+
+    fn store(&self) -> RedisStore {
+        let store = RedisStore::new(&self.url()).expect("url");
+        store.refresh_counts().expect("reachable");
+        store
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn key(n: u64) -> CacheKey {
+    CacheKey(*blake3::hash(&n.to_le_bytes()).as_bytes())
+}
+
+fn entry(n: u64, ttl_ms: u64) -> Entry {
+    Entry {
+        id: EntryId(999_999),
+        key: key(n),
+        partition: PartitionKey([1; 32]),
+        summary: RequestSummary {
+            route: "chat.completions".into(),
+            model: "sim-1".into(),
+            namespace: None,
+            tenant: "shared".into(),
+            prompt: format!("question {n}"),
+            stream: true,
+        },
+        events: vec![StoredEvent {
+            offset_ms: 0.0,
+            data: json!({"choices": [{"delta": {"content": format!("answer {n}")}}]}),
+        }],
+        body: json!({"choices": [{"message": {"content": format!("answer {n}")}}]}),
+        usage: Some(json!({"completion_tokens": 2})),
+        phases: Phases {
+            ttft_ms: Some(120.0),
+            total_ms: 150.0,
+            ..Phases::default()
+        },
+        created_at_ms: reprise_server::record::unix_ms(),
+        ttl_ms,
+        hit_count: 0,
+        last_hit_ms: 0,
+        vector: None,
+        hit_history: Vec::new(),
+        warmed: false,
+    }
+}
+
+fn hit(at_ms: u64) -> HitEvent {
+    HitEvent {
+        at_ms,
+        kind: HitKind::Hit,
+        similarity: None,
+        request_id: "req_1".into(),
+        ttft_ms: Some(0.5),
+        ttft_saved_ms: Some(100.0),
+    }
+}
+
+/// The store contract both backends must keep, read through the trait alone.
+fn round_trips(store: &dyn Store) {
+    assert_eq!(store.clear().expect("clear"), 0);
+    let hour = 3_600_000;
+    let original = entry(1, hour);
+    let id = store.put(original.clone()).expect("put");
+    let stored = Entry { id, ..original };
+
+    assert_eq!(store.get(id).expect("get"), Some(stored.clone()));
+    assert_eq!(
+        store.get_by_key(&key(1)).expect("get_by_key"),
+        Some(stored.clone())
+    );
+    let replay = Replay::of(&stored);
+    assert_eq!(
+        store.replay_by_key(&key(1)).expect("replay_by_key"),
+        Some(replay.clone())
+    );
+    assert_eq!(store.replay(id).expect("replay"), Some(replay));
+    assert_eq!(store.replay_by_key(&key(2)).expect("other key"), None);
+    assert_eq!(store.len(), 1);
+    assert!(store.bytes() > 0);
+
+    // Hits: counted, recency forward only, history kept.
+    store.touch(id, 2, &[hit(5_000)]).expect("touch");
+    store.touch(id, 1, &[hit(4_000)]).expect("touch");
+    let touched = store.get(id).expect("get").expect("there");
+    assert_eq!(touched.hit_count, 3);
+    assert_eq!(touched.last_hit_ms, 5_000);
+    assert_eq!(touched.hit_history.len(), 2);
+    assert_eq!(touched.hit_history[0].at_ms, 4_000);
+
+    // The backfill's vector: once.
+    assert!(store.set_vector(id, &[0.5, 0.25]).expect("set_vector"));
+    assert!(!store.set_vector(id, &[1.0, 0.0]).expect("set_vector"));
+    assert_eq!(
+        store.get(id).expect("get").expect("there").vector,
+        Some(vec![0.5, 0.25])
+    );
+    assert!(!store
+        .set_vector(EntryId(u64::MAX - 1), &[1.0])
+        .expect("gone"));
+
+    // A second answer under the same key replaces (and deletes) the first.
+    let second = store.put(entry(1, hour)).expect("put again");
+    assert!(second > id, "ids only grow");
+    assert_eq!(store.get(id).expect("old"), None);
+    assert_eq!(
+        store
+            .replay_by_key(&key(1))
+            .expect("replaced")
+            .map(|r| r.id()),
+        Some(second)
+    );
+    let third = store.put(entry(3, hour)).expect("put");
+    assert_eq!(store.ids().expect("ids"), vec![second, third]);
+    let listed: Vec<EntryId> = store
+        .list(None, 10)
+        .expect("list")
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(listed, vec![second, third]);
+    let after: Vec<EntryId> = store
+        .list(Some(second), 10)
+        .expect("list")
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(after, vec![third]);
+    let newest: Vec<EntryId> = store
+        .list_newest(None, 1)
+        .expect("newest")
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(newest, vec![third]);
+
+    assert!(store.delete(second).expect("delete"));
+    assert!(!store.delete(second).expect("delete again"));
+    assert_eq!(store.replay_by_key(&key(1)).expect("deleted"), None);
+    assert_eq!(store.get_by_key(&key(1)).expect("deleted"), None);
+
+    // Over the entry cap, a sweep evicts down to it.
+    store.put(entry(4, hour)).expect("put");
+    let (_, evicted) = store
+        .sweep(reprise_server::record::unix_ms(), 1, u64::MAX)
+        .expect("sweep");
+    assert_eq!(evicted, 1);
+    assert_eq!(store.len(), 1);
+    assert_eq!(store.ids().expect("ids").len(), 1);
+
+    assert_eq!(store.clear().expect("clear"), 1);
+    assert_eq!(store.len(), 0);
+    assert!(store.ids().expect("ids").is_empty());
+    // Ids are never reused, even after a clear.
+    assert!(store.put(entry(5, hour)).expect("put") > third);
+}
+
+#[test]
+fn the_redis_store_keeps_the_same_contract_as_sled() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    round_trips(&SledStore::open(dir.path()).expect("sled"));
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    round_trips(&redis.store());
+}
+
+#[test]
+fn redis_expires_an_entry_at_its_ttl() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let store = redis.store();
+    let id = store.put(entry(1, 300)).expect("put");
+    let kept = store.put(entry(2, 3_600_000)).expect("put");
+    // A TTL past what Redis's expiry arithmetic holds is stored without one, not refused.
+    let forever = store.put(entry(3, u64::MAX)).expect("put without expiry");
+    assert!(store.replay(id).expect("replay").is_some());
+    let mut gone = false;
+    for _ in 0..500 {
+        if store.replay_by_key(&key(1)).expect("read").is_none() {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(gone, "the entry outlived its TTL");
+    // Every key of the entry went with it, the exact-key row too.
+    assert_eq!(store.get(id).expect("get"), None);
+    assert_eq!(store.ids().expect("ids"), vec![kept, forever]);
+    assert!(store.replay(forever).expect("replay").is_some());
+    store.refresh_counts().expect("count");
+    assert_eq!(store.len(), 2);
+}
+
+fn redis_config(upstream: String, redis: &RedisServer) -> Config {
+    let mut config = config_for(upstream);
+    config.store = StoreKind::Redis;
+    config.redis_url = Some(Secret::new(redis.url()));
+    config.validate().expect("valid");
+    config
+}
+
+async fn ask(gw: &Gateway, content: &str) -> reqwest::Response {
+    client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth("sk-a")
+        .json(&chat_body(content, false))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("the gateway answers")
+}
+
+async fn health(gw: &Gateway) -> Value {
+    client()
+        .get(gw.url("/healthz"))
+        .send()
+        .await
+        .expect("healthz")
+        .json()
+        .await
+        .expect("json")
+}
+
+#[tokio::test]
+async fn an_answer_cached_through_one_replica_is_an_exact_hit_on_another() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = sim_default().await;
+    let a = start(redis_config(sim.base_url(), &redis)).await;
+    let b = start(redis_config(sim.base_url(), &redis)).await;
+    let miss = ask(&a, "what is the tallest mountain").await;
+    assert_eq!(header(&miss, "x-reprise-cache").as_deref(), Some("miss"));
+    let answer = content(miss, false).await;
+    wait_for_entries(&a, 1).await;
+
+    let hit = ask(&b, "what is the tallest mountain").await;
+    assert_eq!(header(&hit, "x-reprise-cache").as_deref(), Some("hit"));
+    assert_eq!(content(hit, false).await, answer);
+    assert_eq!(
+        upstream_calls(&sim),
+        1,
+        "one upstream call for both replicas"
+    );
+    assert_eq!(health(&b).await["store"]["status"], "ok");
+
+    // A flush through A empties the shared store: B stops serving the answer at once.
+    flush(&a).await;
+    let after = ask(&b, "what is the tallest mountain").await;
+    assert_eq!(header(&after, "x-reprise-cache").as_deref(), Some("miss"));
+}
+
+async fn flush(gw: &Gateway) {
+    let response = client()
+        .post(gw.url("/admin/flush"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .expect("flush");
+    assert_eq!(response.status(), 200);
+}
+
+#[tokio::test]
+async fn a_replica_started_after_an_answer_serves_it_as_a_semantic_hit() {
+    let Some(models) = models() else { return };
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = sim_default().await;
+    let with_redis = |models: &std::path::Path| {
+        let mut config = semantic_config(sim.base_url(), models);
+        config.store = StoreKind::Redis;
+        config.redis_url = Some(Secret::new(redis.url()));
+        config
+    };
+    let a = start(with_redis(&models)).await;
+    let miss = ask(&a, "how do I reset my password").await;
+    assert_eq!(header(&miss, "x-reprise-cache").as_deref(), Some("miss"));
+    let answer = content(miss, false).await;
+    // Stored with its vector (or given it by the backfill).
+    let mut embedded = false;
+    for _ in 0..500 {
+        let stored = a.state.cache.store.list(None, 10).expect("list");
+        if stored.iter().any(|e| e.vector.is_some()) {
+            embedded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(embedded, "the entry never got its vector");
+
+    // B builds its index from what Redis holds at its start (no change feed yet).
+    let b = start(with_redis(&models)).await;
+    for _ in 0..1000 {
+        let h = health(&b).await;
+        if h["semantic"]["vectors"] == 1 && h["semantic"]["index_rebuilding"] == false {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let hit = ask(&b, "I forgot my password, how can I reset it").await;
+    assert_eq!(
+        header(&hit, "x-reprise-cache").as_deref(),
+        Some("semantic-hit")
+    );
+    assert_eq!(content(hit, false).await, answer);
+    assert_eq!(upstream_calls(&sim), 1);
+
+    // Flushed through A: B's index still names the entry (no change feed), but reads nothing
+    // for it, so it is not served.
+    flush(&a).await;
+    let after = ask(&b, "I forgot my password, how can I reset it").await;
+    assert_eq!(header(&after, "x-reprise-cache").as_deref(), Some("miss"));
+}
+
+#[tokio::test]
+async fn a_dead_redis_fails_open_and_caching_resumes_when_it_returns() {
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = sim_default().await;
+    let gw = start(redis_config(sim.base_url(), &redis)).await;
+    ask(&gw, "question one").await;
+    wait_for_entries(&gw, 1).await;
+    assert_eq!(
+        header(&ask(&gw, "question one").await, "x-reprise-cache").as_deref(),
+        Some("hit")
+    );
+
+    redis.kill();
+    // Every request is still answered (from upstream), none hangs on the dead store.
+    for _ in 0..3 {
+        let response = ask(&gw, "question one").await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            header(&response, "x-reprise-cache").as_deref(),
+            Some("miss")
+        );
+        assert!(!content(response, false).await.is_empty());
+    }
+    let h = health(&gw).await;
+    assert_eq!(h["status"], "degraded", "{h}");
+    assert_eq!(h["store"]["status"], "degraded", "{h}");
+    assert!(
+        h["store"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("redis"),
+        "{h}"
+    );
+
+    // Back (empty: no persistence): the writer thread's retry brings the store back.
+    redis.restart();
+    let mut recovered = false;
+    for _ in 0..1000 {
+        if health(&gw).await["store"]["status"] == "ok" {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(recovered, "the store never left degraded mode");
+    let miss = ask(&gw, "question two").await;
+    assert_eq!(header(&miss, "x-reprise-cache").as_deref(), Some("miss"));
+    let mut hit = None;
+    for _ in 0..500 {
+        let response = ask(&gw, "question two").await;
+        if header(&response, "x-reprise-cache").as_deref() == Some("hit") {
+            hit = Some(response);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(hit.is_some(), "caching never resumed after redis came back");
+}
+
+#[tokio::test]
+async fn a_redis_that_stops_answering_costs_requests_a_timeout_not_a_hang() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = sim_default().await;
+    let gw = start(redis_config(sim.base_url(), &redis)).await;
+    ask(&gw, "question one").await;
+    wait_for_entries(&gw, 1).await;
+
+    redis.signal("STOP");
+    // The pooled connections and any new one reach a server that never replies: the read
+    // timeout ends the lookup, and the request is answered from upstream.
+    let response = ask(&gw, "question one").await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        header(&response, "x-reprise-cache").as_deref(),
+        Some("miss")
+    );
+    let h = health(&gw).await;
+    assert_eq!(h["store"]["status"], "degraded", "{h}");
+    // Degraded: later requests do not wait on Redis at all.
+    let response = ask(&gw, "question one").await;
+    assert_eq!(response.status(), 200);
+
+    redis.signal("CONT");
+    let mut recovered = false;
+    for _ in 0..1000 {
+        if health(&gw).await["store"]["status"] == "ok" {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(recovered, "the store never left degraded mode");
+    // The entry stored before the stall is still there (the server kept its data).
+    assert_eq!(
+        header(&ask(&gw, "question one").await, "x-reprise-cache").as_deref(),
+        Some("hit")
+    );
+}
+
+#[tokio::test]
+async fn a_gateway_started_while_redis_is_down_serves_and_caches_once_it_is_up() {
+    let Some(mut redis) = RedisServer::unstarted() else {
+        return;
+    };
+    let sim = sim_default().await;
+    let gw = start(redis_config(sim.base_url(), &redis)).await;
+    let h = health(&gw).await;
+    assert_eq!(h["store"]["status"], "degraded", "{h}");
+    let response = ask(&gw, "question one").await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        header(&response, "x-reprise-cache").as_deref(),
+        Some("miss")
+    );
+
+    redis.restart();
+    let mut recovered = false;
+    for _ in 0..1000 {
+        if health(&gw).await["store"]["status"] == "ok" {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(recovered, "the store never left degraded mode");
+    ask(&gw, "question two").await;
+    wait_for_entries(&gw, 1).await;
+    assert_eq!(
+        header(&ask(&gw, "question two").await, "x-reprise-cache").as_deref(),
+        Some("hit")
+    );
+}
