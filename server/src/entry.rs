@@ -158,6 +158,28 @@ mod vector_b64 {
 }
 
 impl Entry {
+    /// Records `hits` more hits, the `recent` ones (batched, maybe out of order) in the bounded
+    /// history: what every store's `touch` does to the entry it rewrites.
+    pub fn record_hits(&mut self, hits: u64, recent: &[HitEvent]) {
+        self.hit_count = self.hit_count.saturating_add(hits);
+        // Batched touches may arrive out of order: recency only moves forward.
+        let last_hit_ms = recent.iter().map(|h| h.at_ms).max().unwrap_or(0);
+        self.last_hit_ms = self.last_hit_ms.max(last_hit_ms);
+        self.hit_history.extend_from_slice(recent);
+        self.hit_history.sort_by_key(|h| h.at_ms);
+        let excess = self.hit_history.len().saturating_sub(HIT_HISTORY);
+        self.hit_history.drain(..excess);
+    }
+
+    /// Gives an entry stored without a vector its vector (the backfill); false when it has one.
+    pub fn fill_vector(&mut self, vector: &[f32]) -> bool {
+        if self.vector.is_some() {
+            return false;
+        }
+        self.vector = Some(vector.to_vec());
+        true
+    }
+
     pub fn expires_at_ms(&self) -> u64 {
         self.created_at_ms.saturating_add(self.ttl_ms)
     }

@@ -49,7 +49,7 @@ use sled::transaction::{ConflictableTransactionResult, TransactionError};
 use sled::Transactional;
 use tracing::{debug, error, info, warn};
 
-use crate::entry::{Entry, EntryId, HitEvent, Replay, HIT_HISTORY};
+use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
 use reprise_migrations::layout;
@@ -852,31 +852,18 @@ impl Store for SledStore {
     }
 
     fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError> {
-        let last_hit_ms = recent.iter().map(|h| h.at_ms).max().unwrap_or(0);
         if hits == 0 && recent.is_empty() {
             return Ok(());
         }
         self.update(id, |entry| {
-            entry.hit_count = entry.hit_count.saturating_add(hits);
-            // Batched touches may arrive out of order: recency only moves forward.
-            entry.last_hit_ms = entry.last_hit_ms.max(last_hit_ms);
-            entry.hit_history.extend_from_slice(recent);
-            entry.hit_history.sort_by_key(|h| h.at_ms);
-            let excess = entry.hit_history.len().saturating_sub(HIT_HISTORY);
-            entry.hit_history.drain(..excess);
+            entry.record_hits(hits, recent);
             true
         })?;
         Ok(())
     }
 
     fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
-        self.update(id, |entry| {
-            if entry.vector.is_some() {
-                return false;
-            }
-            entry.vector = Some(vector.to_vec());
-            true
-        })
+        self.update(id, |entry| entry.fill_vector(vector))
     }
 
     fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
@@ -1492,7 +1479,7 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::{RequestSummary, StoredEvent};
+    use crate::entry::{RequestSummary, StoredEvent, HIT_HISTORY};
     use crate::key::PartitionKey;
     use crate::timing::Phases;
     use serde_json::json;

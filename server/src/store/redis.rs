@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use ::redis::{Client, Commands, Connection, RedisError, Value};
 use tracing::debug;
 
-use super::{decode, decode_replay, encode_cold, encode_replay, Store, StoreError, HIT_HISTORY};
+use super::{decode, decode_replay, encode_cold, encode_replay, Store, StoreError};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
@@ -408,28 +408,15 @@ impl Store for RedisStore {
         if hits == 0 && recent.is_empty() {
             return Ok(());
         }
-        let last_hit_ms = recent.iter().map(|h| h.at_ms).max().unwrap_or(0);
-        // The same bookkeeping as sled's.
         self.update(id, |entry| {
-            entry.hit_count = entry.hit_count.saturating_add(hits);
-            entry.last_hit_ms = entry.last_hit_ms.max(last_hit_ms);
-            entry.hit_history.extend_from_slice(recent);
-            entry.hit_history.sort_by_key(|h| h.at_ms);
-            let excess = entry.hit_history.len().saturating_sub(HIT_HISTORY);
-            entry.hit_history.drain(..excess);
+            entry.record_hits(hits, recent);
             true
         })?;
         Ok(())
     }
 
     fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
-        self.update(id, |entry| {
-            if entry.vector.is_some() {
-                return false;
-            }
-            entry.vector = Some(vector.to_vec());
-            true
-        })
+        self.update(id, |entry| entry.fill_vector(vector))
     }
 
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
