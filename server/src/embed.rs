@@ -1010,9 +1010,9 @@ mod tests {
                 .iter()
                 .map(|t| match t.as_str() {
                     "boom" => panic!("fake panic"),
-                    "slow-boom" => {
-                        std::thread::sleep(Duration::from_millis(800));
-                        panic!("fake panic, late")
+                    "slow-fail" => {
+                        std::thread::sleep(Duration::from_millis(2_000));
+                        Err("fake failure, late".into())
                     }
                     "short" => Ok(vec![0.0]),
                     t => Ok(vec![t.parse::<f32>().unwrap_or(-1.0); self.dimension]),
@@ -1302,12 +1302,15 @@ mod tests {
     }
 
     /// Under load a panicking call took long enough (the backtrace) to make the time estimate refuse
-    /// the next text as `Overloaded`: a failed call must not move the estimate.
+    /// the next text as `Overloaded`: a failed call must not move the estimate. A late error stands
+    /// for it here (a panic's own backtrace time is what made the first version of this test late).
     #[tokio::test]
     async fn a_slow_failed_call_does_not_refuse_the_texts_after_it() {
+        // Before the fix, the failed call's 2 s became the estimate, and the next text's own call,
+        // at twice the estimate, no longer fit the 3 s deadline.
         let embedder =
-            Embedder::with_model(Box::new(Fake::new(0)), &config(1_000, 0)).expect("start");
-        let result = embedder.embed("slow-boom").await;
+            Embedder::with_model(Box::new(Fake::new(0)), &config(3_000, 0)).expect("start");
+        let result = embedder.embed("slow-fail").await;
         assert!(matches!(result, Err(EmbedError::Failed(_))), "{result:?}");
         assert_eq!(
             embedder
