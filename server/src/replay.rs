@@ -518,18 +518,9 @@ pub async fn follow(state: &AppState, ex: &Exchange, flight: &Arc<Flight>) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::cacheable::tests::chunks;
     use crate::cache::cacheable::{assemble, rechunk};
     use crate::entry::StoredEvent;
-
-    fn chunks() -> Vec<Value> {
-        vec![
-            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]}),
-            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"content": "Hello"}, "finish_reason": null}]}),
-            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"content": " world"}, "finish_reason": null}]}),
-            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
-            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
-        ]
-    }
 
     #[test]
     fn pacing_offsets_never_panic_whatever_their_size() {

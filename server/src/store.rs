@@ -610,9 +610,28 @@ impl SledStore {
         id: EntryId,
         raw: sled::IVec,
     ) -> Result<Option<(Entry, usize)>, StoreError> {
-        Ok(match resolve(&self.entries, &self.chunks, id.0, raw)? {
+        self.read_half(&self.entries, &self.chunks, id, raw, decode)
+    }
+
+    /// The replay that the `replays` record `raw` stands for. Unreadable ones are quarantined.
+    fn read_replay(&self, id: EntryId, raw: sled::IVec) -> Result<Option<Replay>, StoreError> {
+        let replay = self.read_half(&self.replays, &self.replay_chunks, id, raw, decode_replay)?;
+        Ok(replay.map(|(replay, _)| replay))
+    }
+
+    /// One half of an entry from its tree (and chunk tree), decoded by `decode`, with its encoded
+    /// length; an unreadable half is quarantined and read as absent.
+    fn read_half<T>(
+        &self,
+        tree: &sled::Tree,
+        chunks: &sled::Tree,
+        id: EntryId,
+        raw: sled::IVec,
+        decode: fn(EntryId, &[u8], bool) -> Result<T, StoreError>,
+    ) -> Result<Option<(T, usize)>, StoreError> {
+        Ok(match resolve(tree, chunks, id.0, raw)? {
             Resolved::Value(value, checked) => match decode(id, &value, checked) {
-                Ok(entry) => Some((entry, value.len())),
+                Ok(half) => Some((half, value.len())),
                 Err(e) => {
                     self.quarantine(id, &e.to_string());
                     None
@@ -624,26 +643,6 @@ impl SledStore {
                 None
             }
         })
-    }
-
-    /// The replay that the `replays` record `raw` stands for. Unreadable ones are quarantined.
-    fn read_replay(&self, id: EntryId, raw: sled::IVec) -> Result<Option<Replay>, StoreError> {
-        Ok(
-            match resolve(&self.replays, &self.replay_chunks, id.0, raw)? {
-                Resolved::Value(value, checked) => match decode_replay(id, &value, checked) {
-                    Ok(replay) => Some(replay),
-                    Err(e) => {
-                        self.quarantine(id, &e.to_string());
-                        None
-                    }
-                },
-                Resolved::Gone => None,
-                Resolved::Corrupt(reason) => {
-                    self.quarantine(id, &reason);
-                    None
-                }
-            },
-        )
     }
 
     /// The whole entry that the `entries` record `raw` stands for: its cold half and its answer,

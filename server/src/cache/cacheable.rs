@@ -320,10 +320,11 @@ pub fn rechunk(route: Route, body: &Value, decode_ms: f64) -> Vec<StoredEvent> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn chunks() -> Vec<Value> {
+    /// A streamed chat answer: role, two content chunks, the finish, and a usage-only chunk.
+    pub(crate) fn chunks() -> Vec<Value> {
         vec![
             json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]}),
             json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"content": "Hello"}, "finish_reason": null}]}),
