@@ -21,7 +21,7 @@ use axum::Json;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use crate::text::{self, Event, VOCAB};
+use crate::text::{self, Event};
 use crate::{early_fault, error_response, jittered, parse_body, plan, stream_response, Fault, Sim};
 
 /// Responses the simulator stored (`store` not false), by id, with their input items.
@@ -184,20 +184,7 @@ pub async fn create(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> 
         .and_then(Value::as_u64)
         .map_or(plan.tokens, |m| m.min(u64::from(plan.tokens)) as u32);
     let mut reader = blake3::Hasher::new().update(seed.as_bytes()).finalize_xof();
-    let words: Vec<String> = (0..max)
-        .map(|i| {
-            let mut b = [0u8; 2];
-            reader.fill(&mut b);
-            let word = VOCAB[usize::from(u16::from_le_bytes(b)) % VOCAB.len()];
-            if i == 0 {
-                let mut w = word.to_owned();
-                w[..1].make_ascii_uppercase();
-                w
-            } else {
-                format!(" {word}")
-            }
-        })
-        .collect();
+    let words = text::words(&mut reader, max);
     let fault = plan.fault.clone();
     let output = match (forced_tool(&request), &fault) {
         (Some(name), _) => {

@@ -18,6 +18,25 @@ pub(crate) const VOCAB: &[&str] = &[
     "lagoon", "mirror", "nectar", "oasis", "pepper", "quiver", "rocket", "saddle", "tundra",
 ];
 
+/// `n` words drawn from `reader`, as streamed tokens: the first capitalized, the others with
+/// their leading space.
+pub(crate) fn words(reader: &mut blake3::OutputReader, n: u32) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let mut b = [0u8; 2];
+            reader.fill(&mut b);
+            let word = VOCAB[usize::from(u16::from_le_bytes(b)) % VOCAB.len()];
+            if i == 0 {
+                let mut w = word.to_owned();
+                w[..1].make_ascii_uppercase();
+                w
+            } else {
+                format!(" {word}")
+            }
+        })
+        .collect()
+}
+
 pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -112,20 +131,7 @@ impl Generation {
                     .update(self.seed.as_bytes())
                     .update(&choice.to_le_bytes())
                     .finalize_xof();
-                let words: Vec<String> = (0..limit)
-                    .map(|i| {
-                        let mut b = [0u8; 2];
-                        reader.fill(&mut b);
-                        let word = VOCAB[usize::from(u16::from_le_bytes(b)) % VOCAB.len()];
-                        if i == 0 {
-                            let mut w = word.to_owned();
-                            w[..1].make_ascii_uppercase();
-                            w
-                        } else {
-                            format!(" {word}")
-                        }
-                    })
-                    .collect();
+                let words = words(&mut reader, limit);
                 match &self.tool {
                     Some(name) => {
                         let query: String = words.iter().take(3).map(String::as_str).collect();
