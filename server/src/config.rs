@@ -164,6 +164,9 @@ pub struct ServeArgs {
     /// Redis server for `--store redis`: redis://[user:password@]host:port[/db] or rediss:// (TLS).
     #[arg(long, env = "REPRISE_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
+    /// This replica's name in the change feed and `/admin/stats` [default: host-pid-random].
+    #[arg(long, env = "REPRISE_REPLICA_ID")]
+    pub replica_id: Option<String>,
     /// Bearer token for `/admin/*`; without one the admin routes are disabled.
     #[arg(long, env = "REPRISE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
@@ -280,6 +283,8 @@ pub struct Config {
     pub store: StoreKind,
     /// The Redis server of `store = "redis"` (a secret: it may carry a password).
     pub redis_url: Option<Secret>,
+    /// This replica's name among those sharing a Redis store (`None`: host, pid and a random suffix).
+    pub replica_id: Option<String>,
     pub admin_token: Option<Secret>,
     pub log_format: LogFormat,
     pub max_body_bytes: usize,
@@ -333,6 +338,7 @@ impl Default for Config {
             strict_store: false,
             store: StoreKind::Sled,
             redis_url: None,
+            replica_id: None,
             admin_token: None,
             log_format: LogFormat::Text,
             max_body_bytes: 8 * 1024 * 1024,
@@ -435,6 +441,7 @@ impl Config {
             strict_store,
             store,
             redis_url,
+            replica_id,
             admin_token,
             log_format,
             max_body_bytes,
@@ -476,6 +483,9 @@ impl Config {
         set(&mut self.store, store);
         if let Some(url) = redis_url {
             self.redis_url = Some(Secret::new(url));
+        }
+        if let Some(id) = replica_id {
+            self.replica_id = Some(id.clone());
         }
         if let Some(token) = admin_token {
             self.admin_token = Some(Secret::new(token));

@@ -208,12 +208,18 @@ pub trait EmbedModel: Send {
     /// One vector of [`EmbedModel::dimension`] floats per text, in order.
     fn embed(&mut self, texts: &[String]) -> Result<Vec<Vec<f32>>, String>;
     fn dimension(&self) -> usize;
+    /// What makes two models' vectors comparable: replicas sharing a store check it before they
+    /// match against each other's vectors. The default (for test models) is the dimension alone.
+    fn fingerprint(&self) -> String {
+        format!("dimension={}", self.dimension())
+    }
 }
 
 /// The real model: fastembed's ONNX text embedding with the pooling from `reprise-model.toml`.
 pub struct FastembedModel {
     inner: fastembed::TextEmbedding,
     dimension: usize,
+    fingerprint: String,
 }
 
 impl FastembedModel {
@@ -250,7 +256,16 @@ impl FastembedModel {
         };
         // fastembed's default pooling is CLS, which is wrong for sentence-transformers models such as
         // MiniLM; the spec file is the authority.
-        let model = fastembed::UserDefinedEmbeddingModel::new(read("model.onnx")?, tokenizer)
+        let onnx = read("model.onnx")?;
+        // The weights, the tokenizer and the spec (pooling, length) decide the vectors; the ONNX
+        // Runtime version does not, beyond float noise.
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&onnx);
+        hasher.update(&tokenizer.tokenizer_file);
+        hasher
+            .update(format!("{}/{}/{}", spec.pooling, spec.max_length, spec.dimension).as_bytes());
+        let fingerprint = format!("blake3:{}", &hasher.finalize().to_hex()[..32]);
+        let model = fastembed::UserDefinedEmbeddingModel::new(onnx, tokenizer)
             .with_pooling(pooling)
             .with_quantization(fastembed::QuantizationMode::None);
         let options = fastembed::InitOptionsUserDefined::new()
@@ -265,6 +280,7 @@ impl FastembedModel {
         let mut model = FastembedModel {
             inner,
             dimension: spec.dimension,
+            fingerprint,
         };
         // One real call proves the spec matches the model and warms the session (the first run is slow).
         let probe = model
@@ -292,6 +308,10 @@ impl EmbedModel for FastembedModel {
 
     fn dimension(&self) -> usize {
         self.dimension
+    }
+
+    fn fingerprint(&self) -> String {
+        self.fingerprint.clone()
     }
 }
 
@@ -396,6 +416,7 @@ pub struct Embedder {
     worker: Option<JoinHandle<()>>,
     counters: Arc<Counters>,
     dimension: usize,
+    fingerprint: String,
     deadline: Duration,
     max_batch: usize,
     queue_budget: Duration,
@@ -435,6 +456,7 @@ impl Embedder {
         let (jobs, rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let dimension = model.dimension();
+        let fingerprint = model.fingerprint();
         let worker = Worker {
             model,
             jobs: rx,
@@ -452,6 +474,7 @@ impl Embedder {
             worker: Some(worker),
             counters,
             dimension,
+            fingerprint,
             deadline: config.deadline,
             max_batch: config.max_batch,
             queue_budget: config.queue_budget,
@@ -460,6 +483,11 @@ impl Embedder {
 
     pub fn dimension(&self) -> usize {
         self.dimension
+    }
+
+    /// The model's [`EmbedModel::fingerprint`].
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
     }
 
     /// Embeds one text with dynamic micro-batching: concurrent callers are embedded together by the

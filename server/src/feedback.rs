@@ -76,7 +76,7 @@ pub(crate) const PREVIEW_CHARS: usize = 500;
 
 /// A prompt as feedback keys it: the blake3 hash of its words, lowercased and single-spaced, so
 /// case and spacing do not make another question.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PromptKey([u8; 32]);
 
 impl PromptKey {
@@ -101,7 +101,7 @@ pub(crate) fn preview(text: &str) -> String {
 }
 
 /// What feedback on a request needs to know: the entry and the prompt it was matched with.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Encounter {
     pub met: Met,
     pub entry: EntryId,
@@ -149,6 +149,24 @@ pub struct FeedbackCounts {
     pub approvals: u64,
 }
 
+/// A verdict as replicas share it on the change feed: what it applies to and its record, so every
+/// replica vetoes or approves the same pair, whichever one received it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SharedVerdict {
+    /// The replica that received it, and its record id there: applied once per replica.
+    pub origin: String,
+    pub encounter: Encounter,
+    pub record: VerdictRecord,
+}
+
+/// Where a replica sharing a store sends what its requests met (so that a verdict sent to another
+/// replica finds it), and asks for what another replica's requests met.
+pub trait Shared: Send + Sync {
+    /// Off the request path: may drop under load.
+    fn remember(&self, request_id: &str, encounter: &Encounter);
+    fn recall(&self, request_id: &str) -> Option<Encounter>;
+}
+
 /// An approval, stored under (partition, prompt).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct Approval {
@@ -166,7 +184,10 @@ pub struct Feedback {
     floors: sled::Tree,
     /// (partition, prompt hash) → [`Approval`].
     approvals: sled::Tree,
+    /// `origin/record id` of the shared verdicts already applied here.
+    applied: sled::Tree,
     pub shadow: ShadowLog,
+    shared: std::sync::OnceLock<Box<dyn Shared>>,
     recent: Mutex<Recent>,
     right: AtomicU64,
     wrong: AtomicU64,
@@ -233,6 +254,8 @@ impl Feedback {
             vetoes: db.open_tree("vetoes")?,
             floors: db.open_tree("entry_thresholds")?,
             approvals: db.open_tree("approvals")?,
+            applied: db.open_tree("shared_applied")?,
+            shared: std::sync::OnceLock::new(),
             shadow: ShadowLog::new(
                 db.clone(),
                 db.open_tree("shadow")?,
@@ -246,8 +269,17 @@ impl Feedback {
         })
     }
 
+    /// Shares what requests meet with the other replicas (a shared store only; set once).
+    pub fn share(&self, shared: Box<dyn Shared>) {
+        let _ = self.shared.set(shared);
+    }
+
     /// Remembers what request `request_id` met, so feedback on it can act.
     pub fn note(&self, request_id: &str, encounter: Encounter) {
+        // An exact hit has nothing to judge: no replica needs to know it.
+        if let (Some(shared), false) = (self.shared.get(), encounter.met == Met::Hit) {
+            shared.remember(request_id, &encounter);
+        }
         let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
         if recent
             .map
@@ -298,15 +330,21 @@ impl Feedback {
         Some((EntryId(a.entry), a.similarity))
     }
 
-    /// Applies and stores a verdict on a recent request.
-    pub fn judge(&self, request: &FeedbackRequest) -> Result<VerdictRecord, GatewayError> {
-        let encounter = self
+    /// Applies and stores a verdict on a recent request (of this replica, or of another one sharing
+    /// the store); returns its record and what it was about.
+    pub fn judge(
+        &self,
+        request: &FeedbackRequest,
+    ) -> Result<(VerdictRecord, Encounter), GatewayError> {
+        let local = self
             .recent
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .map
             .get(&request.request_id)
-            .cloned()
+            .cloned();
+        let encounter = local
+            .or_else(|| self.shared.get()?.recall(&request.request_id))
             .ok_or_else(|| GatewayError::RequestNotFound {
                 id: request.request_id.clone(),
             })?;
@@ -328,7 +366,7 @@ impl Feedback {
             (Met::SemanticHit, Verdict::Right) => "recorded".to_owned(),
         };
         let record = VerdictRecord {
-            id: self.db.generate_id().map_err(internal)? + 1,
+            id: 0,
             at_ms: unix_ms(),
             request_id: request.request_id.clone(),
             verdict: request.verdict,
@@ -338,6 +376,43 @@ impl Feedback {
             similarity: encounter.similarity,
             effect,
         };
+        let record = self.keep(record)?;
+        tracing::info!(
+            request_id = %record.request_id,
+            verdict = record.verdict.name(),
+            entry = %record.entry,
+            effect = %record.effect,
+            "feedback received"
+        );
+        Ok((record, encounter))
+    }
+
+    /// Applies a verdict another replica received (once: a replica that rebuilds reads them all
+    /// again). Exact-hit verdicts are refused where they are received, so none arrive here.
+    pub fn apply_shared(&self, shared: &SharedVerdict) -> Result<(), GatewayError> {
+        let mark = format!("{}/{}", shared.origin, shared.record.id);
+        if self.applied.contains_key(&mark).map_err(internal)? {
+            return Ok(());
+        }
+        let e = &shared.encounter;
+        match (e.met, shared.record.verdict) {
+            (Met::Hit, _) | (Met::SemanticHit, Verdict::Right) => {}
+            (_, Verdict::Wrong) => {
+                self.veto(e).map_err(internal)?;
+            }
+            (Met::Shadow | Met::NearMiss, Verdict::Right) => {
+                self.approve(e).map_err(internal)?;
+            }
+        }
+        self.keep(shared.record.clone())?;
+        self.applied.insert(mark, &[]).map_err(internal)?;
+        self.db.flush().map_err(internal)?;
+        Ok(())
+    }
+
+    /// Stores `record` under a new local id, counts it, and makes it durable.
+    fn keep(&self, mut record: VerdictRecord) -> Result<VerdictRecord, GatewayError> {
+        record.id = self.db.generate_id().map_err(internal)? + 1;
         let bytes = serde_json::to_vec(&record).unwrap_or_default();
         self.verdicts
             .insert(record.id.to_be_bytes(), bytes)
@@ -349,17 +424,10 @@ impl Feedback {
         }
         // A verdict is rare and must survive a crash right after it was acknowledged.
         self.db.flush().map_err(internal)?;
-        match request.verdict {
+        match record.verdict {
             Verdict::Right => self.right.fetch_add(1, Ordering::Relaxed),
             Verdict::Wrong => self.wrong.fetch_add(1, Ordering::Relaxed),
         };
-        tracing::info!(
-            request_id = %record.request_id,
-            verdict = record.verdict.name(),
-            entry = %record.entry,
-            effect = %record.effect,
-            "feedback received"
-        );
         Ok(record)
     }
 
@@ -502,6 +570,7 @@ mod tests {
             request_id: id.to_owned(),
             verdict,
         })
+        .map(|(record, _)| record)
     }
 
     #[test]

@@ -54,6 +54,7 @@ pub(crate) mod pipeline;
 pub mod policy;
 pub mod record;
 pub mod replay;
+pub mod replica;
 pub mod semantic;
 pub(crate) mod serve;
 pub(crate) mod shadow;
@@ -106,6 +107,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// The OpenTelemetry span exporter; `None` (the default) when traces are off.
     pub otel: Option<Arc<otel::Exporter>>,
+    /// How this replica follows the shared store's change feed (`--store redis` only).
+    pub replica: Option<Arc<replica::Follower>>,
 }
 
 /// Why the gateway could not start, worded for the operator who reads it on stderr.
@@ -157,7 +160,11 @@ fn open_store(config: &Config) -> Result<ResilientStore, StartError> {
 /// (answering from upstream, not caching) rather than not at all: the writer thread keeps trying.
 fn open_redis(config: &Config) -> Result<ResilientStore, StartError> {
     let url = config.redis_url.as_ref().map_or("", |u| u.expose());
-    let redis = store::RedisStore::new(url).map_err(StartError::Store)?;
+    let replica = config
+        .replica_id
+        .clone()
+        .unwrap_or_else(store::redis_default_replica);
+    let redis = store::RedisStore::named(url, &replica).map_err(StartError::Store)?;
     let reached = redis.ping().and_then(|()| redis.refresh_counts());
     let store = ResilientStore::redis(redis);
     if let Err(e) = reached {
@@ -165,6 +172,30 @@ fn open_redis(config: &Config) -> Result<ResilientStore, StartError> {
         store.fail(&e);
     }
     Ok(store)
+}
+
+/// Semantic matching on a shared store only with the model whose vectors the store holds: a
+/// replica with another model (or another version of it) would compare vectors that do not
+/// compare, and serve wrong answers at any threshold.
+fn same_model(semantic: Arc<Semantic>, store: &dyn Store) -> semantic::Status {
+    let Some(feed) = store.feed() else {
+        return semantic::Status::Ready(semantic);
+    };
+    let mine = semantic.embedder.fingerprint().to_owned();
+    match feed.agree_model(&mine) {
+        Ok(None) => semantic::Status::Ready(semantic),
+        Ok(Some(theirs)) => {
+            semantic.stop();
+            semantic::Status::Disabled(format!(
+                "the shared store's vectors come from another embedding model (fingerprint {theirs}; this replica's model is {mine}), and vectors of two models cannot be compared. Run the same model on every replica; to switch models, flush the cache and delete the Redis key `reprise:model`, then start the replicas with the new model"
+            ))
+        }
+        Err(e) => {
+            // Unknown until Redis answers; the vectors this replica writes carry its own model.
+            tracing::warn!(error = %e, "cannot check the shared store's embedding model at start");
+            semantic::Status::Ready(semantic)
+        }
+    }
 }
 
 /// Opens the operators' verdicts and shadow decisions. Like the cache store, a full, failing or
@@ -203,7 +234,16 @@ impl AppState {
         embedder: Option<Arc<embed::Embedder>>,
     ) -> Result<Self, StartError> {
         let store: Arc<dyn Store> = Arc::new(open_store(&config)?);
-        let (semantic, semantic_disabled) = match Semantic::start(&config, &store, embedder) {
+        // Before the index loads from the store: changes made meanwhile are applied after it.
+        let feed_start = store.feed().map(|feed| feed.tail()).and_then(|tail| {
+            tail.inspect_err(|e| tracing::warn!(error = %e, "cannot read the change feed at start: this replica rebuilds from the store once Redis answers"))
+                .ok()
+        });
+        let status = match Semantic::start(&config, &store, embedder) {
+            semantic::Status::Ready(s) => same_model(s, store.as_ref()),
+            disabled => disabled,
+        };
+        let (semantic, semantic_disabled) = match status {
             semantic::Status::Ready(s) => (Some(s), None),
             semantic::Status::Disabled(why) => {
                 // Loud on purpose: a cache silently without semantic matching is what users of
@@ -215,7 +255,7 @@ impl AppState {
         let index = semantic
             .as_ref()
             .map(|s| s.index.clone() as Arc<dyn VectorIndex>);
-        let feedback = open_feedback(&config.data_dir.join("feedback"))?;
+        let feedback = Arc::new(open_feedback(&config.data_dir.join("feedback"))?);
         let requests = Arc::new(RequestLog::new(config.request_log_size));
         if let Some(s) = &semantic {
             s.embedder.observe_batches(requests.stats.embed_observer());
@@ -233,6 +273,19 @@ impl AppState {
             GatewayError::Internal { detail } => StartError::Upstream(detail),
             other => StartError::Upstream(other.to_string()),
         })?;
+        let live = Arc::new(live::CurrentSettings::new(config.live.clone()));
+        let shutdown = CancellationToken::new();
+        let replica = replica::follow(
+            replica::Parts {
+                store: store.clone(),
+                semantic: semantic.clone(),
+                live: live.clone(),
+                baseline: config.live.clone(),
+                feedback: feedback.clone(),
+                stop: shutdown.clone(),
+            },
+            feed_start,
+        );
         Ok(Self {
             upstream: Arc::new(upstream),
             requests,
@@ -242,14 +295,15 @@ impl AppState {
                 semantic.as_ref().map(|s| s.backfill.clone()),
                 config.cache_settings(),
             ),
-            live: Arc::new(live::CurrentSettings::new(config.live.clone())),
+            live,
             semantic,
             semantic_disabled,
-            feedback: Arc::new(feedback),
+            feedback,
             config: Arc::new(config),
             tasks: TaskTracker::new(),
-            shutdown: CancellationToken::new(),
+            shutdown,
             otel,
+            replica,
         })
     }
 }
@@ -338,6 +392,7 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
             Some(d) => json!({"status": "degraded", "reason": d.reason, "since_ms": d.since_ms, "failures": d.failures}),
         },
         "entries": state.cache.store.len(),
+        "replica": state.replica.as_ref().map(|r| r.status(state.cache.store.as_ref())),
         "semantic": semantic,
         "admin": state.config.admin_token.is_some(),
         "tracing": state.otel.as_ref().map(|o| json!({

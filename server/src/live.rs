@@ -227,6 +227,13 @@ impl CurrentSettings {
             .clone()
     }
 
+    /// Puts `settings` in place whole (a replica reapplying the shared patches over its start-up
+    /// settings).
+    pub fn replace(&self, settings: LiveSettings) {
+        settings.semantic_guards.preload();
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(settings);
+    }
+
     /// Applies `patch` if the result is valid; returns the new settings. Nothing changes on error.
     pub fn apply(&self, patch: ConfigPatch) -> Result<Arc<LiveSettings>, GatewayError> {
         // Before the lock: requests keep reading the current settings while the guards load.

@@ -292,6 +292,26 @@ impl Semantic {
         self.save();
     }
 
+    /// Rebuilds the index from the vectors in the store, for a replica that missed changes of the
+    /// shared store. Blocking. The old index serves meanwhile; changes made meanwhile are kept.
+    /// Does nothing while another rebuild runs (it reads the store too).
+    pub fn resync(&self, store: &dyn Store) -> bool {
+        if !self.index.begin_rebuild() {
+            return false;
+        }
+        let (items, _unembedded) = stored_vectors(store);
+        let count = items.len();
+        self.index.finish(HnswIndex::build(
+            index_config(self.embedder.dimension()),
+            items,
+        ));
+        tracing::info!(
+            vectors = count,
+            "vector index rebuilt from the shared store"
+        );
+        true
+    }
+
     /// Embeds a prompt for a search or for storing with its answer, with the time it took. `None`
     /// when the prompt is empty or the embedding is refused (overload), late or failed: the request
     /// then goes on with exact matching only, and the fallback is counted by its reason.
@@ -566,6 +586,16 @@ impl SwappableIndex {
     /// Whether a background rebuild is still running.
     pub fn is_building(&self) -> bool {
         lock(&self.pending).is_some()
+    }
+
+    /// Starts recording changes for a rebuild; false when one already runs.
+    fn begin_rebuild(&self) -> bool {
+        let mut pending = lock(&self.pending);
+        if pending.is_some() {
+            return false;
+        }
+        *pending = Some(Vec::new());
+        true
     }
 
     /// Replays the changes made meanwhile into `built` and puts it in service. The pending lock is

@@ -56,10 +56,12 @@ use reprise_migrations::layout;
 pub use reprise_migrations::MigrationError;
 
 mod compact;
+pub mod feed;
 mod redis;
 mod resilient;
 
-pub use self::redis::RedisStore;
+pub use self::redis::{default_replica as redis_default_replica, RedisStore};
+pub use feed::{Change, Feed};
 pub use resilient::{Degraded, ResilientStore};
 
 /// `meta` key of the number added to sled's id generator (u64 BE, absent = 0): a rebuilt database
@@ -247,6 +249,11 @@ pub trait Store: Send + Sync + 'static {
     fn clear(&self) -> Result<usize, StoreError>;
     /// Why the store is not caching (its disk failed), if it is not.
     fn degraded(&self) -> Option<Degraded> {
+        None
+    }
+    /// The change feed, when replicas share this store: what they change is published there (the
+    /// store publishes its own puts and deletes), and what others change is read from it.
+    fn feed(&self) -> Option<&dyn Feed> {
         None
     }
     /// Tries to bring a degraded store back (blocking, rate-limited); true when it is healthy.

@@ -167,5 +167,23 @@ pub(crate) async fn post_feedback(
     AdminJson(request): AdminJson<FeedbackRequest>,
 ) -> Result<Json<VerdictRecord>, GatewayError> {
     let feedback = state.feedback.clone();
-    blocking(move || feedback.judge(&request)).await?.map(Json)
+    let store = state.cache.store.clone();
+    blocking(move || {
+        let (record, encounter) = feedback.judge(&request)?;
+        // Every replica sharing the store vetoes or approves the same pair.
+        if let Some(feed) = store.feed() {
+            let shared = crate::feedback::SharedVerdict {
+                origin: feed.replica().to_owned(),
+                encounter,
+                record: record.clone(),
+            };
+            let change = crate::store::Change::Verdict(serde_json::to_value(&shared).unwrap_or_default());
+            if let Err(e) = feed.publish(&change) {
+                tracing::error!(error = %e, "a verdict could not be shared: other replicas do not apply it until it is sent again");
+            }
+        }
+        Ok(record)
+    })
+    .await?
+    .map(Json)
 }

@@ -217,6 +217,9 @@ pub(crate) struct StatsBody {
     /// `semantic` or `exact-only`.
     pub mode: String,
     pub store: StoreStats,
+    /// Which replica answers and how far behind the shared store's change feed it is
+    /// (`--store redis` only).
+    pub replica: Option<crate::replica::FeedStatus>,
     pub index: Option<IndexStats>,
     pub requests: RequestCounts,
     pub rates: Rates,
@@ -279,6 +282,10 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
             entries: state.cache.store.len() as u64,
             bytes: state.cache.store.bytes(),
         },
+        replica: state
+            .replica
+            .as_ref()
+            .map(|r| r.status(state.cache.store.as_ref())),
         index: state.semantic.as_ref().map(|s| {
             use crate::index::VectorIndex;
             IndexStats {
@@ -395,9 +402,18 @@ pub(crate) async fn config(State(state): State<AppState>) -> Json<LiveSettings> 
     security(("admin_token" = [])))]
 pub(crate) async fn patch_config(
     State(state): State<AppState>,
-    AdminJson(patch): AdminJson<ConfigPatch>,
+    AdminJson(body): AdminJson<serde_json::Value>,
 ) -> Result<Json<LiveSettings>, GatewayError> {
-    Ok(Json(state.live.apply(patch)?.as_ref().clone()))
+    let patch: ConfigPatch = from_value(body.clone())?;
+    let applied = state.live.apply(patch)?;
+    // Every replica sharing the store applies the same patch, in the order they were accepted.
+    if let Some(feed) = state.cache.store.feed() {
+        let change = crate::store::Change::Config(body);
+        if let Err(e) = feed.publish(&change) {
+            tracing::error!(error = %e, "a config change could not be shared: it applies to this replica only");
+        }
+    }
+    Ok(Json(applied.as_ref().clone()))
 }
 
 /// This document.

@@ -20,8 +20,9 @@
 //! a failure marks the store degraded, and until a `PING` succeeds again (tried by the writer
 //! thread) lookups miss without calling Redis at all.
 //!
-//! Not yet (see the README): no change feed, so a replica's vector index holds what was in Redis
-//! when it started plus what it wrote itself; eviction over the caps is oldest-first, not LRU.
+//! Every put, delete and clear is also published on the change feed ([`super::feed`]), which
+//! the other replicas follow to keep their vector indexes in step. Not yet (see the README):
+//! eviction over the caps is oldest-first, not LRU.
 //!
 //! [`ResilientStore`]: super::ResilientStore
 
@@ -32,6 +33,7 @@ use std::time::{Duration, Instant};
 use ::redis::{Client, Commands, Connection, RedisError, Value};
 use tracing::debug;
 
+use super::feed::{Change, Feed, RedisFeed};
 use super::{decode, decode_replay, encode_cold, encode_replay, Store, StoreError};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
@@ -54,7 +56,9 @@ const BATCH: usize = 256;
 
 const IDS: &str = "reprise:ids";
 const COLD_PATTERN: &str = "reprise:{*}:cold";
-const ALL_PATTERN: &str = "reprise:*";
+/// What a clear deletes: the entries' halves and the exact-key rows, not the id counter, the
+/// feed, its histories or the flight locks.
+const ENTRY_PATTERNS: [&str; 2] = ["reprise:{*}:*", "reprise:key:*"];
 
 fn replay_key(id: EntryId) -> String {
     format!("reprise:{{{}}}:replay", id.0)
@@ -72,6 +76,22 @@ fn exact_key(key: &CacheKey) -> String {
 fn id_of_cold_key(key: &str) -> Option<EntryId> {
     let inner = key.strip_prefix("reprise:{")?.strip_suffix("}:cold")?;
     inner.parse().ok().map(EntryId)
+}
+
+/// A replica's name when none is configured: the host's name (a container's or pod's, where it
+/// runs in one), the process id, and a random suffix, so a restarted replica is told apart.
+pub fn default_replica() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "replica".into());
+    format!(
+        "{host}-{}-{:04x}",
+        std::process::id(),
+        rand::random::<u16>()
+    )
 }
 
 impl From<RedisError> for StoreError {
@@ -93,18 +113,40 @@ pub struct RedisStore {
     bytes: AtomicU64,
     /// When a sweep last recounted.
     counted_at: Mutex<Option<Instant>>,
+    feed: RedisFeed,
 }
 
 impl RedisStore {
-    /// A store on `url` (redis:// or rediss://); connects on first use.
+    /// A store on `url` (redis:// or rediss://), for a replica named by [`default_replica`];
+    /// connects on first use.
     pub fn new(url: &str) -> Result<Self, StoreError> {
+        Self::named(url, &default_replica())
+    }
+
+    /// A store on `url` for the replica named `replica` in the change feed and `/admin/stats`.
+    pub fn named(url: &str, replica: &str) -> Result<Self, StoreError> {
+        let client = Client::open(url)?;
         Ok(Self {
-            client: Client::open(url)?,
+            feed: RedisFeed::new(client.clone(), replica.to_owned()),
+            client,
             pool: Mutex::new(Vec::new()),
             len: AtomicUsize::new(0),
             bytes: AtomicU64::new(0),
             counted_at: Mutex::new(None),
         })
+    }
+
+    /// The change feed this store publishes on.
+    pub fn feed(&self) -> &RedisFeed {
+        &self.feed
+    }
+
+    /// Publishes `change`; a failure is logged, not returned: the store's own write succeeded, and
+    /// other replicas still serve the entry as an exact hit (they resync when they notice a gap).
+    fn publish(&self, change: Change) {
+        if let Err(e) = self.feed.publish(&change) {
+            tracing::warn!(error = %e, "publishing a change on the feed failed; other replicas see it only as an exact hit until they resync");
+        }
     }
 
     /// Recounts the entries and their size (what `len`/`bytes` report), by `SCAN`.
@@ -269,6 +311,7 @@ impl RedisStore {
             self.with(|c| script.key(exact_key(key)).arg(id.0).invoke::<i64>(c))?;
         }
         if gone > 0 {
+            self.publish(Change::Delete(id));
             // Approximate until the next sweep recounts (bytes included): never below zero.
             let _ = self
                 .len
@@ -390,6 +433,11 @@ impl Store for RedisStore {
         })?;
         self.len.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(size, Ordering::Relaxed);
+        self.publish(Change::Put {
+            id,
+            partition: entry.partition.0,
+            vector: entry.vector.clone(),
+        });
         if let Some(old) = old.filter(|old| *old != id.0) {
             self.delete_one(EntryId(old), None)?;
         }
@@ -416,7 +464,19 @@ impl Store for RedisStore {
     }
 
     fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
-        self.update(id, |entry| entry.fill_vector(vector))
+        let mut partition = None;
+        let filled = self.update(id, |entry| {
+            partition = Some(entry.partition.0);
+            entry.fill_vector(vector)
+        })?;
+        if let (true, Some(partition)) = (filled, partition) {
+            self.publish(Change::Put {
+                id,
+                partition,
+                vector: Some(vector.to_vec()),
+            });
+        }
+        Ok(filled)
     }
 
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
@@ -486,29 +546,34 @@ impl Store for RedisStore {
 
     fn clear(&self) -> Result<usize, StoreError> {
         let n = self.scan_ids()?.len();
-        // Every key of ours but the id counter (ids are never reused).
-        self.with(|c| {
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, keys): (u64, Vec<String>) = ::redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(ALL_PATTERN)
-                    .arg("COUNT")
-                    .arg(BATCH)
-                    .query(c)?;
-                let keys: Vec<String> = keys.into_iter().filter(|k| k != IDS).collect();
-                if !keys.is_empty() {
-                    ::redis::cmd("UNLINK").arg(&keys).query::<Value>(c)?;
+        for pattern in ENTRY_PATTERNS {
+            self.with(|c| {
+                let mut cursor: u64 = 0;
+                loop {
+                    let (next, keys): (u64, Vec<String>) = ::redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(pattern)
+                        .arg("COUNT")
+                        .arg(BATCH)
+                        .query(c)?;
+                    if !keys.is_empty() {
+                        ::redis::cmd("UNLINK").arg(&keys).query::<Value>(c)?;
+                    }
+                    if next == 0 {
+                        return Ok(());
+                    }
+                    cursor = next;
                 }
-                if next == 0 {
-                    return Ok(());
-                }
-                cursor = next;
-            }
-        })?;
+            })?;
+        }
         self.len.store(0, Ordering::Relaxed);
         self.bytes.store(0, Ordering::Relaxed);
+        self.publish(Change::Clear);
         Ok(n)
+    }
+
+    fn feed(&self) -> Option<&dyn Feed> {
+        Some(&self.feed)
     }
 }

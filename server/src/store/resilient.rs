@@ -362,6 +362,10 @@ impl Store for ResilientStore {
         ResilientStore::degraded(self)
     }
 
+    fn feed(&self) -> Option<&dyn super::Feed> {
+        self.redis.as_ref().map(|r| r.feed() as &dyn super::Feed)
+    }
+
     fn recover(&self) -> bool {
         ResilientStore::recover(self)
     }

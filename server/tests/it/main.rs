@@ -13,6 +13,7 @@ mod cache;
 mod common;
 mod conn;
 mod disk;
+mod feed;
 mod fuzz;
 mod gateway;
 mod learn;

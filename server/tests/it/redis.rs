@@ -22,7 +22,7 @@ use crate::common::*;
 use crate::semantic::{models, semantic_config};
 
 /// A `redis-server` on a free loopback port, without persistence, killed on drop.
-struct RedisServer {
+pub(crate) struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
@@ -46,7 +46,7 @@ fn redis_server_binary() -> Option<PathBuf> {
 }
 
 impl RedisServer {
-    fn start() -> Option<Self> {
+    pub(crate) fn start() -> Option<Self> {
         let mut server = Self::unstarted()?;
         server.spawn(&redis_server_binary()?);
         Some(server)
@@ -86,7 +86,7 @@ impl RedisServer {
         panic!("redis-server on port {} never answered", self.port);
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 

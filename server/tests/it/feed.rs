@@ -1,0 +1,261 @@
+//! Replicas on one Redis keep in step through the change feed: an answer stored through one is a
+//! semantic candidate on the others without a restart; invalidations, flushes, verdicts and config
+//! patches sent to any replica act on all of them; a replica that loses its place in the feed
+//! rebuilds; a replica with another embedding model refuses to match against the stored vectors.
+//! Real `redis-server` (see `redis.rs`); the semantic tests need the model.
+
+use std::time::{Duration, Instant};
+
+use reprise_server::config::{Config, Secret, StoreKind};
+use serde_json::{json, Value};
+
+use crate::common::*;
+use crate::redis::RedisServer;
+use crate::semantic::{models, semantic_config};
+
+/// Propagation through the feed takes a read of at most a second; this leaves room for a busy
+/// machine without letting a broken feed pass.
+const PROPAGATION: Duration = Duration::from_secs(15);
+
+fn on_redis(mut config: Config, redis: &RedisServer) -> Config {
+    config.store = StoreKind::Redis;
+    config.redis_url = Some(Secret::new(redis.url()));
+    config.validate().expect("valid");
+    config
+}
+
+async fn admin(gw: &Gateway, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+    let mut request = client()
+        .request(method, gw.url(path))
+        .bearer_auth("admin-secret");
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.expect("admin route");
+    let status = response.status();
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    assert!(status.is_success(), "{path}: {status} {body}");
+    body
+}
+
+async fn ask(gw: &Gateway, content: &str) -> reqwest::Response {
+    client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth("sk-a")
+        .json(&chat_body(content, false))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("the gateway answers")
+}
+
+/// Waits until `check` holds for `gw`'s `/admin/stats`, or fails naming `what`.
+async fn eventually(gw: &Gateway, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + PROPAGATION;
+    loop {
+        let stats = admin(gw, reqwest::Method::GET, "/admin/stats", None).await;
+        if check(&stats) {
+            return stats;
+        }
+        assert!(Instant::now() < deadline, "{what} never happened: {stats}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn vectors(stats: &Value) -> u64 {
+    stats["index"]["vectors"].as_u64().unwrap_or(u64::MAX)
+}
+
+#[tokio::test]
+async fn entries_verdicts_and_deletes_reach_every_replica_through_the_feed() {
+    let Some(models) = models() else { return };
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = sim_default().await;
+    // Both replicas run before anything is stored: B learns of A's entries only from the feed.
+    let a = start(on_redis(semantic_config(sim.base_url(), &models), &redis)).await;
+    let b = start(on_redis(semantic_config(sim.base_url(), &models), &redis)).await;
+    eventually(&b, "B's empty index", |s| {
+        vectors(s) == 0 && s["index"]["rebuilding"] == false
+    })
+    .await;
+
+    let miss = ask(&a, "how do I reset my password").await;
+    assert_eq!(outcome(&miss), "miss");
+    let answer = content(miss, false).await;
+    eventually(&b, "A's entry in B's index", |s| vectors(s) == 1).await;
+
+    let hit = ask(&b, "I forgot my password, how can I reset it").await;
+    assert_eq!(outcome(&hit), "semantic-hit");
+    let served_by_b = header(&hit, "x-reprise-request-id").expect("request id");
+    assert_eq!(content(hit, false).await, answer);
+    assert_eq!(upstream_calls(&sim), 1);
+
+    // A verdict on B's hit, sent to A: A finds what B's request met, and B applies the veto.
+    let verdict = admin(
+        &a,
+        reqwest::Method::POST,
+        "/admin/feedback",
+        Some(json!({"request_id": served_by_b, "verdict": "wrong"})),
+    )
+    .await;
+    assert!(
+        verdict["effect"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("vetoed"),
+        "{verdict}"
+    );
+    eventually(&b, "the veto on B", |s| s["feedback"]["vetoes"] == 1).await;
+    let vetoed = ask(&b, "I forgot my password, how can I reset it").await;
+    assert_eq!(outcome(&vetoed), "miss", "B served a vetoed pair");
+
+    // B's miss on the vetoed pair stored a second entry; both are in B's index.
+    eventually(&b, "B's own entry in its index", |s| vectors(s) == 2).await;
+    // Deleting A's entry through A takes it out of B's index (not only out of the store).
+    let listed = admin(&a, reqwest::Method::GET, "/admin/entries", None).await;
+    let first = listed["data"]
+        .as_array()
+        .and_then(|d| {
+            d.iter()
+                .find(|e| e["prompt"] == "how do I reset my password")
+        })
+        .unwrap_or_else(|| panic!("A's entry is not listed: {listed}"));
+    let id = first["id"].as_str().expect("id");
+    admin(
+        &a,
+        reqwest::Method::DELETE,
+        &format!("/admin/entries/{id}"),
+        None,
+    )
+    .await;
+    eventually(&b, "the delete in B's index", |s| vectors(s) == 1).await;
+
+    // A flush through A empties B's index.
+    admin(&a, reqwest::Method::POST, "/admin/flush", None).await;
+    let stats = eventually(&b, "the flush in B's index", |s| vectors(s) == 0).await;
+    let replica = &stats["replica"];
+    assert!(
+        replica["replica"].as_str().is_some_and(|r| !r.is_empty()),
+        "{replica}"
+    );
+    assert!(replica["applied"].as_u64().unwrap_or(0) >= 3, "{replica}");
+    assert!(replica["error"].is_null(), "{replica}");
+}
+
+#[tokio::test]
+async fn a_config_patch_sent_to_one_replica_applies_to_all_and_to_later_ones() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = sim_default().await;
+    let a = start(on_redis(config_for(sim.base_url()), &redis)).await;
+    let b = start(on_redis(config_for(sim.base_url()), &redis)).await;
+    let patched = admin(
+        &a,
+        reqwest::Method::PATCH,
+        "/admin/config",
+        Some(json!({"similarity_threshold": 0.97, "default_ttl_s": 60})),
+    )
+    .await;
+    assert_eq!(patched["default_ttl_s"], 60);
+
+    let deadline = Instant::now() + PROPAGATION;
+    loop {
+        let config = admin(&b, reqwest::Method::GET, "/admin/config", None).await;
+        if config["default_ttl_s"] == 60 {
+            assert_eq!(config["similarity_threshold"], 0.97);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B never applied A's patch: {config}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A replica started later applies every patch made before it, over its own start-up settings.
+    let c = start(on_redis(config_for(sim.base_url()), &redis)).await;
+    let deadline = Instant::now() + PROPAGATION;
+    loop {
+        let config = admin(&c, reqwest::Method::GET, "/admin/config", None).await;
+        if config["default_ttl_s"] == 60 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "C never caught up: {config}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_replica_that_loses_its_place_in_the_feed_rebuilds() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = sim_default().await;
+    let a = start(on_redis(config_for(sim.base_url()), &redis)).await;
+    let b = start(on_redis(config_for(sim.base_url()), &redis)).await;
+    ask(&a, "first question").await;
+    eventually(&b, "B reading A's put", |s| {
+        s["replica"]["applied"].as_u64() >= Some(1)
+    })
+    .await;
+    assert_eq!(
+        admin(&b, reqwest::Method::GET, "/admin/stats", None).await["replica"]["resyncs"],
+        0
+    );
+    // The stream is gone (as after a Redis restart without persistence): B cannot know what it
+    // missed, so it rebuilds from the store.
+    let client = ::redis::Client::open(redis.url()).expect("url");
+    let mut c = client.get_connection().expect("connect");
+    ::redis::cmd("DEL")
+        .arg("reprise:feed")
+        .query::<()>(&mut c)
+        .expect("DEL");
+    eventually(&b, "B's rebuild", |s| s["replica"]["resyncs"] == 1).await;
+    // And it follows the new stream from there.
+    ask(&a, "second question").await;
+    eventually(&b, "B reading the new stream", |s| {
+        s["replica"]["applied"].as_u64() >= Some(2) && s["replica"]["error"].is_null()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_replica_with_another_embedding_model_refuses_semantic_matching() {
+    let Some(models) = models() else { return };
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let client = ::redis::Client::open(redis.url()).expect("url");
+    let mut c = client.get_connection().expect("connect");
+    ::redis::cmd("SET")
+        .arg("reprise:model")
+        .arg("blake3:another-model")
+        .query::<()>(&mut c)
+        .expect("SET");
+    let sim = sim_default().await;
+    let gw = start(on_redis(semantic_config(sim.base_url(), &models), &redis)).await;
+    let health: Value = client_get(&gw, "/healthz").await;
+    assert_eq!(health["semantic"]["status"], "disabled", "{health}");
+    let why = health["semantic"]["detail"].as_str().unwrap_or("");
+    assert!(
+        why.contains("another embedding model") && why.contains("blake3:another-model"),
+        "{why}"
+    );
+    // Exact caching still works.
+    ask(&gw, "exact only").await;
+    wait_for_entries(&gw, 1).await;
+    assert_eq!(outcome(&ask(&gw, "exact only").await), "hit");
+}
+
+async fn client_get(gw: &Gateway, path: &str) -> Value {
+    client()
+        .get(gw.url(path))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json")
+}
