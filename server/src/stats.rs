@@ -49,6 +49,9 @@ pub struct Stats {
     embed_batch_seconds: Histogram,
     embed_queue_wait: Histogram,
     embed_fallbacks: IntCounterVec,
+    store_errors: IntCounterVec,
+    store_degraded: IntGauge,
+    feed_behind: IntGauge,
     guard_refusals: IntCounterVec,
     overlap_races: IntCounterVec,
     /// Set at scrape time from the store and the index.
@@ -237,6 +240,22 @@ impl Stats {
                 &["reason"],
             )
             .unwrap_or_else(unreachable_metric),
+            store_errors: IntCounterVec::new(
+                Opts::new(
+                    "reprise_store_errors_total",
+                    "Store operations that failed (I/O error, Redis timeout or refusal), or were skipped while the store was degraded (each a lookup that missed or a write dropped).",
+                ),
+                &["kind"],
+            )
+            .unwrap_or_else(unreachable_metric),
+            store_degraded: gauge(
+                "reprise_store_degraded",
+                "1 while the store is degraded (serving without caching), else 0.",
+            ),
+            feed_behind: gauge(
+                "reprise_feed_behind_ms",
+                "How far behind the shared store's change feed this replica is (0 when caught up; --store redis only).",
+            ),
             entries: gauge("reprise_cache_entries", "Entries in the store."),
             store_bytes: gauge("reprise_store_bytes", "Encoded size of all stored entries."),
             index_vectors: gauge(
@@ -249,7 +268,10 @@ impl Stats {
             ),
             registry,
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 16] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 19] = [
+            Box::new(stats.store_errors.clone()),
+            Box::new(stats.store_degraded.clone()),
+            Box::new(stats.feed_behind.clone()),
             Box::new(stats.overlap_races.clone()),
             Box::new(stats.requests.clone()),
             Box::new(stats.upstream_errors.clone()),
@@ -417,11 +439,23 @@ impl Stats {
         self.store_bytes.set(now.store_bytes as i64);
         self.index_vectors.set(now.index_vectors as i64);
         self.index_tombstones.set(now.index_tombstones as i64);
+        self.store_degraded.set(i64::from(now.store_degraded));
+        self.feed_behind.set(now.feed_behind_ms as i64);
         // The embedder counts fallbacks itself; the counter catches up to it (never goes back).
         // Under the counts lock, so two scrapes at once cannot both add the same difference.
         {
             let _catching_up = lock(&self.counts);
             let f = now.embed_fallbacks;
+            for (kind, count) in [
+                ("failed", now.store_errors.failed),
+                ("skipped", now.store_errors.skipped),
+            ] {
+                let counter = self.store_errors.with_label_values(&[kind]);
+                let seen = counter.get();
+                if count > seen {
+                    counter.inc_by(count - seen);
+                }
+            }
             for (reason, count) in [
                 ("overload", f.overload),
                 ("deadline", f.deadline),
@@ -529,6 +563,9 @@ pub struct Gauges {
     pub index_vectors: u64,
     pub index_tombstones: u64,
     pub embed_fallbacks: crate::semantic::Fallbacks,
+    pub store_errors: crate::store::StoreErrors,
+    pub store_degraded: bool,
+    pub feed_behind_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

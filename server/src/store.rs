@@ -196,6 +196,15 @@ impl StoreError {
     }
 }
 
+/// Store operations that did not reach the store, since start: `failed` (an I/O error, a Redis
+/// timeout or refusal) and `skipped` (not tried while the store was degraded: each is a lookup
+/// that missed or a write that was dropped).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StoreErrors {
+    pub failed: u64,
+    pub skipped: u64,
+}
+
 /// Storage of cache entries. Blocking: call it on blocking threads, never inside a handler's poll.
 pub trait Store: Send + Sync + 'static {
     fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError>;
@@ -250,6 +259,10 @@ pub trait Store: Send + Sync + 'static {
     /// Why the store is not caching (its disk failed), if it is not.
     fn degraded(&self) -> Option<Degraded> {
         None
+    }
+    /// Operations that failed or were skipped since start (see [`StoreErrors`]).
+    fn errors(&self) -> StoreErrors {
+        StoreErrors::default()
     }
     /// The change feed, when replicas share this store: what they change is published there (the
     /// store publishes its own puts and deletes), and what others change is read from it.

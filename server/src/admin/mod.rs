@@ -338,6 +338,12 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
             .as_ref()
             .map(|s| s.fallbacks())
             .unwrap_or_default(),
+        store_errors: state.cache.store.errors(),
+        store_degraded: state.cache.store.degraded().is_some(),
+        feed_behind_ms: state
+            .replica
+            .as_ref()
+            .map_or(0, |r| r.status(state.cache.store.as_ref()).behind_ms),
     };
     let mut text = state.requests.stats.render_prometheus(&gauges);
     text.push_str(&state.feedback.render_prometheus());

@@ -9,7 +9,7 @@
 //! does that; the cache's writer thread calls it while degraded, at most every [`RETRY`].
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,10 @@ pub struct ResilientStore {
     /// Whether the Redis store is degraded, read by every call without taking `state`'s lock.
     redis_down: AtomicBool,
     state: Mutex<State>,
+    /// Since start: operations that failed on the store, and those not tried because it was
+    /// degraded (`reprise_store_errors_total`).
+    failed: AtomicU64,
+    skipped: AtomicU64,
 }
 
 #[derive(Default)]
@@ -62,6 +66,8 @@ impl ResilientStore {
             redis: None,
             redis_down: AtomicBool::new(false),
             state: Mutex::new(State::default()),
+            failed: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
         }
     }
 
@@ -73,6 +79,8 @@ impl ResilientStore {
             redis: Some(Arc::new(store)),
             redis_down: AtomicBool::new(false),
             state: Mutex::new(State::default()),
+            failed: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
         }
     }
 
@@ -85,6 +93,8 @@ impl ResilientStore {
             redis: None,
             redis_down: AtomicBool::new(false),
             state: Mutex::new(State::default()),
+            failed: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
         };
         this.fail(why);
         this
@@ -106,6 +116,7 @@ impl ResilientStore {
     /// Notes a failed operation: the first one of a spell is logged, later ones only counted (one
     /// reminder per [`LOG_EVERY`]).
     pub(crate) fn fail(&self, why: &StoreError) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
         let mut state = self.lock_state();
         if self.redis.is_some() {
             self.redis_down.store(true, Ordering::Release);
@@ -146,6 +157,7 @@ impl ResilientStore {
     ) -> Result<T, StoreError> {
         if let Some(redis) = &self.redis {
             if self.redis_down.load(Ordering::Acquire) {
+                self.skipped.fetch_add(1, Ordering::Relaxed);
                 if let Some(d) = &mut self.lock_state().degraded {
                     d.failures += 1;
                 }
@@ -161,6 +173,7 @@ impl ResilientStore {
             };
         }
         let Some(store) = self.current() else {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
             if let Some(d) = &mut self.lock_state().degraded {
                 d.failures += 1;
             }
@@ -360,6 +373,13 @@ impl Store for ResilientStore {
 
     fn degraded(&self) -> Option<Degraded> {
         ResilientStore::degraded(self)
+    }
+
+    fn errors(&self) -> super::StoreErrors {
+        super::StoreErrors {
+            failed: self.failed.load(Ordering::Relaxed),
+            skipped: self.skipped.load(Ordering::Relaxed),
+        }
     }
 
     fn feed(&self) -> Option<&dyn super::Feed> {

@@ -259,3 +259,174 @@ async fn client_get(gw: &Gateway, path: &str) -> Value {
         .await
         .expect("json")
 }
+
+/// What one load worker saw: requests sent, and the failures (status or a broken body).
+#[derive(Default, Debug)]
+struct Seen {
+    sent: usize,
+    failures: Vec<String>,
+    /// Prompts answered whole, and when.
+    completed: Vec<(String, Instant)>,
+}
+
+/// `workers` clients send distinct prompts (and a repeated one, for hits) round-robin over
+/// `urls` until `stop` is cancelled; each answer must be a 200 with a whole body.
+fn load(
+    urls: Vec<String>,
+    workers: usize,
+    stop: tokio_util::sync::CancellationToken,
+) -> Vec<tokio::task::JoinHandle<Seen>> {
+    (0..workers)
+        .map(|w| {
+            let urls = urls.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                let mut seen = Seen::default();
+                let mut i = 0usize;
+                while !stop.is_cancelled() {
+                    let url = &urls[(w + i) % urls.len()];
+                    let prompt = if i % 3 == 0 {
+                        format!("repeated question {}", i % 5)
+                    } else {
+                        format!("load {w} {i}")
+                    };
+                    let stream = i % 2 == 0;
+                    i += 1;
+                    seen.sent += 1;
+                    let sent = client
+                        .post(format!("{url}/v1/chat/completions"))
+                        .bearer_auth("sk-a")
+                        .json(&json!({"model": "m", "stream": stream,
+                            "messages": [{"role": "user", "content": prompt}]}))
+                        .timeout(Duration::from_secs(20))
+                        .send()
+                        .await;
+                    let response = match sent {
+                        Ok(r) => r,
+                        Err(e) => {
+                            seen.failures.push(format!("{url}: {e}"));
+                            continue;
+                        }
+                    };
+                    let status = response.status();
+                    let body = response.text().await.unwrap_or_default();
+                    let whole = if stream {
+                        body.contains("[DONE]")
+                    } else {
+                        body.contains("\"choices\"")
+                    };
+                    if status.is_success() && whole {
+                        seen.completed.push((prompt, Instant::now()));
+                    } else {
+                        seen.failures.push(format!("{url}: {status} {body}"));
+                    }
+                }
+                seen
+            })
+        })
+        .collect()
+}
+
+async fn gather(workers: Vec<tokio::task::JoinHandle<Seen>>) -> Seen {
+    let mut all = Seen::default();
+    for w in workers {
+        let seen = w.await.expect("worker");
+        all.sent += seen.sent;
+        all.failures.extend(seen.failures);
+        all.completed.extend(seen.completed);
+    }
+    all
+}
+
+async fn metric(gw: &Gateway, name: &str) -> f64 {
+    let text = client()
+        .get(gw.url("/metrics"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics"))
+}
+
+#[tokio::test]
+async fn killing_redis_under_load_fails_no_request_and_every_replica_recovers() {
+    let Some(mut redis) = crate::redis::RedisServer::start() else {
+        return;
+    };
+    let sim = sim_default().await;
+    let a = start(on_redis(config_for(sim.base_url()), &redis)).await;
+    let b = start(on_redis(config_for(sim.base_url()), &redis)).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let workers = load(vec![a.url(""), b.url("")], 4, stop.clone());
+    tokio::time::sleep(Duration::from_millis(800)).await;
+
+    redis.kill();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for gw in [&a, &b] {
+        assert_eq!(health_of(gw).await["store"]["status"], "degraded");
+        assert_eq!(metric(gw, "reprise_store_degraded").await, 1.0);
+        assert!(metric(gw, "reprise_store_errors_total{kind=\"failed\"}").await >= 1.0);
+    }
+
+    redis.restart();
+    for gw in [&a, &b] {
+        let deadline = Instant::now() + PROPAGATION;
+        while health_of(gw).await["store"]["status"] != "ok" {
+            assert!(
+                Instant::now() < deadline,
+                "a replica never left degraded mode"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    stop.cancel();
+    let seen = gather(workers).await;
+    assert!(
+        seen.sent > 20,
+        "too little load to mean anything: {}",
+        seen.sent
+    );
+    assert!(
+        seen.failures.is_empty(),
+        "{} of {} requests failed while Redis died and came back: {:?}",
+        seen.failures.len(),
+        seen.sent,
+        &seen.failures[..seen.failures.len().min(3)]
+    );
+
+    // Redis came back empty: the replicas cache and share again, and both rebuilt from the store
+    // (their place in the old feed is gone).
+    let miss = ask(&a, "after the restart").await;
+    assert_eq!(outcome(&miss), "miss");
+    let deadline = Instant::now() + PROPAGATION;
+    loop {
+        let response = ask(&b, "after the restart").await;
+        if outcome(&response) == "hit" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B never served A's answer after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for gw in [&a, &b] {
+        eventually(gw, "a rebuild after Redis came back empty", |s| {
+            s["replica"]["resyncs"].as_u64() >= Some(1)
+        })
+        .await;
+    }
+}
+
+async fn health_of(gw: &Gateway) -> Value {
+    client_get(gw, "/healthz").await
+}

@@ -90,7 +90,7 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -108,7 +108,7 @@ impl RedisServer {
         assert!(status.success());
     }
 
-    fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill();
         self.spawn(&redis_server_binary().expect("redis-server"));
     }
