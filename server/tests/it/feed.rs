@@ -286,12 +286,12 @@ fn load(
                 let mut i = 0usize;
                 while !stop.is_cancelled() {
                     let url = &urls[(w + i) % urls.len()];
-                    let prompt = if i % 3 == 0 {
+                    let prompt = if i.is_multiple_of(3) {
                         format!("repeated question {}", i % 5)
                     } else {
                         format!("load {w} {i}")
                     };
-                    let stream = i % 2 == 0;
+                    let stream = i.is_multiple_of(2);
                     i += 1;
                     seen.sent += 1;
                     let sent = client
