@@ -430,3 +430,138 @@ async fn killing_redis_under_load_fails_no_request_and_every_replica_recovers() 
 async fn health_of(gw: &Gateway) -> Value {
     client_get(gw, "/healthz").await
 }
+
+/// A `reprise` process on `redis` (exact matching only: no model needed).
+async fn spawn_replica(
+    upstream: &str,
+    redis: &RedisServer,
+    data_dir: &std::path::Path,
+) -> (std::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_reprise"))
+        .arg("serve")
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--upstream-url", upstream])
+        .args(["--store", "redis", "--redis-url", &redis.url()])
+        .args(["--semantic", "false"])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !reqwest::get(format!("{url}/healthz"))
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(Instant::now() < deadline, "replica did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (child, url)
+}
+
+#[tokio::test]
+async fn a_replica_killed_under_load_leaves_whole_entries_and_the_others_serving() {
+    use reprise_server::cache::cacheable::check_cacheable;
+    use reprise_server::ingress::Route;
+    use reprise_server::store::{RedisStore, Store};
+
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = reprise_sim::spawn(reprise_sim::SimConfig {
+        ttft_ms: 1.0,
+        itl_ms: 0.2,
+        tokens: 16,
+        ..reprise_sim::SimConfig::default()
+    })
+    .await
+    .expect("sim");
+    let dirs = [
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    ];
+    let (mut a, a_url) = spawn_replica(&sim.base_url(), &redis, dirs[0].path()).await;
+    let (mut b, b_url) = spawn_replica(&sim.base_url(), &redis, dirs[1].path()).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let on_a = load(vec![a_url.clone()], 4, stop.clone());
+    let on_b = load(vec![b_url.clone()], 4, stop.clone());
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &a.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let _ = a.wait();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stop.cancel();
+    let seen_a = gather(on_a).await;
+    let seen_b = gather(on_b).await;
+    assert!(seen_a.completed.len() > 16, "A was under load when killed");
+    assert!(
+        seen_b.failures.is_empty(),
+        "B failed requests while A died: {:?}",
+        &seen_b.failures[..seen_b.failures.len().min(3)]
+    );
+
+    // Every entry in Redis is whole: a finished answer, reachable through its key.
+    let store = RedisStore::new(&redis.url()).expect("url");
+    let entries = store.list(None, 1_000_000).expect("list");
+    assert!(!entries.is_empty());
+    for entry in &entries {
+        let route = if entry.summary.route == Route::Completions.name() {
+            Route::Completions
+        } else {
+            Route::ChatCompletions
+        };
+        assert_eq!(
+            check_cacheable(route, &entry.body, false),
+            Ok(()),
+            "{entry:?}"
+        );
+        assert!(!entry.events.is_empty());
+        let by_key = store.get_by_key(&entry.key).expect("get").expect("indexed");
+        assert_eq!(by_key.id, entry.id);
+    }
+    // What the kill lost of A's acknowledged answers: those in its writer's queue.
+    let stored: std::collections::HashSet<&str> =
+        entries.iter().map(|e| e.summary.prompt.as_str()).collect();
+    let from_a: Vec<&String> = seen_a
+        .completed
+        .iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.starts_with("load "))
+        .collect();
+    let lost = from_a
+        .iter()
+        .filter(|p| !stored.contains(p.as_str()))
+        .count();
+    println!(
+        "replica kill -9 loss: {lost} of {} answers A completed were not stored ({:.2}%)",
+        from_a.len(),
+        100.0 * lost as f64 / from_a.len().max(1) as f64
+    );
+    assert!(lost < from_a.len(), "nothing A stored survived");
+    // What A stored is served by B.
+    let survivor = from_a
+        .iter()
+        .find(|p| stored.contains(p.as_str()))
+        .expect("a survivor");
+    let response = reqwest::Client::new()
+        .post(format!("{b_url}/v1/chat/completions"))
+        .bearer_auth("sk-a")
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": survivor}]}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(outcome(&response), "hit");
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &b.id().to_string()])
+        .status();
+    let _ = b.wait();
+}
