@@ -55,11 +55,13 @@ use crate::key::CacheKey;
 use reprise_migrations::layout;
 pub use reprise_migrations::MigrationError;
 
+mod claim;
 mod compact;
 mod redis;
 mod resilient;
 
 pub use self::redis::RedisStore;
+pub use claim::{Claim, ClaimToken};
 pub use resilient::{Degraded, ResilientStore};
 
 /// `meta` key of the number added to sled's id generator (u64 BE, absent = 0): a rebuilt database
@@ -257,6 +259,28 @@ pub trait Store: Send + Sync + 'static {
     /// it did. Blocking; called by the cache's writer thread after a sweep.
     fn enforce_disk_budget(&self, _max_bytes: u64) -> bool {
         false
+    }
+    /// Claims the right to ask the upstream for `key`, for `ttl_ms` unless renewed (single flight
+    /// across replicas, see [`Claim`]). A store no other process shares grants [`Claim::Local`].
+    fn claim(&self, _key: &CacheKey, _ttl_ms: u64) -> Result<Claim, StoreError> {
+        Ok(Claim::Local)
+    }
+    /// Extends a held claim to `ttl_ms` from now; false when `token` no longer holds it.
+    fn renew(
+        &self,
+        _key: &CacheKey,
+        _token: &ClaimToken,
+        _ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+    /// Gives up a claim if `token` still holds it; true if it did.
+    fn release(&self, _key: &CacheKey, _token: &ClaimToken) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+    /// Whether any replica holds a claim on `key`.
+    fn claimed(&self, _key: &CacheKey) -> Result<bool, StoreError> {
+        Ok(false)
     }
 }
 
