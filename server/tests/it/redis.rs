@@ -846,3 +846,48 @@ async fn a_claim_left_by_a_dead_replica_delays_a_request_only_until_it_lapses() 
     assert_eq!(upstream_calls(&sim), 2);
     assert_eq!(replica_waits(&b, "lapsed").await, 1);
 }
+
+#[tokio::test]
+async fn a_request_that_leaves_while_waiting_for_another_replica_strands_nobody() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = reprise_sim::spawn(reprise_sim::SimConfig {
+        ttft_ms: 1_500.0,
+        itl_ms: 5.0,
+        tokens: 8,
+        ..reprise_sim::SimConfig::default()
+    })
+    .await
+    .expect("sim");
+    let a = start(redis_config(sim.base_url(), &redis)).await;
+    let b = start(redis_config(sim.base_url(), &redis)).await;
+    let body = chat_body("asked on two replicas, abandoned on one", false);
+    let leader = spawn_request(&a, body.clone(), None);
+    let mut claimed = false;
+    for _ in 0..500 {
+        if !flight_keys(&redis).is_empty() {
+            claimed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(claimed, "the leader never claimed the key");
+    // B's first request leads B's flight and waits for A; its client gives up meanwhile.
+    let gone = client()
+        .post(b.url("/v1/chat/completions"))
+        .bearer_auth("sk-tenant-a")
+        .json(&body)
+        .timeout(Duration::from_millis(200))
+        .send()
+        .await;
+    assert!(gone.is_err(), "answered before A's upstream call ended");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The next one on B must not follow the abandoned flight forever: it waits for A's answer.
+    let (status, outcome, text) = spawn_request(&b, body.clone(), None).await.expect("task");
+    assert_eq!((status, outcome.as_str()), (200, "coalesced"));
+    let (_, leader_outcome, answer) = leader.await.expect("leader");
+    assert_eq!(leader_outcome, "miss");
+    assert_eq!(text, answer);
+    assert_eq!(upstream_calls(&sim), 1);
+}
