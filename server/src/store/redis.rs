@@ -568,6 +568,6 @@ impl Store for RedisStore {
     }
 
     fn claimed(&self, key: &CacheKey) -> Result<bool, StoreError> {
-        Ok(self.with(|c| c.exists(flight_key(key)))?)
+        self.with(|c| c.exists(flight_key(key)))
     }
 }
