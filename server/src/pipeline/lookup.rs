@@ -4,8 +4,10 @@
 //!
 //! In order: the exact key; a paraphrase served before (the alias memory, or a match an operator
 //! approved); semantic matching (embed the prompt, search its partition, let the guards and the
-//! operators' verdicts veto candidates); single flight. With `semantic_overlap` on, the semantic
-//! search is started but not awaited: the miss stage races it against the upstream's first byte.
+//! operators' verdicts veto candidates); single flight, across replicas too when they share a
+//! store ([`crate::cache::remote`]: another replica's answer to the same miss is waited for). With
+//! `semantic_overlap` on, the semantic search is started but not awaited: the miss stage races it
+//! against the upstream's first byte.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
