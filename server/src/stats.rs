@@ -54,6 +54,7 @@ pub struct Stats {
     feed_behind: IntGauge,
     guard_refusals: IntCounterVec,
     overlap_races: IntCounterVec,
+    replica_waits: IntCounterVec,
     /// Set at scrape time from the store and the index.
     entries: IntGauge,
     store_bytes: IntGauge,
@@ -196,6 +197,14 @@ impl Stats {
                 &["first"],
             )
             .unwrap_or_else(unreachable_metric),
+            replica_waits: IntCounterVec::new(
+                Opts::new(
+                    "reprise_replica_flight_waits_total",
+                    "Misses that waited for another replica asking the upstream for the same key (single flight across replicas), by how the wait ended: answered (its stored answer served), lapsed (its claim went without an answer: this request went upstream), gave_up (waited too long).",
+                ),
+                &["result"],
+            )
+            .unwrap_or_else(unreachable_metric),
             ttft: ttft.unwrap_or_else(unreachable_metric),
             total: total.unwrap_or_else(unreachable_metric),
             phases: phases.unwrap_or_else(unreachable_metric),
@@ -294,6 +303,7 @@ impl Stats {
                 tracing::error!(error = %err, "registering a metric failed");
             }
         }
+        stats.register(Box::new(stats.replica_waits.clone()));
         stats
     }
 
@@ -399,6 +409,12 @@ impl Stats {
         } else {
             counts.overlap_upstream_first += 1;
         }
+    }
+
+    /// Counts a miss that waited for another replica's answer, by how the wait ended (`answered`,
+    /// `lapsed`, `gave_up`: see [`crate::cache::remote::WaitEnd`]).
+    pub fn replica_wait(&self, result: &'static str) {
+        self.replica_waits.with_label_values(&[result]).inc();
     }
 
     /// Counts a semantic lookup that a literal guard left without a match (a candidate above the

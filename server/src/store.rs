@@ -55,12 +55,14 @@ use crate::key::CacheKey;
 use reprise_migrations::layout;
 pub use reprise_migrations::MigrationError;
 
+mod claim;
 mod compact;
 pub mod feed;
 mod redis;
 mod resilient;
 
 pub use self::redis::{default_replica as redis_default_replica, RedisStore};
+pub use claim::{Claim, ClaimToken};
 pub use feed::{Change, Feed};
 pub use resilient::{Degraded, ResilientStore};
 
@@ -277,6 +279,28 @@ pub trait Store: Send + Sync + 'static {
     /// it did. Blocking; called by the cache's writer thread after a sweep.
     fn enforce_disk_budget(&self, _max_bytes: u64) -> bool {
         false
+    }
+    /// Claims the right to ask the upstream for `key`, for `ttl_ms` unless renewed (single flight
+    /// across replicas, see [`Claim`]). A store no other process shares grants [`Claim::Local`].
+    fn claim(&self, _key: &CacheKey, _ttl_ms: u64) -> Result<Claim, StoreError> {
+        Ok(Claim::Local)
+    }
+    /// Extends a held claim to `ttl_ms` from now; false when `token` no longer holds it.
+    fn renew(
+        &self,
+        _key: &CacheKey,
+        _token: &ClaimToken,
+        _ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+    /// Gives up a claim if `token` still holds it; true if it did.
+    fn release(&self, _key: &CacheKey, _token: &ClaimToken) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+    /// Whether any replica holds a claim on `key`.
+    fn claimed(&self, _key: &CacheKey) -> Result<bool, StoreError> {
+        Ok(false)
     }
 }
 

@@ -15,12 +15,16 @@ use super::lock;
 use crate::backfill::Backfill;
 use crate::entry::{Entry, EntryId, HitEvent, HIT_HISTORY};
 use crate::index::VectorIndex;
+use crate::key::CacheKey;
 use crate::record::unix_ms;
-use crate::store::Store;
+use crate::store::{ClaimToken, Store};
 
 pub(super) enum WriteOp {
     Put(Box<Entry>),
     Flush(mpsc::Sender<()>),
+    /// Releases a replica-wide claim on a key (see [`super::remote`]): queued after the answer's
+    /// `Put`, so that a replica waiting for the answer finds it stored once the claim is gone.
+    Release(CacheKey, ClaimToken),
 }
 
 /// Hits noted since the writer last recorded them. A map behind a lock rather than a message per
@@ -156,6 +160,12 @@ fn writer_loop(
                     tracing::debug!(error = %err, "flushing the store failed");
                 }
                 let _ = done.send(());
+            }
+            Ok(WriteOp::Release(key, token)) => {
+                // A claim left held lapses at its expiry: waiting replicas are late, not wrong.
+                if let Err(err) = store.release(&key, &token) {
+                    tracing::debug!(error = %err, "releasing a single-flight claim failed");
+                }
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {

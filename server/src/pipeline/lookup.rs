@@ -4,8 +4,10 @@
 //!
 //! In order: the exact key; a paraphrase served before (the alias memory, or a match an operator
 //! approved); semantic matching (embed the prompt, search its partition, let the guards and the
-//! operators' verdicts veto candidates); single flight. With `semantic_overlap` on, the semantic
-//! search is started but not awaited: the miss stage races it against the upstream's first byte.
+//! operators' verdicts veto candidates); single flight, across replicas too when they share a
+//! store ([`crate::cache::remote`]: another replica's answer to the same miss is waited for). With
+//! `semantic_overlap` on, the semantic search is started but not awaited: the miss stage races it
+//! against the upstream's first byte.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -13,6 +15,7 @@ use std::time::Instant;
 use tokio::task::JoinHandle;
 
 use super::Exchange;
+use crate::cache::remote::{self, Across};
 use crate::cache::{Flight, Join};
 use crate::entry::{EntryId, HitKind, Replay};
 use crate::feedback::{self, Encounter, Met};
@@ -128,14 +131,53 @@ pub(crate) async fn decide(state: &AppState, ex: &mut Exchange) -> Decision {
             }
             Decision::Follow(leader)
         }
-        Some(Join::Leader(flight)) => Decision::Miss {
-            flight: Some(flight),
-            search,
-        },
+        Some(Join::Leader(flight)) => lead(state, ex, flight, search).await,
         _ => Decision::Miss {
             flight: None,
             search,
         },
+    }
+}
+
+/// This request leads its replica's flight: with a shared store, another replica may already be
+/// asking the upstream, and its stored answer serves this request (see [`remote`]).
+async fn lead(
+    state: &AppState,
+    ex: &mut Exchange,
+    flight: Arc<Flight>,
+    search: Option<PendingSearch>,
+) -> Decision {
+    let wait = ex.policy.lookup;
+    let across = remote::lead(
+        &state.cache,
+        &state.tasks,
+        ex.keys.exact,
+        &flight,
+        &ex.policy,
+        wait,
+    )
+    .await;
+    match across {
+        Across::Answered(hit) => {
+            if let Some(pending) = search {
+                pending.task.abort();
+            }
+            state.requests.stats.replica_wait("answered");
+            // The wait was single flight's, as a local follower's is, not the lookup's.
+            let looked_up = ex.ingress.clock.looked_up;
+            let found = found(state, ex, hit.replay, hit.age_s, How::Coalesced);
+            ex.ingress.clock.looked_up = looked_up;
+            Decision::Hit(found)
+        }
+        Across::Lead { waited } => {
+            if let Some(end) = waited {
+                state.requests.stats.replica_wait(end.as_str());
+            }
+            Decision::Miss {
+                flight: Some(flight),
+                search,
+            }
+        }
     }
 }
 

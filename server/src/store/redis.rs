@@ -7,7 +7,10 @@
 //! - `reprise:{<id>}:replay`: the entry's encoded [`Replay`] (the hot read of a hit), in the same
 //!   bytes as sled's `replays` tree;
 //! - `reprise:{<id>}:cold`: the entry's encoded cold half (all but its answer), as sled's `entries`;
-//! - `reprise:key:<hex of the cache key>`: the entry id (decimal) the exact key names.
+//! - `reprise:key:<hex of the cache key>`: the entry id (decimal) the exact key names;
+//! - `reprise:flight:<hex of the cache key>`: the token of the replica asking the upstream for that
+//!   key (single flight across replicas, see [`Claim`]): set `NX` with a short `PX` expiry, renewed
+//!   and released only by a script that first checks the token.
 //!
 //! Every key of an entry expires with it (`PXAT` its expiry), so Redis drops expired entries
 //! itself. An entry's two halves are written in one `MULTI`/`EXEC`, so no reader sees half an
@@ -34,7 +37,9 @@ use ::redis::{Client, Commands, Connection, RedisError, Value};
 use tracing::debug;
 
 use super::feed::{Change, Feed, RedisFeed};
-use super::{decode, decode_replay, encode_cold, encode_replay, Store, StoreError};
+use super::{
+    decode, decode_replay, encode_cold, encode_replay, Claim, ClaimToken, Store, StoreError,
+};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
@@ -60,6 +65,13 @@ const COLD_PATTERN: &str = "reprise:{*}:cold";
 /// feed, its histories or the flight locks.
 const ENTRY_PATTERNS: [&str; 2] = ["reprise:{*}:*", "reprise:key:*"];
 
+/// Deletes `KEYS[1]` only while it holds `ARGV[1]`: a key row that still names its entry, a claim
+/// its holder releases.
+const DEL_IF_EQUAL: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+/// Sets `KEYS[1]` to expire in `ARGV[2]` ms only while it holds `ARGV[1]`: a claim its holder renews.
+const PEXPIRE_IF_EQUAL: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0";
+
 fn replay_key(id: EntryId) -> String {
     format!("reprise:{{{}}}:replay", id.0)
 }
@@ -70,6 +82,10 @@ fn cold_key(id: EntryId) -> String {
 
 fn exact_key(key: &CacheKey) -> String {
     format!("reprise:key:{}", key.to_hex())
+}
+
+fn flight_key(key: &CacheKey) -> String {
+    format!("reprise:flight:{}", key.to_hex())
 }
 
 /// The id in a `reprise:{<id>}:cold` key.
@@ -114,6 +130,9 @@ pub struct RedisStore {
     /// When a sweep last recounted.
     counted_at: Mutex<Option<Instant>>,
     feed: RedisFeed,
+    /// This replica's name: with `claims`, makes every claim token unique across replicas.
+    replica: String,
+    claims: AtomicU64,
 }
 
 impl RedisStore {
@@ -133,6 +152,8 @@ impl RedisStore {
             len: AtomicUsize::new(0),
             bytes: AtomicU64::new(0),
             counted_at: Mutex::new(None),
+            replica: replica.to_owned(),
+            claims: AtomicU64::new(0),
         })
     }
 
@@ -305,9 +326,7 @@ impl RedisStore {
         })?;
         if let Some(key) = key {
             // Only the row that still names this entry: a newer entry may own the key now.
-            let script = ::redis::Script::new(
-                "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-            );
+            let script = ::redis::Script::new(DEL_IF_EQUAL);
             self.with(|c| script.key(exact_key(key)).arg(id.0).invoke::<i64>(c))?;
         }
         if gone > 0 {
@@ -575,5 +594,45 @@ impl Store for RedisStore {
 
     fn feed(&self) -> Option<&dyn Feed> {
         Some(&self.feed)
+    }
+
+    fn claim(&self, key: &CacheKey, ttl_ms: u64) -> Result<Claim, StoreError> {
+        let n = self.claims.fetch_add(1, Ordering::Relaxed);
+        let token = format!("{}-{n}", self.replica);
+        let set: Option<String> = self.with(|c| {
+            ::redis::cmd("SET")
+                .arg(flight_key(key))
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms.max(1))
+                .query(c)
+        })?;
+        Ok(match set {
+            Some(_) => Claim::Led(ClaimToken(token)),
+            None => Claim::Elsewhere,
+        })
+    }
+
+    fn renew(&self, key: &CacheKey, token: &ClaimToken, ttl_ms: u64) -> Result<bool, StoreError> {
+        let script = ::redis::Script::new(PEXPIRE_IF_EQUAL);
+        let renewed: i64 = self.with(|c| {
+            script
+                .key(flight_key(key))
+                .arg(&token.0)
+                .arg(ttl_ms.max(1))
+                .invoke(c)
+        })?;
+        Ok(renewed == 1)
+    }
+
+    fn release(&self, key: &CacheKey, token: &ClaimToken) -> Result<bool, StoreError> {
+        let script = ::redis::Script::new(DEL_IF_EQUAL);
+        let gone: i64 = self.with(|c| script.key(flight_key(key)).arg(&token.0).invoke(c))?;
+        Ok(gone == 1)
+    }
+
+    fn claimed(&self, key: &CacheKey) -> Result<bool, StoreError> {
+        self.with(|c| c.exists(flight_key(key)))
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use super::{RedisStore, SledStore, Store, StoreError};
+use super::{Claim, ClaimToken, RedisStore, SledStore, Store, StoreError};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
@@ -392,5 +392,23 @@ impl Store for ResilientStore {
 
     fn enforce_disk_budget(&self, max_bytes: u64) -> bool {
         ResilientStore::enforce_disk_budget(self, max_bytes)
+    }
+
+    /// Degraded, every claim is granted locally: the request goes upstream (fail-open).
+    fn claim(&self, key: &CacheKey, ttl_ms: u64) -> Result<Claim, StoreError> {
+        self.with(|| Ok(Claim::Local), |s| s.claim(key, ttl_ms))
+    }
+
+    fn renew(&self, key: &CacheKey, token: &ClaimToken, ttl_ms: u64) -> Result<bool, StoreError> {
+        self.with(|| Ok(false), |s| s.renew(key, token, ttl_ms))
+    }
+
+    fn release(&self, key: &CacheKey, token: &ClaimToken) -> Result<bool, StoreError> {
+        self.with(|| Ok(false), |s| s.release(key, token))
+    }
+
+    /// Degraded, no claim is seen: a waiting request stops waiting and goes upstream.
+    fn claimed(&self, key: &CacheKey) -> Result<bool, StoreError> {
+        self.with(|| Ok(false), |s| s.claimed(key))
     }
 }

@@ -1,8 +1,9 @@
 //! The shared Redis store (`--store redis`) against a real `redis-server` on a loopback port: the
 //! same store assertions as sled's, expiry by Redis itself, two gateways on one Redis serving each
-//! other's answers, and a Redis killed mid-test (requests still answered, `/healthz` degraded,
-//! caching back once it restarts). Needs Debian's redis-server (scripts/test.sh installs it);
-//! without it these tests skip locally and fail in CI.
+//! other's answers, a Redis killed mid-test (requests still answered, `/healthz` degraded,
+//! caching back once it restarts), and single flight across replicas (claims in Redis). Needs
+//! Debian's redis-server (scripts/test.sh installs it); without it these tests skip locally and
+//! fail in CI.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -14,7 +15,7 @@ use reprise_server::entry::{
     Entry, EntryId, HitEvent, HitKind, Replay, RequestSummary, StoredEvent,
 };
 use reprise_server::key::{CacheKey, PartitionKey};
-use reprise_server::store::{RedisStore, SledStore, Store};
+use reprise_server::store::{Claim, ClaimToken, RedisStore, SledStore, Store};
 use reprise_server::timing::Phases;
 use serde_json::{json, Value};
 
@@ -569,4 +570,324 @@ async fn a_gateway_started_while_redis_is_down_serves_and_caches_once_it_is_up()
         header(&ask(&gw, "question two").await, "x-reprise-cache").as_deref(),
         Some("hit")
     );
+}
+
+#[test]
+fn a_claim_is_renewed_and_released_only_by_its_holder() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sled = SledStore::open(dir.path()).expect("sled");
+    assert_eq!(sled.claim(&key(1), 1_000).expect("claim"), Claim::Local);
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    // Two stores on one server: two replicas.
+    let (a, b) = (redis.store(), redis.store());
+    let Claim::Led(held) = a.claim(&key(1), 60_000).expect("claim") else {
+        panic!("the first claim is granted");
+    };
+    assert_eq!(b.claim(&key(1), 60_000).expect("claim"), Claim::Elsewhere);
+    assert_eq!(a.claim(&key(1), 60_000).expect("claim"), Claim::Elsewhere);
+    assert!(b.claimed(&key(1)).expect("claimed"));
+    assert!(!b.claimed(&key(2)).expect("claimed"));
+    assert!(matches!(b.claim(&key(2), 60_000), Ok(Claim::Led(_))));
+
+    // Another replica's token neither renews nor releases it.
+    let foreign = ClaimToken("someone-else".into());
+    assert!(!b.renew(&key(1), &foreign, 60_000).expect("renew"));
+    assert!(!b.release(&key(1), &foreign).expect("release"));
+    assert!(b.claimed(&key(1)).expect("claimed"));
+
+    // The holder's does: renewed to a short life, the claim lapses by itself.
+    assert!(a.renew(&key(1), &held, 100).expect("renew"));
+    let mut lapsed = false;
+    for _ in 0..500 {
+        if !b.claimed(&key(1)).expect("claimed") {
+            lapsed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(lapsed, "a claim outlived its expiry");
+    // Once lapsed and taken by another, the old holder can neither renew nor release it.
+    let Claim::Led(taken) = b.claim(&key(1), 60_000).expect("claim") else {
+        panic!("a lapsed claim can be taken");
+    };
+    assert_ne!(taken, held, "tokens differ across replicas");
+    assert!(!a.renew(&key(1), &held, 60_000).expect("renew"));
+    assert!(!a.release(&key(1), &held).expect("release"));
+    assert!(a.claimed(&key(1)).expect("claimed"));
+    assert!(b.release(&key(1), &taken).expect("release"));
+    assert!(!a.claimed(&key(1)).expect("claimed"));
+    assert!(matches!(a.claim(&key(1), 60_000), Ok(Claim::Led(_))));
+}
+
+/// A sim slow enough that concurrent requests overlap with the first one's upstream call.
+async fn slow_sim() -> reprise_sim::SimHandle {
+    reprise_sim::spawn(reprise_sim::SimConfig {
+        ttft_ms: 500.0,
+        itl_ms: 20.0,
+        tokens: 10,
+        ..reprise_sim::SimConfig::default()
+    })
+    .await
+    .expect("sim")
+}
+
+/// `reprise_replica_flight_waits_total{result}` on `gw`'s `/metrics`.
+async fn replica_waits(gw: &Gateway, result: &str) -> u64 {
+    let text = client()
+        .get(gw.url("/metrics"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let prefix = format!("reprise_replica_flight_waits_total{{result=\"{result}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |v| v.trim().parse().expect("a count"))
+}
+
+/// Sends `body` to `gw` in a task; returns its outcome and answer text (empty when it broke off).
+fn spawn_request(
+    gw: &Gateway,
+    body: Value,
+    fault: Option<&'static str>,
+) -> tokio::task::JoinHandle<(u16, String, String)> {
+    let url = gw.url("/v1/chat/completions");
+    let stream = body["stream"] == true;
+    tokio::spawn(async move {
+        let mut request = client().post(url).bearer_auth("sk-tenant-a").json(&body);
+        if let Some(fault) = fault {
+            request = request.header("x-sim-fault", fault);
+        }
+        let response = request
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .expect("send");
+        let status = response.status().as_u16();
+        let outcome = outcome(&response);
+        let text = if fault.is_some() {
+            response.text().await.unwrap_or_default()
+        } else {
+            content(response, stream).await
+        };
+        (status, outcome, text)
+    })
+}
+
+/// The single-flight claims held in Redis now.
+fn flight_keys(redis: &RedisServer) -> Vec<String> {
+    let mut c = ::redis::Client::open(redis.url())
+        .expect("url")
+        .get_connection()
+        .expect("connect");
+    ::redis::cmd("KEYS")
+        .arg("reprise:flight:*")
+        .query(&mut c)
+        .expect("keys")
+}
+
+#[tokio::test]
+async fn concurrent_identical_misses_on_two_replicas_make_one_upstream_call() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = slow_sim().await;
+    let a = start(redis_config(sim.base_url(), &redis)).await;
+    let b = start(redis_config(sim.base_url(), &redis)).await;
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let gw = if i % 2 == 0 { &a } else { &b };
+            spawn_request(gw, chat_body("one question, two replicas", i % 4 < 2), None)
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    let mut texts = Vec::new();
+    for task in tasks {
+        let (status, outcome, text) = task.await.expect("task");
+        assert_eq!(status, 200);
+        outcomes.push(outcome);
+        texts.push(text);
+    }
+    assert_eq!(upstream_calls(&sim), 1, "outcomes: {outcomes:?}");
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "miss").count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| ["miss", "coalesced", "hit"].contains(&o.as_str())),
+        "{outcomes:?}"
+    );
+    assert!(
+        texts.iter().all(|t| t == &texts[0] && !t.is_empty()),
+        "{texts:?}"
+    );
+    // The other replica's local leader waited for the stored answer; its followers followed it.
+    assert_eq!(
+        replica_waits(&a, "answered").await + replica_waits(&b, "answered").await,
+        1
+    );
+    // The leader released its claim once its answer was stored.
+    let mut released = false;
+    for _ in 0..200 {
+        if flight_keys(&redis).is_empty() {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        released,
+        "the claim was never released: {:?}",
+        flight_keys(&redis)
+    );
+}
+
+#[tokio::test]
+async fn when_the_leading_replica_fails_the_others_go_upstream_themselves() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = slow_sim().await;
+    let a = start(redis_config(sim.base_url(), &redis)).await;
+    let b = start(redis_config(sim.base_url(), &redis)).await;
+    // A leads, and its stream will break off after two tokens: nothing to store.
+    let body = |stream| chat_body("a question whose first answer breaks", stream);
+    let leader = spawn_request(&a, body(true), Some("cut=2"));
+    let mut claimed = false;
+    for _ in 0..500 {
+        if !flight_keys(&redis).is_empty() {
+            claimed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(claimed, "the leader never claimed the key");
+    let followers: Vec<_> = (0..4)
+        .map(|i| spawn_request(&b, body(i % 2 == 0), None))
+        .collect();
+    let (_, leader_outcome, _) = leader.await.expect("leader");
+    assert_eq!(leader_outcome, "miss");
+    let mut outcomes = Vec::new();
+    let mut texts = Vec::new();
+    for task in followers {
+        let (status, outcome, text) = task.await.expect("task");
+        assert_eq!(status, 200, "{outcome}");
+        outcomes.push(outcome);
+        texts.push(text);
+    }
+    // B's requests waited for A, saw its claim go without an answer, and asked once themselves.
+    assert_eq!(upstream_calls(&sim), 2, "{outcomes:?}");
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "miss").count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "coalesced").count(),
+        3,
+        "{outcomes:?}"
+    );
+    assert!(
+        texts.iter().all(|t| t == &texts[0] && !t.is_empty()),
+        "{texts:?}"
+    );
+    assert_eq!(replica_waits(&b, "lapsed").await, 1);
+    assert_eq!(replica_waits(&b, "answered").await, 0);
+}
+
+#[tokio::test]
+async fn a_claim_left_by_a_dead_replica_delays_a_request_only_until_it_lapses() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = sim_default().await;
+    let a = start(redis_config(sim.base_url(), &redis)).await;
+    let body = chat_body("asked while a dead replica holds the key", false);
+    // Learn the request's exact key from its entry, then empty the store.
+    content(post(&a, &body, &[]).await, false).await;
+    wait_for_entries(&a, 1).await;
+    let stored = a.state.cache.store.list(None, 10).expect("list");
+    let exact = stored[0].key;
+    flush(&a).await;
+
+    // A replica that died mid-flight left its claim, which lapses in a second.
+    let mut c = ::redis::Client::open(redis.url())
+        .expect("url")
+        .get_connection()
+        .expect("connect");
+    let lock = format!("reprise:flight:{}", exact.to_hex());
+    ::redis::cmd("SET")
+        .arg(&lock)
+        .arg("dead-replica-1")
+        .arg("PX")
+        .arg(1_000)
+        .query::<()>(&mut c)
+        .expect("set");
+    let b = start(redis_config(sim.base_url(), &redis)).await;
+    let began = std::time::Instant::now();
+    let response = post(&b, &body, &[]).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(outcome(&response), "miss");
+    assert!(!content(response, false).await.is_empty());
+    // Well within the longest wait for a live claim (a minute): it went once the claim lapsed.
+    assert!(
+        began.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_eq!(upstream_calls(&sim), 2);
+    assert_eq!(replica_waits(&b, "lapsed").await, 1);
+}
+
+#[tokio::test]
+async fn a_request_that_leaves_while_waiting_for_another_replica_strands_nobody() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = reprise_sim::spawn(reprise_sim::SimConfig {
+        ttft_ms: 1_500.0,
+        itl_ms: 5.0,
+        tokens: 8,
+        ..reprise_sim::SimConfig::default()
+    })
+    .await
+    .expect("sim");
+    let a = start(redis_config(sim.base_url(), &redis)).await;
+    let b = start(redis_config(sim.base_url(), &redis)).await;
+    let body = chat_body("asked on two replicas, abandoned on one", false);
+    let leader = spawn_request(&a, body.clone(), None);
+    let mut claimed = false;
+    for _ in 0..500 {
+        if !flight_keys(&redis).is_empty() {
+            claimed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(claimed, "the leader never claimed the key");
+    // B's first request leads B's flight and waits for A; its client gives up meanwhile.
+    let gone = client()
+        .post(b.url("/v1/chat/completions"))
+        .bearer_auth("sk-tenant-a")
+        .json(&body)
+        .timeout(Duration::from_millis(200))
+        .send()
+        .await;
+    assert!(gone.is_err(), "answered before A's upstream call ended");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The next one on B must not follow the abandoned flight forever: it waits for A's answer.
+    let (status, outcome, text) = spawn_request(&b, body.clone(), None).await.expect("task");
+    assert_eq!((status, outcome.as_str()), (200, "coalesced"));
+    let (_, leader_outcome, answer) = leader.await.expect("leader");
+    assert_eq!(leader_outcome, "miss");
+    assert_eq!(text, answer);
+    assert_eq!(upstream_calls(&sim), 1);
 }
