@@ -411,7 +411,7 @@ async fn a_replica_started_after_an_answer_serves_it_as_a_semantic_hit() {
     }
     assert!(embedded, "the entry never got its vector");
 
-    // B builds its index from what Redis holds at its start (no change feed yet).
+    // B builds its index from what Redis holds at its start (the feed covers what comes after).
     let b = start(with_redis(&models)).await;
     for _ in 0..1000 {
         let h = health(&b).await;
@@ -428,7 +428,7 @@ async fn a_replica_started_after_an_answer_serves_it_as_a_semantic_hit() {
     assert_eq!(content(hit, false).await, answer);
     assert_eq!(upstream_calls(&sim), 1);
 
-    // Flushed through A: B's index still names the entry (no change feed), but reads nothing
+    // Flushed through A: whatever B's index still names at that instant reads nothing
     // for it, so it is not served.
     flush(&a).await;
     let after = ask(&b, "I forgot my password, how can I reset it").await;
