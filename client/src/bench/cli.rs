@@ -459,7 +459,11 @@ mod tests {
         );
         let both = parse(&["--round-robin", "http://a", "--compare", "http://b"]).expect("parses");
         let config = config_of(&both, "r").expect("config");
-        assert_eq!(config.url_of(1, 1), "http://b/v1", "the compared URL is not spread");
+        assert_eq!(
+            config.url_of(1, 1),
+            "http://b/v1",
+            "the compared URL is not spread"
+        );
         let plain = config_of(&parse(&[]).expect("parses"), "r").expect("config");
         assert_eq!(plain.url_of(0, 1), plain.url_of(0, 0));
     }
