@@ -34,7 +34,10 @@ struct RedisServer {
 fn redis_server_binary() -> Option<PathBuf> {
     if let Some(binary) = std::env::var_os("REPRISE_TEST_REDIS_BINARY") {
         let binary = PathBuf::from(binary);
-        assert!(binary.is_file(), "REPRISE_TEST_REDIS_BINARY: no file at {binary:?}");
+        assert!(
+            binary.is_file(),
+            "REPRISE_TEST_REDIS_BINARY: no file at {binary:?}"
+        );
         return Some(binary);
     }
     let found = std::env::var_os("PATH").and_then(|paths| {
