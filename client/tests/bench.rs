@@ -31,6 +31,7 @@ async fn start_sim() -> (String, tokio::sync::oneshot::Sender<()>) {
 fn config(url: &str) -> BenchConfig {
     BenchConfig {
         targets: vec![url.to_owned()],
+        round_robin: Vec::new(),
         api_key: "sk-test".into(),
         model: "sim-model".into(),
         requests: 20,
@@ -135,4 +136,34 @@ async fn an_open_loop_drops_arrivals_beyond_the_cap() {
     assert_eq!(open.sent + open.dropped, 40);
     assert_eq!(open.peak_in_flight, 1);
     assert_eq!(report.targets[0].requests, open.sent);
+}
+
+/// Chat completions a simulator served, from its `/stats`.
+async fn served(base: &str) -> u64 {
+    let root = base.trim_end_matches("/v1");
+    let stats: serde_json::Value = reqwest::get(format!("{root}/stats"))
+        .await
+        .expect("stats")
+        .json()
+        .await
+        .expect("json");
+    stats["chat_completions"].as_u64().expect("count")
+}
+
+#[tokio::test]
+async fn round_robin_splits_one_target_over_two_servers() {
+    let (first, _stop) = start_sim().await;
+    let (second, _stop2) = start_sim().await;
+    let mut config = config(&first);
+    config.round_robin = vec![second.clone()];
+    config.warmup = 2;
+    let (seen, progress) = counter();
+    let report = bench::run(config, Workload::fresh("itest"), progress).await;
+    assert_eq!(seen.load(Ordering::Relaxed), 20);
+    assert_eq!(report.targets.len(), 1, "one target, not a comparison");
+    let t = &report.targets[0];
+    assert_eq!((t.requests, t.errors), (20, 0));
+    assert!(t.url.contains(&second), "{}", t.url);
+    // Each server: one of the two warm-up requests and half of the 20 measured ones.
+    assert_eq!((served(&first).await, served(&second).await), (11, 11));
 }

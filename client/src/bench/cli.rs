@@ -25,6 +25,10 @@ pub struct BenchArgs {
     /// A second base URL measured in the same run with the same requests (e.g. the direct upstream).
     #[arg(long)]
     pub compare: Option<String>,
+    /// Another base URL of the same service (e.g. a second gateway replica), repeatable: requests
+    /// go to --url and these in turn and are reported as one target (--compare stays a second one).
+    #[arg(long, value_name = "URL")]
+    pub round_robin: Vec<String>,
     /// API key sent as the bearer token.
     #[arg(
         long,
@@ -202,8 +206,14 @@ pub fn config_of(args: &BenchArgs, run_id: &str) -> Result<BenchConfig, String> 
         Some(n) => Some(n.to_owned()),
         None => Some(format!("bench-{run_id}")),
     };
+    let round_robin = args
+        .round_robin
+        .iter()
+        .map(|u| base_url(u))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(BenchConfig {
         targets,
+        round_robin,
         api_key: args.api_key.clone(),
         model: args.model.clone(),
         requests,
@@ -423,6 +433,39 @@ mod tests {
             Arrivals::Uniform
         );
         assert!(parse(&["--arrivals", "poisson"]).is_err(), "needs --rate");
+    }
+
+    #[test]
+    fn round_robin_spreads_the_first_target_over_its_urls() {
+        let args = parse(&[
+            "--url",
+            "http://127.0.0.1:8081",
+            "--round-robin",
+            "http://127.0.0.1:8082",
+            "--round-robin",
+            "http://127.0.0.1:8083/v1",
+        ])
+        .expect("parses");
+        let config = config_of(&args, "r").expect("config");
+        let urls: Vec<&str> = (0..4).map(|i| config.url_of(0, i)).collect();
+        assert_eq!(
+            urls,
+            [
+                "http://127.0.0.1:8081/v1",
+                "http://127.0.0.1:8082/v1",
+                "http://127.0.0.1:8083/v1",
+                "http://127.0.0.1:8081/v1"
+            ]
+        );
+        let both = parse(&["--round-robin", "http://a", "--compare", "http://b"]).expect("parses");
+        let config = config_of(&both, "r").expect("config");
+        assert_eq!(
+            config.url_of(1, 1),
+            "http://b/v1",
+            "the compared URL is not spread"
+        );
+        let plain = config_of(&parse(&[]).expect("parses"), "r").expect("config");
+        assert_eq!(plain.url_of(0, 1), plain.url_of(0, 0));
     }
 
     #[test]

@@ -29,8 +29,18 @@ pub(crate) struct RedisServer {
     child: Option<Child>,
 }
 
-/// The redis-server binary, or `None` (skip) when it is missing outside CI.
+/// The server binary: `REPRISE_TEST_REDIS_BINARY` when set (scripts/test.sh runs the suite a second
+/// time with Valkey's `valkey-server`), else `redis-server` on PATH, or `None` (skip) when that is
+/// missing outside CI.
 fn redis_server_binary() -> Option<PathBuf> {
+    if let Some(binary) = std::env::var_os("REPRISE_TEST_REDIS_BINARY") {
+        let binary = PathBuf::from(binary);
+        assert!(
+            binary.is_file(),
+            "REPRISE_TEST_REDIS_BINARY: no file at {binary:?}"
+        );
+        return Some(binary);
+    }
     let found = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|p| p.join("redis-server"))
