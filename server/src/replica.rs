@@ -49,7 +49,8 @@ pub struct FeedStatus {
     pub applied: u64,
     /// Changes this replica published.
     pub published: u64,
-    /// Rebuilds from the store after losing its place in the feed (the first load not counted).
+    /// Rebuilds from the store after losing its place in the feed (Redis restarted empty, or
+    /// this replica was behind by more than the feed keeps), or after starting without Redis.
     pub resyncs: u64,
     /// The last error reading the feed, while it lasts.
     pub error: Option<String>,
