@@ -192,3 +192,42 @@ pub async fn wait_for_entries(gw: &Gateway, n: usize) {
         gw.state.cache.store.len()
     );
 }
+
+/// Every entry `store` holds, after checking each is whole: a finished answer that may be cached,
+/// with its events, reachable through its exact key (what a crash must never break). With
+/// `superseded_ok`, an entry may instead have been replaced by a newer one for its key (a shared
+/// store: the process that wrote it died between writing it and naming it, and another replica
+/// answered the same prompt since).
+pub fn whole_entries(
+    store: &dyn reprise_server::store::Store,
+    superseded_ok: bool,
+) -> Vec<reprise_server::entry::Entry> {
+    use reprise_server::cache::cacheable::check_cacheable;
+    use reprise_server::ingress::Route;
+    let entries = store.list(None, 1_000_000).expect("list");
+    for entry in &entries {
+        let route = if entry.summary.route == Route::Completions.name() {
+            Route::Completions
+        } else {
+            Route::ChatCompletions
+        };
+        assert_eq!(
+            check_cacheable(route, &entry.body, false),
+            Ok(()),
+            "{entry:?}"
+        );
+        assert!(!entry.events.is_empty());
+        let by_key = store.get_by_key(&entry.key).expect("get").expect("indexed");
+        if superseded_ok {
+            assert!(
+                by_key.id >= entry.id,
+                "{:?} names {:?}",
+                entry.id,
+                by_key.id
+            );
+        } else {
+            assert_eq!(by_key.id, entry.id);
+        }
+    }
+    entries
+}

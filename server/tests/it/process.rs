@@ -3,9 +3,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use reprise_server::cache::cacheable::check_cacheable;
-use reprise_server::ingress::Route;
-use reprise_server::store::{SledStore, Store};
+use reprise_server::store::SledStore;
 use reprise_sim::{self as sim, SimConfig};
 
 fn free_port() -> u16 {
@@ -181,22 +179,7 @@ async fn sigkill_while_writing_leaves_only_complete_entries() {
 
     // Every entry that can be read is whole: a finished answer, reachable through its key.
     let store = SledStore::open(data_dir.path()).expect("reopen after SIGKILL");
-    let entries = store.list(None, 100_000).expect("list");
-    for entry in &entries {
-        let route = if entry.summary.route == Route::Completions.name() {
-            Route::Completions
-        } else {
-            Route::ChatCompletions
-        };
-        assert_eq!(
-            check_cacheable(route, &entry.body, false),
-            Ok(()),
-            "{entry:?}"
-        );
-        assert!(!entry.events.is_empty());
-        let by_key = store.get_by_key(&entry.key).expect("get").expect("indexed");
-        assert_eq!(by_key.id, entry.id);
-    }
+    let entries = crate::common::whole_entries(&store, false);
     let survivor = entries.last().map(|e| e.summary.prompt.clone());
 
     // What kill -9 lost: answers the client received whole that the store does not hold. The
