@@ -161,7 +161,11 @@ pub struct ServeArgs {
     /// Where cache entries live: sled in the data dir, or a shared Redis [default: sled].
     #[arg(long, env = "REPRISE_STORE", value_enum)]
     pub store: Option<StoreKind>,
-    /// Redis server for `--store redis`: redis://[user:password@]host:port[/db] or rediss:// (TLS).
+    /// Redis for `--store redis`: one server, redis://[user:password@]host:port[/db] or rediss://
+    /// (TLS); a Redis Cluster, redis+cluster://[user:password@]host:port[,host:port...] (seed nodes)
+    /// or rediss+cluster://; or behind Sentinels,
+    /// redis+sentinel://[user:password@]host:port[,host:port...]/<master-name>[/<db>] or
+    /// rediss+sentinel:// (the credentials are the master's).
     #[arg(long, env = "REPRISE_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
     /// This replica's name in the change feed and `/admin/stats` [default: host-pid-random].
@@ -614,7 +618,8 @@ impl Config {
     /// Upper bounds: a huge duration overflows `Instant + Duration` (a panic on every request that
     /// adds it), and a huge size is an allocation the process cannot make. Each bound is far above
     /// any useful value.
-    /// `store = "redis"` needs a `redis_url` the client can parse (redis:// or rediss://).
+    /// `store = "redis"` needs a `redis_url` the client can parse (one of the forms
+    /// [`crate::store::connect`] reads: one server, a cluster, or Sentinels).
     fn validate_store(&self) -> Result<(), ConfigError> {
         let invalid = |reason: String| ConfigError::Invalid {
             field: "redis_url",
@@ -625,21 +630,11 @@ impl Config {
             (StoreKind::Redis, None) => Err(invalid(
                 "required with store = \"redis\" (e.g. redis://127.0.0.1:6379)".into(),
             )),
-            (StoreKind::Redis, Some(url)) => {
-                let scheme = url.expose().split("://").next().unwrap_or_default();
-                if !matches!(scheme, "redis" | "rediss") || !url.expose().contains("://") {
-                    return Err(invalid("scheme must be redis:// or rediss://".into()));
-                }
-                // The client's own parser: what it accepts here, it connects to at start.
-                // Its message never repeats the URL (which may hold a password).
-                redis::Client::open(url.expose()).map(drop).map_err(|e| {
-                    invalid(format!(
-                        "{} ({})",
-                        e.category(),
-                        e.detail().unwrap_or("unparsable")
-                    ))
-                })
-            }
+            // The client's own parser for each node: what it accepts here, the store connects to
+            // at start. Its message never repeats the URL (which may hold a password).
+            (StoreKind::Redis, Some(url)) => crate::store::connect::Target::parse(url.expose())
+                .map(drop)
+                .map_err(invalid),
         }
     }
 
@@ -1018,6 +1013,13 @@ support = "exact-only"
             (Some("http://127.0.0.1:6379"), "scheme"),
             (Some("127.0.0.1:6379"), "scheme"),
             (Some("redis://127.0.0.1:notaport"), "redis_url"),
+            (
+                Some("redis+cluster://:pw@10.0.0.1:7000,,10.0.0.2:7000"),
+                "empty host",
+            ),
+            (Some("redis+cluster://10.0.0.1:notaport"), "redis_url"),
+            (Some("redis+sentinel://10.0.0.1:26379"), "master's name"),
+            (Some("rediss+sentinel://10.0.0.1:26379/m/x"), "number"),
         ] {
             let args = ServeArgs {
                 store: Some(StoreKind::Redis),
@@ -1026,6 +1028,21 @@ support = "exact-only"
             };
             let err = Config::load(&args).expect_err(why).to_string();
             assert!(err.contains("redis_url") && err.contains(why), "{err}");
+        }
+        // The cluster and Sentinel forms are accepted as they are.
+        for url in [
+            "redis+cluster://:pw@10.0.0.1:7000,10.0.0.2:7000",
+            "rediss+cluster://cache-0.internal:6379",
+            "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/2",
+            "rediss+sentinel://user:pw@sentinel.internal:26379/mymaster",
+        ] {
+            let args = ServeArgs {
+                store: Some(StoreKind::Redis),
+                redis_url: Some(url.to_owned()),
+                ..ServeArgs::default()
+            };
+            let config = Config::load(&args).expect(url);
+            assert_eq!(config.redis_url.as_ref().map(Secret::expose), Some(url));
         }
         assert!(Cli::try_parse_from(["reprise", "check-config", "--store", "postgres"]).is_err());
     }

@@ -57,6 +57,7 @@ pub use reprise_migrations::MigrationError;
 
 mod claim;
 mod compact;
+pub mod connect;
 pub mod feed;
 mod redis;
 mod resilient;

@@ -11,15 +11,18 @@
 //! never trimmed, so a replica that starts later applies them all (see [`Feed::history`]).
 //!
 //! Only core stream commands (`XADD` with `MAXLEN ~`, `XREAD BLOCK`, `XRANGE`), one key, so it
-//! runs on Redis 7+, Valkey and cluster mode alike.
+//! runs on Redis 7+, Valkey and cluster mode alike; the other keys here are read and written one
+//! command at a time, or in a batch split by slot ([`Conn::batch`]), never in one pipeline.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::streams::{StreamId, StreamRangeReply, StreamReadOptions, StreamReadReply};
-use ::redis::{Client, Commands, Connection, RedisError, Value};
+use ::redis::{Commands, RedisError, Value};
 
+use super::connect::{Conn, Connector, Timeouts};
 use super::StoreError;
 use crate::entry::EntryId;
 
@@ -146,18 +149,18 @@ pub trait Feed: Send + Sync {
 
 /// The feed on a Redis Stream.
 pub struct RedisFeed {
-    client: Client,
+    connector: Arc<Connector>,
     replica: String,
     /// The blocking reader's own connection (a block must not hold a pooled one).
-    reader: std::sync::Mutex<Option<Connection>>,
-    writer: std::sync::Mutex<Option<Connection>>,
+    reader: std::sync::Mutex<Option<Conn>>,
+    writer: std::sync::Mutex<Option<Conn>>,
     published: AtomicU64,
 }
 
 impl RedisFeed {
-    pub fn new(client: Client, replica: String) -> Self {
+    pub fn new(connector: Arc<Connector>, replica: String) -> Self {
         Self {
-            client,
+            connector,
             replica,
             reader: std::sync::Mutex::new(None),
             writer: std::sync::Mutex::new(None),
@@ -169,15 +172,20 @@ impl RedisFeed {
     /// error (it may hold half a reply).
     fn on<T>(
         &self,
-        slot: &std::sync::Mutex<Option<Connection>>,
+        slot: &std::sync::Mutex<Option<Conn>>,
         read_timeout: Duration,
-        op: impl FnOnce(&mut Connection) -> Result<T, RedisError>,
+        op: impl FnOnce(&mut Conn) -> Result<T, RedisError>,
     ) -> Result<T, StoreError> {
         let mut guard = slot.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
-            let c = self.client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
-            c.set_read_timeout(Some(read_timeout))?;
-            c.set_write_timeout(Some(WRITE_TIMEOUT))?;
+            let c = self
+                .connector
+                .connect(Timeouts {
+                    connect: CONNECT_TIMEOUT,
+                    read: read_timeout,
+                    write: WRITE_TIMEOUT,
+                })
+                .inspect_err(|_| self.connector.forget())?;
             *guard = Some(c);
         }
         let Some(c) = guard.as_mut() else {
@@ -186,12 +194,14 @@ impl RedisFeed {
         let result = op(c);
         if result.is_err() {
             *guard = None;
+            // Behind Sentinels: ask them again which server is the master.
+            self.connector.forget();
         }
         Ok(result?)
     }
 
     /// The id of the first change the stream holds, `None` when there is no stream.
-    fn first(&self, c: &mut Connection) -> Result<Option<Cursor>, RedisError> {
+    fn first(&self, c: &mut Conn) -> Result<Option<Cursor>, RedisError> {
         let range: StreamRangeReply = ::redis::cmd("XRANGE")
             .arg(FEED)
             .arg("-")
@@ -362,12 +372,13 @@ impl Feed for RedisFeed {
     }
 
     fn history(&self) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Value>), StoreError> {
+        // Two reads, not one pipeline: the lists live in different slots of a cluster.
         let (configs, verdicts): (Vec<Vec<u8>>, Vec<Vec<u8>>) =
             self.on(&self.writer, WRITE_TIMEOUT, |c| {
-                ::redis::pipe()
-                    .lrange(CONFIG_HISTORY, 0, -1)
-                    .lrange(VERDICT_HISTORY, 0, -1)
-                    .query(c)
+                Ok((
+                    c.lrange(CONFIG_HISTORY, 0, -1)?,
+                    c.lrange(VERDICT_HISTORY, 0, -1)?,
+                ))
             })?;
         let parse = |raw: Vec<Vec<u8>>| {
             raw.iter()
@@ -390,18 +401,19 @@ impl Feed for RedisFeed {
     }
 
     fn remember(&self, notes: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
-        self.on(&self.writer, WRITE_TIMEOUT, |c| {
-            let mut pipe = ::redis::pipe();
-            for (request_id, note) in notes {
-                pipe.cmd("SET")
-                    .arg(format!("{REQUEST_PREFIX}{request_id}"))
+        // One key per request: a batch split by slot on a cluster.
+        let cmds = notes
+            .iter()
+            .map(|(request_id, note)| {
+                let mut set = ::redis::cmd("SET");
+                set.arg(format!("{REQUEST_PREFIX}{request_id}"))
                     .arg(note.as_slice())
                     .arg("PX")
-                    .arg(REQUEST_TTL_MS)
-                    .ignore();
-            }
-            pipe.query::<()>(c)
-        })
+                    .arg(REQUEST_TTL_MS);
+                set
+            })
+            .collect();
+        self.on(&self.writer, WRITE_TIMEOUT, |c| c.batch(cmds).map(drop))
     }
 
     fn recall(&self, request_id: &str) -> Result<Option<Vec<u8>>, StoreError> {

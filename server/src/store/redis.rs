@@ -8,14 +8,22 @@
 //!   bytes as sled's `replays` tree;
 //! - `reprise:{<id>}:cold`: the entry's encoded cold half (all but its answer), as sled's `entries`;
 //! - `reprise:key:<hex of the cache key>`: the entry id (decimal) the exact key names;
+//! - `reprise:index`: the registry of entries, a hash (field: the id; value: its expiry in unix ms,
+//!   0 for none, its encoded size and its exact key's hex), what listing, counting, eviction and
+//!   clear read instead of scanning the keyspace (`SCAN` sees one node of a cluster only);
 //! - `reprise:flight:<hex of the cache key>`: the token of the replica asking the upstream for that
 //!   key (single flight across replicas, see [`Claim`]): set `NX` with a short `PX` expiry, renewed
 //!   and released only by a script that first checks the token.
 //!
 //! Every key of an entry expires with it (`PXAT` its expiry), so Redis drops expired entries
-//! itself. An entry's two halves are written in one `MULTI`/`EXEC`, so no reader sees half an
-//! entry; its key row is set after them (it lives in another slot), so a row never names an entry
-//! not yet written, and a row whose entry is gone reads as a miss.
+//! itself; the sweep prunes their registry rows. An entry's two halves are written in one
+//! `MULTI`/`EXEC`, so no reader sees half an entry; its registry row and then its key row are set
+//! after them (they live in other slots), so neither names an entry not yet written, and a row
+//! whose entry is gone reads as a miss.
+//!
+//! Cluster mode (`redis+cluster://`, see [`super::connect`]): every `MULTI`, pipeline and
+//! multi-key command here touches one slot (an entry's halves share its hash tag; the registry is
+//! one key); work over many entries goes per entry, or through [`Conn::batch`], which splits by slot.
 //!
 //! Calls are synchronous (the [`Store`] trait is: the writer thread and the request path's blocking
 //! section call it), on pooled connections with short connect and I/O timeouts, so a slow or dead
@@ -33,9 +41,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ::redis::{Client, Commands, Connection, RedisError, Value};
+use std::sync::Arc;
+
+use ::redis::{Cmd, Commands, RedisError, Value};
 use tracing::debug;
 
+use super::connect::{Conn, Connector, Timeouts};
 use super::feed::{Change, Feed, RedisFeed};
 use super::{
     decode, decode_replay, encode_cold, encode_replay, Claim, ClaimToken, Store, StoreError,
@@ -54,21 +65,28 @@ const NO_EXPIRY_AFTER_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
 /// Idle connections kept for reuse (the request path's blocking threads and the writer).
 const POOL: usize = 16;
 /// Least time between two full recounts by a sweep while this replica sees no cap exceeded: a
-/// recount scans every key, and every replica sweeps each `sweep_interval_ms`.
+/// recount reads the whole registry, and every replica sweeps each `sweep_interval_ms`.
 const RECOUNT_EVERY: Duration = Duration::from_secs(10);
-/// Keys asked per `SCAN` step and per `MGET`/`UNLINK` batch, so no command blocks Redis for long.
+/// Registry rows asked per `HSCAN` step and entries per batch of deletes, so no command (or
+/// reply) blocks Redis for long.
 const BATCH: usize = 256;
+const TIMEOUTS: Timeouts = Timeouts {
+    connect: CONNECT_TIMEOUT,
+    read: IO_TIMEOUT,
+    write: IO_TIMEOUT,
+};
 
 const IDS: &str = "reprise:ids";
-const COLD_PATTERN: &str = "reprise:{*}:cold";
-/// What a clear deletes: the entries' halves and the exact-key rows, not the id counter, the
-/// feed, its histories or the flight locks.
-const ENTRY_PATTERNS: [&str; 2] = ["reprise:{*}:*", "reprise:key:*"];
+/// The registry of entries (see the module doc).
+const INDEX: &str = "reprise:index";
 
 /// Deletes `KEYS[1]` only while it holds `ARGV[1]`: a key row that still names its entry, a claim
 /// its holder releases.
 const DEL_IF_EQUAL: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+/// Sets field `ARGV[1]` of hash `KEYS[1]` to `ARGV[2]` only while it exists: a registry row's new
+/// size, never a row for an entry deleted meanwhile.
+const HSET_IF_EXISTS: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end return -1";
 /// Sets `KEYS[1]` to expire in `ARGV[2]` ms only while it holds `ARGV[1]`: a claim its holder renews.
 const PEXPIRE_IF_EQUAL: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0";
 
@@ -81,17 +99,46 @@ fn cold_key(id: EntryId) -> String {
 }
 
 fn exact_key(key: &CacheKey) -> String {
-    format!("reprise:key:{}", key.to_hex())
+    exact_key_of_hex(&key.to_hex())
+}
+
+fn exact_key_of_hex(hex: &str) -> String {
+    format!("reprise:key:{hex}")
 }
 
 fn flight_key(key: &CacheKey) -> String {
     format!("reprise:flight:{}", key.to_hex())
 }
 
-/// The id in a `reprise:{<id>}:cold` key.
-fn id_of_cold_key(key: &str) -> Option<EntryId> {
-    let inner = key.strip_prefix("reprise:{")?.strip_suffix("}:cold")?;
-    inner.parse().ok().map(EntryId)
+/// An entry's row in the registry (`reprise:index`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Row {
+    /// Unix ms; 0: never.
+    expires_at_ms: u64,
+    /// Both halves, encoded.
+    size: u64,
+    /// The exact key's hex (its key row is `reprise:key:<hex>`).
+    key_hex: String,
+}
+
+impl Row {
+    fn render(&self) -> String {
+        format!("{} {} {}", self.expires_at_ms, self.size, self.key_hex)
+    }
+
+    fn parse(raw: &str) -> Option<Self> {
+        let mut parts = raw.split(' ');
+        let row = Row {
+            expires_at_ms: parts.next()?.parse().ok()?,
+            size: parts.next()?.parse().ok()?,
+            key_hex: parts.next()?.to_owned(),
+        };
+        parts.next().is_none().then_some(row)
+    }
+
+    fn expired(&self, now_ms: u64) -> bool {
+        self.expires_at_ms != 0 && self.expires_at_ms <= now_ms
+    }
 }
 
 /// A replica's name when none is configured: the host's name (a container's or pod's, where it
@@ -121,8 +168,8 @@ impl From<RedisError> for StoreError {
 type Halves = (Vec<u8>, Vec<u8>);
 
 pub struct RedisStore {
-    client: Client,
-    pool: Mutex<Vec<Connection>>,
+    connector: Arc<Connector>,
+    pool: Mutex<Vec<Conn>>,
     /// Entries and their encoded size at the last sweep, plus what this replica wrote since
     /// (`len`/`bytes` must be O(1); other replicas' writes show at the next sweep).
     len: AtomicUsize,
@@ -136,18 +183,18 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// A store on `url` (redis:// or rediss://), for a replica named by [`default_replica`];
-    /// connects on first use.
+    /// A store on `url` (any form [`super::connect`] reads: one server, a cluster, or Sentinels),
+    /// for a replica named by [`default_replica`]; connects on first use.
     pub fn new(url: &str) -> Result<Self, StoreError> {
         Self::named(url, &default_replica())
     }
 
     /// A store on `url` for the replica named `replica` in the change feed and `/admin/stats`.
     pub fn named(url: &str, replica: &str) -> Result<Self, StoreError> {
-        let client = Client::open(url)?;
+        let connector = Arc::new(Connector::open(url)?);
         Ok(Self {
-            feed: RedisFeed::new(client.clone(), replica.to_owned()),
-            client,
+            feed: RedisFeed::new(connector.clone(), replica.to_owned()),
+            connector,
             pool: Mutex::new(Vec::new()),
             len: AtomicUsize::new(0),
             bytes: AtomicU64::new(0),
@@ -170,7 +217,7 @@ impl RedisStore {
         }
     }
 
-    /// Recounts the entries and their size (what `len`/`bytes` report), by `SCAN`.
+    /// Recounts the entries and their size (what `len`/`bytes` report), from the registry.
     pub fn refresh_counts(&self) -> Result<(), StoreError> {
         self.count().map(drop)
     }
@@ -181,28 +228,27 @@ impl RedisStore {
             .map(drop)
     }
 
-    /// Forgets every pooled connection (after a failure: they may all be dead).
+    /// Forgets every pooled connection (after a failure: they may all be dead), and behind
+    /// Sentinels, which server is the master.
     pub fn reset(&self) {
         self.pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.connector.forget();
     }
 
-    fn connection(&self) -> Result<Connection, RedisError> {
+    fn connection(&self) -> Result<Conn, RedisError> {
         if let Some(c) = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop() {
             return Ok(c);
         }
-        let c = self.client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
-        c.set_read_timeout(Some(IO_TIMEOUT))?;
-        c.set_write_timeout(Some(IO_TIMEOUT))?;
-        Ok(c)
+        self.connector.connect(TIMEOUTS)
     }
 
     /// Runs `op` on a pooled connection; the connection goes back to the pool only after a
     /// success (after an error it may hold half a reply).
     fn with<T>(
         &self,
-        op: impl FnOnce(&mut Connection) -> Result<T, RedisError>,
+        op: impl FnOnce(&mut Conn) -> Result<T, RedisError>,
     ) -> Result<T, StoreError> {
-        let mut c = self.connection()?;
+        let mut c = self.connection().inspect_err(|_| self.connector.forget())?;
         match op(&mut c) {
             Ok(v) => {
                 let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
@@ -213,35 +259,52 @@ impl RedisStore {
             }
             Err(e) => {
                 debug!(error = %e, "redis command failed");
+                // Behind Sentinels, a master that failed over answers `READONLY` or not at all.
+                self.connector.forget();
                 Err(e.into())
             }
         }
     }
 
-    /// Every entry id in Redis, by `SCAN` (bounded steps, never `KEYS`), unsorted.
-    fn scan_ids(&self) -> Result<Vec<EntryId>, StoreError> {
-        self.with(|c| {
-            let mut ids = Vec::new();
+    /// Every row of the registry, by `HSCAN` (bounded steps), sorted by id, expired ones too.
+    fn rows(&self) -> Result<Vec<(EntryId, Row)>, StoreError> {
+        let mut rows = self.with(|c| {
+            let mut rows = Vec::new();
             let mut cursor: u64 = 0;
             loop {
-                let (next, keys): (u64, Vec<String>) = ::redis::cmd("SCAN")
+                let (next, flat): (u64, Vec<String>) = ::redis::cmd("HSCAN")
+                    .arg(INDEX)
                     .arg(cursor)
-                    .arg("MATCH")
-                    .arg(COLD_PATTERN)
                     .arg("COUNT")
                     .arg(BATCH)
                     .query(c)?;
-                ids.extend(keys.iter().filter_map(|k| id_of_cold_key(k)));
+                for pair in flat.chunks_exact(2) {
+                    match (pair[0].parse().map(EntryId), Row::parse(&pair[1])) {
+                        (Ok(id), Some(row)) => rows.push((id, row)),
+                        _ => debug!(field = %pair[0], "skipping an unreadable registry row"),
+                    }
+                }
                 if next == 0 {
-                    break;
+                    return Ok(rows);
                 }
                 cursor = next;
             }
-            // SCAN may return a key twice.
-            ids.sort_unstable();
-            ids.dedup();
-            Ok(ids)
-        })
+        })?;
+        // HSCAN may return a row twice.
+        rows.sort_unstable_by_key(|(id, _)| *id);
+        rows.dedup_by_key(|(id, _)| *id);
+        Ok(rows)
+    }
+
+    /// The ids of the entries not yet expired, in order.
+    fn live_ids(&self) -> Result<Vec<EntryId>, StoreError> {
+        let now = crate::record::unix_ms();
+        Ok(self
+            .rows()?
+            .into_iter()
+            .filter(|(_, row)| !row.expired(now))
+            .map(|(id, _)| id)
+            .collect())
     }
 
     /// Both halves of entry `id` in one read (the same slot), if both are there.
@@ -286,6 +349,7 @@ impl RedisStore {
             return Ok(false);
         }
         let encoded = encode_cold(&entry)?;
+        let grew = encoded.len() as i64 - raw.len() as i64;
         // XX: never resurrect an entry deleted meanwhile; KEEPTTL: it expires as before.
         let written: Option<String> = self.with(|c| {
             ::redis::cmd("SET")
@@ -295,74 +359,120 @@ impl RedisStore {
                 .arg("KEEPTTL")
                 .query(c)
         })?;
+        if written.is_some() && grew != 0 {
+            self.resize(id, grew)?;
+        }
         Ok(written.is_some())
     }
 
-    /// Deletes the entries `ids` (both halves and, when it still names them, their key rows).
-    fn remove(&self, ids: &[EntryId]) -> Result<usize, StoreError> {
+    /// Adds `grew` bytes to entry `id`'s size in the registry (a vector or hits added).
+    fn resize(&self, id: EntryId, grew: i64) -> Result<(), StoreError> {
+        let raw: Option<String> = self.with(|c| c.hget(INDEX, id.0))?;
+        let Some(mut row) = raw.as_deref().and_then(Row::parse) else {
+            return Ok(());
+        };
+        row.size = row.size.saturating_add_signed(grew);
+        let script = ::redis::Script::new(HSET_IF_EXISTS);
+        self.with(|c| {
+            script
+                .key(INDEX)
+                .arg(id.0)
+                .arg(row.render())
+                .invoke::<i64>(c)
+        })?;
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some(b.saturating_add_signed(grew))
+            });
+        Ok(())
+    }
+
+    /// The key row (`reprise:key:<hex>`) of entry `id`: from the registry, else from its cold half.
+    fn key_row_of(&self, id: EntryId) -> Result<Option<String>, StoreError> {
+        let raw: Option<String> = self.with(|c| c.hget(INDEX, id.0))?;
+        if let Some(row) = raw.as_deref().and_then(Row::parse) {
+            return Ok(Some(exact_key_of_hex(&row.key_hex)));
+        }
+        let raw: Option<Vec<u8>> = self.with(|c| c.get(cold_key(id)))?;
+        Ok(raw
+            .and_then(|raw| decode(id, &raw, false).ok())
+            .map(|e| exact_key(&e.key)))
+    }
+
+    /// Deletes the entries of `victims` (each with its key row), in batches; how many were there.
+    fn remove(&self, victims: &[(EntryId, String)]) -> Result<usize, StoreError> {
         let mut removed = 0;
-        for batch in ids.chunks(BATCH) {
-            let colds: Vec<String> = batch.iter().map(|id| cold_key(*id)).collect();
-            let raws: Vec<Option<Vec<u8>>> = self.with(|c| c.mget(&colds))?;
-            for (id, raw) in batch.iter().zip(raws) {
-                let key = raw
-                    .and_then(|raw| decode(*id, &raw, false).ok())
-                    .map(|e| e.key);
-                if self.delete_one(*id, key.as_ref())? {
+        for batch in victims.chunks(BATCH) {
+            let gone = self.erase(batch)?;
+            for ((id, _), there) in batch.iter().zip(gone) {
+                if there {
+                    self.publish(Change::Delete(*id));
                     removed += 1;
                 }
             }
         }
+        let _ = self
+            .len
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(removed))
+            });
         Ok(removed)
     }
 
-    /// Deletes entry `id` and, if it names `id`, its key row. True if the entry was there.
-    fn delete_one(&self, id: EntryId, key: Option<&CacheKey>) -> Result<bool, StoreError> {
-        let (gone,): (usize,) = self.with(|c| {
-            ::redis::pipe()
-                .atomic()
-                .del(&[cold_key(id), replay_key(id)])
-                .query(c)
-        })?;
-        if let Some(key) = key {
-            // Only the row that still names this entry: a newer entry may own the key now.
-            let script = ::redis::Script::new(DEL_IF_EQUAL);
-            self.with(|c| script.key(exact_key(key)).arg(id.0).invoke::<i64>(c))?;
+    /// Deletes each entry of `batch`: both halves, its registry row and its key row while that
+    /// still names it (a newer entry may own the key now). Per entry, whether its halves were there.
+    /// Each command touches one slot; the batch goes in one round trip per node.
+    fn erase(&self, batch: &[(EntryId, String)]) -> Result<Vec<bool>, StoreError> {
+        let mut cmds: Vec<Cmd> = Vec::with_capacity(batch.len() * 3);
+        for (id, key_row) in batch {
+            let mut del = ::redis::cmd("DEL");
+            del.arg(cold_key(*id)).arg(replay_key(*id));
+            let mut hdel = ::redis::cmd("HDEL");
+            hdel.arg(INDEX).arg(id.0);
+            let mut unlink_row = ::redis::cmd("EVAL");
+            unlink_row.arg(DEL_IF_EQUAL).arg(1).arg(key_row).arg(id.0);
+            cmds.extend([del, hdel, unlink_row]);
         }
-        if gone > 0 {
-            self.publish(Change::Delete(id));
-            // Approximate until the next sweep recounts (bytes included): never below zero.
-            let _ = self
-                .len
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-        }
-        Ok(gone > 0)
+        let replies = self.with(|c| c.batch(cmds))?;
+        replies
+            .chunks(3)
+            .map(|r| match r.first() {
+                Some(Value::Int(n)) => Ok(*n > 0),
+                _ => Err(StoreError::Redis("an unexpected reply to DEL".into())),
+            })
+            .collect()
     }
 
-    /// Counts the entries and their encoded size (`STRLEN` of both halves), by `SCAN`.
-    fn count(&self) -> Result<Vec<(EntryId, u64)>, StoreError> {
-        let ids = self.scan_ids()?;
-        let mut sized = Vec::with_capacity(ids.len());
-        for batch in ids.chunks(BATCH) {
-            let lens: Vec<u64> = self.with(|c| {
-                let mut pipe = ::redis::pipe();
-                for id in batch {
-                    pipe.strlen(cold_key(*id)).strlen(replay_key(*id));
+    /// Deletes entry `id` and, if `key_row` still names it, its key row. True if the entry was there.
+    fn delete_one(&self, id: EntryId, key_row: String) -> Result<bool, StoreError> {
+        Ok(self.remove(&[(id, key_row)])? > 0)
+    }
+
+    /// Counts the entries and their encoded size from the registry, pruning the rows of expired
+    /// entries (Redis dropped their keys itself). Oldest first: with their key rows.
+    fn count(&self) -> Result<Vec<(EntryId, Row)>, StoreError> {
+        let now = crate::record::unix_ms();
+        let (expired, live): (Vec<_>, Vec<_>) = self
+            .rows()?
+            .into_iter()
+            .partition(|(_, row)| row.expired(now));
+        for batch in expired.chunks(BATCH) {
+            self.with(|c| {
+                let mut hdel = ::redis::cmd("HDEL");
+                hdel.arg(INDEX);
+                for (id, _) in batch {
+                    hdel.arg(id.0);
                 }
-                pipe.query(c)
+                hdel.query::<i64>(c)
             })?;
-            for (id, pair) in batch.iter().zip(lens.chunks(2)) {
-                let size: u64 = pair.iter().sum();
-                // Both zero: expired between the scan and the read.
-                if size > 0 {
-                    sized.push((*id, size));
-                }
-            }
         }
-        self.len.store(sized.len(), Ordering::Relaxed);
-        self.bytes
-            .store(sized.iter().map(|(_, s)| s).sum(), Ordering::Relaxed);
-        Ok(sized)
+        self.len.store(live.len(), Ordering::Relaxed);
+        self.bytes.store(
+            live.iter().map(|(_, row)| row.size).sum(),
+            Ordering::Relaxed,
+        );
+        Ok(live)
     }
 
     fn page(
@@ -426,6 +536,15 @@ impl Store for RedisStore {
         } else {
             Vec::new()
         };
+        let row = Row {
+            expires_at_ms: if expiry.is_empty() {
+                0
+            } else {
+                entry.expires_at_ms().max(1)
+            },
+            size,
+            key_hex: entry.key.to_hex(),
+        };
         self.with(|c| {
             ::redis::pipe()
                 .atomic()
@@ -441,6 +560,8 @@ impl Store for RedisStore {
                 .ignore()
                 .query::<()>(c)
         })?;
+        // After the entry (another slot), so listing never finds a row without its entry.
+        self.with(|c| c.hset::<_, _, _, ()>(INDEX, id.0, row.render()))?;
         // After the entry, so the row never names one not yet written; GET: the entry it replaces.
         let old: Option<u64> = self.with(|c| {
             ::redis::cmd("SET")
@@ -458,17 +579,18 @@ impl Store for RedisStore {
             vector: entry.vector.clone(),
         });
         if let Some(old) = old.filter(|old| *old != id.0) {
-            self.delete_one(EntryId(old), None)?;
+            // Its key row names this entry now: only the old halves and registry row go.
+            self.delete_one(EntryId(old), exact_key(&entry.key))?;
         }
         Ok(id)
     }
 
     fn delete(&self, id: EntryId) -> Result<bool, StoreError> {
-        let raw: Option<Vec<u8>> = self.with(|c| c.get(cold_key(id)))?;
-        let key = raw
-            .and_then(|raw| decode(id, &raw, false).ok())
-            .map(|e| e.key);
-        self.delete_one(id, key.as_ref())
+        // No key row known: the halves and the registry row still go (nothing names `-`).
+        let key_row = self
+            .key_row_of(id)?
+            .unwrap_or_else(|| "reprise:key:-".into());
+        self.delete_one(id, key_row)
     }
 
     fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError> {
@@ -499,19 +621,19 @@ impl Store for RedisStore {
     }
 
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
-        let ids = self.scan_ids()?;
+        let ids = self.live_ids()?;
         let below = |id: &EntryId| before.is_none_or(|b| *id < b);
         self.page(ids.into_iter().rev().filter(below), limit)
     }
 
     fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
-        let ids = self.scan_ids()?;
+        let ids = self.live_ids()?;
         let above = |id: &EntryId| after.is_none_or(|a| *id > a);
         self.page(ids.into_iter().filter(above), limit)
     }
 
     fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
-        self.scan_ids()
+        self.live_ids()
     }
 
     fn len(&self) -> usize {
@@ -524,8 +646,9 @@ impl Store for RedisStore {
 
     /// Redis expires entries itself (`PXAT`), so `expired` is always 0. Over a cap, the oldest
     /// entries go first (the ids are in insertion order): LRU across replicas needs the hit
-    /// history in Redis, a later step. The recount behind it scans every key, so it runs at most
-    /// every [`RECOUNT_EVERY`] unless this replica's own count is already over a cap.
+    /// history in Redis, a later step. The recount behind it reads the whole registry (and prunes
+    /// the rows of expired entries), so it runs at most every [`RECOUNT_EVERY`] unless this
+    /// replica's own count is already over a cap.
     fn sweep(
         &self,
         _now_ms: u64,
@@ -540,17 +663,17 @@ impl Store for RedisStore {
             }
             *at = Some(Instant::now());
         }
-        let sized = self.count()?;
-        let mut len = sized.len();
-        let mut bytes: u64 = sized.iter().map(|(_, s)| s).sum();
+        let live = self.count()?;
+        let mut len = live.len();
+        let mut bytes: u64 = live.iter().map(|(_, row)| row.size).sum();
         let mut victims = Vec::new();
-        for (id, size) in &sized {
+        for (id, row) in &live {
             if len <= max_entries && bytes <= max_bytes {
                 break;
             }
-            victims.push(*id);
+            victims.push((*id, exact_key_of_hex(&row.key_hex)));
             len -= 1;
-            bytes = bytes.saturating_sub(*size);
+            bytes = bytes.saturating_sub(row.size);
         }
         let evicted = self.remove(&victims)?;
         self.len.store(len, Ordering::Relaxed);
@@ -563,28 +686,22 @@ impl Store for RedisStore {
         Ok(())
     }
 
+    /// Deletes every entry the registry names (with its key row, while that names it), not the
+    /// id counter, the feed, its histories or the flight locks. No `SCAN`: it would see one node
+    /// of a cluster only.
     fn clear(&self) -> Result<usize, StoreError> {
-        let n = self.scan_ids()?.len();
-        for pattern in ENTRY_PATTERNS {
-            self.with(|c| {
-                let mut cursor: u64 = 0;
-                loop {
-                    let (next, keys): (u64, Vec<String>) = ::redis::cmd("SCAN")
-                        .arg(cursor)
-                        .arg("MATCH")
-                        .arg(pattern)
-                        .arg("COUNT")
-                        .arg(BATCH)
-                        .query(c)?;
-                    if !keys.is_empty() {
-                        ::redis::cmd("UNLINK").arg(&keys).query::<Value>(c)?;
-                    }
-                    if next == 0 {
-                        return Ok(());
-                    }
-                    cursor = next;
-                }
-            })?;
+        let rows = self.rows()?;
+        let mut n = 0;
+        for batch in rows.chunks(BATCH) {
+            let victims: Vec<(EntryId, String)> = batch
+                .iter()
+                .map(|(id, row)| (*id, exact_key_of_hex(&row.key_hex)))
+                .collect();
+            n += self
+                .erase(&victims)?
+                .into_iter()
+                .filter(|gone| *gone)
+                .count();
         }
         self.len.store(0, Ordering::Relaxed);
         self.bytes.store(0, Ordering::Relaxed);
