@@ -10,6 +10,7 @@
 
 mod admin;
 mod cache;
+mod cluster;
 mod common;
 mod conn;
 mod disk;

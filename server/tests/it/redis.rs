@@ -32,7 +32,7 @@ pub(crate) struct RedisServer {
 /// The server binary: `REPRISE_TEST_REDIS_BINARY` when set (scripts/test.sh runs the suite a second
 /// time with Valkey's `valkey-server`), else `redis-server` on PATH, or `None` (skip) when that is
 /// missing outside CI.
-fn redis_server_binary() -> Option<PathBuf> {
+pub(crate) fn redis_server_binary() -> Option<PathBuf> {
     if let Some(binary) = std::env::var_os("REPRISE_TEST_REDIS_BINARY") {
         let binary = PathBuf::from(binary);
         assert!(
@@ -137,11 +137,11 @@ impl Drop for RedisServer {
     }
 }
 
-fn key(n: u64) -> CacheKey {
+pub(crate) fn key(n: u64) -> CacheKey {
     CacheKey(*blake3::hash(&n.to_le_bytes()).as_bytes())
 }
 
-fn entry(n: u64, ttl_ms: u64) -> Entry {
+pub(crate) fn entry(n: u64, ttl_ms: u64) -> Entry {
     Entry {
         id: EntryId(999_999),
         key: key(n),
@@ -187,7 +187,7 @@ fn hit(at_ms: u64) -> HitEvent {
 }
 
 /// The store contract both backends must keep, read through the trait alone.
-fn round_trips(store: &dyn Store) {
+pub(crate) fn round_trips(store: &dyn Store) {
     assert_eq!(store.clear().expect("clear"), 0);
     let hour = 3_600_000;
     let original = entry(1, hour);
@@ -331,7 +331,7 @@ fn redis_config(upstream: String, redis: &RedisServer) -> Config {
     config
 }
 
-async fn ask(gw: &Gateway, content: &str) -> reqwest::Response {
+pub(crate) async fn ask(gw: &Gateway, content: &str) -> reqwest::Response {
     client()
         .post(gw.url("/v1/chat/completions"))
         .bearer_auth("sk-a")
@@ -342,7 +342,7 @@ async fn ask(gw: &Gateway, content: &str) -> reqwest::Response {
         .expect("the gateway answers")
 }
 
-async fn health(gw: &Gateway) -> Value {
+pub(crate) async fn health(gw: &Gateway) -> Value {
     client()
         .get(gw.url("/healthz"))
         .send()
@@ -382,7 +382,7 @@ async fn an_answer_cached_through_one_replica_is_an_exact_hit_on_another() {
     assert_eq!(header(&after, "x-reprise-cache").as_deref(), Some("miss"));
 }
 
-async fn flush(gw: &Gateway) {
+pub(crate) async fn flush(gw: &Gateway) {
     let response = client()
         .post(gw.url("/admin/flush"))
         .bearer_auth("admin-secret")
