@@ -18,7 +18,8 @@ scripts/python-env.sh
 scripts/provision-models.sh
 # The antonym guard's table must be what WordNet (Debian's wordnet-base) gives, not hand edits.
 scripts/wordnet-antonyms.sh --check
-# The shared-store tests (server/tests/it/redis.rs) start a real redis-server on a loopback port.
+# The shared-store tests (server/tests/it/redis.rs) start a real redis-server on a loopback port;
+# server/tests/it/cluster.rs starts three as a Redis Cluster, and a master, its replica and a Sentinel.
 scripts/apt-install.sh redis-server
 
 # Incremental caches are pure cost on a one-shot run (1.4 GB on a fresh clone), and CI disks are small.
@@ -99,4 +100,4 @@ if [ "${valkey_major:-0}" -lt 8 ]; then
   exit 1
 fi
 "$valkey" --version
-REPRISE_TEST_REDIS_BINARY="$valkey" cargo test -p reprise-server --test it -- redis:: feed::
+REPRISE_TEST_REDIS_BINARY="$valkey" cargo test -p reprise-server --test it -- redis:: feed:: cluster::

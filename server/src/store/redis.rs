@@ -753,3 +753,28 @@ impl Store for RedisStore {
         self.with(|c| c.exists(flight_key(key)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_rows_read_back_as_written_and_expire_at_their_time() {
+        let row = Row {
+            expires_at_ms: 1_700_000_000_000,
+            size: 2_048,
+            key_hex: "ab".repeat(32),
+        };
+        assert_eq!(Row::parse(&row.render()), Some(row.clone()));
+        assert!(!row.expired(row.expires_at_ms - 1));
+        assert!(row.expired(row.expires_at_ms));
+        let forever = Row {
+            expires_at_ms: 0,
+            ..row
+        };
+        assert!(!forever.expired(u64::MAX));
+        for damaged in ["", "1 2", "x 2 ab", "1 2 ab extra"] {
+            assert_eq!(Row::parse(damaged), None, "{damaged}");
+        }
+    }
+}

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use reprise_server::config::{Config, Secret, StoreKind};
-use reprise_server::store::{RedisStore, Store};
+use reprise_server::store::{Change, Feed, RedisStore, Store};
 
 use crate::common::*;
 use crate::redis::{ask, entry, flush, redis_server_binary, round_trips};
@@ -228,6 +228,55 @@ fn the_store_keeps_its_contract_on_a_redis_cluster() {
     assert!(left <= 2, "keys left after a clear: {left}");
 }
 
+#[test]
+fn the_change_feed_and_its_histories_work_on_a_redis_cluster() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let a = RedisStore::named(&cluster.url(), "replica-a").expect("url");
+    let b = RedisStore::named(&cluster.url(), "replica-b").expect("url");
+    let from = b.feed().tail().expect("tail");
+    let id = a.put(entry(1, 3_600_000)).expect("put");
+    let config = serde_json::json!({"similarity_threshold": 0.9});
+    a.feed()
+        .publish(&Change::Config(config.clone()))
+        .expect("publish");
+    assert!(a.delete(id).expect("delete"));
+    // B reads A's changes (a blocking XREAD on the stream's node), in order.
+    let batch = b
+        .feed()
+        .read(from, Duration::from_millis(500))
+        .expect("read");
+    assert_eq!(batch.changes.len(), 3, "{:?}", batch.changes);
+    assert!(
+        matches!(batch.changes[0], Change::Put { id: put, .. } if put == id),
+        "{:?}",
+        batch.changes
+    );
+    assert_eq!(batch.changes[1], Change::Config(config.clone()));
+    assert_eq!(batch.changes[2], Change::Delete(id));
+    // The histories are two lists in two slots: read one by one, not in one pipeline.
+    let verdict = serde_json::json!({"verdict": "wrong"});
+    b.feed()
+        .publish(&Change::Verdict(verdict.clone()))
+        .expect("publish");
+    assert_eq!(
+        a.feed().history().expect("history"),
+        (vec![config], vec![verdict])
+    );
+    // Notes of many requests (keys on every node) in one batch split by slot.
+    let notes: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|n| (format!("req_{n}"), format!("note {n}").into_bytes()))
+        .collect();
+    a.feed().remember(&notes).expect("remember");
+    for (request_id, note) in &notes {
+        assert_eq!(
+            b.feed().recall(request_id).expect("recall").as_ref(),
+            Some(note)
+        );
+    }
+}
+
 #[tokio::test]
 async fn two_gateways_on_a_redis_cluster_serve_each_others_answers_and_a_flush() {
     let Some(cluster) = Cluster::start() else {
@@ -361,6 +410,17 @@ fn the_store_keeps_its_contract_behind_sentinel_and_follows_a_failover() {
     // The Sentinel promotes the replica; the old master becomes its replica (read-only). The
     // store's next calls fail (refused writes), then it asks the Sentinel again and carries on
     // on the new master, with what was written before the failover.
+    // A failover keeps what reached the replica: the test waits for all of it.
+    let ids = |port: u16| {
+        ::redis::cmd("GET")
+            .arg("reprise:ids")
+            .query::<Option<u64>>(&mut direct(port))
+            .ok()
+            .flatten()
+    };
+    wait_until(sentinel.replica, "the replica's copy", |_| {
+        ids(sentinel.replica) == Some(id.0)
+    });
     // Refused (`NOGOODSLAVE`) until the Sentinel has talked to the replica itself: asked again.
     wait_until(sentinel.sentinel, "a failover", |c| {
         ::redis::cmd("SENTINEL")
