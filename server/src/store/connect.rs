@@ -140,15 +140,22 @@ pub struct Timeouts {
 }
 
 /// Opens connections to the target of a `--redis-url`.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per store, built once and shared behind an Arc"
+)]
 pub enum Connector {
     Single(Client),
     /// Seed nodes: a client is built per connect, with that connect's timeouts.
     Cluster(Vec<::redis::ConnectionInfo>),
-    Sentinel {
-        sentinels: Mutex<SentinelClient>,
-        /// The master the Sentinels named last, until a connection to it fails.
-        master: Mutex<Option<Client>>,
-    },
+    Sentinel(Box<Sentinels>),
+}
+
+/// The Sentinels of a `redis+sentinel://` URL and what they said last.
+pub struct Sentinels {
+    client: Mutex<SentinelClient>,
+    /// The master the Sentinels named last, until a connection to it fails.
+    master: Mutex<Option<Client>>,
 }
 
 impl Connector {
@@ -185,10 +192,10 @@ impl Connector {
                     Some(info),
                     SentinelServerType::Master,
                 )?;
-                Ok(Connector::Sentinel {
-                    sentinels: Mutex::new(client),
+                Ok(Connector::Sentinel(Box::new(Sentinels {
+                    client: Mutex::new(client),
                     master: Mutex::new(None),
-                })
+                })))
             }
         }
     }
@@ -211,13 +218,15 @@ impl Connector {
                 c.set_write_timeout(Some(timeouts.write))?;
                 Ok(Conn::Cluster(Box::new(c)))
             }
-            Connector::Sentinel { sentinels, master } => {
+            Connector::Sentinel(sentinels) => {
+                let master = &sentinels.master;
                 let known = master.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let client = match known {
                     Some(client) => client,
                     None => {
                         // Asks the Sentinels (which check the master they name says it is one).
                         let client = sentinels
+                            .client
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .get_client()?;
@@ -233,8 +242,8 @@ impl Connector {
     /// After a failure: a Sentinel target asks the Sentinels again at the next connect (the master
     /// may have failed over; a demoted one answers writes with `READONLY`).
     pub fn forget(&self) {
-        if let Connector::Sentinel { master, .. } = self {
-            *master.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Connector::Sentinel(sentinels) = self {
+            *sentinels.master.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
     }
 }
