@@ -499,6 +499,23 @@ impl RedisStore {
     }
 }
 
+/// Entries of the registry that a newer entry for the same exact key replaced without deleting
+/// them: their writer died between writing them and naming them (or between naming the newer one
+/// and deleting the old), and another replica answered the same prompt since. Unnamed, they would
+/// stay listed and counted until their TTL. Each comes with its key row, which the removal
+/// deletes only while it still names that entry.
+fn superseded(rows: &[(EntryId, Row)]) -> Vec<(EntryId, String)> {
+    let mut newest: std::collections::HashMap<&str, EntryId> = std::collections::HashMap::new();
+    for (id, row) in rows {
+        let slot = newest.entry(row.key_hex.as_str()).or_insert(*id);
+        *slot = (*slot).max(*id);
+    }
+    rows.iter()
+        .filter(|(id, row)| newest.get(row.key_hex.as_str()) != Some(id))
+        .map(|(id, row)| (*id, exact_key_of_hex(&row.key_hex)))
+        .collect()
+}
+
 impl Store for RedisStore {
     fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
         self.read_entry(id)
@@ -663,7 +680,16 @@ impl Store for RedisStore {
             }
             *at = Some(Instant::now());
         }
-        let live = self.count()?;
+        let mut live = self.count()?;
+        let superseded = superseded(&live);
+        if !superseded.is_empty() {
+            live.retain(|(id, _)| !superseded.iter().any(|(s, _)| s == id));
+            debug!(
+                entries = superseded.len(),
+                "removing entries superseded for their key"
+            );
+            self.remove(&superseded)?;
+        }
         let mut len = live.len();
         let mut bytes: u64 = live.iter().map(|(_, row)| row.size).sum();
         let mut victims = Vec::new();

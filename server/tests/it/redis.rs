@@ -295,6 +295,49 @@ fn the_redis_store_keeps_the_same_contract_as_sled() {
     round_trips(&redis.store());
 }
 
+/// A replica killed between writing an entry and naming it under its key leaves it in the registry;
+/// once another replica stores an answer for the same key, the sweep removes the older one.
+#[test]
+fn a_sweep_removes_an_entry_superseded_for_its_key() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let store = redis.store();
+    let hour = 3_600_000;
+    let orphan = store.put(entry(1, hour)).expect("put");
+    // As if its writer had died before naming it: its registry row names key 2, no key row does.
+    let client = ::redis::Client::open(redis.url()).expect("url");
+    let mut c = client.get_connection().expect("connect");
+    let row: String = ::redis::cmd("HGET")
+        .arg("reprise:index")
+        .arg(orphan.0)
+        .query(&mut c)
+        .expect("registry row");
+    let row = row.replace(&key(1).to_hex(), &key(2).to_hex());
+    ::redis::cmd("HSET")
+        .arg("reprise:index")
+        .arg(orphan.0)
+        .arg(&row)
+        .query::<()>(&mut c)
+        .expect("HSET");
+    let named = store.put(entry(2, hour)).expect("put");
+    let other = store.put(entry(3, hour)).expect("put");
+
+    let fresh = redis.store();
+    // Not an eviction (no cap is exceeded): a clean-up.
+    assert_eq!(fresh.sweep(0, 1_000, u64::MAX).expect("sweep"), (0, 0));
+    assert_eq!(fresh.get(orphan).expect("get"), None);
+    assert_eq!(
+        fresh.get_by_key(&key(2)).expect("get").map(|e| e.id),
+        Some(named)
+    );
+    assert_eq!(
+        fresh.get_by_key(&key(3)).expect("get").map(|e| e.id),
+        Some(other)
+    );
+    assert_eq!(fresh.len(), 2);
+}
+
 #[test]
 fn redis_expires_an_entry_at_its_ttl() {
     let Some(redis) = RedisServer::start() else {
