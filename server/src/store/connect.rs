@@ -159,6 +159,11 @@ pub struct Sentinels {
 }
 
 impl Connector {
+    /// Whether keys live in several slots of several nodes (a script may touch only its own).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Connector::Cluster(_))
+    }
+
     pub fn open(url: &str) -> Result<Self, RedisError> {
         let invalid = |reason: String| {
             RedisError::from((ErrorKind::InvalidClientConfig, "invalid redis_url", reason))

@@ -88,6 +88,13 @@ const DEL_IF_EQUAL: &str =
 /// size, never a row for an entry deleted meanwhile.
 const HSET_IF_EXISTS: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end return -1";
 /// Sets `KEYS[1]` to expire in `ARGV[2]` ms only while it holds `ARGV[1]`: a claim its holder renews.
+/// An exact hit in one round trip on one server (or the master behind Sentinels): the key row,
+/// then the replay it names. It reads a key it does not declare, which a standalone server allows
+/// and a cluster does not (there the two reads stay two: the row and the replay live in different
+/// slots).
+const HIT: &str = "local id = redis.call('GET', KEYS[1]) if not id then return false end \
+local replay = redis.call('GET', 'reprise:{' .. id .. '}:replay') if not replay then return false end \
+return {id, replay}";
 const PEXPIRE_IF_EQUAL: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0";
 
 fn replay_key(id: EntryId) -> String {
@@ -180,6 +187,8 @@ pub struct RedisStore {
     /// This replica's name: with `claims`, makes every claim token unique across replicas.
     replica: String,
     claims: AtomicU64,
+    /// [`HIT`], hashed once.
+    hit: ::redis::Script,
 }
 
 impl RedisStore {
@@ -201,6 +210,7 @@ impl RedisStore {
             counted_at: Mutex::new(None),
             replica: replica.to_owned(),
             claims: AtomicU64::new(0),
+            hit: ::redis::Script::new(HIT),
         })
     }
 
@@ -529,6 +539,14 @@ impl Store for RedisStore {
     }
 
     fn replay_by_key(&self, key: &CacheKey) -> Result<Option<Replay>, StoreError> {
+        if !self.connector.is_cluster() {
+            let found: Option<(u64, Vec<u8>)> =
+                self.with(|c| self.hit.key(exact_key(key)).invoke(c))?;
+            return found
+                .map(|(id, raw)| decode_replay(EntryId(id), &raw, false))
+                .transpose()
+                .map(|replay| replay.filter(|replay| replay.key() == *key));
+        }
         let Some(id) = self.id_for_key(key)? else {
             return Ok(None);
         };
