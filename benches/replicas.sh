@@ -3,7 +3,7 @@
 # one fixed-latency reprise-sim:
 #   sled       one gateway on sled (the default store);
 #   redis      one gateway on `--store redis` (a local redis-server on a loopback port, no persistence);
-#   redis x2   two gateways on that same Redis, one driver sending its requests to them in turn
+#   pair       two gateways on another such Redis, one driver sending its requests to them in turn
 #              (`reprise-client bench --round-robin`), so one workload's load is split between them.
 # Parts: 1. exact hits (TTFT p50/p95/p99 and requests/s, streamed and not, concurrency 1 and 8);
 # 2. semantic hits (paraphrases of cached questions); 3. misses, for context (paired against the
@@ -72,6 +72,9 @@ start_gateway() {
   fi
 }
 
+# vectors PORT: live vectors in the gateway's index.
+vectors() { curl -sf http://127.0.0.1:"$1"/healthz | python3 -c 'import json, sys; print(json.load(sys.stdin)["semantic"]["vectors"])'; }
+
 # wait_index PORT N: until the gateway's index holds at least N vectors and no rebuild runs (15 min at most).
 wait_index() {
   for _ in $(seq 1 1800); do
@@ -90,17 +93,20 @@ sim_port=$(free_port)
 "$bin/reprise-sim" --listen 127.0.0.1:"$sim_port" --ttft-ms 50 --itl-ms 2 --tokens 32 >"$WORK/sim.log" 2>&1 &
 PIDS+=($!)
 wait_ready http://127.0.0.1:"$sim_port"/healthz reprise-sim "$WORK/sim.log"
-start_redis redis
-shared_redis=redis://127.0.0.1:$redis_port/
+# One Redis for the single gateway, another for the pair: with the change feed, replicas on one
+# Redis apply each other's writes, so sharing one would make the single gateway a third replica.
+start_redis redis-single
+single_redis=redis://127.0.0.1:$redis_port/
+start_redis redis-pair
+pair_redis=redis://127.0.0.1:$redis_port/
 redis_version=$(redis-server --version | sed 's/ sha=.*//')
 
 declare -A port
 for gw in sled redis c1 c2; do port[$gw]=$(free_port); done
 start_gateway sled "${port[sled]}" "$WORK/data-sled"
-start_gateway redis "${port[redis]}" "$WORK/data-redis" --store redis --redis-url "$shared_redis"
-start_gateway c1 "${port[c1]}" "$WORK/data-c1" --store redis --redis-url "$shared_redis"
-start_gateway c2 "${port[c2]}" "$WORK/data-c2" --store redis --redis-url "$shared_redis"
-c2_pid=$gw_pid
+start_gateway redis "${port[redis]}" "$WORK/data-redis" --store redis --redis-url "$single_redis"
+start_gateway c1 "${port[c1]}" "$WORK/data-c1" --store redis --redis-url "$pair_redis"
+start_gateway c2 "${port[c2]}" "$WORK/data-c2" --store redis --redis-url "$pair_redis"
 configs=(sled redis pair)
 
 # urls CFG: the driver's target flags for a configuration.
@@ -188,13 +194,8 @@ for r in $(seq 1 "$rounds"); do
   done
 done
 for gw in sled redis c1; do wait_index "${port[$gw]}" 1; done
-# Without a change feed, a replica's index holds what was in Redis when it started plus what it
-# stored itself: the second replica starts again (on a new data folder, so it builds its index
-# from Redis) to see the first one's questions.
-kill "$c2_pid"
-wait "$c2_pid" 2>/dev/null || true
-start_gateway c2 "${port[c2]}" "$WORK/data-c2-restarted" --store redis --redis-url "$shared_redis"
-wait_index "${port[c2]}" $((rounds * 2 * 60))
+# The second replica learns the first one's questions from the change feed.
+wait_index "${port[c2]}" "$(vectors "${port[c1]}")"
 for r in $(seq 1 "$rounds"); do
   for c in 1 8; do
     cell=$((cell + 1))
@@ -214,7 +215,7 @@ for r in $(seq 1 "$rounds"); do
   done
 done
 
-# 4. Memory: a separate Redis, so the counts are this part's alone.
+# 4. Memory: a Redis of its own, so the counts are this part's alone.
 mem="{}"
 if [ "$entries" -gt 0 ]; then
   echo "==> 4. memory: $entries entries" >&2
@@ -254,8 +255,6 @@ PY
       rm -f "$part"
     done
   }
-  # vectors PORT: live vectors in the gateway's index.
-  vectors() { curl -sf http://127.0.0.1:"$1"/healthz | python3 -c 'import json, sys; print(json.load(sys.stdin)["semantic"]["vectors"])'; }
   # A replica is measured after 200 entries of its own, so the model's buffers are allocated.
   warmup=200
   m1=$(free_port)
@@ -339,15 +338,15 @@ def ratio(a, b):
 print(f"# Replicas: one gateway on sled vs one and two on a shared Redis, {started}")
 print()
 print(f"`benches/replicas.sh --rounds {rounds} --requests {requests} --entries {entries}` on {cores} cores")
-print(f"({cpu}, {mem_total}; {load}); release builds; {redis_version} on a loopback")
-print("port without persistence")
-print("(`--save \"\" --appendonly no`). Upstream: `reprise-sim --ttft-ms 50 --itl-ms 2 --tokens 32`. Every")
-print("gateway has semantic matching on (all-MiniLM-L6-v2, default settings). Configurations: **one gateway, sled**:")
-print("its sled store; **one gateway, Redis**: `--store redis`; **two gateways, one Redis**: two gateways")
-print("on that same Redis with one driver sending its requests to them in turn (`reprise-client bench")
-print("--round-robin`), so the same load is split between two processes. The driver, the gateways, Redis")
-print("and the simulator share the machine; times are client-side ms. The configurations alternate in")
-print("rounds, in an order rotated from cell to cell, so drift on the machine falls on all of them.")
+print(f"({cpu}, {mem_total}; {load}); release builds; {redis_version} on loopback ports without")
+print("persistence (`--save \"\" --appendonly no`). Upstream: `reprise-sim --ttft-ms 50 --itl-ms 2 --tokens 32`.")
+print("Every gateway has semantic matching on (all-MiniLM-L6-v2, default settings). Configurations:")
+print("**one gateway, sled**: its sled store; **one gateway, Redis**: `--store redis` on a Redis of its own;")
+print("**two gateways, one Redis**: two gateways on another Redis, with one driver sending its requests to")
+print("them in turn (`reprise-client bench --round-robin`), so the same load is split between two processes.")
+print("The driver, the gateways, Redis and the simulator share the machine; times are client-side ms. The")
+print("configurations alternate in rounds, in an order rotated from cell to cell, so drift on the machine")
+print("falls on all of them.")
 print()
 
 # Part 1.
@@ -388,10 +387,9 @@ print()
 print("## 2. Semantic hits")
 print()
 print("The 60 paraphrase groups of `benches/workloads/bank.jsonl`: the first wording of each cached first")
-print("(through the pair's first replica), then the other two asked once each (120 requests per run, a")
-print("namespace of its own per run). Without the change feed the pair's second replica sees the first's")
-print("entries only from its start, so it is restarted after the questions were cached (it builds its")
-print("index from Redis). TTFT of the semantic hits, pooled over the rounds; the rest were refused by a")
+print("(through the pair's first replica; the second learns them from the change feed, and the run waits")
+print("until its index holds them), then the other two asked once each (120 requests per run, a namespace")
+print("of its own per run). TTFT of the semantic hits, pooled over the rounds; the rest were refused by a")
 print("guard or scored below the 0.90 threshold and went upstream.")
 print()
 print("| concurrency | configuration | semantic hits | TTFT p50 | p95 | p99 | TTFT p50 vs sled |")
