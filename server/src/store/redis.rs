@@ -32,8 +32,9 @@
 //! thread) lookups miss without calling Redis at all.
 //!
 //! Every put, delete and clear is also published on the change feed ([`super::feed`]), which
-//! the other replicas follow to keep their vector indexes in step. Not yet (see the README):
-//! eviction over the caps is oldest-first, not LRU.
+//! the other replicas follow to keep their vector indexes in step. Over the caps, eviction is least
+//! recently used first across replicas: the registry row of an entry carries its last use, moved
+//! by the hit bookkeeping of every replica.
 //!
 //! [`ResilientStore`]: super::ResilientStore
 
@@ -126,19 +127,30 @@ struct Row {
     size: u64,
     /// The exact key's hex (its key row is `reprise:key:<hex>`).
     key_hex: String,
+    /// Unix ms of the entry's last use (stored, or its latest hit recorded by any replica): the
+    /// eviction order over the caps, least recently used first.
+    used_ms: u64,
 }
 
 impl Row {
     fn render(&self) -> String {
-        format!("{} {} {}", self.expires_at_ms, self.size, self.key_hex)
+        format!(
+            "{} {} {} {}",
+            self.expires_at_ms, self.size, self.key_hex, self.used_ms
+        )
     }
 
+    /// A row; one without its last use (written before it was kept) reads as never used.
     fn parse(raw: &str) -> Option<Self> {
         let mut parts = raw.split(' ');
         let row = Row {
             expires_at_ms: parts.next()?.parse().ok()?,
             size: parts.next()?.parse().ok()?,
             key_hex: parts.next()?.to_owned(),
+            used_ms: match parts.next() {
+                Some(used) => used.parse().ok()?,
+                None => 0,
+            },
         };
         parts.next().is_none().then_some(row)
     }
@@ -355,11 +367,13 @@ impl RedisStore {
             return Ok(false);
         };
         let mut entry = decode(id, &raw, false)?;
+        let used_before = entry.last_hit_ms;
         if !change(&mut entry) {
             return Ok(false);
         }
         let encoded = encode_cold(&entry)?;
         let grew = encoded.len() as i64 - raw.len() as i64;
+        let used = (entry.last_hit_ms > used_before).then_some(entry.last_hit_ms);
         // XX: never resurrect an entry deleted meanwhile; KEEPTTL: it expires as before.
         let written: Option<String> = self.with(|c| {
             ::redis::cmd("SET")
@@ -369,19 +383,21 @@ impl RedisStore {
                 .arg("KEEPTTL")
                 .query(c)
         })?;
-        if written.is_some() && grew != 0 {
-            self.resize(id, grew)?;
+        if written.is_some() && (grew != 0 || used.is_some()) {
+            self.refresh_row(id, grew, used)?;
         }
         Ok(written.is_some())
     }
 
-    /// Adds `grew` bytes to entry `id`'s size in the registry (a vector or hits added).
-    fn resize(&self, id: EntryId, grew: i64) -> Result<(), StoreError> {
+    /// Adds `grew` bytes to entry `id`'s size in the registry (a vector or hits added) and moves
+    /// its last use to `used` (a hit), never back.
+    fn refresh_row(&self, id: EntryId, grew: i64, used: Option<u64>) -> Result<(), StoreError> {
         let raw: Option<String> = self.with(|c| c.hget(INDEX, id.0))?;
         let Some(mut row) = raw.as_deref().and_then(Row::parse) else {
             return Ok(());
         };
         row.size = row.size.saturating_add_signed(grew);
+        row.used_ms = row.used_ms.max(used.unwrap_or(0));
         let script = ::redis::Script::new(HSET_IF_EXISTS);
         self.with(|c| {
             script
@@ -579,6 +595,7 @@ impl Store for RedisStore {
             },
             size,
             key_hex: entry.key.to_hex(),
+            used_ms: entry.created_at_ms.max(entry.last_hit_ms),
         };
         self.with(|c| {
             ::redis::pipe()
@@ -679,9 +696,9 @@ impl Store for RedisStore {
         self.bytes.load(Ordering::Relaxed)
     }
 
-    /// Redis expires entries itself (`PXAT`), so `expired` is always 0. Over a cap, the oldest
-    /// entries go first (the ids are in insertion order): LRU across replicas needs the hit
-    /// history in Redis, a later step. The recount behind it reads the whole registry (and prunes
+    /// Redis expires entries itself (`PXAT`), so `expired` is always 0. Over a cap, the least
+    /// recently used entries go first (stored or last hit, on any replica; the hit bookkeeping
+    /// reaches Redis in the writer's batches). The recount behind it reads the whole registry (and prunes
     /// the rows of expired entries), so it runs at most every [`RECOUNT_EVERY`] unless this
     /// replica's own count is already over a cap.
     fn sweep(
@@ -710,6 +727,8 @@ impl Store for RedisStore {
         }
         let mut len = live.len();
         let mut bytes: u64 = live.iter().map(|(_, row)| row.size).sum();
+        // Least recently used first, across replicas: every replica's hits move `used_ms`.
+        live.sort_by_key(|(id, row)| (row.used_ms, *id));
         let mut victims = Vec::new();
         for (id, row) in &live {
             if len <= max_entries && bytes <= max_bytes {
@@ -808,8 +827,11 @@ mod tests {
             expires_at_ms: 1_700_000_000_000,
             size: 2_048,
             key_hex: "ab".repeat(32),
+            used_ms: 1_600_000_000_000,
         };
         assert_eq!(Row::parse(&row.render()), Some(row.clone()));
+        let unused = format!("1 2 {}", "ab".repeat(32));
+        assert_eq!(Row::parse(&unused).map(|r| r.used_ms), Some(0));
         assert!(!row.expired(row.expires_at_ms - 1));
         assert!(row.expired(row.expires_at_ms));
         let forever = Row {
@@ -817,7 +839,7 @@ mod tests {
             ..row
         };
         assert!(!forever.expired(u64::MAX));
-        for damaged in ["", "1 2", "x 2 ab", "1 2 ab extra"] {
+        for damaged in ["", "1 2", "x 2 ab", "1 2 ab x", "1 2 ab 3 extra"] {
             assert_eq!(Row::parse(damaged), None, "{damaged}");
         }
     }

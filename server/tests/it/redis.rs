@@ -295,6 +295,40 @@ fn the_redis_store_keeps_the_same_contract_as_sled() {
     round_trips(&redis.store());
 }
 
+/// Over a cap, the least recently used entries go first, whichever replica recorded the hits.
+#[test]
+fn eviction_over_a_cap_is_least_recently_used_across_replicas() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let (a, b) = (redis.store(), redis.store());
+    let hour = 3_600_000;
+    let now = reprise_server::record::unix_ms();
+    let mut ids = Vec::new();
+    for n in 1..=4 {
+        // Stored a second apart, oldest first.
+        let mut e = entry(n, hour);
+        e.created_at_ms = now - 10_000 + n * 1_000;
+        ids.push(a.put(e).expect("put"));
+    }
+    // The oldest is hit (recorded by the other replica): it is now the most recently used.
+    b.touch(ids[0], 1, &[hit(now)]).expect("touch");
+
+    let sweeper = redis.store();
+    assert_eq!(sweeper.sweep(now, 2, u64::MAX).expect("sweep"), (0, 2));
+    let left: Vec<EntryId> = sweeper
+        .list(None, 10)
+        .expect("list")
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(
+        left,
+        vec![ids[0], ids[3]],
+        "the hit entry and the newest stay"
+    );
+}
+
 /// A replica killed between writing an entry and naming it under its key leaves it in the registry;
 /// once another replica stores an answer for the same key, the sweep removes the older one.
 #[test]
