@@ -11,11 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use reprise_server::config::{Config, Secret, StoreKind};
 use reprise_server::store::{Change, Feed, RedisStore, Store};
 
 use crate::common::*;
-use crate::redis::{ask, entry, flush, redis_server_binary, round_trips};
+use crate::redis::{ask, entry, flush, on_redis_url, redis_server_binary, round_trips};
 
 /// A free loopback port.
 fn free_port() -> u16 {
@@ -188,13 +187,6 @@ impl Cluster {
     }
 }
 
-fn on(url: String, mut config: Config) -> Config {
-    config.store = StoreKind::Redis;
-    config.redis_url = Some(Secret::new(url));
-    config.validate().expect("valid");
-    config
-}
-
 #[test]
 fn the_store_keeps_its_contract_on_a_redis_cluster() {
     let Some(cluster) = Cluster::start() else {
@@ -283,8 +275,8 @@ async fn two_gateways_on_a_redis_cluster_serve_each_others_answers_and_a_flush()
         return;
     };
     let sim = sim_default().await;
-    let a = start(on(cluster.url(), config_for(sim.base_url()))).await;
-    let b = start(on(cluster.url(), config_for(sim.base_url()))).await;
+    let a = start(on_redis_url(cluster.url(), config_for(sim.base_url()))).await;
+    let b = start(on_redis_url(cluster.url(), config_for(sim.base_url()))).await;
     let mut answers = Vec::new();
     for n in 0..6 {
         let question = format!("question number {n} for the cluster");
@@ -477,8 +469,8 @@ async fn a_gateway_behind_sentinel_serves_another_replicas_exact_hit() {
         return;
     };
     let sim = sim_default().await;
-    let a = start(on(sentinel.url(), config_for(sim.base_url()))).await;
-    let b = start(on(sentinel.url(), config_for(sim.base_url()))).await;
+    let a = start(on_redis_url(sentinel.url(), config_for(sim.base_url()))).await;
+    let b = start(on_redis_url(sentinel.url(), config_for(sim.base_url()))).await;
     let miss = ask(&a, "what is the capital of portugal").await;
     assert_eq!(header(&miss, "x-reprise-cache").as_deref(), Some("miss"));
     let answer = content(miss, false).await;

@@ -35,6 +35,19 @@ impl Gateway {
     }
 }
 
+/// Whole answers in a few ms (16 tokens, 1 ms to the first, 0.2 ms apart): many per second for
+/// the tests that kill a process under load.
+pub async fn quick_sim() -> SimHandle {
+    sim::spawn(SimConfig {
+        ttft_ms: 1.0,
+        itl_ms: 0.2,
+        tokens: 16,
+        ..SimConfig::default()
+    })
+    .await
+    .expect("sim")
+}
+
 pub async fn sim_default() -> SimHandle {
     sim::spawn(SimConfig {
         ttft_ms: SIM_TTFT_MS,

@@ -6,23 +6,15 @@
 
 use std::time::{Duration, Instant};
 
-use reprise_server::config::{Config, Secret, StoreKind};
 use serde_json::{json, Value};
 
 use crate::common::*;
-use crate::redis::RedisServer;
+use crate::redis::{ask, health, on_redis, RedisServer};
 use crate::semantic::{models, semantic_config};
 
 /// Propagation through the feed takes a read of at most a second; this leaves room for a busy
 /// machine without letting a broken feed pass.
 const PROPAGATION: Duration = Duration::from_secs(15);
-
-fn on_redis(mut config: Config, redis: &RedisServer) -> Config {
-    config.store = StoreKind::Redis;
-    config.redis_url = Some(Secret::new(redis.url()));
-    config.validate().expect("valid");
-    config
-}
 
 async fn admin(gw: &Gateway, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
     let mut request = client()
@@ -36,17 +28,6 @@ async fn admin(gw: &Gateway, method: reqwest::Method, path: &str, body: Option<V
     let body: Value = response.json().await.unwrap_or(Value::Null);
     assert!(status.is_success(), "{path}: {status} {body}");
     body
-}
-
-async fn ask(gw: &Gateway, content: &str) -> reqwest::Response {
-    client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth("sk-a")
-        .json(&chat_body(content, false))
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .expect("the gateway answers")
 }
 
 /// Waits until `check` holds for `gw`'s `/admin/stats`, or fails naming `what`.
@@ -230,7 +211,7 @@ async fn a_replica_with_another_embedding_model_refuses_semantic_matching() {
         .expect("SET");
     let sim = sim_default().await;
     let gw = start(on_redis(semantic_config(sim.base_url(), &models), &redis)).await;
-    let health: Value = client_get(&gw, "/healthz").await;
+    let health = health(&gw).await;
     assert_eq!(health["semantic"]["status"], "disabled", "{health}");
     let why = health["semantic"]["detail"].as_str().unwrap_or("");
     assert!(
@@ -241,17 +222,6 @@ async fn a_replica_with_another_embedding_model_refuses_semantic_matching() {
     ask(&gw, "exact only").await;
     wait_for_entries(&gw, 1).await;
     assert_eq!(outcome(&ask(&gw, "exact only").await), "hit");
-}
-
-async fn client_get(gw: &Gateway, path: &str) -> Value {
-    client()
-        .get(gw.url(path))
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json")
 }
 
 /// What one load worker saw: requests sent, and the failures (status or a broken body).
@@ -365,7 +335,7 @@ async fn killing_redis_under_load_fails_no_request_and_every_replica_recovers() 
     redis.kill();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for gw in [&a, &b] {
-        assert_eq!(health_of(gw).await["store"]["status"], "degraded");
+        assert_eq!(health(gw).await["store"]["status"], "degraded");
         assert_eq!(metric(gw, "reprise_store_degraded").await, 1.0);
         assert!(metric(gw, "reprise_store_errors_total{kind=\"failed\"}").await >= 1.0);
     }
@@ -373,7 +343,7 @@ async fn killing_redis_under_load_fails_no_request_and_every_replica_recovers() 
     redis.restart();
     for gw in [&a, &b] {
         let deadline = Instant::now() + PROPAGATION;
-        while health_of(gw).await["store"]["status"] != "ok" {
+        while health(gw).await["store"]["status"] != "ok" {
             assert!(
                 Instant::now() < deadline,
                 "a replica never left degraded mode"
@@ -421,42 +391,23 @@ async fn killing_redis_under_load_fails_no_request_and_every_replica_recovers() 
     }
 }
 
-async fn health_of(gw: &Gateway) -> Value {
-    client_get(gw, "/healthz").await
-}
-
-/// A `reprise` process on `redis` (exact matching only: no model needed).
+/// A `reprise` process on `redis` (exact matching only: no model needed), and its base URL.
 async fn spawn_replica(
     upstream: &str,
     redis: &RedisServer,
     data_dir: &std::path::Path,
 ) -> (std::process::Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_reprise"))
-        .arg("serve")
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--upstream-url", upstream])
-        .args(["--store", "redis", "--redis-url", &redis.url()])
-        .args(["--semantic", "false"])
-        .arg("--data-dir")
-        .arg(data_dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let url = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !reqwest::get(format!("{url}/healthz"))
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "replica did not come up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    (child, url)
+    let url = redis.url();
+    let flags = [
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--semantic",
+        "false",
+    ];
+    let (child, port) = crate::process::spawn_gateway_with(upstream, data_dir, &flags).await;
+    (child, format!("http://127.0.0.1:{port}"))
 }
 
 #[tokio::test]
@@ -466,14 +417,7 @@ async fn a_replica_killed_under_load_leaves_whole_entries_and_the_others_serving
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let sim = reprise_sim::spawn(reprise_sim::SimConfig {
-        ttft_ms: 1.0,
-        itl_ms: 0.2,
-        tokens: 16,
-        ..reprise_sim::SimConfig::default()
-    })
-    .await
-    .expect("sim");
+    let sim = quick_sim().await;
     let dirs = [
         tempfile::tempdir().expect("dir"),
         tempfile::tempdir().expect("dir"),

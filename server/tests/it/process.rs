@@ -92,11 +92,21 @@ fn environment_variables_configure_and_secrets_stay_masked() {
 
 /// Starts the `reprise` binary and waits until it answers `/healthz`.
 async fn spawn_gateway(upstream: &str, data_dir: &std::path::Path) -> (std::process::Child, u16) {
+    spawn_gateway_with(upstream, data_dir, &[]).await
+}
+
+/// A `reprise serve` process on a free port with `extra` flags, once its `/healthz` answers.
+pub(crate) async fn spawn_gateway_with(
+    upstream: &str,
+    data_dir: &std::path::Path,
+    extra: &[&str],
+) -> (std::process::Child, u16) {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_reprise"))
         .arg("serve")
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--upstream-url", upstream])
+        .args(extra)
         .arg("--data-dir")
         .arg(data_dir)
         .stdout(Stdio::null())
@@ -121,14 +131,7 @@ fn chat(prompt: &str, stream: bool) -> serde_json::Value {
 
 #[tokio::test]
 async fn sigkill_while_writing_leaves_only_complete_entries() {
-    let sim = sim::spawn(SimConfig {
-        ttft_ms: 1.0,
-        itl_ms: 0.2,
-        tokens: 16,
-        ..SimConfig::default()
-    })
-    .await
-    .expect("sim");
+    let sim = crate::common::quick_sim().await;
     let data_dir = tempfile::tempdir().expect("tempdir");
     let (mut child, port) = spawn_gateway(&sim.base_url(), data_dir.path()).await;
     let url = format!("http://127.0.0.1:{port}/v1/chat/completions");

@@ -401,9 +401,18 @@ fn redis_expires_an_entry_at_its_ttl() {
 }
 
 fn redis_config(upstream: String, redis: &RedisServer) -> Config {
-    let mut config = config_for(upstream);
+    on_redis(config_for(upstream), redis)
+}
+
+/// `config` with its entries in `redis`.
+pub(crate) fn on_redis(config: Config, redis: &RedisServer) -> Config {
+    on_redis_url(redis.url(), config)
+}
+
+/// `config` with its entries in the Redis at `url` (any form `--redis-url` takes).
+pub(crate) fn on_redis_url(url: String, mut config: Config) -> Config {
     config.store = StoreKind::Redis;
-    config.redis_url = Some(Secret::new(redis.url()));
+    config.redis_url = Some(Secret::new(url));
     config.validate().expect("valid");
     config
 }
@@ -476,12 +485,8 @@ async fn a_replica_started_after_an_answer_serves_it_as_a_semantic_hit() {
         return;
     };
     let sim = sim_default().await;
-    let with_redis = |models: &std::path::Path| {
-        let mut config = semantic_config(sim.base_url(), models);
-        config.store = StoreKind::Redis;
-        config.redis_url = Some(Secret::new(redis.url()));
-        config
-    };
+    let with_redis =
+        |models: &std::path::Path| on_redis(semantic_config(sim.base_url(), models), &redis);
     let a = start(with_redis(&models)).await;
     let miss = ask(&a, "how do I reset my password").await;
     assert_eq!(header(&miss, "x-reprise-cache").as_deref(), Some("miss"));
