@@ -9,7 +9,6 @@
 //! back empty), it rebuilds: the index from the store's vectors, the settings from its start-up
 //! settings plus every shared patch, and every shared verdict (applied once each).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -60,7 +59,6 @@ pub struct FeedStatus {
 #[derive(Default)]
 pub struct Follower {
     status: Mutex<FeedStatus>,
-    applied: AtomicU64,
 }
 
 impl Follower {
@@ -70,7 +68,6 @@ impl Follower {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        status.applied = self.applied.load(Ordering::Relaxed);
         status.published = store.feed().map_or(0, |f| f.published());
         status
     }
@@ -136,16 +133,14 @@ fn run(parts: &Parts, follower: &Follower, start: Option<Cursor>) {
                 for change in &batch.changes {
                     apply(parts, change);
                 }
-                follower
-                    .applied
-                    .fetch_add(batch.changes.len() as u64, Ordering::Relaxed);
                 let behind = if batch.caught_up {
                     0
                 } else {
                     unix_ms().saturating_sub(batch.cursor.ms)
                 };
                 follower.update(|s| {
-                    s.position = Some(format!("{}-{}", batch.cursor.ms, batch.cursor.seq));
+                    s.applied += batch.changes.len() as u64;
+                    s.position = Some(batch.cursor.to_string());
                     s.behind_ms = behind;
                     s.error = None;
                 });

@@ -95,9 +95,12 @@ impl Cursor {
             seq: seq.parse().ok()?,
         })
     }
+}
 
-    fn render(self) -> String {
-        format!("{}-{}", self.ms, self.seq)
+/// As a stream id (`<ms>-<seq>`).
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
     }
 }
 
@@ -333,7 +336,7 @@ impl Feed for RedisFeed {
                 .count(READ_BATCH)
                 .block(wait.as_millis().max(1) as usize);
             let reply: Option<StreamReadReply> =
-                c.xread_options(&[FEED], &[cursor.render()], &options)?;
+                c.xread_options(&[FEED], &[cursor.to_string()], &options)?;
             Ok((first, reply))
         })?;
         match first {
@@ -493,7 +496,7 @@ mod tests {
         let a = Cursor::parse("1700000000000-5").expect("id");
         let b = Cursor::parse("1700000000001-0").expect("id");
         assert!(a < b && next(a) < b);
-        assert_eq!(a.render(), "1700000000000-5");
+        assert_eq!(a.to_string(), "1700000000000-5");
         assert_eq!(Cursor::parse("x-1"), None);
     }
 }
