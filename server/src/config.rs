@@ -149,7 +149,8 @@ pub struct ServeArgs {
     /// Upstream base URL including `/v1` [default: https://api.openai.com/v1].
     #[arg(long, env = "REPRISE_UPSTREAM_URL")]
     pub upstream_url: Option<String>,
-    /// API key sent upstream instead of the client's `Authorization` header.
+    /// API key sent upstream instead of the client's credential headers (`Authorization`, and
+    /// `api-key` or `x-api-key` when the client sent them).
     #[arg(long, env = "REPRISE_UPSTREAM_API_KEY", hide_env_values = true)]
     pub upstream_api_key: Option<String>,
     /// Folder for the cache store [default: ./reprise-data].

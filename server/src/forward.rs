@@ -124,13 +124,20 @@ impl Upstream {
                     v
                 })
             };
-            // Azure-style clients send `api-key`: replaced like `Authorization`, so that no client
-            // credential goes upstream once the gateway holds its own.
-            let api_key = HeaderName::from_static("api-key");
-            out.remove(&api_key);
-            if incoming.contains_key(&api_key) {
-                if let Some(value) = credential(key.expose().to_owned()) {
-                    out.insert(api_key, value);
+            // Azure-style clients send `api-key`, Anthropic's `x-api-key`: each is replaced like
+            // `Authorization` (kept in the header the client used, since that is the one its
+            // upstream reads), so that no client credential goes upstream once the gateway holds
+            // its own.
+            for name in crate::key::CREDENTIAL_HEADERS {
+                if name == "authorization" {
+                    continue;
+                }
+                let name = HeaderName::from_static(name);
+                out.remove(&name);
+                if incoming.contains_key(&name) {
+                    if let Some(value) = credential(key.expose().to_owned()) {
+                        out.insert(name, value);
+                    }
                 }
             }
             out.remove(header::AUTHORIZATION);
@@ -966,6 +973,7 @@ mod tests {
             ("content-length", "10"),
             ("authorization", "Bearer sk-client"),
             ("api-key", "client-azure"),
+            ("x-api-key", "client-anthropic"),
             ("connection", "x-hop"),
             ("x-hop", "1"),
             ("x-reprise-cache", "no-store"),
@@ -984,6 +992,8 @@ mod tests {
         assert_eq!(out[header::CONTENT_TYPE], "application/json");
         assert_eq!(out[header::AUTHORIZATION], "Bearer sk-gateway");
         assert_eq!(out["api-key"], "sk-gateway");
+        assert_eq!(out["x-api-key"], "sk-gateway");
+        assert_eq!(out.get_all("x-api-key").iter().count(), 1);
         for gone in ["x-hop", "x-reprise-cache", "content-length", "connection"] {
             assert!(!out.contains_key(gone), "{gone}: {all:?}");
         }
@@ -994,5 +1004,6 @@ mod tests {
         assert_eq!(out[header::CONTENT_TYPE], "text/plain");
         assert_eq!(out[header::CONTENT_LENGTH], "3");
         assert!(!out.contains_key("api-key"));
+        assert!(!out.contains_key("x-api-key"));
     }
 }

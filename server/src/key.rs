@@ -49,7 +49,6 @@
 
 use std::collections::BTreeMap;
 
-use http::header::AUTHORIZATION;
 use http::HeaderMap;
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
@@ -104,22 +103,54 @@ pub enum Tenant {
     Key([u8; 32]),
 }
 
+/// The headers a client may carry its API key in, in the order their values are hashed:
+/// `Authorization` (OpenAI's SDKs, and some Anthropic clients as a bearer token), `api-key`
+/// (Azure OpenAI's SDKs) and `x-api-key` (Anthropic's SDKs, Claude Code, LangChain's
+/// `ChatAnthropic`). [`crate::forward`] replaces each of them with `--upstream-api-key`.
+pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "api-key", "x-api-key"];
+
+/// Domain of the hash of a request that carries several different credentials.
+const CREDENTIALS_DOMAIN: &str = "reprise.credentials.v1";
+
 impl Tenant {
-    /// blake3 of the bearer token from `Authorization` (or of the `api-key` header if there is no
-    /// `Authorization`); clients without either share one anonymous tenant, `Key(blake3(""))`.
+    /// blake3 of the client's credential: the bearer token of `Authorization`, the value of
+    /// `api-key` or of `x-api-key`. A client that sends one credential (in any of these headers,
+    /// or the same one in several) is the tenant of that credential, so the same API key is one
+    /// tenant whichever SDK sends it. A client that sends several different ones is the tenant of
+    /// all of them together: the upstream may authenticate by any one of those headers, and a
+    /// tenant taken from one header alone would let two clients that differ only in another
+    /// share answers. Clients without any share one anonymous tenant, `Key(blake3(""))`.
     /// Every client is `Shared` when `share_across_keys` is set.
     pub fn from_headers(headers: &HeaderMap, share_across_keys: bool) -> Tenant {
         if share_across_keys {
             return Tenant::Shared;
         }
-        let credential = match headers.get(AUTHORIZATION) {
-            Some(value) => bearer_token(value.as_bytes()),
-            // Azure-style clients send the key in `api-key` instead.
-            None => headers
-                .get("api-key")
-                .map_or(&b""[..], |v| v.as_bytes().trim_ascii()),
+        let mut credentials: Vec<&[u8]> = Vec::new();
+        for name in CREDENTIAL_HEADERS {
+            for value in headers.get_all(name) {
+                let credential = if name == "authorization" {
+                    bearer_token(value.as_bytes())
+                } else {
+                    value.as_bytes().trim_ascii()
+                };
+                if !credential.is_empty() && !credentials.contains(&credential) {
+                    credentials.push(credential);
+                }
+            }
+        }
+        let hash = match credentials.as_slice() {
+            [] => blake3::hash(b""),
+            [one] => blake3::hash(one),
+            several => {
+                let mut hasher = blake3::Hasher::new_derive_key(CREDENTIALS_DOMAIN);
+                for credential in several {
+                    hasher.update(&(credential.len() as u64).to_be_bytes());
+                    hasher.update(credential);
+                }
+                hasher.finalize()
+            }
         };
-        Tenant::Key(*blake3::hash(credential).as_bytes())
+        Tenant::Key(*hash.as_bytes())
     }
 
     /// 16 hex digits of the hash, or `shared`: short enough for logs, never the key itself.
@@ -1220,9 +1251,32 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a, tenant("a"));
         assert_eq!(a, from(&[("authorization", "bearer  a ")]));
+        // The same key in any credential header is the same tenant.
         assert_eq!(a, from(&[("api-key", "a")]));
-        // Authorization wins over api-key.
-        assert_eq!(a, from(&[("authorization", "Bearer a"), ("api-key", "b")]));
+        assert_eq!(a, from(&[("x-api-key", " a")]));
+        assert_eq!(
+            a,
+            from(&[("authorization", "Bearer a"), ("x-api-key", "a")])
+        );
+        // Clients that differ in any credential they send are different tenants: before, the
+        // first header present decided alone, and `x-api-key` was not read at all.
+        assert_ne!(a, from(&[("x-api-key", "b")]));
+        let both = from(&[("authorization", "Bearer a"), ("x-api-key", "b")]);
+        assert_ne!(both, a);
+        assert_ne!(both, b);
+        assert_ne!(
+            both,
+            from(&[("authorization", "Bearer a"), ("x-api-key", "c")])
+        );
+        assert_ne!(
+            from(&[("authorization", "Bearer a"), ("api-key", "b")]),
+            from(&[("authorization", "Bearer a"), ("api-key", "c")])
+        );
+        // Hashed length-prefixed: the boundary between two credentials cannot move.
+        assert_ne!(
+            from(&[("authorization", "Bearer ab"), ("x-api-key", "c")]),
+            from(&[("authorization", "Bearer a"), ("x-api-key", "bc")])
+        );
         assert_eq!(from(&[]), tenant(""));
         assert_ne!(from(&[("authorization", "Basic YTpi")]), tenant("YTpi"));
         assert_eq!(

@@ -24,4 +24,5 @@ mod redis;
 mod responses;
 mod router;
 mod semantic;
+mod tenants;
 mod upstream;

@@ -15,6 +15,7 @@ HERE = Path(__file__).resolve().parent
 UPSTREAM_KEY = "sk-strict-upstream-key"
 CLIENT_KEY = "sk-client-must-not-leak"
 CLIENT_AZURE_KEY = "azure-client-must-not-leak"
+CLIENT_ANTHROPIC_KEY = "anthropic-client-must-not-leak"
 ADMIN = "strict-admin"
 
 
@@ -23,7 +24,8 @@ def upstream():
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "strict_upstream.py"), "--port", str(port), "--api-key", UPSTREAM_KEY,
-         "--client-secret", CLIENT_KEY, "--client-secret", CLIENT_AZURE_KEY],
+         "--client-secret", CLIENT_KEY, "--client-secret", CLIENT_AZURE_KEY,
+         "--client-secret", CLIENT_ANTHROPIC_KEY],
     )
     try:
         wait_ready(f"http://127.0.0.1:{port}/_strict/healthz", proc)

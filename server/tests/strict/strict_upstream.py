@@ -44,9 +44,10 @@ def violations_of(request: web.Request, api_key: str, client_secrets: list[str])
             found.append(f"header `{name}` named in the client's Connection was forwarded")
     if names.count("authorization") != 1 or request.headers.get("authorization") != f"Bearer {api_key}":
         found.append("Authorization is not exactly the upstream key")
-    for value in request.headers.getall("api-key", []):
-        if value != api_key:
-            found.append("`api-key` is not the upstream key")
+    for name in ("api-key", "x-api-key"):
+        for value in request.headers.getall(name, []):
+            if value != api_key:
+                found.append(f"`{name}` is not the upstream key")
     for name, value in request.headers.items():
         for secret in client_secrets:
             if secret in value:

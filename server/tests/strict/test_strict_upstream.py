@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ADMIN, CLIENT_AZURE_KEY, CLIENT_KEY
+from conftest import ADMIN, CLIENT_ANTHROPIC_KEY, CLIENT_AZURE_KEY, CLIENT_KEY
 
 
 def call(url: str, body=None, headers=None):
@@ -20,6 +20,7 @@ def call(url: str, body=None, headers=None):
     sent = {
         "Authorization": f"Bearer {CLIENT_KEY}",
         "api-key": CLIENT_AZURE_KEY,
+        "x-api-key": CLIENT_ANTHROPIC_KEY,
         # A header the client marks as for this hop only: a proxy must drop it.
         "Connection": "keep-alive, x-hop-secret",
         "x-hop-secret": "for the gateway only",
