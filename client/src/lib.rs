@@ -1,6 +1,7 @@
 //! Reprise client library: the typed admin API client (`admin`), the admin subcommands of
-//! `reprise-client` with their tables (`admin_cli`), the benchmark driver (`bench`) and the
-//! match-quality evaluation (`eval`). The simulated upstream is its own crate, `reprise-sim`.
+//! `reprise-client` with their tables (`admin_cli`), the benchmark driver (`bench`), the
+//! match-quality evaluation (`eval`) and a delaying TCP proxy for tests and benchmarks (`delay`).
+//! The simulated upstream is its own crate, `reprise-sim`.
 //!
 //! The crate talks to a gateway only over HTTP and never links the server, so it can measure any
 //! OpenAI-compatible endpoint the same way, and the admin client is checked against the admin API
@@ -9,5 +10,6 @@
 pub mod admin;
 pub mod admin_cli;
 pub mod bench;
+pub mod delay;
 pub mod eval;
 pub mod phases;

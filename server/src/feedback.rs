@@ -518,7 +518,7 @@ impl Drop for Feedback {
 
 /// The entry approved for `keys`' prompt, if it is still live, in the partition, young enough for
 /// `max-age` and not vetoed since: an alias the operator confirmed, served at any threshold.
-pub(crate) fn approved_hit(
+pub(crate) async fn approved_hit(
     feedback: &Feedback,
     cache: &crate::cache::Cache,
     keys: &crate::key::Keys,
@@ -526,7 +526,7 @@ pub(crate) fn approved_hit(
     policy: &crate::policy::Policy,
 ) -> Option<(crate::cache::Hit, f32)> {
     let (id, similarity) = feedback.approved(&keys.partition, prompt)?;
-    let entry = cache.store.get(id).ok()??;
+    let entry = cache.read(move |store| store.get(id)).await?.ok()??;
     let now = unix_ms();
     let age_s = entry.age_s(now);
     let live = entry.partition == keys.partition

@@ -234,6 +234,20 @@ impl AppState {
         embedder: Option<Arc<embed::Embedder>>,
     ) -> Result<Self, StartError> {
         let store: Arc<dyn Store> = Arc::new(open_store(&config)?);
+        Self::assemble(config, store, embedder)
+    }
+
+    /// As [`AppState::new`], with entries in `store` instead of the configured one: an embedding
+    /// application's own [`Store`] (tests drive a slow or failing store this way).
+    pub fn with_store(config: Config, store: Arc<dyn Store>) -> Result<Self, StartError> {
+        Self::assemble(config, store, None)
+    }
+
+    fn assemble(
+        config: Config,
+        store: Arc<dyn Store>,
+        embedder: Option<Arc<embed::Embedder>>,
+    ) -> Result<Self, StartError> {
         // Before the index loads from the store: changes made meanwhile are applied after it.
         let feed_start = store.feed().map(|feed| feed.tail()).and_then(|tail| {
             tail.inspect_err(|e| tracing::warn!(error = %e, "cannot read the change feed at start: this replica rebuilds from the store once Redis answers"))

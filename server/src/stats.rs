@@ -252,7 +252,7 @@ impl Stats {
             store_errors: IntCounterVec::new(
                 Opts::new(
                     "reprise_store_errors_total",
-                    "Store operations that failed (I/O error, Redis timeout or refusal), or were skipped while the store was degraded (each a lookup that missed or a write dropped).",
+                    "Store operations that failed (I/O error, Redis timeout or refusal), were skipped while the store was degraded (each a lookup that missed or a write dropped), or were given up at their deadline on the request path (timed_out: a lookup that missed).",
                 ),
                 &["kind"],
             )
@@ -465,6 +465,7 @@ impl Stats {
             for (kind, count) in [
                 ("failed", now.store_errors.failed),
                 ("skipped", now.store_errors.skipped),
+                ("timed_out", now.store_errors.timed_out),
             ] {
                 let counter = self.store_errors.with_label_values(&[kind]);
                 let seen = counter.get();

@@ -59,12 +59,14 @@ mod claim;
 mod compact;
 pub mod connect;
 pub mod feed;
+pub mod offload;
 mod redis;
 mod resilient;
 
 pub use self::redis::{default_replica as redis_default_replica, RedisStore};
 pub use claim::{Claim, ClaimToken};
 pub use feed::{Change, Feed};
+pub use offload::Offload;
 pub use resilient::{Degraded, ResilientStore};
 
 /// `meta` key of the number added to sled's id generator (u64 BE, absent = 0): a rebuilt database
@@ -200,12 +202,14 @@ impl StoreError {
 }
 
 /// Store operations that did not reach the store, since start: `failed` (an I/O error, a Redis
-/// timeout or refusal) and `skipped` (not tried while the store was degraded: each is a lookup
-/// that missed or a write that was dropped).
+/// timeout or refusal), `skipped` (not tried while the store was degraded: each is a lookup
+/// that missed or a write that was dropped) and `timed_out` (a call from the request path given
+/// up at its deadline, see [`offload`]: a lookup that missed).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct StoreErrors {
     pub failed: u64,
     pub skipped: u64,
+    pub timed_out: u64,
 }
 
 /// Storage of cache entries. Blocking: call it on blocking threads, never inside a handler's poll.

@@ -28,6 +28,9 @@ enum Command {
     /// The threshold an application can afford: run its labeled pairs like `eval`, print the curve
     /// and the threshold within --max-wrong; --apply sets it live (for --namespace, or globally).
     Calibrate(reprise_client::eval::calibrate::CalibrateArgs),
+    /// A delaying TCP proxy (test and benchmark tooling): every chunk either way arrives
+    /// --delay-ms late, as over a slow link to a store.
+    DelayProxy(reprise_client::delay::DelayProxyArgs),
 }
 
 #[tokio::main]
@@ -48,6 +51,7 @@ async fn main() -> std::process::ExitCode {
         Command::Eval(args) => reprise_client::eval::cli::run(args).await,
         Command::Calibrate(args) => reprise_client::eval::calibrate::run(args).await,
         Command::Bench(args) => bench::cli::main(args).await,
+        Command::DelayProxy(args) => reprise_client::delay::run(args).await,
     }
 }
 

@@ -338,7 +338,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
             .as_ref()
             .map(|s| s.fallbacks())
             .unwrap_or_default(),
-        store_errors: state.cache.store.errors(),
+        store_errors: state.cache.store_errors(),
         store_degraded: state.cache.store.degraded().is_some(),
         feed_behind_ms: state
             .replica

@@ -24,7 +24,7 @@ use crate::index::VectorIndex;
 use crate::key::{CacheKey, PartitionKey};
 use crate::policy::Policy;
 use crate::record::unix_ms;
-use crate::store::Store;
+use crate::store::{Offload, Store};
 use alias::Aliases;
 use flight::Flights;
 use writer::{Budget, Writer};
@@ -49,7 +49,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 pub struct Cache {
+    /// The store, for blocking threads only (the writer, admin work in `spawn_blocking`): async
+    /// code reads it through [`Cache::read`].
     pub store: Arc<dyn Store>,
+    /// Store calls from the request path, on blocking threads (bounded, with a deadline).
+    calls: Offload,
     /// The vector index new entries are added to, when semantic matching runs.
     pub index: Option<Arc<dyn VectorIndex>>,
     pub settings: CacheSettings,
@@ -85,6 +89,7 @@ impl Cache {
         };
         Arc::new(Self {
             writer: Writer::start(store.clone(), index.clone(), backfill, budget),
+            calls: Offload::new(store.clone()),
             store,
             index,
             settings,
@@ -93,10 +98,29 @@ impl Cache {
         })
     }
 
+    /// Runs `op` on the store from async code: on a blocking thread, bounded in number and time
+    /// (see [`Offload`]); `None` when it could not run in time, which callers take as a miss.
+    pub async fn read<T, F>(&self, op: F) -> Option<T>
+    where
+        F: FnOnce(&dyn Store) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.calls.call(op).await
+    }
+
+    /// The store's error counts, with the calls from the request path given up at their deadline.
+    pub fn store_errors(&self) -> crate::store::StoreErrors {
+        crate::store::StoreErrors {
+            timed_out: self.calls.timed_out(),
+            ..self.store.errors()
+        }
+    }
+
     /// The replay of an unexpired entry for `key` that satisfies `max-age`, if any: the hot read,
     /// which decodes nothing but what a hit sends.
-    pub fn lookup(&self, key: &CacheKey, policy: &Policy) -> Option<ExactHit> {
-        let entry = match self.store.replay_by_key(key) {
+    pub async fn lookup(&self, key: &CacheKey, policy: &Policy) -> Option<ExactHit> {
+        let key = *key;
+        let entry = match self.read(move |store| store.replay_by_key(&key)).await? {
             Ok(found) => found?,
             Err(err) => {
                 // Fail open: a store error is a miss, never an error to the client. The store logs
@@ -127,7 +151,7 @@ impl Cache {
     /// The entry a paraphrase with exact key `key` was served before, if it still qualifies: live,
     /// in the request's partition, similar enough for today's `threshold`, young enough for
     /// `max-age`. Returns it with the similarity it was matched at.
-    pub fn lookup_alias(
+    pub async fn lookup_alias(
         &self,
         key: &CacheKey,
         partition: &PartitionKey,
@@ -138,7 +162,7 @@ impl Cache {
         if similarity < threshold {
             return None;
         }
-        let entry = match self.store.get(id) {
+        let entry = match self.read(move |store| store.get(id)).await? {
             Ok(Some(e)) if e.partition == *partition => e,
             Ok(_) => {
                 self.aliases.forget(key);

@@ -101,7 +101,13 @@ pub async fn lead(
     let began = Instant::now();
     let mut waited = None;
     let across = loop {
-        match cache.store.claim(&key, CLAIM_TTL_MS) {
+        // Every store call runs off the async workers; one that does not answer in time is a
+        // store failure, and so a claim won (fail-open).
+        let claimed = cache
+            .read(move |store| store.claim(&key, CLAIM_TTL_MS))
+            .await
+            .unwrap_or(Err(crate::store::StoreError::Unavailable));
+        match claimed {
             Ok(Claim::Led(token)) => {
                 keep(cache.clone(), tasks, key, flight.clone(), token);
                 break Across::Lead { waited };
@@ -140,13 +146,18 @@ async fn answer(
     deadline: Instant,
 ) -> Option<ExactHit> {
     loop {
-        if let Some(hit) = cache.lookup(key, policy) {
+        if let Some(hit) = cache.lookup(key, policy).await {
             return Some(hit);
         }
-        // A store error reads as no claim: fail open.
-        if !cache.store.claimed(key).unwrap_or(false) || Instant::now() >= deadline {
+        // A store error (or a call past its deadline) reads as no claim: fail open.
+        let key = *key;
+        let held = cache
+            .read(move |store| store.claimed(&key).unwrap_or(false))
+            .await
+            .unwrap_or(false);
+        if !held || Instant::now() >= deadline {
             // One more look: the holder releases its claim only after its answer is written.
-            return cache.lookup(key, policy);
+            return cache.lookup(&key, policy).await;
         }
         tokio::time::sleep(POLL).await;
     }
@@ -168,7 +179,12 @@ fn keep(
             tokio::select! {
                 end = &mut end => break end,
                 () = tokio::time::sleep(RENEW_EVERY) => {
-                    if !cache.store.renew(&key, &token, CLAIM_TTL_MS).unwrap_or(false) {
+                    let token = token.clone();
+                    let renewed = cache
+                        .read(move |store| store.renew(&key, &token, CLAIM_TTL_MS).unwrap_or(false))
+                        .await
+                        .unwrap_or(false);
+                    if !renewed {
                         // Lapsed (a flush, a stalled store): other replicas may ask the upstream
                         // too; this answer is still stored.
                         tracing::debug!("a single-flight claim lapsed while its flight ran");
@@ -179,7 +195,7 @@ fn keep(
         match end {
             FlightEnd::Stored(_) => cache.writer.send(WriteOp::Release(key, token)),
             FlightEnd::Uncacheable => {
-                let _ = cache.store.release(&key, &token);
+                let _ = cache.read(move |store| store.release(&key, &token)).await;
             }
         }
     });

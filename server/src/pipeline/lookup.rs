@@ -100,7 +100,7 @@ pub(crate) struct PendingSearch {
 
 /// Runs the lookup for `ex`.
 pub(crate) async fn decide(state: &AppState, ex: &mut Exchange) -> Decision {
-    if let Some(found) = exact(state, ex) {
+    if let Some(found) = exact(state, ex).await {
         return Decision::Hit(found);
     }
     let mut search = None;
@@ -110,7 +110,7 @@ pub(crate) async fn decide(state: &AppState, ex: &mut Exchange) -> Decision {
             search = Some(start_search(state, semantic, ex, plan));
         } else {
             let searched = run_search(semantic, state.cache.store.clone(), ex, plan).await;
-            if let Some(found) = apply_search(state, ex, searched, plan.shadow) {
+            if let Some(found) = apply_search(state, ex, searched, plan.shadow).await {
                 return Decision::Hit(found);
             }
         }
@@ -183,11 +183,11 @@ async fn lead(
 
 /// The exact key, then a paraphrase served before (an alias the operator approved, or one the alias
 /// memory kept).
-fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
+async fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
     if !ex.policy.lookup {
         return None;
     }
-    if let Some(hit) = state.cache.lookup(&ex.keys.exact, &ex.policy) {
+    if let Some(hit) = state.cache.lookup(&ex.keys.exact, &ex.policy).await {
         return Some(found(state, ex, hit.replay, hit.age_s, How::Exact));
     }
     if !(ex.policy.semantic && state.semantic.is_some()) {
@@ -198,21 +198,23 @@ fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
     // approved is served as it is (a veto of the same pair withdraws the approval); a remembered
     // one only while feedback allows the pair.
     let prompt = ex.prompt_key();
-    let (hit, similarity) =
-        feedback::approved_hit(&state.feedback, &state.cache, &ex.keys, &prompt, &ex.policy)
-            .or_else(|| {
-                state
-                    .cache
-                    .lookup_alias(&ex.keys.exact, &ex.keys.partition, ex.threshold, &ex.policy)
-                    .filter(|(hit, similarity)| {
-                        ex.settings
-                            .semantic_guards
-                            .refuses_texts(&ex.keys.prompt, &hit.entry.summary.prompt)
-                            .is_none()
-                            && state.feedback.allows(hit.entry.id, &prompt, *similarity)
-                    })
-            })?;
-    let replay = replay_of(state, &hit.entry);
+    let approved =
+        feedback::approved_hit(&state.feedback, &state.cache, &ex.keys, &prompt, &ex.policy).await;
+    let (hit, similarity) = match approved {
+        Some(approved) => approved,
+        None => state
+            .cache
+            .lookup_alias(&ex.keys.exact, &ex.keys.partition, ex.threshold, &ex.policy)
+            .await
+            .filter(|(hit, similarity)| {
+                ex.settings
+                    .semantic_guards
+                    .refuses_texts(&ex.keys.prompt, &hit.entry.summary.prompt)
+                    .is_none()
+                    && state.feedback.allows(hit.entry.id, &prompt, *similarity)
+            })?,
+    };
+    let replay = replay_of(state, &hit.entry).await;
     Some(found(
         state,
         ex,
@@ -316,7 +318,7 @@ fn start_search(
 /// Takes in what the semantic stage found: the nearest candidate and the guard that refused it
 /// (for the miss's headers), a shadow decision, an operator's veto, the vector. Returns the hit to
 /// serve, if any.
-pub(crate) fn apply_search(
+pub(crate) async fn apply_search(
     state: &AppState,
     ex: &mut Exchange,
     searched: Searched,
@@ -362,7 +364,7 @@ pub(crate) fn apply_search(
     Some(found(
         state,
         ex,
-        replay_of(state, &entry),
+        replay_of(state, &entry).await,
         age_s,
         How::Similar(similarity),
     ))
@@ -371,8 +373,14 @@ pub(crate) fn apply_search(
 /// The replay a hit found by id serves: read as an exact hit reads it (the entry was decoded whole
 /// for the guards; its answer need not be serialized again), or built from the entry when the
 /// store has none to give (it was replaced or dropped since).
-fn replay_of(state: &AppState, entry: &crate::entry::Entry) -> Arc<Replay> {
-    let stored = state.cache.store.replay(entry.id).ok().flatten();
+async fn replay_of(state: &AppState, entry: &crate::entry::Entry) -> Arc<Replay> {
+    let id = entry.id;
+    let stored = state
+        .cache
+        .read(move |store| store.replay(id))
+        .await
+        .and_then(Result::ok)
+        .flatten();
     Arc::new(stored.unwrap_or_else(|| Replay::of(entry)))
 }
 

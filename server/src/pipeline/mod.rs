@@ -86,7 +86,7 @@ async fn miss(
                 }
                 searched = &mut task => {
                     let searched = searched.unwrap_or_default();
-                    if let Some(found) = lookup::apply_search(state, &mut ex, searched, false) {
+                    if let Some(found) = lookup::apply_search(state, &mut ex, searched, false).await {
                         // Dropping `upstream` cancels the request: the hit is served instead.
                         state.requests.stats.overlap(true);
                         if let Some(r) = recorder {

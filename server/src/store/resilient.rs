@@ -379,6 +379,7 @@ impl Store for ResilientStore {
         super::StoreErrors {
             failed: self.failed.load(Ordering::Relaxed),
             skipped: self.skipped.load(Ordering::Relaxed),
+            timed_out: 0,
         }
     }
 

@@ -70,7 +70,12 @@ pub fn config_for(upstream: String) -> Config {
 }
 
 /// Starts a gateway; a config still on the default data dir gets a temporary one instead.
-pub async fn start(mut config: Config) -> Gateway {
+pub async fn start(config: Config) -> Gateway {
+    start_with(config, |config| AppState::new(config).expect("state")).await
+}
+
+/// As [`start`], with the state built by `state` from the final config (a store of the test's).
+pub async fn start_with(mut config: Config, state: impl FnOnce(Config) -> AppState) -> Gateway {
     let mut data = None;
     if config.data_dir == Config::default().data_dir {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -81,7 +86,7 @@ pub async fn start(mut config: Config) -> Gateway {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let state = AppState::new(config).expect("state");
+    let state = state(config);
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(reprise_server::run(listener, state.clone(), async move {
         let _ = stopped.await;

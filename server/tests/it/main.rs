@@ -24,5 +24,6 @@ mod redis;
 mod responses;
 mod router;
 mod semantic;
+mod slow_store;
 mod tenants;
 mod upstream;
