@@ -401,6 +401,7 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
             "exported": o.counters.exported.load(std::sync::atomic::Ordering::Relaxed),
             "dropped": o.counters.dropped.load(std::sync::atomic::Ordering::Relaxed),
             "failed": o.counters.failed.load(std::sync::atomic::Ordering::Relaxed),
+            "failed_exports": o.counters.failed_exports.load(std::sync::atomic::Ordering::Relaxed),
         })),
     }))
 }

@@ -351,6 +351,9 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     };
     let mut text = state.requests.stats.render_prometheus(&gauges);
     text.push_str(&state.feedback.render_prometheus());
+    if let Some(otel) = &state.otel {
+        text.push_str(&otel.counters.render_prometheus());
+    }
     (
         [(
             header::CONTENT_TYPE,
