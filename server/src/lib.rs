@@ -403,7 +403,8 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
         "mode": if state.semantic.is_some() { "semantic" } else { "exact-only" },
         "store": match &degraded {
             None => json!({"status": "ok"}),
-            Some(d) => json!({"status": "degraded", "reason": d.reason, "since_ms": d.since_ms, "failures": d.failures}),
+            // `reads`: lookups still reach the store (Redis refuses writes only).
+            Some(d) => json!({"status": "degraded", "reason": d.reason, "since_ms": d.since_ms, "failures": d.failures, "reads": d.reads}),
         },
         "entries": state.cache.store.len(),
         "replica": state.replica.as_ref().map(|r| r.status(state.cache.store.as_ref())),
@@ -414,6 +415,7 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
             "exported": o.counters.exported.load(std::sync::atomic::Ordering::Relaxed),
             "dropped": o.counters.dropped.load(std::sync::atomic::Ordering::Relaxed),
             "failed": o.counters.failed.load(std::sync::atomic::Ordering::Relaxed),
+            "failed_exports": o.counters.failed_exports.load(std::sync::atomic::Ordering::Relaxed),
         })),
     }))
 }

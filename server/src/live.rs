@@ -73,6 +73,8 @@ impl Default for LiveSettings {
 impl LiveSettings {
     /// The numeric bounds a type cannot carry; the rest was checked when the values were parsed.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        check_namespaces("namespace_thresholds", self.namespace_thresholds.keys())?;
+        check_namespaces("namespace_modes", self.namespace_modes.keys())?;
         if !(1..=MAX_TTL_S).contains(&self.default_ttl_s) {
             return Err(ConfigError::Invalid {
                 field: "default_ttl_s",
@@ -118,6 +120,24 @@ impl LiveSettings {
             ttl_s: self.default_ttl_s,
             pacing: self.replay,
         }
+    }
+}
+
+/// Refuses a namespace name no request can carry (the request's rule, [`crate::policy::namespace`]):
+/// a setting under it would never apply.
+fn check_namespaces<'a>(
+    field: &'static str,
+    mut names: impl Iterator<Item = &'a String>,
+) -> Result<(), ConfigError> {
+    match names.find(|n| !crate::policy::is_namespace(n)) {
+        None => Ok(()),
+        Some(name) => Err(ConfigError::Invalid {
+            field,
+            reason: format!(
+                "namespace {name:?} is not a namespace name ({})",
+                crate::policy::NAMESPACE_RULE
+            ),
+        }),
     }
 }
 
@@ -179,6 +199,13 @@ impl ConfigPatch {
             replay,
             cache_mode,
         } = self;
+        // Removals too: naming a namespace no request can carry is a mistake either way.
+        if let Some(map) = &namespace_thresholds {
+            check_namespaces("namespace_thresholds", map.keys())?;
+        }
+        if let Some(map) = &namespace_modes {
+            check_namespaces("namespace_modes", map.keys())?;
+        }
         set(&mut next.similarity_threshold, similarity_threshold);
         merge(&mut next.namespace_thresholds, namespace_thresholds);
         merge(&mut next.namespace_modes, namespace_modes);

@@ -5,7 +5,9 @@
 //! Nothing here runs on the request path beyond parsing `traceparent` and drawing two ids: spans
 //! are built after the fact from the [`PhaseClock`]'s instants when the request's record is
 //! finished, handed to a bounded queue (a full queue drops and counts them, never waits), and
-//! encoded and sent by a thread of their own. With tracing off no [`Exporter`] exists and no span is
+//! encoded and sent by a thread of their own. A failed export is retried after an exponential
+//! backoff with jitter ([`BACKOFF_FIRST`] doubling to [`BACKOFF_MAX`]), the queue holding its spans
+//! meanwhile: a dead collector costs a few requests a minute, not a busy thread. With tracing off no [`Exporter`] exists and no span is
 //! built. Spans carry no prompt, no response, no header value and no credential: only the
 //! attributes [`RequestTrace::end`] lists.
 
@@ -21,6 +23,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::record::{Completion, RequestRecord};
 use crate::timing::PhaseClock;
+
+/// The wait after a first failed export; each failure in a row doubles it, up to [`BACKOFF_MAX`].
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Least time between two log lines about the same spell of failed exports.
+const LOG_EVERY: Duration = Duration::from_secs(60);
 
 const TRACEPARENT: &str = "traceparent";
 const TRACESTATE: &str = "tracestate";
@@ -282,8 +290,32 @@ pub struct Counters {
     pub exported: AtomicU64,
     /// Dropped because the queue was full (or the exporter had stopped).
     pub dropped: AtomicU64,
-    /// Lost because the collector refused them or could not be reached.
+    /// Lost because the collector refused them for good (a 4xx other than 429, or unanswered at
+    /// shutdown).
     pub failed: AtomicU64,
+    /// Export requests that failed (unreachable, timed out, or not a 2xx), each followed by a backoff.
+    pub failed_exports: AtomicU64,
+}
+
+impl Counters {
+    /// The Prometheus text of these counters (appended to `/metrics` while tracing is on).
+    pub fn render_prometheus(&self) -> String {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        format!(
+            "# HELP reprise_trace_spans_total Spans by what became of them: exported, dropped (the export queue was full) or failed (refused by the collector).\n\
+             # TYPE reprise_trace_spans_total counter\n\
+             reprise_trace_spans_total{{result=\"exported\"}} {}\n\
+             reprise_trace_spans_total{{result=\"dropped\"}} {}\n\
+             reprise_trace_spans_total{{result=\"failed\"}} {}\n\
+             # HELP reprise_trace_export_failures_total Export requests to the OTLP collector that failed, each followed by a backoff.\n\
+             # TYPE reprise_trace_export_failures_total counter\n\
+             reprise_trace_export_failures_total {}\n",
+            get(&self.exported),
+            get(&self.dropped),
+            get(&self.failed),
+            get(&self.failed_exports),
+        )
+    }
 }
 
 enum Message {
@@ -295,7 +327,7 @@ enum Message {
 /// The running exporter: a bounded queue in front of a thread that batches and sends.
 pub struct Exporter {
     tx: mpsc::UnboundedSender<Message>,
-    /// Spans queued and not yet taken by the thread: the queue's bound is kept on this count.
+    /// Spans queued or held by the thread and not yet sent: the queue's bound is kept on this count.
     queued: Arc<AtomicUsize>,
     max_queue: usize,
     pub counters: Arc<Counters>,
@@ -693,6 +725,71 @@ struct Worker {
     settings: Settings,
 }
 
+/// How one export request went.
+enum Sent {
+    Ok,
+    /// Worth trying again later (unreachable, timed out, 429, 502, 503, 504, as OTLP/HTTP
+    /// specifies), after at least the collector's `Retry-After` when it sent one.
+    Retry(String, Option<Duration>),
+    /// Refused for good: the batch is dropped (and the next one still waits out a backoff).
+    Refused(String),
+}
+
+/// When the next export may be tried, after failures in a row.
+struct Backoff {
+    delay: Duration,
+    until: Option<Instant>,
+    /// Failed export requests in the current spell, and when it was last logged.
+    failures: u64,
+    logged_at: Option<Instant>,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Self {
+            delay: BACKOFF_FIRST,
+            until: None,
+            failures: 0,
+            logged_at: None,
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.until.is_none_or(|until| Instant::now() >= until)
+    }
+
+    /// After a failure: waits half to all of the current delay (jitter, so that replicas that lost
+    /// the same collector do not retry in step), at least `at_least`, then doubles the delay.
+    fn failed(&mut self, at_least: Option<Duration>) -> Duration {
+        let wait = self
+            .delay
+            .mul_f64(rand::random_range(0.5..=1.0))
+            .max(at_least.unwrap_or_default())
+            .min(BACKOFF_MAX);
+        self.until = Some(Instant::now() + wait);
+        self.delay = (self.delay * 2).min(BACKOFF_MAX);
+        self.failures += 1;
+        wait
+    }
+
+    /// Whether to log this failure: the first of a spell, then one a [`LOG_EVERY`].
+    fn should_log(&mut self) -> bool {
+        let now = Instant::now();
+        if self.logged_at.is_some_and(|at| now - at < LOG_EVERY) {
+            return false;
+        }
+        self.logged_at = Some(now);
+        true
+    }
+
+    /// After a success: the spell, if any, ends; returns how many failures it had.
+    fn succeeded(&mut self) -> u64 {
+        let failures = self.failures;
+        *self = Self::new();
+        failures
+    }
+}
+
 impl Worker {
     async fn run(mut self) {
         let client = match reqwest::Client::builder()
@@ -707,47 +804,72 @@ impl Worker {
             }
         };
         let mut pending: VecDeque<SpanData> = VecDeque::new();
+        let mut backoff = Backoff::new();
         let mut tick = tokio::time::interval(self.settings.delay);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // Backing off with spans to send: wake when the wait is over.
+            let retry_at = backoff.until.filter(|_| !pending.is_empty());
+            let retry = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now).into());
             tokio::select! {
                 message = self.rx.recv() => match message {
                     Some(Message::Spans(spans)) => {
-                        self.queued.fetch_sub(spans.len(), Ordering::AcqRel);
                         pending.extend(spans);
-                        while pending.len() >= self.settings.max_batch {
-                            self.export(&client, &mut pending).await;
+                        while pending.len() >= self.settings.max_batch && backoff.ready() {
+                            self.export(&client, &mut pending, &mut backoff).await;
                         }
                     }
                     Some(Message::Shutdown(done)) => {
                         // What was queued before the shutdown goes out, then nothing more.
                         self.rx.close();
                         while let Ok(Message::Spans(spans)) = self.rx.try_recv() {
-                            self.queued.fetch_sub(spans.len(), Ordering::AcqRel);
                             pending.extend(spans);
                         }
-                        while !pending.is_empty() {
-                            self.export(&client, &mut pending).await;
+                        // One try, without waiting out a backoff (the grace period is short):
+                        // a collector that fails now loses what is left.
+                        backoff.until = None;
+                        while !pending.is_empty() && backoff.ready() {
+                            self.export(&client, &mut pending, &mut backoff).await;
                         }
+                        let lost = pending.len();
+                        self.take(&mut pending, lost);
+                        self.counters.failed.fetch_add(lost as u64, Ordering::Relaxed);
                         let _ = done.send(());
                         return;
                     }
                     None => return,
                 },
                 _ = tick.tick() => {
-                    while !pending.is_empty() {
-                        self.export(&client, &mut pending).await;
+                    while !pending.is_empty() && backoff.ready() {
+                        self.export(&client, &mut pending, &mut backoff).await;
+                    }
+                }
+                _ = retry, if retry_at.is_some() => {
+                    while !pending.is_empty() && backoff.ready() {
+                        self.export(&client, &mut pending, &mut backoff).await;
                     }
                 }
             }
         }
     }
 
-    /// Sends up to one batch from the front of `pending`. A failed batch is counted and dropped:
-    /// retrying would let a dead collector fill the queue and hold memory for nothing.
-    async fn export(&self, client: &reqwest::Client, pending: &mut VecDeque<SpanData>) {
+    /// Removes `n` spans from the front of `pending`, freeing their room in the queue.
+    fn take(&self, pending: &mut VecDeque<SpanData>, n: usize) {
+        pending.drain(..n);
+        self.queued.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Sends up to one batch from the front of `pending`. A batch worth retrying stays at the
+    /// front (the queue's bound holds it with the rest: what arrives beyond it is dropped); a
+    /// batch refused for good is counted and dropped. Any failure starts or extends the backoff.
+    async fn export(
+        &self,
+        client: &reqwest::Client,
+        pending: &mut VecDeque<SpanData>,
+        backoff: &mut Backoff,
+    ) {
         let n = pending.len().min(self.settings.max_batch);
-        let spans: Vec<Value> = pending.drain(..n).map(|s| s.to_json()).collect();
+        let spans: Vec<Value> = pending.iter().take(n).map(SpanData::to_json).collect();
         let body = json!({
             "resourceSpans": [{
                 "resource": self.resource,
@@ -764,25 +886,63 @@ impl Worker {
             .body(body.to_string())
             .send()
             .await;
-        let failure = match sent {
-            Ok(r) if r.status().is_success() => None,
-            Ok(r) => Some(format!("the collector answered {}", r.status())),
-            Err(e) => Some(e.to_string()),
+        let outcome = match sent {
+            Ok(r) if r.status().is_success() => Sent::Ok,
+            Ok(r) => {
+                let why = format!("the collector answered {}", r.status());
+                match r.status().as_u16() {
+                    429 | 502 | 503 | 504 => Sent::Retry(why, retry_after(r.headers())),
+                    _ => Sent::Refused(why),
+                }
+            }
+            Err(e) => Sent::Retry(e.to_string(), None),
         };
-        match failure {
-            None => {
+        let why = match outcome {
+            Sent::Ok => {
+                self.take(pending, n);
                 self.counters
                     .exported
                     .fetch_add(n as u64, Ordering::Relaxed);
-            }
-            Some(why) => {
-                let before = self.counters.failed.fetch_add(n as u64, Ordering::Relaxed);
-                if before == 0 || before.leading_zeros() != (before + n as u64).leading_zeros() {
-                    tracing::warn!(endpoint = %self.settings.endpoint, failed = before + n as u64, "trace export failed: {why}");
+                let failures = backoff.succeeded();
+                if failures > 0 {
+                    tracing::info!(endpoint = %self.settings.endpoint, failures, "trace export works again");
                 }
+                return;
             }
+            Sent::Refused(why) => {
+                self.take(pending, n);
+                self.counters.failed.fetch_add(n as u64, Ordering::Relaxed);
+                backoff.failed(None);
+                why
+            }
+            Sent::Retry(why, at_least) => {
+                backoff.failed(at_least);
+                why
+            }
+        };
+        let failures = self.counters.failed_exports.fetch_add(1, Ordering::Relaxed) + 1;
+        if backoff.should_log() {
+            tracing::warn!(
+                endpoint = %self.settings.endpoint,
+                failures,
+                queued = self.queued.load(Ordering::Relaxed),
+                "trace export failed: {why}; retrying with backoff (up to {}s), spans beyond the queue are dropped",
+                BACKOFF_MAX.as_secs()
+            );
         }
     }
+}
+
+/// A `Retry-After` in seconds (the form collectors send), capped by [`BACKOFF_MAX`].
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let seconds: u64 = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds).min(BACKOFF_MAX))
 }
 
 #[cfg(test)]
@@ -1030,6 +1190,105 @@ mod tests {
         // After shutdown nothing more is queued: a late span is counted as dropped.
         exporter.submit(vec![span()]);
         assert_eq!(exporter.counters.dropped.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the test's collector is a server beside the code under test and ends with it"
+    )]
+    async fn a_failing_collector_is_retried_with_backoff_and_exports_resume_when_it_is_back() {
+        use std::sync::atomic::AtomicBool;
+        // A collector answering 503 until told otherwise, counting every export request and
+        // every span it accepted.
+        let attempts = Arc::new(AtomicU64::new(0));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let healthy = Arc::new(AtomicBool::new(false));
+        let (a, s, h) = (attempts.clone(), accepted.clone(), healthy.clone());
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+                let (a, s, h) = (a.clone(), s.clone(), h.clone());
+                async move {
+                    a.fetch_add(1, Ordering::Relaxed);
+                    if !h.load(Ordering::Relaxed) {
+                        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy");
+                    }
+                    let n = body["resourceSpans"][0]["scopeSpans"][0]["spans"]
+                        .as_array()
+                        .map_or(0, Vec::len);
+                    s.fetch_add(n as u64, Ordering::Relaxed);
+                    (axum::http::StatusCode::OK, "{}")
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let settings = Settings::resolve(Some(&format!("http://{addr}")), |name| match name {
+            "OTEL_BSP_MAX_QUEUE_SIZE" => Some("50".into()),
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" => Some("1".into()),
+            "OTEL_BSP_SCHEDULE_DELAY" => Some("10".into()),
+            _ => None,
+        })
+        .expect("settings")
+        .expect("on");
+        let exporter = Exporter::start(settings).expect("start");
+        // Two seconds of a span a millisecond: each one a full batch, so without a backoff each
+        // would be an export request of its own.
+        let began = Instant::now();
+        let mut submitted = 0u64;
+        while began.elapsed() < Duration::from_secs(2) {
+            exporter.submit(vec![span()]);
+            submitted += 1;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let tried = attempts.load(Ordering::Relaxed);
+        assert!(
+            (1..=12).contains(&tried),
+            "{tried} export requests for {submitted} spans in 2 s: no backoff"
+        );
+        // The queue held at most its cap meanwhile; what came beyond it was dropped and counted.
+        let dropped = exporter.counters.dropped.load(Ordering::Relaxed);
+        assert!(
+            dropped >= submitted - 50 - tried,
+            "dropped {dropped} of {submitted}"
+        );
+        assert_eq!(exporter.counters.exported.load(Ordering::Relaxed), 0);
+
+        // Back: the spans kept in the queue go out at the next retry, new ones after them.
+        healthy.store(true, Ordering::Relaxed);
+        exporter.submit(vec![span()]);
+        let mut resumed = false;
+        for _ in 0..4000 {
+            if accepted.load(Ordering::Relaxed) > 0 {
+                resumed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(resumed, "exports never resumed");
+        exporter.shutdown(Duration::from_secs(10)).await;
+        let c = &exporter.counters;
+        let (exported, dropped, failed) = (
+            c.exported.load(Ordering::Relaxed),
+            c.dropped.load(Ordering::Relaxed),
+            c.failed.load(Ordering::Relaxed),
+        );
+        assert_eq!(exported, accepted.load(Ordering::Relaxed));
+        assert!(
+            exported >= 2,
+            "the queued spans were kept for the retry: {exported}"
+        );
+        assert_eq!(
+            exported + dropped + failed,
+            submitted + 1,
+            "every span is exported, dropped or failed"
+        );
     }
 
     #[test]

@@ -331,18 +331,27 @@ fn delta_seconds(arg: &str) -> Option<u64> {
     Some(arg.parse::<u64>().map_or(1 << 31, |s| s.min(1 << 31)))
 }
 
+/// What a namespace name is, in requests, admin routes and the per-namespace settings alike.
+pub const NAMESPACE_RULE: &str = "1 to 128 characters of letters, digits and - _ . : /";
+
+/// True for a name [`namespace`] keeps as it is (already trimmed): the only names the
+/// per-namespace settings may use, since a request never carries another.
+pub fn is_namespace(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:/".contains(&b))
+}
+
 /// A namespace as requests and admin routes accept it (trimmed), or a 400 naming `param`.
 pub fn namespace(value: &str, param: &str) -> Result<String, GatewayError> {
     let v = value.trim();
-    let ok = !v.is_empty()
-        && v.len() <= 128
-        && v.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.:/".contains(&b));
-    if ok {
+    if is_namespace(v) {
         Ok(v.to_owned())
     } else {
         Err(GatewayError::invalid(
-            format!("`{param}` must be 1 to 128 characters of letters, digits and - _ . : /"),
+            format!("`{param}` must be {NAMESPACE_RULE}"),
             Some(param),
         ))
     }

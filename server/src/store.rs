@@ -140,6 +140,10 @@ pub enum StoreError {
     /// A Redis command failed (unreachable, timed out, refused): never names the URL.
     #[error("redis: {0}")]
     Redis(String),
+    /// Redis answered, and refuses writes (`OOM` when full under `noeviction`, `READONLY`,
+    /// `MISCONF`, `NOREPLICAS`): reads still work.
+    #[error("redis refuses writes: {0}")]
+    RedisRefusesWrites(String),
 }
 
 impl StoreError {

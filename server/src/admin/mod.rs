@@ -150,7 +150,8 @@ where
 /// Store size and health.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct StoreStats {
-    /// `ok`, or `degraded` when its disk failed and the gateway serves without caching.
+    /// `ok`, or `degraded` when its disk failed and the gateway serves without caching (or Redis
+    /// refuses writes: lookups go on, new answers are not stored).
     pub status: String,
     /// Why it is degraded; `null` when ok.
     pub degraded: Option<StoreDegraded>,
@@ -166,6 +167,8 @@ pub(crate) struct StoreDegraded {
     pub since_ms: u64,
     /// Store operations failed or refused since then.
     pub failures: u64,
+    /// True while lookups still reach the store: Redis refuses writes only.
+    pub reads: bool,
 }
 
 /// Vector index size; `null` in exact-only mode.
@@ -278,6 +281,7 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
                 reason: d.reason,
                 since_ms: d.since_ms,
                 failures: d.failures,
+                reads: d.reads,
             }),
             entries: state.cache.store.len() as u64,
             bytes: state.cache.store.bytes(),
@@ -347,6 +351,9 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     };
     let mut text = state.requests.stats.render_prometheus(&gauges);
     text.push_str(&state.feedback.render_prometheus());
+    if let Some(otel) = &state.otel {
+        text.push_str(&otel.counters.render_prometheus());
+    }
     (
         [(
             header::CONTENT_TYPE,

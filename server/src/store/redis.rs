@@ -11,6 +11,8 @@
 //! - `reprise:index`: the registry of entries, a hash (field: the id; value: its expiry in unix ms,
 //!   0 for none, its encoded size and its exact key's hex), what listing, counting, eviction and
 //!   clear read instead of scanning the keyspace (`SCAN` sees one node of a cluster only);
+//! - `reprise:probe:<replica>`: a write that tells a replica Redis accepts writes again, after it
+//!   refused them (full, read-only); it expires after a minute;
 //! - `reprise:flight:<hex of the cache key>`: the token of the replica asking the upstream for that
 //!   key (single flight across replicas, see [`Claim`]): set `NX` with a short `PX` expiry, renewed
 //!   and released only by a script that first checks the token.
@@ -29,7 +31,8 @@
 //! section call it), on pooled connections with short connect and I/O timeouts, so a slow or dead
 //! Redis costs a request a few milliseconds and a miss, never a hang. [`ResilientStore`] wraps it:
 //! a failure marks the store degraded, and until a `PING` succeeds again (tried by the writer
-//! thread) lookups miss without calling Redis at all.
+//! thread) lookups miss without calling Redis at all. A server that answers and refuses writes
+//! ([`StoreError::RedisRefusesWrites`]: full under `noeviction`, read-only) degrades writes only.
 //!
 //! Every put, delete and clear is also published on the change feed ([`super::feed`]), which
 //! the other replicas follow to keep their vector indexes in step. Over the caps, eviction is least
@@ -178,9 +181,31 @@ pub fn default_replica() -> String {
 
 impl From<RedisError> for StoreError {
     fn from(e: RedisError) -> Self {
+        if let Some(refusal) = write_refusal(&e) {
+            return StoreError::RedisRefusesWrites(refusal);
+        }
         // Never the URL: it may carry a password.
         StoreError::Redis(format!("{}: {e}", e.category()))
     }
+}
+
+/// Error codes of a server that answers and refuses writes: full under `noeviction` (`OOM`), a
+/// replica or a demoted master (`READONLY`), a failed RDB save with `stop-writes-on-bgsave-error`
+/// (`MISCONF`), too few replicas for `min-replicas-to-write` (`NOREPLICAS`).
+const REFUSES_WRITES: [&str; 4] = ["OOM", "READONLY", "MISCONF", "NOREPLICAS"];
+
+/// The server's reply (`OOM command not allowed when used memory > 'maxmemory'.`) when `e` is
+/// a write refusal, also inside a pipeline or an aborted `MULTI`.
+fn write_refusal(e: &RedisError) -> Option<String> {
+    let errors = e.clone().into_server_errors()?;
+    errors
+        .iter()
+        .map(|(_, error)| error)
+        .find(|error| REFUSES_WRITES.contains(&error.code()))
+        .map(|error| match error.details() {
+            Some(detail) => format!("{} {detail}", error.code()),
+            None => error.code().to_owned(),
+        })
 }
 
 /// An entry's encoded cold half and replay.
@@ -248,6 +273,19 @@ impl RedisStore {
     pub fn ping(&self) -> Result<(), StoreError> {
         self.with(|c| ::redis::cmd("PING").query::<String>(c))
             .map(drop)
+    }
+
+    /// Ok when the server accepts a write: a small key of this replica's, gone after a minute
+    /// (how a store that Redis refused writes learns it has room again).
+    pub fn probe_write(&self) -> Result<(), StoreError> {
+        self.with(|c| {
+            ::redis::cmd("SET")
+                .arg(format!("reprise:probe:{}", self.replica))
+                .arg(crate::record::unix_ms())
+                .arg("PX")
+                .arg(60_000)
+                .query::<()>(c)
+        })
     }
 
     /// Forgets every pooled connection (after a failure: they may all be dead), and behind

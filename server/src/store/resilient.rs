@@ -7,6 +7,11 @@
 //! Why reopen: after a failed write sled 0.34 keeps a global error and fails every later operation,
 //! so the only way back is a fresh `sled::Db` on the same directory. [`ResilientStore::recover`]
 //! does that; the cache's writer thread calls it while degraded, at most every [`RETRY`].
+//!
+//! A Redis that answers and refuses writes (full under `noeviction`, a read-only replica) degrades
+//! writes only: lookups go on, writes are skipped and counted, and one is tried again at most every
+//! [`RETRY`] (a real one, or the writer thread's probe): the first accepted ends the spell. A
+//! `PING` would answer all along, so it proves nothing here.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,6 +37,8 @@ pub struct Degraded {
     pub since_ms: u64,
     /// Store operations that failed or were refused since then.
     pub failures: u64,
+    /// True while lookups still reach the store: Redis refuses writes only (the reason says why).
+    pub reads: bool,
 }
 
 pub struct ResilientStore {
@@ -55,6 +62,8 @@ struct State {
     degraded: Option<Degraded>,
     logged_at: Option<Instant>,
     attempted_at: Option<Instant>,
+    /// Set while Redis refuses writes: until then writes are skipped, after it one is tried.
+    writes_retry_at: Option<Instant>,
 }
 
 impl ResilientStore {
@@ -124,6 +133,13 @@ impl ResilientStore {
         let now = Instant::now();
         let quiet = state.logged_at.is_some_and(|at| now - at < LOG_EVERY);
         match &mut state.degraded {
+            // Writes were refused; now reads fail too.
+            Some(d) if d.reads => {
+                d.reads = false;
+                d.reason = why.to_string();
+                d.failures += 1;
+                warn!(error = %why, "CACHE STORE DEGRADED: serving without caching until the store answers again");
+            }
             Some(d) => {
                 d.failures += 1;
                 if quiet {
@@ -140,6 +156,7 @@ impl ResilientStore {
                     reason: why.to_string(),
                     since_ms: crate::record::unix_ms(),
                     failures: 1,
+                    reads: false,
                 });
                 warn!(error = %why, dir = %self.dir.display(),
                     "CACHE STORE DEGRADED: serving without caching until the store can write again");
@@ -164,6 +181,10 @@ impl ResilientStore {
                 return fallback();
             }
             return match op(redis.as_ref()) {
+                Err(e @ StoreError::RedisRefusesWrites(_)) => {
+                    self.refuse_writes(&e);
+                    fallback()
+                }
                 Err(e) if is_storage_failure(&e) => {
                     redis.reset();
                     self.fail(&e);
@@ -202,6 +223,9 @@ impl ResilientStore {
             state.attempted_at = Some(Instant::now());
         }
         if let Some(redis) = &self.redis {
+            if !self.redis_down.load(Ordering::Acquire) {
+                return self.probe_writes(redis);
+            }
             return match redis.ping() {
                 Ok(()) => {
                     self.recovered();
@@ -240,6 +264,7 @@ impl ResilientStore {
     fn recovered(&self) {
         let mut state = self.lock_state();
         self.redis_down.store(false, Ordering::Release);
+        state.writes_retry_at = None;
         if let Some(d) = state.degraded.take() {
             info!(
                 down_ms = crate::record::unix_ms().saturating_sub(d.since_ms),
@@ -283,6 +308,113 @@ impl ResilientStore {
     }
 }
 
+/// Redis refusing writes (see the module doc).
+impl ResilientStore {
+    /// Runs the write `op` as [`Self::with`] does; while Redis refuses writes it is skipped
+    /// (`fallback` answers) unless a retry is due, and an accepted one ends the refusal.
+    fn write<T>(
+        &self,
+        fallback: impl FnOnce() -> Result<T, StoreError>,
+        op: impl FnOnce(&dyn Store) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        {
+            let mut state = self.lock_state();
+            match state.writes_retry_at {
+                None => {
+                    drop(state);
+                    return self.with(fallback, op);
+                }
+                Some(at) if Instant::now() < at => {
+                    self.skipped.fetch_add(1, Ordering::Relaxed);
+                    if let Some(d) = &mut state.degraded {
+                        d.failures += 1;
+                    }
+                    drop(state);
+                    return fallback();
+                }
+                // This write is the retry; the others keep skipping meanwhile.
+                Some(_) => state.writes_retry_at = Some(Instant::now() + RETRY),
+            }
+        }
+        let mut accepted = false;
+        let result = self.with(fallback, |s| {
+            let result = op(s);
+            accepted = !matches!(&result, Err(e) if is_storage_failure(e));
+            result
+        });
+        if accepted {
+            self.writes_accepted();
+        }
+        result
+    }
+
+    /// Notes a refused write: the first of a spell is logged, later ones counted (one reminder
+    /// per [`LOG_EVERY`]); the store stays readable.
+    fn refuse_writes(&self, why: &StoreError) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let mut state = self.lock_state();
+        state.writes_retry_at = Some(now + RETRY);
+        let quiet = state.logged_at.is_some_and(|at| now - at < LOG_EVERY);
+        match &mut state.degraded {
+            Some(d) => {
+                d.failures += 1;
+                if d.reads {
+                    d.reason = why.to_string();
+                }
+                if quiet {
+                    return;
+                }
+                warn!(reason = %d.reason, failures = d.failures, "the cache store still refuses writes: answers are not stored");
+            }
+            None => {
+                state.degraded = Some(Degraded {
+                    reason: why.to_string(),
+                    since_ms: crate::record::unix_ms(),
+                    failures: 1,
+                    reads: true,
+                });
+                warn!(error = %why, "CACHE STORE REFUSES WRITES: lookups go on, new answers are not stored until it accepts writes again");
+            }
+        }
+        state.logged_at = Some(now);
+    }
+
+    fn writes_accepted(&self) {
+        let mut state = self.lock_state();
+        state.writes_retry_at = None;
+        if state.degraded.as_ref().is_some_and(|d| d.reads) {
+            if let Some(d) = state.degraded.take() {
+                info!(
+                    refused_ms = crate::record::unix_ms().saturating_sub(d.since_ms),
+                    skipped = d.failures,
+                    "the cache store accepts writes again: caching again"
+                );
+            }
+            state.logged_at = None;
+        }
+    }
+
+    /// The writer thread's retry while only writes are refused (rate-limited by `recover`).
+    fn probe_writes(&self, redis: &RedisStore) -> bool {
+        match redis.probe_write() {
+            Ok(()) => {
+                self.writes_accepted();
+                true
+            }
+            Err(e @ StoreError::RedisRefusesWrites(_)) => {
+                self.refuse_writes(&e);
+                false
+            }
+            Err(e) => {
+                redis.reset();
+                self.fail(&e);
+                false
+            }
+        }
+    }
+}
+
 /// Errors of the disk or of sled, as opposed to one unreadable entry or an unencodable one.
 fn is_storage_failure(e: &StoreError) -> bool {
     !matches!(e, StoreError::Corrupt { .. } | StoreError::Encode(_))
@@ -310,7 +442,7 @@ impl Store for ResilientStore {
     }
 
     fn put(&self, entry: Entry) -> Result<EntryId, StoreError> {
-        self.with(|| Err(refused()), |s| s.put(entry))
+        self.write(|| Err(refused()), |s| s.put(entry))
     }
 
     fn delete(&self, id: EntryId) -> Result<bool, StoreError> {
@@ -318,11 +450,11 @@ impl Store for ResilientStore {
     }
 
     fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError> {
-        self.with(|| Err(refused()), |s| s.touch(id, hits, recent))
+        self.write(|| Err(refused()), |s| s.touch(id, hits, recent))
     }
 
     fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
-        self.with(|| Err(refused()), |s| s.set_vector(id, vector))
+        self.write(|| Err(refused()), |s| s.set_vector(id, vector))
     }
 
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
@@ -397,11 +529,11 @@ impl Store for ResilientStore {
 
     /// Degraded, every claim is granted locally: the request goes upstream (fail-open).
     fn claim(&self, key: &CacheKey, ttl_ms: u64) -> Result<Claim, StoreError> {
-        self.with(|| Ok(Claim::Local), |s| s.claim(key, ttl_ms))
+        self.write(|| Ok(Claim::Local), |s| s.claim(key, ttl_ms))
     }
 
     fn renew(&self, key: &CacheKey, token: &ClaimToken, ttl_ms: u64) -> Result<bool, StoreError> {
-        self.with(|| Ok(false), |s| s.renew(key, token, ttl_ms))
+        self.write(|| Ok(false), |s| s.renew(key, token, ttl_ms))
     }
 
     fn release(&self, key: &CacheKey, token: &ClaimToken) -> Result<bool, StoreError> {

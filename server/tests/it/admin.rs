@@ -682,6 +682,76 @@ async fn live_config_changes_take_effect_and_bad_ones_change_nothing() {
 }
 
 #[tokio::test]
+async fn namespace_names_no_request_can_carry_are_refused_in_config_as_in_requests() {
+    let sim = sim_default().await;
+    let gw = gateway(&sim).await;
+    let before = admin_json(&gw, "/admin/config").await;
+    let long = "n".repeat(200);
+    // Each refused in a request's `x-reprise-namespace` (or, padded, read as another name)...
+    for name in [
+        "",
+        "   ",
+        long.as_str(),
+        "ö",
+        "has space",
+        " padded ",
+        "tab\tin",
+    ] {
+        // ...so no setting may name it: to set it or to remove it.
+        for body in [
+            json!({"namespace_thresholds": {name: 0.95}}),
+            json!({"namespace_modes": {name: "shadow"}}),
+            json!({"namespace_thresholds": {name: null}}),
+            json!({"namespace_modes": {name: null}}),
+        ] {
+            let field = body
+                .as_object()
+                .and_then(|o| o.keys().next().cloned())
+                .expect("field");
+            let (status, err) =
+                admin_send(&gw, reqwest::Method::PATCH, "/admin/config", body.clone()).await;
+            assert_eq!(status, 400, "{body} accepted: {err}");
+            assert_eq!(err["error"]["param"], field.as_str(), "{err}");
+            assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
+            let message = err["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("namespace"), "{message}");
+        }
+    }
+    assert_eq!(admin_json(&gw, "/admin/config").await, before);
+    // The names requests accept are accepted here too, up to the same length.
+    let longest = "z".repeat(128);
+    let (status, now) = admin_send(
+        &gw,
+        reqwest::Method::PATCH,
+        "/admin/config",
+        json!({"namespace_thresholds": {"team-a/b.c:d_e": 0.95, longest.as_str(): 0.96},
+               "namespace_modes": {"Legal_2": "shadow"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{now}");
+    assert_eq!(now["namespace_thresholds"]["team-a/b.c:d_e"], 0.95);
+    assert_eq!(now["namespace_modes"]["Legal_2"], "shadow");
+
+    // At start-up, from the file: an error naming the table and the key.
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (table, value) in [
+        ("namespace_thresholds", "0.95"),
+        ("namespace_modes", "\"shadow\""),
+    ] {
+        for key in ["\"\"", "\"ö\"", &format!("\"{long}\"")] {
+            let path = dir.path().join("reprise.toml");
+            std::fs::write(&path, format!("[{table}]\n{key} = {value}\n")).expect("write");
+            let err = reprise_server::config::Config::from_file(&path)
+                .and_then(|mut c| c.validate())
+                .expect_err(key);
+            let text = err.to_string();
+            assert!(text.contains(table), "{text}");
+            assert!(text.contains(key.trim_matches('"')), "{text}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn the_openapi_document_lists_every_admin_route() {
     let sim = sim_default().await;
     let gw = gateway(&sim).await;

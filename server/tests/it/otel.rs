@@ -26,6 +26,10 @@ struct Receiver {
 
 impl Receiver {
     async fn start() -> Self {
+        Self::start_on("127.0.0.1:0".parse().expect("addr")).await
+    }
+
+    async fn start_on(addr: SocketAddr) -> Self {
         let bodies = Arc::new(Mutex::new(Vec::new()));
         let kept = bodies.clone();
         let app = axum::Router::new().route(
@@ -39,9 +43,7 @@ impl Receiver {
                 }
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -442,4 +444,89 @@ async fn with_tracing_off_nothing_is_sent_and_traceparent_passes_untouched() {
     assert!(health["tracing"].is_null(), "{health}");
     gw.shutdown().await.expect("shutdown");
     assert!(receiver.raw().is_empty());
+}
+
+/// The value of the metric line that starts with `name` (labels included) in `/metrics`.
+fn metric(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+async fn metrics(gw: &Gateway) -> String {
+    client()
+        .get(gw.url("/metrics"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
+#[tokio::test]
+async fn a_dead_collector_is_retried_with_backoff_and_gets_the_queued_spans_when_back() {
+    // A port with nothing on it: every export is refused at connect.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port");
+    let sim = sim_default().await;
+    let mut config = config_for(sim.base_url());
+    config.semantic = false;
+    config.otlp_endpoint = Some(format!("http://{dead}"));
+    let gw = start(config).await;
+    let (cache, _) = chat(&gw, QUESTION, false, &[]).await;
+    assert_eq!(cache, "miss");
+    wait_for_entries(&gw, 1).await;
+    // More spans than the queue holds (2048 by default; a hit makes several), eight at a time.
+    for _ in 0..100 {
+        let rounds: Vec<_> = (0..8).map(|_| chat(&gw, QUESTION, false, &[])).collect();
+        for (cache, _) in futures_util::future::join_all(rounds).await {
+            assert_eq!(cache, "hit");
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let text = metrics(&gw).await;
+    let attempts = metric(&text, "reprise_trace_export_failures_total").expect("metric");
+    // Without a backoff every full batch (and every tick) was an attempt; with it a handful.
+    assert!(
+        (1..=15).contains(&attempts),
+        "{attempts} failed exports\n{text}"
+    );
+    let dropped = metric(&text, "reprise_trace_spans_total{result=\"dropped\"}").expect("metric");
+    assert!(dropped > 0, "{text}");
+    let health: Value = client()
+        .get(gw.url("/healthz"))
+        .send()
+        .await
+        .expect("healthz")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(health["tracing"]["dropped"], dropped, "{health}");
+    assert_eq!(health["tracing"]["exported"], 0, "{health}");
+
+    // The collector comes back on the same port: the queued spans reach it at the next retry.
+    let receiver = Receiver::start_on(dead).await;
+    let mut spans = 0;
+    for _ in 0..600 {
+        spans = receiver.spans().len();
+        if spans > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(spans > 0, "exports never resumed");
+    let mut exported = 0;
+    for _ in 0..100 {
+        let text = metrics(&gw).await;
+        exported = metric(&text, "reprise_trace_spans_total{result=\"exported\"}").unwrap_or(0);
+        if exported > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(exported > 0, "the exported spans were not counted");
+    assert!(exported as usize <= receiver.spans().len());
 }

@@ -630,6 +630,126 @@ async fn a_redis_that_stops_answering_costs_requests_a_timeout_not_a_hang() {
     );
 }
 
+/// Runs one command on `redis` (a test's own connection, not the gateway's).
+fn redis_command<T: ::redis::FromRedisValue>(redis: &RedisServer, args: &[&str]) -> T {
+    let mut c = ::redis::Client::open(redis.url())
+        .expect("url")
+        .get_connection()
+        .expect("connect");
+    let mut cmd = ::redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query(&mut c).expect("command")
+}
+
+#[tokio::test]
+async fn a_full_redis_refuses_writes_only_reads_go_on_and_healthz_says_so() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = sim_default().await;
+    let gw = start(redis_config(sim.base_url(), &redis)).await;
+    ask(&gw, "stored before the cap").await;
+    wait_for_entries(&gw, 1).await;
+    assert_eq!(
+        header(&ask(&gw, "stored before the cap").await, "x-reprise-cache").as_deref(),
+        Some("hit")
+    );
+
+    // Full: every write command is refused with an OOM error reply, reads still answer.
+    let _: String = redis_command(&redis, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    let _: String = redis_command(&redis, &["CONFIG", "SET", "maxmemory", "1"]);
+    let calls = upstream_calls(&sim);
+    for i in 0..3 {
+        let response = ask(&gw, &format!("new question {i}")).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(outcome(&response), "miss");
+        assert!(!content(response, false).await.is_empty(), "relayed");
+    }
+    assert_eq!(upstream_calls(&sim), calls + 3);
+    // The writer has met the refusal once the store says so.
+    let mut said = Value::Null;
+    for _ in 0..500 {
+        said = health(&gw).await;
+        if said["store"]["status"] == "degraded" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(said["status"], "degraded", "{said}");
+    let response = ask(&gw, "stored before the cap").await;
+    assert_eq!(
+        outcome(&response),
+        "hit",
+        "a lookup skipped on a full redis"
+    );
+    let reason = said["store"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("refuses writes") && reason.contains("OOM"),
+        "{said}"
+    );
+    assert_eq!(said["store"]["reads"], true, "{said}");
+
+    // Longer than the store's retry interval: reads go on, the state stays while writes are
+    // refused (a PING answers, which is not a write being accepted).
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    let mut hits = 0;
+    while std::time::Instant::now() < until {
+        let response = ask(&gw, "stored before the cap").await;
+        assert_eq!(
+            outcome(&response),
+            "hit",
+            "a lookup skipped on a full redis"
+        );
+        assert!(!content(response, false).await.is_empty());
+        hits += 1;
+        let again = ask(&gw, &format!("new question {}", hits % 3)).await;
+        assert_eq!(outcome(&again), "miss", "an answer stored on a full redis?");
+        let _ = again.bytes().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let h = health(&gw).await;
+    assert_eq!(h["store"]["status"], "degraded", "{h}");
+    assert_eq!(h["store"]["reads"], true, "{h}");
+    assert!(h["store"]["failures"].as_u64().unwrap_or(0) >= 3, "{h}");
+    let stats: Value = client()
+        .get(gw.url("/admin/stats"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .expect("stats")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(stats["store"]["status"], "degraded", "{stats}");
+    assert_eq!(stats["store"]["degraded"]["reads"], true, "{stats}");
+    let rows: u64 = redis_command(&redis, &["HLEN", "reprise:index"]);
+    assert_eq!(rows, 1, "only the entry stored before the cap");
+
+    // Room again: the next write goes through, and caching resumes without a restart.
+    let _: String = redis_command(&redis, &["CONFIG", "SET", "maxmemory", "0"]);
+    let mut recovered = false;
+    for _ in 0..1000 {
+        if health(&gw).await["store"]["status"] == "ok" {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(recovered, "writes never resumed after redis had room");
+    ask(&gw, "stored after the cap").await;
+    let mut hit = false;
+    for _ in 0..500 {
+        if outcome(&ask(&gw, "stored after the cap").await) == "hit" {
+            hit = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(hit, "caching never resumed");
+}
+
 #[tokio::test]
 async fn a_gateway_started_while_redis_is_down_serves_and_caches_once_it_is_up() {
     let Some(mut redis) = RedisServer::unstarted() else {
