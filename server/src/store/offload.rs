@@ -16,13 +16,14 @@ use tokio::sync::Semaphore;
 
 use super::Store;
 
-/// Store calls running at once from async code. Above the Redis store's connection pool (16), so
-/// the pool, not this bound, decides how many round trips are in flight; a sled read holds its
-/// thread for microseconds.
-pub const MAX_CALLS: usize = 64;
+/// Store calls running at once from async code: the Redis store's connection pool (16), so that
+/// calls reuse warm connections instead of opening more (each new one costs two round trips, and
+/// over a slow link may time out and empty the pool); a sled read holds its thread for
+/// microseconds, so 16 is far more than a sled store ever has in flight.
+pub const MAX_CALLS: usize = 16;
 
 /// The longest a request waits for one store call, from asking to its answer. Above the Redis
-/// store's own deadlines (25 ms to connect, 50 ms per command), so those fire first and mark the
+/// store's own deadlines (50 ms to connect, 50 ms per command), so those fire first and mark the
 /// store degraded; this one bounds what they do not cover (a sled read stalled on the disk, a
 /// queue of calls behind a slow store).
 pub const CALL_DEADLINE: Duration = Duration::from_millis(200);

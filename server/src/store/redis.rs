@@ -58,9 +58,12 @@ use super::{
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
-/// Connecting to Redis on the request path: a loopback or same-zone server answers in well under
-/// a millisecond, so a connect slower than this is a server in trouble, and the request goes upstream.
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(25);
+/// Connecting to Redis on the request path: the TCP handshake and the client's setup round trip
+/// (`CLIENT SETINFO`), two round trips in all. A loopback or same-zone server answers in well under
+/// a millisecond, so a connect slower than this is a server in trouble, and the request goes
+/// upstream. At 25 ms, a link with 10 ms each way failed most new connections, and every failure
+/// empties the pool, so the store fell into degraded mode while each command still had time.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(50);
 /// One command's reply: a large replay is a few hundred kB; past this the request goes upstream.
 const IO_TIMEOUT: Duration = Duration::from_millis(50);
 /// An entry that lives longer than this (a TTL of a century) is stored without an expiry: Redis
