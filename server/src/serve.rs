@@ -754,8 +754,10 @@ impl TrackState {
         }
         let whole = if prior > 0 { &self.head[..] } else { fresh };
         // Parse again only when a line ended or a limit may be crossed: a head trickling in one
-        // byte per read must not cost a parse per byte.
-        let verdict = if !fresh.contains(&b'\n') && whole.len() <= MAX_URI_BYTES + 64 {
+        // byte per read must not cost a parse per byte. (A head starting in this read is parsed at
+        // once, without scanning what follows it: pipelined requests.)
+        let trickle = prior > 0 && !fresh_kept.contains(&b'\n');
+        let verdict = if trickle && whole.len() <= MAX_URI_BYTES + 64 {
             Check::Partial
         } else {
             self.head_parses += 1;
