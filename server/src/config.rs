@@ -200,6 +200,10 @@ pub struct ServeArgs {
     /// Longest silence between two pieces of a client's request body, in ms; then 408 [default: 30000].
     #[arg(long, env = "REPRISE_CLIENT_BODY_TIMEOUT_MS")]
     pub client_body_timeout_ms: Option<u64>,
+    /// Longest a write to a client may make no progress (the client stopped reading), in ms; then
+    /// the connection is closed, and a streaming miss's upstream with it [default: 30000].
+    #[arg(long, env = "REPRISE_CLIENT_SEND_TIMEOUT_MS")]
+    pub client_send_timeout_ms: Option<u64>,
     /// How long an idle keep-alive client connection stays open, in ms [default: 75000].
     #[arg(long, env = "REPRISE_KEEPALIVE_TIMEOUT_MS")]
     pub keepalive_timeout_ms: Option<u64>,
@@ -299,6 +303,7 @@ pub struct Config {
     pub shutdown_grace_ms: u64,
     pub client_header_timeout_ms: u64,
     pub client_body_timeout_ms: u64,
+    pub client_send_timeout_ms: u64,
     pub keepalive_timeout_ms: u64,
     /// `None`: derived from the open-file limit at start (see [`crate::serve::Limits`]).
     pub max_connections: Option<usize>,
@@ -357,6 +362,8 @@ impl Default for Config {
             // pause; a keep-alive connection outlives the SDKs' own pool expiry (4-5 s) by far.
             client_header_timeout_ms: 10_000,
             client_body_timeout_ms: 30_000,
+            // nginx's send_timeout is 60 s; a reader that takes nothing for 30 s has gone.
+            client_send_timeout_ms: 30_000,
             keepalive_timeout_ms: 75_000,
             max_connections: None,
             request_log_size: 1000,
@@ -456,6 +463,7 @@ impl Config {
             shutdown_grace_ms,
             client_header_timeout_ms,
             client_body_timeout_ms,
+            client_send_timeout_ms,
             keepalive_timeout_ms,
             max_connections,
             request_log_size,
@@ -503,6 +511,7 @@ impl Config {
         set(&mut self.shutdown_grace_ms, shutdown_grace_ms);
         set(&mut self.client_header_timeout_ms, client_header_timeout_ms);
         set(&mut self.client_body_timeout_ms, client_body_timeout_ms);
+        set(&mut self.client_send_timeout_ms, client_send_timeout_ms);
         set(&mut self.keepalive_timeout_ms, keepalive_timeout_ms);
         if max_connections.is_some() {
             self.max_connections = max_connections;
@@ -594,6 +603,7 @@ impl Config {
         for (field, value) in [
             ("client_header_timeout_ms", self.client_header_timeout_ms),
             ("client_body_timeout_ms", self.client_body_timeout_ms),
+            ("client_send_timeout_ms", self.client_send_timeout_ms),
             ("keepalive_timeout_ms", self.keepalive_timeout_ms),
         ] {
             // A day is far beyond any sane client timeout, and keeps deadline arithmetic in range.
@@ -703,6 +713,10 @@ impl Config {
         Duration::from_millis(self.client_body_timeout_ms)
     }
 
+    pub fn client_send_timeout(&self) -> Duration {
+        Duration::from_millis(self.client_send_timeout_ms)
+    }
+
     pub fn keepalive_timeout(&self) -> Duration {
         Duration::from_millis(self.keepalive_timeout_ms)
     }
@@ -782,6 +796,13 @@ mod tests {
                     ..ServeArgs::default()
                 },
                 "client_body_timeout_ms",
+            ),
+            (
+                ServeArgs {
+                    client_send_timeout_ms: Some(0),
+                    ..ServeArgs::default()
+                },
+                "client_send_timeout_ms",
             ),
             (
                 ServeArgs {

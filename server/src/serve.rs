@@ -5,22 +5,30 @@
 //! connection builder with, per connection, a watcher task that enforces:
 //! - the header timeout, from a new connection's accept or a request head's first byte until the
 //!   head is complete (hyper's own `header_read_timeout` also runs while a keep-alive connection
-//!   idles between requests, so it cannot tell a slow head from an idle connection);
+//!   idles between requests, so it cannot tell a slow head from an idle connection); on HTTP/2,
+//!   from accept until the first request's header block, and from a HEADERS frame's arrival until
+//!   its END_HEADERS, open streams or not (a block in progress blocks the whole connection);
 //! - the keep-alive timeout, how long a connection may sit idle between requests;
-//! - the body timeout, inside the request body ([`BodyTimeout`] becomes an OpenAI-shaped 408).
+//! - the body timeout, inside the request body ([`BodyTimeout`] becomes an OpenAI-shaped 408);
+//! - the send timeout, how long a write may wait for room in the client's socket (a client that
+//!   stopped reading). Closing the connection drops its response bodies, and a streaming miss's
+//!   pump then sees its client gone and drops the upstream request (or reads on within the
+//!   disconnect budget to cache the answer).
 //!
 //! A semaphore caps the connections served at once (by default from the open-file limit). At the
-//! cap the loop closes idle keep-alive connections to make room, as nginx does, and otherwise
-//! lets new connections wait in the kernel's backlog; both are counted and logged, rate-limited.
+//! cap the loop closes, to make room, connections whose request head has been arriving for 500 ms
+//! or more (a trickle meant to hold the slot), then idle keep-alive connections, as nginx does;
+//! otherwise new connections wait in the kernel's backlog. All of it is counted and logged,
+//! rate-limited.
 //!
-//! Request heads are checked with httparse before hyper reads them: hyper answers a malformed,
-//! too long or too large head itself with an empty-bodied 400, 414 or 431, so the checks here
-//! are stricter than hyper's and answer first, in the OpenAI error shape.
-//!
-//! What these checks cannot see is left to hyper: after a pipelined request or a chunked body on a
-//! connection, where the next head starts is unknown, so that connection's bad heads get hyper's
-//! bare answers. HTTP/2 connections have no heads to check or time; the keep-alive timeout closes
-//! them when no stream is open.
+//! Every HTTP/1.1 request head is checked with httparse before hyper sees it: hyper answers a
+//! malformed, too long or too large head itself with an empty-bodied 400, 414 or 431, so the
+//! checks here are stricter than hyper's and answer first, in the OpenAI error shape. To find each
+//! head the socket wrapper follows the messages as hyper does (Content-Length and chunked framing,
+//! so pipelined requests and heads after a chunked body are checked too), and holds an incomplete
+//! head back from hyper until it is whole. A refused head is replaced by a stand-in request that
+//! hyper answers, in order after the requests before it, with the refusal and `connection: close`;
+//! what the client sends after it is read and dropped. HTTP/2 connections have no heads to check.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -33,8 +41,10 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::response::IntoResponse;
 use axum::Router;
 use bytes::Bytes;
+use http::{header, HeaderValue};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -78,6 +88,7 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 pub(crate) struct Limits {
     pub header_timeout: Duration,
     pub body_timeout: Duration,
+    pub send_timeout: Duration,
     pub keepalive_timeout: Duration,
     pub max_connections: usize,
 }
@@ -87,7 +98,9 @@ impl Limits {
     /// timeout of at least this period, so the last check before it comes after the change and
     /// sleeps until the deadline exactly.
     fn check_every(&self) -> Duration {
-        self.header_timeout.min(self.keepalive_timeout)
+        self.header_timeout
+            .min(self.keepalive_timeout)
+            .min(self.send_timeout)
     }
 
     /// Takes the configured values; an unset `max_connections` is derived from the open-file limit.
@@ -118,6 +131,7 @@ impl Limits {
         Self {
             header_timeout: config.client_header_timeout(),
             body_timeout: config.client_body_timeout(),
+            send_timeout: config.client_send_timeout(),
             keepalive_timeout: config.keepalive_timeout(),
             max_connections,
         }
@@ -166,8 +180,10 @@ impl ConnMetrics {
                 Opts::new(
                     "reprise_client_connections_closed_total",
                     "Client connections the gateway ended, by reason: header_timeout, \
-                     body_timeout, keepalive_timeout, reclaimed (idle, at the connection limit), \
-                     bad_request (a malformed, too long or too large request head).",
+                     body_timeout, send_timeout (the client stopped reading), keepalive_timeout, \
+                     reclaimed (idle, at the connection limit), reclaimed_slow_head (its request \
+                     head incomplete for 500 ms or more, at the connection limit), bad_request (a \
+                     malformed, too long or too large request head).",
                 ),
                 &["reason"],
             )
@@ -306,8 +322,10 @@ struct Pool {
 }
 
 impl Pool {
-    /// At the connection limit with a new connection in hand: closes idle keep-alive connections
-    /// (oldest first) until a slot frees up. Connections busy with a request are never touched.
+    /// At the connection limit with a new connection in hand: closes connections that serve no
+    /// request until a slot frees up, first those stuck on an incomplete request head (longest
+    /// first), then idle keep-alive ones (oldest first). Connections busy with a request are never
+    /// touched.
     async fn make_room(
         &self,
         permits: &Arc<Semaphore>,
@@ -315,12 +333,15 @@ impl Pool {
     ) -> Option<OwnedSemaphorePermit> {
         self.metrics.limit_waits.inc();
         if due(&self.last_limit_warning) {
+            let reclaimed = |reason| self.metrics.closed.with_label_values(&[reason]).get();
             tracing::warn!(
                 max_connections = self.limits.max_connections,
                 waits = self.metrics.limit_waits.get(),
-                reclaimed = self.metrics.closed.with_label_values(&["reclaimed"]).get(),
-                "client connection limit reached: new connections wait, idle keep-alive \
-                 connections are closed to make room (raise --max-connections or the open-file limit)"
+                reclaimed = reclaimed("reclaimed"),
+                reclaimed_slow_head = reclaimed("reclaimed_slow_head"),
+                "client connection limit reached: new connections wait, connections stuck on a \
+                 request head and idle keep-alive connections are closed to make room (raise \
+                 --max-connections or the open-file limit)"
             );
         }
         loop {
@@ -334,34 +355,49 @@ impl Pool {
         }
     }
 
-    /// Asks the oldest idle connection to close, unless one is already closing for room. Returns
-    /// when to try again if no connection has been idle long enough yet.
+    /// Connections that may be closed for room now, best first; and, when there are none, when
+    /// the first one becomes eligible.
+    fn candidates(conns: &BTreeMap<u64, Arc<Track>>) -> (Vec<&Arc<Track>>, Option<Instant>) {
+        let now = Instant::now();
+        let mut eligible = Vec::new();
+        let mut next_try: Option<Instant> = None;
+        for track in conns.values() {
+            let Some((kind, since)) = track.spare() else {
+                continue;
+            };
+            let at = since + MIN_IDLE_TO_RECLAIM;
+            if at <= now {
+                eligible.push((kind, since, track));
+            } else {
+                next_try = Some(next_try.map_or(at, |t| t.min(at)));
+            }
+        }
+        eligible.sort_by_key(|(kind, since, _)| (*kind, *since));
+        (eligible.into_iter().map(|(_, _, t)| t).collect(), next_try)
+    }
+
+    /// Asks the best candidate to close, unless one is already closing for room. Returns when to
+    /// try again if no connection is eligible yet.
     fn reclaim_one(&self) -> Option<Instant> {
         let conns = lock(&self.conns);
         if conns.values().any(|t| t.reclaim.load(Ordering::Acquire)) {
             return None;
         }
-        let now = Instant::now();
-        let mut next_try: Option<Instant> = None;
-        for track in conns.values() {
-            let Some(idle_since) = track.idle_since() else {
-                continue;
-            };
-            let eligible = idle_since + MIN_IDLE_TO_RECLAIM;
-            if eligible <= now {
+        let (eligible, next_try) = Self::candidates(&conns);
+        match eligible.first() {
+            Some(track) => {
                 track.reclaim.store(true, Ordering::Release);
                 track.changed.notify_one();
-                return None;
+                None
             }
-            next_try = Some(next_try.map_or(eligible, |t| t.min(eligible)));
+            None => next_try,
         }
-        next_try
     }
 
-    /// Asks up to `n` connections idle long enough to close.
+    /// Asks up to `n` candidates to close.
     fn reclaim_many(&self, n: usize) {
         let conns = lock(&self.conns);
-        for track in conns.values().filter(|t| t.reclaimable()).take(n) {
+        for track in Self::candidates(&conns).0.into_iter().take(n) {
             track.reclaim.store(true, Ordering::Release);
             track.changed.notify_one();
         }
@@ -424,164 +460,481 @@ struct Track {
     /// Wakes the watcher when a reclaim is asked. Phase changes do not wake it: it checks every
     /// [`Limits::check_every`], which is enough to meet every deadline on time (see there).
     changed: Notify,
-    /// The accept loop asks this idle connection to close to make room.
+    /// The accept loop asks this connection (idle, or stuck on a head) to close to make room.
     reclaim: AtomicBool,
+}
+
+/// Why a connection serving no request may be closed for room; the first kinds go first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Spare {
+    /// Its request head has been arriving for a while: a head takes milliseconds, so this is a
+    /// trickle, most likely meant to hold the slot.
+    SlowHead,
+    /// An idle keep-alive connection (or a new one that sent nothing): its client reconnects.
+    Idle,
+}
+
+impl Spare {
+    fn reason(self) -> &'static str {
+        match self {
+            Self::SlowHead => "reclaimed_slow_head",
+            Self::Idle => "reclaimed",
+        }
+    }
 }
 
 struct TrackState {
     /// Requests (h2: streams) between the head and the end of both bodies.
     open: usize,
-    /// Request bodies still being received.
-    bodies_open: usize,
-    /// Bytes arrived after every request body ended but before the answer did: a pipelined next
-    /// head, which hyper already holds, so the checks cannot see its start.
-    pipelined: bool,
-    /// Bytes read since the current head's first byte.
-    seen: u64,
-    /// Head plus body length of the current request, when its head was checked and it is not
-    /// chunked: more bytes than that were a pipelined next request.
-    expected: Option<u64>,
-    /// Heads are no longer checked on this connection (after pipelining or a chunked body, where
-    /// the start of the next head is unknown); hyper answers bad ones itself.
-    unchecked: bool,
     /// When the connection was accepted or last went idle.
     since: Instant,
-    /// The first byte of the next request head, while it is incomplete.
+    /// The first byte of the request head (h2: header block) now arriving, while it is incomplete.
     head_started: Option<Instant>,
     /// No request has been served yet.
     fresh: bool,
+    /// Where the client's byte stream is, message by message (HTTP/1.1).
+    framing: Framing,
     /// The client spoke the HTTP/2 preface: frames, not heads, follow.
-    h2: bool,
-    /// A copy of the head so far, for the checks.
+    h2: Option<H2Frames>,
+    /// The incomplete head so far, held back from hyper until it is checked.
     head: Vec<u8>,
-    /// The current head was checked (passed or refused): later bytes are not looked at.
-    head_checked: bool,
     head_parses: u32,
+    /// HTTP/1.1 heads handed to hyper, and requests hyper began: hyper answers them in order, so
+    /// the n-th head is the n-th request.
+    heads: u64,
+    begun: u64,
+    /// The n-th request is a refused head's stand-in, answered with this error.
+    refusal: Option<(u64, GatewayError)>,
+    /// Since when a write to the client has been waiting for room in its socket.
+    write_blocked: Option<Instant>,
 }
 
 impl TrackState {
     fn new() -> Self {
         Self {
             open: 0,
-            bodies_open: 0,
-            pipelined: false,
-            seen: 0,
-            expected: None,
-            unchecked: false,
             since: Instant::now(),
             head_started: None,
             fresh: true,
-            h2: false,
+            framing: Framing::Head,
+            h2: None,
             head: Vec::new(),
-            head_checked: false,
             head_parses: 0,
+            heads: 0,
+            begun: 0,
+            refusal: None,
+            write_blocked: None,
         }
     }
 }
 
+/// What the HTTP/1.1 byte stream carries next. Heads are delimited by the body framing hyper uses
+/// (RFC 9112 section 6), so every head is found and checked, however requests are pipelined.
+enum Framing {
+    /// A head, or nothing yet.
+    Head,
+    /// This many bytes of a Content-Length body.
+    Body(u64),
+    Chunked(Chunked),
+    /// A chunked body hyper will refuse (it then ends the connection): nothing more is looked at.
+    Blind,
+}
+
 impl Track {
-    fn begin_request(self: &Arc<Self>) -> (Arc<InFlight>, Receiving) {
-        {
+    /// A request begins; `Some` when it is a refused head's stand-in, to be answered with the error.
+    fn begin_request(self: &Arc<Self>) -> (Arc<InFlight>, Option<GatewayError>) {
+        let refused = {
             let mut s = lock(&self.state);
             s.open += 1;
-            s.bodies_open += 1;
-            s.head_started = None;
-        }
+            s.begun += 1;
+            let begun = s.begun;
+            match s.refusal.take() {
+                Some((n, err)) if n == begun => Some(err),
+                other => {
+                    s.refusal = other;
+                    None
+                }
+            }
+        };
         let flight = Arc::new(InFlight {
             track: self.clone(),
         });
-        let receiving = Receiving {
-            track: self.clone(),
-        };
-        (flight, receiving)
+        (flight, refused)
     }
 
-    /// Since when the connection has been idle between requests with no byte of a next head.
-    fn idle_since(&self) -> Option<Instant> {
+    /// Whether this connection serves no request and may be closed for room, and since when.
+    fn spare(&self) -> Option<(Spare, Instant)> {
         let s = lock(&self.state);
-        (s.open == 0 && s.head_started.is_none()).then_some(s.since)
-    }
-
-    /// Idle long enough to be closed to make room.
-    fn reclaimable(&self) -> bool {
-        self.idle_since()
-            .is_some_and(|since| since + MIN_IDLE_TO_RECLAIM <= Instant::now())
-    }
-
-    /// When the connection is due to be closed, and why; `None` while a request is in flight.
-    fn deadline(&self) -> Option<(Instant, &'static str)> {
-        let s = lock(&self.state);
-        if s.open > 0 {
+        // A complete head hyper has not begun yet is a request.
+        if s.open > 0 || s.heads > s.begun {
             return None;
         }
-        let limits = &self.pool.limits;
         Some(match s.head_started {
-            Some(at) => (at + limits.header_timeout, "header_timeout"),
-            // A new connection owes its first head within the header timeout (nginx does the same).
-            None if s.fresh && !s.h2 => (s.since + limits.header_timeout, "header_timeout"),
-            None => (s.since + limits.keepalive_timeout, "keepalive_timeout"),
+            Some(at) => (Spare::SlowHead, at),
+            None => (Spare::Idle, s.since),
         })
     }
 
-    /// Looks at bytes just read, before hyper does: starts the header timer on a head's first byte
-    /// and checks the head; `Some` is the error to answer instead of handing the bytes to hyper.
-    fn on_read(&self, bytes: &[u8]) -> Option<GatewayError> {
-        let mut s = lock(&self.state);
-        if s.h2 {
-            return None;
-        }
-        s.seen += bytes.len() as u64;
-        if s.open > 0 {
-            if s.bodies_open == 0 {
-                s.pipelined = true;
+    /// Spare long enough to be closed to make room.
+    fn reclaimable(&self) -> Option<Spare> {
+        self.spare()
+            .filter(|(_, since)| *since + MIN_IDLE_TO_RECLAIM <= Instant::now())
+            .map(|(kind, _)| kind)
+    }
+
+    /// When the connection is due to be closed, and why: a write stalled for the send timeout, a
+    /// head incomplete for the header timeout, or (when no request is in flight) idle for the
+    /// keep-alive timeout.
+    fn deadline(&self) -> Option<(Instant, &'static str)> {
+        let s = lock(&self.state);
+        let limits = &self.pool.limits;
+        let mut due: Option<(Instant, &'static str)> = None;
+        let mut consider = |at: Instant, reason| {
+            if due.is_none_or(|(d, _)| at < d) {
+                due = Some((at, reason));
             }
-            return None;
+        };
+        if let Some(at) = s.write_blocked {
+            consider(at + limits.send_timeout, "send_timeout");
         }
-        if s.head_started.is_none() {
-            s.head_started = Some(Instant::now());
+        if s.h2.is_some() {
+            // A header block blocks the whole connection (RFC 9113 section 6.10), busy or not.
+            if let Some(at) = s.head_started {
+                consider(at + limits.header_timeout, "header_timeout");
+            }
         }
-        // Body bytes, or the rest of a head already checked (or not to be checked).
-        if s.head_checked || s.unchecked {
-            return None;
+        if s.open == 0 {
+            match s.head_started {
+                Some(at) => consider(at + limits.header_timeout, "header_timeout"),
+                // A new connection owes its first head within the header timeout (nginx does the
+                // same), on HTTP/2 too.
+                None if s.fresh => consider(s.since + limits.header_timeout, "header_timeout"),
+                None => consider(s.since + limits.keepalive_timeout, "keepalive_timeout"),
+            }
         }
-        let room = (MAX_HEAD_BYTES + 1).saturating_sub(s.head.len());
-        s.head.extend_from_slice(&bytes[..bytes.len().min(room)]);
-        if s.fresh {
-            let start = &s.head[..s.head.len().min(H2_PREFACE.len())];
+        due
+    }
+
+    /// Looks at bytes just read, before hyper does: follows the messages, times and checks each
+    /// head, and says which of the bytes hyper gets now.
+    fn on_read(&self, bytes: &[u8]) -> Plan {
+        let now = Instant::now();
+        let mut guard = lock(&self.state);
+        let s = &mut *guard;
+        let mut plan = Plan {
+            before: None,
+            pass: bytes.len(),
+            refused: false,
+        };
+        if let Some(frames) = &mut s.h2 {
+            frames.read(bytes, now, &mut s.head_started);
+            return plan;
+        }
+        let mut i = 0;
+        while i < bytes.len() {
+            let rest = &bytes[i..];
+            match &mut s.framing {
+                Framing::Blind => break,
+                Framing::Body(left) => {
+                    let n = usize::try_from(*left).unwrap_or(usize::MAX).min(rest.len());
+                    *left -= n as u64;
+                    i += n;
+                    if *left == 0 {
+                        s.framing = Framing::Head;
+                    }
+                }
+                Framing::Chunked(chunked) => match chunked.read(rest) {
+                    Chunk::More => break,
+                    Chunk::Done(n) => {
+                        i += n;
+                        s.framing = Framing::Head;
+                    }
+                    Chunk::Invalid => s.framing = Framing::Blind,
+                },
+                Framing::Head => {
+                    if s.head_started.is_none() {
+                        s.head_started = Some(now);
+                    }
+                    match s.read_head(rest) {
+                        Head::Incomplete => {
+                            plan.pass = i;
+                            break;
+                        }
+                        Head::Preface { held } => {
+                            let mut frames = H2Frames::default();
+                            let used = H2_PREFACE.len() - held.as_ref().map_or(0, Vec::len);
+                            s.head_started = None;
+                            frames.read(&rest[used..], now, &mut s.head_started);
+                            s.h2 = Some(frames);
+                            plan.before = held;
+                            break;
+                        }
+                        Head::Complete { used, held, body } => {
+                            // Only the first head of a read can have begun in an earlier one.
+                            plan.before = held;
+                            i += used;
+                            s.heads += 1;
+                            s.head_started = None;
+                            s.head_parses = 0;
+                            s.framing = match body {
+                                None => Framing::Chunked(Chunked::default()),
+                                Some(0) => Framing::Head,
+                                Some(n) => Framing::Body(n),
+                            };
+                        }
+                        Head::Reject(err) => {
+                            s.heads += 1;
+                            s.refusal = Some((s.heads, err));
+                            s.framing = Framing::Blind;
+                            plan.pass = i;
+                            plan.refused = true;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        plan
+    }
+}
+
+/// What the socket wrapper hands hyper of the bytes just read.
+struct Plan {
+    /// Bytes first: the start of a head held back over earlier reads, complete now.
+    before: Option<Vec<u8>>,
+    /// How many of the bytes read hyper gets; the rest are an incomplete head, held back until it
+    /// is checked, or a refused head, dropped.
+    pass: usize,
+    /// A head was refused: hyper gets a stand-in request instead, and nothing after it.
+    refused: bool,
+}
+
+enum Head {
+    Incomplete,
+    /// The HTTP/2 preface, with the part of it held back from earlier reads.
+    Preface {
+        held: Option<Vec<u8>>,
+    },
+    /// The head ends `used` bytes into this read; `held` is its start from earlier reads.
+    Complete {
+        used: usize,
+        held: Option<Vec<u8>>,
+        body: Option<u64>,
+    },
+    Reject(GatewayError),
+}
+
+impl TrackState {
+    /// Reads `fresh`, which starts in a head (or in the bytes before one): a head read at once is
+    /// parsed in place; an incomplete one is copied aside until it is whole.
+    fn read_head(&mut self, fresh: &[u8]) -> Head {
+        let prior = self.head.len();
+        let room = (MAX_HEAD_BYTES + 1).saturating_sub(prior);
+        let fresh_kept = &fresh[..fresh.len().min(room)];
+        if prior > 0 {
+            self.head.extend_from_slice(fresh_kept);
+        }
+        // The HTTP/2 preface can only open a connection.
+        if self.heads == 0 && prior < H2_PREFACE.len() {
+            let seen = if prior > 0 { &self.head[..] } else { fresh };
+            let start = &seen[..seen.len().min(H2_PREFACE.len())];
             if H2_PREFACE.starts_with(start) {
                 if start.len() == H2_PREFACE.len() {
-                    s.h2 = true;
-                    s.head = Vec::new();
-                    s.head_started = None;
-                    s.since = Instant::now();
+                    let mut held = std::mem::take(&mut self.head);
+                    held.truncate(prior);
+                    return Head::Preface {
+                        held: (prior > 0).then_some(held),
+                    };
                 }
-                return None;
+                if prior == 0 {
+                    self.head.extend_from_slice(fresh_kept);
+                }
+                return Head::Incomplete;
             }
         }
+        let whole = if prior > 0 { &self.head[..] } else { fresh };
         // Parse again only when a line ended or a limit may be crossed: a head trickling in one
-        // byte per read must not cost a parse per byte.
-        let line_ended = bytes.contains(&b'\n');
-        if !line_ended && s.head.len() <= MAX_URI_BYTES + 64 {
-            return None;
-        }
-        s.head_parses += 1;
-        let verdict = if s.head_parses > MAX_HEAD_PARSES {
-            Check::Reject(too_large())
+        // byte per read must not cost a parse per byte. (A head starting in this read is parsed at
+        // once, without scanning what follows it: pipelined requests.)
+        let trickle = prior > 0 && !fresh_kept.contains(&b'\n');
+        let verdict = if trickle && whole.len() <= MAX_URI_BYTES + 64 {
+            Check::Partial
         } else {
-            check_head(&s.head)
+            self.head_parses += 1;
+            if self.head_parses > MAX_HEAD_PARSES {
+                Check::Reject(too_large())
+            } else {
+                check_head(whole)
+            }
         };
         match verdict {
-            Check::Partial => None,
+            Check::Partial => {
+                if prior == 0 {
+                    self.head.extend_from_slice(fresh_kept);
+                }
+                Head::Incomplete
+            }
             Check::Complete { head, body } => {
-                s.expected = body.map(|body| head as u64 + body);
-                s.head_checked = true;
-                s.head = Vec::new();
-                None
+                let mut held = std::mem::take(&mut self.head);
+                held.truncate(prior);
+                Head::Complete {
+                    used: head.saturating_sub(prior),
+                    held: (prior > 0).then_some(held),
+                    body,
+                }
             }
             Check::Reject(err) => {
-                s.head_checked = true;
-                Some(err)
+                self.head = Vec::new();
+                Head::Reject(err)
             }
+        }
+    }
+}
+
+/// A chunked request body, followed byte by byte as hyper decodes it (its `ChunkedState`), to
+/// find where the next head starts. The size line is parsed by httparse.
+#[derive(Default)]
+struct Chunked {
+    state: ChunkState,
+    /// The chunk-size line so far.
+    line: Vec<u8>,
+}
+
+#[derive(Default, Clone, Copy)]
+enum ChunkState {
+    #[default]
+    Size,
+    Data(u64),
+    DataCr,
+    DataLf,
+    /// After the last chunk: a trailer line, or the final CRLF.
+    EndCr,
+    EndLf,
+    Trailer,
+    TrailerLf,
+}
+
+enum Chunk {
+    More,
+    /// The body ends this many bytes into the read.
+    Done(usize),
+    Invalid,
+}
+
+/// hyper's limit on chunk extensions, plus room for the size itself.
+const MAX_CHUNK_LINE: usize = 16 * 1024 + 64;
+
+impl Chunked {
+    fn read(&mut self, bytes: &[u8]) -> Chunk {
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
+            self.state = match self.state {
+                ChunkState::Data(left) => {
+                    let n = usize::try_from(left)
+                        .unwrap_or(usize::MAX)
+                        .min(bytes.len() - i);
+                    i += n;
+                    match left - n as u64 {
+                        0 => ChunkState::DataCr,
+                        left => ChunkState::Data(left),
+                    }
+                }
+                ChunkState::Size => {
+                    i += 1;
+                    if self.line.len() >= MAX_CHUNK_LINE {
+                        return Chunk::Invalid;
+                    }
+                    self.line.push(b);
+                    if b != b'\n' {
+                        continue;
+                    }
+                    let parsed = httparse::parse_chunk_size(&self.line);
+                    self.line.clear();
+                    match parsed {
+                        Ok(httparse::Status::Complete((_, 0))) => ChunkState::EndCr,
+                        Ok(httparse::Status::Complete((_, size))) => ChunkState::Data(size),
+                        _ => return Chunk::Invalid,
+                    }
+                }
+                state => {
+                    i += 1;
+                    match (state, b) {
+                        (ChunkState::DataCr, b'\r') => ChunkState::DataLf,
+                        (ChunkState::DataLf, b'\n') => ChunkState::Size,
+                        (ChunkState::EndCr, b'\r') => ChunkState::EndLf,
+                        (ChunkState::Trailer, b'\r') => ChunkState::TrailerLf,
+                        (ChunkState::EndCr | ChunkState::Trailer, _) => ChunkState::Trailer,
+                        (ChunkState::TrailerLf, b'\n') => ChunkState::EndCr,
+                        (ChunkState::EndLf, b'\n') => return Chunk::Done(i),
+                        _ => return Chunk::Invalid,
+                    }
+                }
+            };
+        }
+        Chunk::More
+    }
+}
+
+/// HTTP/2 frames, followed only to see when a request's header block is arriving: from the first
+/// byte of a HEADERS frame until the end of the frame that carries END_HEADERS.
+#[derive(Default)]
+struct H2Frames {
+    /// The frame header so far.
+    header: [u8; 9],
+    have: usize,
+    /// Payload bytes of the current frame still to come.
+    left: u32,
+    /// The current frame is HEADERS or CONTINUATION.
+    header_frame: bool,
+    /// A header block without END_HEADERS yet: CONTINUATION frames are owed.
+    in_block: bool,
+}
+
+impl H2Frames {
+    const HEADERS: u8 = 0x1;
+    const CONTINUATION: u8 = 0x9;
+    const END_HEADERS: u8 = 0x4;
+
+    fn in_head(&self) -> bool {
+        self.in_block || (self.header_frame && self.left > 0)
+    }
+
+    /// Follows `bytes`; keeps `head_started` set while a header block is arriving, restarted when
+    /// one ends and another begins within the read.
+    fn read(&mut self, bytes: &[u8], now: Instant, head_started: &mut Option<Instant>) {
+        let was_in_head = self.in_head();
+        let mut ended = false;
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.left > 0 {
+                let n = usize::try_from(self.left)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len() - i);
+                i += n;
+                self.left -= n as u32;
+                ended |= self.left == 0 && self.header_frame && !self.in_block;
+                continue;
+            }
+            self.header[self.have] = bytes[i];
+            self.have += 1;
+            i += 1;
+            if self.have < self.header.len() {
+                continue;
+            }
+            self.have = 0;
+            let [l0, l1, l2, kind, flags, ..] = self.header;
+            self.left = u32::from_be_bytes([0, l0, l1, l2]);
+            self.header_frame = kind == Self::HEADERS || kind == Self::CONTINUATION;
+            self.in_block = self.header_frame && flags & Self::END_HEADERS == 0;
+            ended |= self.left == 0 && self.header_frame && !self.in_block;
+        }
+        if self.in_head() {
+            if !was_in_head || ended {
+                *head_started = Some(now);
+            }
+        } else {
+            *head_started = None;
         }
     }
 }
@@ -601,36 +954,17 @@ impl Drop for InFlight {
                 let now = Instant::now();
                 s.since = now;
                 s.fresh = false;
-                s.head.clear();
-                s.head_parses = 0;
-                // A pipelined head is left to hyper; its header timer runs from now.
-                let pipelined = s.pipelined || s.expected.is_some_and(|e| s.seen > e);
-                if pipelined || s.expected.is_none() {
-                    s.unchecked = true;
+                // An HTTP/1.1 head that began while the request was answered (pipelined, or a
+                // refused head lingering) is timed from now: hyper reads it only now.
+                if s.h2.is_none() && s.head_started.is_some() {
+                    s.head_started = Some(now);
                 }
-                s.head_checked = false;
-                s.head_started = pipelined.then_some(now);
-                s.pipelined = false;
-                s.seen = 0;
-                s.expected = None;
             }
             s.open == 0
         };
         if idle {
             self.track.pool.idle.notify_one();
         }
-    }
-}
-
-/// A request body still being received; dropped at its end, on error, or with the body.
-struct Receiving {
-    track: Arc<Track>,
-}
-
-impl Drop for Receiving {
-    fn drop(&mut self) {
-        let mut s = lock(&self.track.state);
-        s.bodies_open = s.bodies_open.saturating_sub(1);
     }
 }
 
@@ -740,19 +1074,9 @@ fn too_large() -> GatewayError {
     }
 }
 
-/// The whole HTTP/1.1 response for a refused head, written by the socket wrapper itself since
-/// hyper never saw the request.
-fn raw_reply(err: &GatewayError) -> Bytes {
-    err.log();
-    let status = err.status();
-    let body = err.body().to_string();
-    Bytes::from(format!(
-        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or(""),
-        body.len(),
-    ))
-}
+/// The request hyper is given in place of a refused head: it is answered with the refusal (see
+/// [`Track::begin_request`]), after every request before it, and hyper then closes.
+const STAND_IN: &[u8] = b"GET / HTTP/1.1\r\nhost: reprise\r\nconnection: close\r\n\r\n";
 
 /// Serves one connection until it ends, times out, is reclaimed, or is dropped with the pool.
 async fn serve_connection(
@@ -766,31 +1090,43 @@ async fn serve_connection(
     let io = TokioIo::new(WatchedIo {
         inner: stream,
         track: track.clone(),
-        reply: None,
+        out: Bytes::new(),
+        refused: false,
+        client_done: false,
+        shut: false,
+        write_blocked: false,
     });
     let service = hyper::service::service_fn({
         let track = track.clone();
         move |request: hyper::Request<Incoming>| {
-            let (flight, receiving) = track.begin_request();
+            let (flight, refused) = track.begin_request();
             let router = router.clone();
             let timeout = track.pool.limits.body_timeout;
             async move {
-                let request = request.map(|body| {
-                    // An empty body is received already: later bytes belong to the next request.
-                    let receiving = (!body.is_end_stream()).then_some(receiving);
-                    Body::new(TimedBody {
-                        inner: body,
-                        timeout,
-                        sleep: None,
-                        stale: false,
-                        flight: Some(flight.clone()),
-                        receiving,
-                        timed_out: false,
-                    })
-                });
-                let response = match router.oneshot(request).await {
-                    Ok(response) => response,
-                    Err(never) => match never {},
+                let response = match refused {
+                    Some(err) => {
+                        let mut response = err.into_response();
+                        response
+                            .headers_mut()
+                            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                        response
+                    }
+                    None => {
+                        let request = request.map(|body| {
+                            Body::new(TimedBody {
+                                inner: body,
+                                timeout,
+                                sleep: None,
+                                stale: false,
+                                flight: Some(flight.clone()),
+                                timed_out: false,
+                            })
+                        });
+                        match router.oneshot(request).await {
+                            Ok(response) => response,
+                            Err(never) => match never {},
+                        }
+                    }
                 };
                 Ok::<_, Infallible>(response.map(|body| TrackedBody {
                     inner: body,
@@ -804,8 +1140,12 @@ async fn serve_connection(
     let mut draining = false;
     loop {
         if track.reclaim.load(Ordering::Acquire) {
-            if track.reclaimable() {
-                track.pool.metrics.closed("reclaimed");
+            if let Some(kind) = track.reclaimable() {
+                tracing::debug!(
+                    reason = kind.reason(),
+                    "closing a client connection for room"
+                );
+                track.pool.metrics.closed(kind.reason());
                 return;
             }
             // A request arrived meanwhile: let the accept loop pick another connection.
@@ -820,6 +1160,9 @@ async fn serve_connection(
             _ => Some((next_check, "check")),
         };
         tokio::select! {
+            // The connection first: bytes that already arrived are read before a deadline is
+            // judged, even when a busy worker comes back to this task late.
+            biased;
             result = conn.as_mut() => {
                 if let Err(err) = result {
                     tracing::debug!(error = %err, "client connection ended with an error");
@@ -832,6 +1175,8 @@ async fn serve_connection(
                     if at <= Instant::now() {
                         tracing::debug!(reason, "closing a client connection");
                         track.pool.metrics.closed(reason);
+                        // Dropping the connection drops the response bodies in flight, and with
+                        // them their upstream requests (a stream's pump sees its client gone).
                         return;
                     }
                 }
@@ -851,48 +1196,49 @@ async fn sleep_until(due: Option<(Instant, &'static str)>) {
     }
 }
 
-/// The client's socket, watched: reads feed the connection's [`Track`], and a refused head is
-/// answered here, followed by a clean close.
+/// The client's socket, watched: reads feed the connection's [`Track`], which holds back
+/// incomplete heads and replaces a refused one; stalled writes are timed.
 struct WatchedIo {
     inner: TcpStream,
     track: Arc<Track>,
-    reply: Option<Reply>,
-}
-
-struct Reply {
-    bytes: Bytes,
-    written: usize,
+    /// Bytes for hyper before any more are read: a head held back until complete, or the stand-in.
+    out: Bytes,
+    /// A head was refused: what the client sends next is read and dropped.
+    refused: bool,
+    /// The client closed its side (seen while refused).
+    client_done: bool,
     shut: bool,
+    /// The last write found the socket full.
+    write_blocked: bool,
 }
 
-impl Reply {
-    /// Writes the reply, half-closes, then reads and discards until the client closes: closing
-    /// with unread bytes would reset the connection and could destroy the reply in flight.
-    /// Resolves to end-of-file for hyper, which then closes quietly.
-    fn poll_send(&mut self, io: &mut TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.written < self.bytes.len() {
-            let n = ready!(Pin::new(&mut *io).poll_write(cx, &self.bytes[self.written..]))?;
-            if n == 0 {
-                return Poll::Ready(Ok(()));
-            }
-            self.written += n;
-        }
-        if !self.shut {
-            ready!(Pin::new(&mut *io).poll_shutdown(cx))?;
-            self.shut = true;
-        }
+impl WatchedIo {
+    /// Reads and drops what the client sends, until it closes its side: closing with unread bytes
+    /// would reset the connection and could destroy the reply in flight. A bounded number of reads
+    /// per poll, so a client that keeps sending cannot hog a worker; the header timeout ends the
+    /// connection if it never stops.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let mut scratch = [0u8; 2048];
-        // A bounded number of reads per poll, so a client that keeps sending cannot hog a worker;
-        // the header timeout ends the connection if it never stops.
         for _ in 0..16 {
-            let mut sink = ReadBuf::new(&mut scratch);
-            ready!(Pin::new(&mut *io).poll_read(cx, &mut sink))?;
-            if sink.filled().is_empty() {
+            if self.client_done {
                 return Poll::Ready(Ok(()));
             }
+            let mut sink = ReadBuf::new(&mut scratch);
+            ready!(Pin::new(&mut self.inner).poll_read(cx, &mut sink))?;
+            self.client_done = sink.filled().is_empty();
         }
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+
+    /// Notes whether a write found the socket full: the send timeout runs from then until a write
+    /// makes progress.
+    fn note_write<T>(&mut self, polled: &Poll<T>) {
+        let blocked = polled.is_pending();
+        if blocked != self.write_blocked {
+            self.write_blocked = blocked;
+            lock(&self.track.state).write_blocked = blocked.then(Instant::now);
+        }
     }
 }
 
@@ -903,9 +1249,20 @@ impl AsyncRead for WatchedIo {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
         loop {
-            if let Some(reply) = &mut this.reply {
-                return reply.poll_send(&mut this.inner, cx);
+            if !this.out.is_empty() {
+                let n = this.out.len().min(buf.remaining());
+                buf.put_slice(&this.out.split_to(n));
+                return Poll::Ready(Ok(()));
+            }
+            if this.refused {
+                // Never end-of-file: hyper would drop the stand-in's answer (an HTTP/1.1
+                // connection closes at once on end-of-file mid-request).
+                ready!(this.poll_drain(cx))?;
+                return Poll::Pending;
             }
             let before = buf.filled().len();
             ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
@@ -913,19 +1270,30 @@ impl AsyncRead for WatchedIo {
             if fresh.is_empty() {
                 return Poll::Ready(Ok(()));
             }
-            match this.track.on_read(fresh) {
-                None => return Poll::Ready(Ok(())),
-                Some(err) => {
-                    // hyper never sees the refused bytes.
+            let plan = this.track.on_read(fresh);
+            let stand_in: &[u8] = if plan.refused {
+                this.refused = true;
+                this.track.pool.metrics.closed("bad_request");
+                STAND_IN
+            } else {
+                &[]
+            };
+            match plan.before {
+                None => {
+                    buf.set_filled(before + plan.pass);
+                    this.out = Bytes::from_static(stand_in);
+                }
+                Some(mut held) => {
+                    held.extend_from_slice(&fresh[..plan.pass]);
+                    held.extend_from_slice(stand_in);
                     buf.set_filled(before);
-                    this.track.pool.metrics.closed("bad_request");
-                    this.reply = Some(Reply {
-                        bytes: raw_reply(&err),
-                        written: 0,
-                        shut: false,
-                    });
+                    this.out = Bytes::from(held);
                 }
             }
+            if buf.filled().len() > before {
+                return Poll::Ready(Ok(()));
+            }
+            // Everything read is held back or dropped: read on (or hand hyper `out`).
         }
     }
 }
@@ -936,7 +1304,10 @@ impl AsyncWrite for WatchedIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.note_write(&polled);
+        polled
     }
 
     fn poll_write_vectored(
@@ -944,7 +1315,10 @@ impl AsyncWrite for WatchedIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.note_write(&polled);
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -955,8 +1329,18 @@ impl AsyncWrite for WatchedIo {
         Pin::new(&mut self.get_mut().inner).poll_flush(cx)
     }
 
+    /// After a refusal's answer, half-closes and then waits for the client to close (see
+    /// [`WatchedIo::poll_drain`]), bounded by the header timeout.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        let this = self.get_mut();
+        if !this.shut {
+            ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
+            this.shut = true;
+        }
+        if this.refused {
+            ready!(this.poll_drain(cx))?;
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -970,7 +1354,6 @@ struct TimedBody {
     /// A frame arrived since the timer was set: restart it before the next wait.
     stale: bool,
     flight: Option<Arc<InFlight>>,
-    receiving: Option<Receiving>,
     timed_out: bool,
 }
 
@@ -993,12 +1376,10 @@ impl HttpBody for TimedBody {
             }
             Poll::Ready(Some(Err(err))) => {
                 this.flight = None;
-                this.receiving = None;
                 Poll::Ready(Some(Err(err.into())))
             }
             Poll::Ready(None) => {
                 this.flight = None;
-                this.receiving = None;
                 Poll::Ready(None)
             }
             Poll::Pending => {
@@ -1110,6 +1491,59 @@ mod tests {
         );
         let big = format!("GET / HTTP/1.1\r\nx: {}\r\n", "b".repeat(MAX_HEAD_BYTES));
         assert_eq!(verdict(big.as_bytes()), Err(431));
+    }
+
+    /// Feeds `body` to a chunked framing in pieces of `step` bytes; where it ended, if it did.
+    fn chunked_end(body: &[u8], step: usize) -> Result<Option<usize>, ()> {
+        let mut chunked = Chunked::default();
+        let mut at = 0;
+        for piece in body.chunks(step) {
+            match chunked.read(piece) {
+                Chunk::More => at += piece.len(),
+                Chunk::Done(n) => return Ok(Some(at + n)),
+                Chunk::Invalid => return Err(()),
+            }
+        }
+        Ok(None)
+    }
+
+    #[test]
+    fn chunked_bodies_end_where_hyper_ends_them() {
+        let body = b"5;ext=1\r\nhello\r\n3\r\nabc\r\n0\r\nx-trailer: t\r\n\r\nGET / HTTP/1.1";
+        let end = body.len() - b"GET / HTTP/1.1".len();
+        for step in [1, 2, 7, body.len()] {
+            assert_eq!(chunked_end(body, step), Ok(Some(end)), "step {step}");
+        }
+        assert_eq!(chunked_end(b"0\r\n\r\n", 1), Ok(Some(5)));
+        assert_eq!(chunked_end(b"a\r\n0123456789\r\n", 3), Ok(None));
+        assert_eq!(chunked_end(b"zz\r\n", 1), Err(()));
+        assert_eq!(chunked_end(b"3\r\nabcXY", 1), Err(()));
+    }
+
+    #[test]
+    fn h2_header_blocks_are_timed_until_end_headers() {
+        let frame = |kind: u8, flags: u8, payload: &[u8]| {
+            let mut f = vec![0, 0, payload.len() as u8, kind, flags, 0, 0, 0, 1];
+            f.extend_from_slice(payload);
+            f
+        };
+        let now = Instant::now();
+        let mut frames = H2Frames::default();
+        let mut started = None;
+        // SETTINGS, then HEADERS without END_HEADERS: a block is open.
+        let mut bytes = frame(0x4, 0, &[]);
+        bytes.extend(frame(0x1, 0x1, &[0x82]));
+        frames.read(&bytes, now, &mut started);
+        assert_eq!(started, Some(now));
+        // Its CONTINUATION, with END_HEADERS, arrives in two pieces.
+        let continuation = frame(0x9, 0x4, &[0x86, 0x84]);
+        frames.read(&continuation[..4], now, &mut started);
+        assert_eq!(started, Some(now));
+        frames.read(&continuation[4..], now, &mut started);
+        assert_eq!(started, None);
+        // DATA frames are not heads, even cut short.
+        frames.read(&frame(0x0, 0, b"abc")[..10], now, &mut started);
+        assert_eq!(started, None);
     }
 
     #[test]

@@ -1,9 +1,12 @@
-//! Client connections: stalled clients are dropped, refused request heads get OpenAI-shaped
-//! errors, and a flood of idle sockets (in process, and against the binary under a low open-file
-//! limit) cannot keep a normal request from being served.
+//! Client connections: stalled clients (slow heads, slow bodies, clients that stop reading, h2c
+//! header blocks never finished) are dropped, every refused request head on a connection gets an
+//! OpenAI-shaped error, and a flood of idle or trickling sockets (in process, and against the
+//! binary under a low open-file limit) cannot keep a normal request from being served.
 
 use std::net::SocketAddr;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
@@ -432,6 +435,16 @@ async fn running_out_of_descriptors_frees_idle_connections() {
 /// Runs the binary under `ulimit -n 256` with `args`, opens 400 idle sockets, checks that a chat
 /// request is answered, stops the gateway and returns its log.
 async fn flood_under_256_descriptors(args: &[&str]) -> String {
+    flood_under_256_descriptors_with(args, 400, b"").await
+}
+
+/// The same with `sockets` sockets that each send `first_bytes` (e.g. part of a head) and then
+/// nothing.
+async fn flood_under_256_descriptors_with(
+    args: &[&str],
+    sockets: usize,
+    first_bytes: &[u8],
+) -> String {
     let sim = sim_default().await;
     let data_dir = tempfile::tempdir().expect("tempdir");
     let log_path = data_dir.path().join("gateway.log");
@@ -477,12 +490,14 @@ async fn flood_under_256_descriptors(args: &[&str]) -> String {
         setrlimit(Resource::RLIMIT_NOFILE, hard.min(4096), hard).expect("setrlimit");
     }
     let mut idle = Vec::new();
-    for _ in 0..400 {
-        idle.push(
-            TcpStream::connect(("127.0.0.1", port))
-                .await
-                .expect("connect"),
-        );
+    for _ in 0..sockets {
+        let mut stream = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        if !first_bytes.is_empty() {
+            stream.write_all(first_bytes).await.expect("write");
+        }
+        idle.push(stream);
     }
     let response = tokio::time::timeout(
         PATIENCE,
@@ -492,7 +507,7 @@ async fn flood_under_256_descriptors(args: &[&str]) -> String {
             .send(),
     )
     .await
-    .expect("a normal request is served while 400 idle sockets are open")
+    .expect("a normal request is served while the flood's sockets are open")
     .expect("send");
     assert_eq!(response.status(), 200);
     assert!(!content(response, false).await.is_empty());
@@ -582,4 +597,408 @@ async fn after_the_grace_period_in_flight_streams_are_dropped() {
         .expect("run returned")
         .expect("join")
         .expect("run");
+}
+
+/// An upstream whose chat streams never end, sending events as fast as the gateway takes them
+/// (from plain threads, off the test's runtime); counts the connections it holds open (one ends
+/// when the gateway drops it).
+async fn endless_upstream() -> (String, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let open = Arc::new(AtomicUsize::new(0));
+    let counter = open.clone();
+    // Long events: the gateway's sockets fill with few of them to parse.
+    let event = format!(
+        "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\
+         \"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}},\
+         \"finish_reason\":null}}]}}\n\n",
+        "more ".repeat(400)
+    );
+    let batch = event.repeat(16);
+    std::thread::spawn(move || {
+        for socket in listener.incoming() {
+            let Ok(mut socket) = socket else { break };
+            counter.fetch_add(1, Ordering::SeqCst);
+            let counter = counter.clone();
+            let batch = batch.clone();
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut request = vec![0u8; 64 * 1024];
+                let _ = socket.read(&mut request);
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                            connection: close\r\n\r\n";
+                if socket.write_all(head.as_bytes()).is_ok() {
+                    while socket.write_all(batch.as_bytes()).is_ok() {}
+                }
+                counter.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (format!("http://{addr}/v1"), open)
+}
+
+/// Issue 24, point 8: 20 clients that stopped reading a stream were held, with their 20 upstream
+/// connections, for as long as they lived (five here: each takes megabytes to fill).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_stop_reading_are_closed_and_their_upstream_released() {
+    const CLIENTS: usize = 5;
+    let (upstream, upstream_open) = endless_upstream().await;
+    let mut config = quick(config_for(upstream));
+    config.client_send_timeout_ms = 300;
+    config.semantic = false;
+    // Not reading on to cache the answer (which may take the disconnect budget): the upstream
+    // goes when the client does.
+    config.complete_on_disconnect = false;
+    let gw = start(config).await;
+
+    let mut readers = Vec::new();
+    for i in 0..CLIENTS {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        // A small window, so that the gateway's writes soon find the socket full.
+        socket.set_recv_buffer_size(4096).expect("rcvbuf");
+        let mut stream = socket.connect(gw.addr).await.expect("connect");
+        let body = chat_body(&format!("a reader that stops, number {i}"), true).to_string();
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-a\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.expect("write");
+        readers.push(stream);
+    }
+
+    // Nobody reads: the gateway closes each connection and lets go of each upstream.
+    // The kernel takes about 3 MB per socket before a write blocks, which a debug build on a
+    // shared machine needs seconds to produce: a bound against hanging, not a measure of speed.
+    let deadline = tokio::time::Instant::now() + 6 * PATIENCE;
+    loop {
+        let metrics = metrics_text(&gw.url("/metrics")).await;
+        let closed = metric(
+            &metrics,
+            "reprise_client_connections_closed_total{reason=\"send_timeout\"}",
+        );
+        let held = upstream_open.load(Ordering::SeqCst);
+        if closed >= CLIENTS as f64 && held == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{closed} connections closed for the send timeout, {held} upstream connections held"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Each client finds its stream cut: what was buffered, then the end, never `[DONE]`.
+    for mut stream in readers {
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(PATIENCE, stream.read_to_end(&mut got))
+            .await
+            .expect("the connection was closed");
+        assert_eq!(count(&got, b"[DONE]"), 0);
+    }
+    // Nothing was stored from the cut streams.
+    let cache = gw.state.cache.clone();
+    tokio::task::spawn_blocking(move || cache.drain())
+        .await
+        .expect("drain");
+    assert_eq!(gw.state.cache.store.len(), 0);
+}
+
+/// Issue 24, point 8: at the connection cap, sockets that send part of a head and then nothing
+/// kept a normal request from ever being accepted.
+#[tokio::test]
+async fn at_the_connection_limit_partial_heads_make_room_for_a_new_request() {
+    let sim = sim_default().await;
+    let mut config = config_for(sim.base_url());
+    config.semantic = false;
+    config.max_connections = Some(4);
+    // Long timeouts: room must come from reclaiming, not from timing the heads out.
+    config.client_header_timeout_ms = 120_000;
+    config.keepalive_timeout_ms = 120_000;
+    let gw = start(config).await;
+
+    let mut partial = Vec::new();
+    for _ in 0..12 {
+        let mut stream = TcpStream::connect(gw.addr).await.expect("connect");
+        stream
+            .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .expect("write");
+        partial.push(stream);
+    }
+    let response = tokio::time::timeout(
+        PATIENCE,
+        client()
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat_body("past the trickles", false))
+            .send(),
+    )
+    .await
+    .expect("served despite 12 partial heads against a limit of 4")
+    .expect("send");
+    assert_eq!(response.status(), 200);
+    assert!(!content(response, false).await.is_empty());
+
+    let metrics = metrics_text(&gw.url("/metrics")).await;
+    assert!(
+        metric(
+            &metrics,
+            "reprise_client_connections_closed_total{reason=\"reclaimed_slow_head\"}"
+        ) >= 1.0,
+        "{metrics}"
+    );
+    drop(partial);
+}
+
+/// The binary under a 256-descriptor limit (a cap of 64): 100 sockets sending partial heads made a
+/// normal request time out.
+#[tokio::test]
+async fn partial_heads_under_a_descriptor_limit_do_not_stop_a_normal_request() {
+    let log = flood_under_256_descriptors_with(
+        &["--client-header-timeout-ms", "60000"],
+        100,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: applic",
+    )
+    .await;
+    assert!(log.contains("client connection limit reached"), "{log}");
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// An HTTP/2 frame: 24-bit length, type, flags, stream id.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len())
+        .expect("small frame")
+        .to_be_bytes();
+    let mut frame = vec![len[1], len[2], len[3], kind, flags];
+    frame.extend_from_slice(&stream.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// Issue 24, point 9: an h2c connection that sent only the preface, or a header block it never
+/// finished, was held for the keep-alive timeout (75 s), not the header timeout.
+#[tokio::test]
+async fn h2c_connections_that_never_finish_a_header_block_are_closed() {
+    let sim = sim::spawn(SimConfig {
+        ttft_ms: 900.0,
+        itl_ms: 20.0,
+        tokens: 8,
+        ..SimConfig::default()
+    })
+    .await
+    .expect("sim");
+    let mut config = quick(config_for(sim.base_url()));
+    config.keepalive_timeout_ms = 60_000;
+    config.semantic = false;
+    let gw = start(config).await;
+
+    // The preface and SETTINGS, then nothing.
+    let mut preface_only = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut bytes = H2_PREFACE.to_vec();
+    bytes.extend(h2_frame(0x4, 0, 0, &[]));
+    preface_only.write_all(&bytes).await.expect("write");
+
+    // A HEADERS frame without END_HEADERS (HPACK: :method GET, :scheme http, :path /), and the
+    // CONTINUATION it promises never comes.
+    let mut unfinished = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut bytes = H2_PREFACE.to_vec();
+    bytes.extend(h2_frame(0x4, 0, 0, &[]));
+    bytes.extend(h2_frame(0x1, 0x1, 1, &[0x82, 0x86, 0x84]));
+    unfinished.write_all(&bytes).await.expect("write");
+
+    // A HEADERS frame cut short: its length says 100, three bytes came.
+    let mut cut = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut bytes = H2_PREFACE.to_vec();
+    bytes.extend(h2_frame(0x4, 0, 0, &[]));
+    let mut headers = h2_frame(0x1, 0x5, 1, &[0x82, 0x86, 0x84]);
+    headers[2] = 100;
+    bytes.extend(headers);
+    cut.write_all(&bytes).await.expect("write");
+
+    for (what, stream) in [
+        ("preface only", &mut preface_only),
+        ("no CONTINUATION", &mut unfinished),
+        ("HEADERS cut short", &mut cut),
+    ] {
+        let mut sink = Vec::new();
+        tokio::time::timeout(PATIENCE, stream.read_to_end(&mut sink))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the connection was not closed"))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+    let metrics = metrics_text(&gw.url("/metrics")).await;
+    assert!(
+        metric(
+            &metrics,
+            "reprise_client_connections_closed_total{reason=\"header_timeout\"}"
+        ) >= 3.0,
+        "{metrics}"
+    );
+
+    // A request whose header block is complete is not cut, however long its answer takes.
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .expect("client");
+    for stream in [false, true] {
+        let response = h2
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat_body(
+                &format!("slow over h2c, stream={stream}"),
+                stream,
+            ))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.version(), reqwest::Version::HTTP_2);
+        assert_eq!(response.status(), 200);
+        assert!(!content(response, stream).await.is_empty());
+    }
+}
+
+/// Splits the responses on one connection (each framed by Content-Length or chunked) into
+/// status and body.
+fn split_responses(mut raw: &[u8]) -> Vec<(u16, Vec<u8>)> {
+    let mut out = Vec::new();
+    while !raw.is_empty() {
+        let mut fields = [httparse::EMPTY_HEADER; 64];
+        let mut response = httparse::Response::new(&mut fields);
+        let head = match response.parse(raw).expect("a response head") {
+            httparse::Status::Complete(n) => n,
+            httparse::Status::Partial => panic!("cut: {}", String::from_utf8_lossy(raw)),
+        };
+        let status = response.code.expect("status");
+        let field = |name: &str| {
+            response
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case(name))
+                .map(|h| String::from_utf8_lossy(h.value).to_ascii_lowercase())
+        };
+        let chunked = field("transfer-encoding").is_some_and(|v| v.contains("chunked"));
+        let length = field("content-length").map(|v| v.parse::<usize>().expect("length"));
+        let mut rest = &raw[head..];
+        let mut body = Vec::new();
+        if chunked {
+            loop {
+                let (used, size) = match httparse::parse_chunk_size(rest).expect("chunk size") {
+                    httparse::Status::Complete(parsed) => parsed,
+                    httparse::Status::Partial => panic!("cut chunk"),
+                };
+                let size = usize::try_from(size).expect("size");
+                rest = &rest[used..];
+                if size == 0 {
+                    rest = &rest[2..];
+                    break;
+                }
+                body.extend_from_slice(&rest[..size]);
+                rest = &rest[size + 2..];
+            }
+        } else {
+            let n = length.unwrap_or(rest.len());
+            body.extend_from_slice(&rest[..n]);
+            rest = &rest[n..];
+        }
+        out.push((status, body));
+        raw = rest;
+    }
+    out
+}
+
+/// Issue 24, point 10: after a pipelined request or a chunked body, heads were not checked (150
+/// header fields were accepted where a first head gets a 431) and bad ones got hyper's empty 400.
+#[tokio::test]
+async fn every_head_on_a_connection_gets_the_same_limits_and_errors() {
+    let sim = sim_default().await;
+    let mut config = config_for(sim.base_url());
+    config.semantic = false;
+    let gw = start(config).await;
+    let fields: String = (0..150).map(|i| format!("x-f{i}: v\r\n")).collect();
+    let many_fields = format!("GET /healthz HTTP/1.1\r\nHost: x\r\n{fields}\r\n");
+    let long_target = format!("GET /v1/{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(20_000));
+    let health = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    let body = chat_body("a chunked body", false).to_string();
+    let (first, second) = body.split_at(body.len() / 2);
+    let chunked_chat = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\n\r\n{:x};ext=1\r\n{first}\r\n{:x}\r\n{second}\r\n0\r\n\
+         x-trailer: t\r\n\r\n",
+        first.len(),
+        second.len()
+    );
+    let sized_chat = {
+        let body = chat_body("a sized body", false).to_string();
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    // Each case: what is sent (in writes a little apart), then the statuses expected, the last
+    // one refused with this code.
+    let cases: Vec<(&str, Vec<String>, Vec<u16>, &str)> = vec![
+        (
+            "150 fields after a pipelined request",
+            vec![format!("{health}{many_fields}")],
+            vec![200, 431],
+            "request_header_fields_too_large",
+        ),
+        (
+            "garbage after a pipelined request",
+            vec![format!("{health}NOT HTTP\r\n\r\n")],
+            vec![200, 400],
+            "malformed_request",
+        ),
+        (
+            "a long target after a chunked body",
+            vec![format!("{chunked_chat}{long_target}")],
+            vec![200, 414],
+            "uri_too_long",
+        ),
+        (
+            "150 fields after a sized body, the head split over two writes",
+            vec![
+                format!("{sized_chat}{health}GET /healthz HTTP/1.1\r\nHost: x\r\n"),
+                format!("{fields}\r\n"),
+            ],
+            vec![200, 200, 431],
+            "request_header_fields_too_large",
+        ),
+        (
+            "garbage on a keep-alive connection after a chunked body",
+            vec![chunked_chat.clone(), "BAD\r\n\r\n".to_owned()],
+            vec![200, 400],
+            "malformed_request",
+        ),
+    ];
+    for (what, writes, statuses, code) in cases {
+        let mut stream = TcpStream::connect(gw.addr).await.expect("connect");
+        for write in &writes {
+            stream.write_all(write.as_bytes()).await.expect("write");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let raw = read_to_close(&mut stream).await;
+        let responses = split_responses(&raw);
+        let got: Vec<u16> = responses.iter().map(|(status, _)| *status).collect();
+        assert_eq!(got, statuses, "{what}: {}", String::from_utf8_lossy(&raw));
+        let (_, refusal) = responses.last().expect("a refusal");
+        let refusal: Value = serde_json::from_slice(refusal)
+            .unwrap_or_else(|e| panic!("{what}: {e}: {}", String::from_utf8_lossy(refusal)));
+        assert_openai_error(&refusal, code);
+    }
+    // Requests that are fine, pipelined behind chunked and sized bodies, are all served.
+    let mut stream = TcpStream::connect(gw.addr).await.expect("connect");
+    let last = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    stream
+        .write_all(format!("{chunked_chat}{sized_chat}{health}{last}").as_bytes())
+        .await
+        .expect("write");
+    let raw = read_to_close(&mut stream).await;
+    let got: Vec<u16> = split_responses(&raw).iter().map(|(s, _)| *s).collect();
+    assert_eq!(
+        got,
+        vec![200, 200, 200, 200],
+        "{}",
+        String::from_utf8_lossy(&raw)
+    );
 }
