@@ -796,6 +796,9 @@ pub struct RequestRecord {
     /// On a miss: the literal guard that refused that candidate (`numbers`, `negation`).
     #[serde(default)]
     pub guard: Option<String>,
+    /// On a miss: why semantic matching was skipped (`overload`, `deadline`, `failed`).
+    #[serde(default)]
+    pub semantic_skipped: Option<String>,
     #[serde(default)]
     pub ttft_saved_ms: Option<f64>,
 }

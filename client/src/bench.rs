@@ -108,6 +108,9 @@ pub struct Sample {
     pub ttft_saved_ms: Option<f64>,
     /// `x-reprise-similarity` of a semantic hit.
     pub similarity: Option<f64>,
+    /// The reason in `x-reprise-semantic: skipped; reason=…`: the gateway matched this request
+    /// exactly only (its embedding was refused, late or failed).
+    pub semantic_skipped: Option<String>,
     /// The gateway's phase timing (stream comment or `Server-Timing`).
     pub phases: Option<Phases>,
     /// Open loop: how late the request was sent against its schedule.
@@ -129,6 +132,7 @@ impl Sample {
             gaps_ms: Vec::new(),
             ttft_saved_ms: None,
             similarity: None,
+            semantic_skipped: None,
             phases: None,
             lag_ms: None,
             error: None,
@@ -142,6 +146,40 @@ pub fn outcome_of(header: Option<&str>) -> String {
         Some(v) => v.to_ascii_lowercase(),
         None => "none".to_owned(),
     }
+}
+
+/// The reason of an `x-reprise-semantic: skipped; reason=…` header (`unknown` when it names none);
+/// `None` without the header or for another value.
+pub fn skipped_reason(header: Option<&str>) -> Option<String> {
+    let mut parts = header?.split(';').map(str::trim);
+    if !parts.next()?.eq_ignore_ascii_case("skipped") {
+        return None;
+    }
+    let reason = parts
+        .find_map(|p| p.strip_prefix("reason="))
+        .map(|r| r.trim().to_ascii_lowercase())
+        .filter(|r| !r.is_empty());
+    Some(reason.unwrap_or_else(|| "unknown".to_owned()))
+}
+
+/// `semantic matching skipped: N of M misses (x%): overload N, …`, from `x-reprise-semantic`.
+pub fn skipped_line(t: &TargetSummary) -> String {
+    let skipped: usize = t.semantic_skipped.values().sum();
+    let misses = t.outcomes.get("miss").copied().unwrap_or(0);
+    let reasons: Vec<String> = t
+        .semantic_skipped
+        .iter()
+        .map(|(r, c)| format!("{r} {c}"))
+        .collect();
+    format!(
+        "semantic matching skipped: {skipped} of {misses} misses ({:.1}%){}",
+        skipped as f64 * 100.0 / misses.max(1) as f64,
+        if reasons.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", reasons.join(", "))
+        }
+    )
 }
 
 /// Nearest-rank percentile of unsorted samples.
@@ -244,6 +282,8 @@ pub struct TargetSummary {
     pub ttft_saved_s: f64,
     /// Similarity of the semantic hits.
     pub similarity: Option<Percentiles>,
+    /// Successful requests whose lookup skipped semantic matching (`x-reprise-semantic`), by reason.
+    pub semantic_skipped: BTreeMap<String, usize>,
     pub ttft_ms: Option<Percentiles>,
     pub total_ms: Option<Percentiles>,
     pub itl_ms: Option<Percentiles>,
@@ -385,7 +425,11 @@ fn summarize_target(
     let ok: Vec<&Sample> = mine.iter().filter(|s| s.error.is_none()).copied().collect();
     let mut outcomes = BTreeMap::new();
     let mut by_construction: BTreeMap<Kind, BTreeMap<String, usize>> = BTreeMap::new();
+    let mut semantic_skipped = BTreeMap::new();
     for s in &ok {
+        if let Some(reason) = &s.semantic_skipped {
+            *semantic_skipped.entry(reason.clone()).or_insert(0) += 1;
+        }
         *outcomes.entry(s.outcome.clone()).or_insert(0) += 1;
         *by_construction
             .entry(s.kind)
@@ -444,6 +488,7 @@ fn summarize_target(
             .fold(0.0, |a, b| a + b)
             / 1000.0,
         similarity: Percentiles::of(&similarity),
+        semantic_skipped,
         outcomes,
         by_outcome,
         by_construction,
@@ -597,6 +642,7 @@ pub async fn measure(
     sample.outcome = outcome_of(header("x-reprise-cache"));
     sample.ttft_saved_ms = header("x-reprise-ttft-saved-ms").and_then(|v| v.trim().parse().ok());
     sample.similarity = header("x-reprise-similarity").and_then(|v| v.trim().parse().ok());
+    sample.semantic_skipped = skipped_reason(header("x-reprise-semantic"));
     sample.phases = header("server-timing").and_then(Phases::from_server_timing);
     if !response.status().is_success() {
         sample.error = Some(format!("HTTP {}", sample.status));
@@ -890,6 +936,9 @@ pub fn render(report: &Report) -> String {
                 t.ttft_saved_s
             ));
         }
+        if t.hit_rate.is_some() {
+            out.push_str(&format!("  {}\n", skipped_line(t)));
+        }
         if let Some(x) = t.hit_speedup_p50 {
             out.push_str(&format!(
                 "  hit TTFT speed-up (miss p50 / hit p50): {x:.0}x\n"
@@ -1030,6 +1079,39 @@ mod tests {
         assert!((h.served - 0.5).abs() < 1e-12);
         let direct: BTreeMap<String, usize> = [("none".to_owned(), 4)].into_iter().collect();
         assert_eq!(HitRates::of(&direct), None);
+    }
+
+    /// Issue 24: a run against a gateway that skipped matching for most misses said nothing of it.
+    #[test]
+    fn skipped_lookups_are_counted_by_reason() {
+        assert_eq!(
+            skipped_reason(Some("skipped; reason=overload")).as_deref(),
+            Some("overload")
+        );
+        assert_eq!(skipped_reason(Some("skipped")).as_deref(), Some("unknown"));
+        assert_eq!(skipped_reason(Some("on")), None);
+        assert_eq!(skipped_reason(None), None);
+        let config = test_config(&["http://a/v1"]);
+        let mut samples: Vec<Sample> = (0..4).map(|i| sample(0, i, 10.0, "miss")).collect();
+        samples.push(sample(0, 4, 1.0, "semantic-hit"));
+        samples[0].semantic_skipped = Some("overload".into());
+        samples[1].semantic_skipped = Some("overload".into());
+        samples[2].semantic_skipped = Some("deadline".into());
+        let report = summarize(&config, &samples, Duration::from_secs(1));
+        let t = &report.targets[0];
+        let expected: BTreeMap<String, usize> =
+            [("deadline".to_owned(), 1), ("overload".to_owned(), 2)]
+                .into_iter()
+                .collect();
+        assert_eq!(t.semantic_skipped, expected);
+        assert_eq!(
+            skipped_line(t),
+            "semantic matching skipped: 3 of 4 misses (75.0%): deadline 1, overload 2"
+        );
+        let json = serde_json::to_value(&report).expect("json");
+        assert_eq!(json["targets"][0]["semantic_skipped"]["overload"], 2);
+        assert!(report::markdown(&report, &BTreeMap::new())
+            .contains("Semantic matching skipped: 3 of 4"));
     }
 
     #[test]

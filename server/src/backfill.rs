@@ -472,6 +472,144 @@ mod tests {
         server.await.expect("server task").expect("server");
     }
 
+    /// Issue 24: a miss that skipped semantic matching said so nowhere. Now the response, its
+    /// record and a metric name the reason. And a paraphrase that arrives before its original's
+    /// vector exists misses, but once the backfill lands that vector the same paraphrase is served.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_skipped_lookup_says_why_and_its_paraphrase_is_served_once_the_vector_lands() {
+        let sim = reprise_sim::spawn(reprise_sim::SimConfig {
+            ttft_ms: 1.0,
+            itl_ms: 0.0,
+            tokens: 4,
+            ..Default::default()
+        })
+        .await
+        .expect("sim");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = Config {
+            upstream_url: sim.base_url(),
+            data_dir: dir.path().to_owned(),
+            embed_deadline_ms: 60_000,
+            // Tiny: nothing may wait behind the blocked call below.
+            embed_queue_budget_ms: 1,
+            admin_token: Some(crate::config::Secret::new("t")),
+            ..Config::default()
+        };
+        config.validate().expect("valid config");
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let embed_config = EmbedConfig {
+            max_batch: config.embed_max_batch,
+            deadline: Duration::from_millis(config.embed_deadline_ms),
+            queue_budget: Duration::from_millis(config.embed_queue_budget_ms),
+            ..EmbedConfig::default()
+        };
+        let model = Gated {
+            open: Arc::clone(&gate),
+        };
+        let embedder =
+            Arc::new(Embedder::with_model(Box::new(model), &embed_config).expect("fake"));
+        let state = AppState::with_embedder(config, Some(embedder.clone())).expect("state");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(crate::run(listener, state.clone(), async move {
+            let _ = stopped.await;
+        }));
+        let client = reqwest::Client::new();
+        let send = |prompt: &str, no_store: bool| {
+            let mut request = client
+                .post(format!("{base}/v1/chat/completions"))
+                .bearer_auth("sk-backfill")
+                .json(&json!({"model": "sim-model", "messages": [{"role": "user", "content": prompt}]}));
+            if no_store {
+                request = request.header("cache-control", "no-store");
+            }
+            async move {
+                let response = request.send().await.expect("send");
+                let header = |name: &str| {
+                    response
+                        .headers()
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned)
+                };
+                let got = (
+                    header("x-reprise-cache").unwrap_or_default(),
+                    header("x-reprise-semantic"),
+                    header("x-reprise-request-id").unwrap_or_default(),
+                );
+                let _ = response.bytes().await;
+                got
+            }
+        };
+
+        // A failed assertion must not leave the model blocked: dropping the embedder joins it.
+        struct OpenOnDrop(Arc<(Mutex<bool>, Condvar)>);
+        impl Drop for OpenOnDrop {
+            fn drop(&mut self) {
+                set_gate(&self.0, true);
+            }
+        }
+        let _open = OpenOnDrop(Arc::clone(&gate));
+        let blocker = tokio::spawn(send("blocker", false));
+        eventually("the blocker's text in the model", || {
+            embedder.stats().pending == 1
+        })
+        .await;
+        let skipped = Some("skipped; reason=overload".to_owned());
+        let (outcome, semantic, original_id) = send("What is the refund policy?", false).await;
+        assert_eq!((outcome.as_str(), &semantic), ("miss", &skipped));
+        // The paraphrase arrives before the original has a vector (and is not stored itself).
+        let paraphrase = "what is THE refund policy";
+        let (outcome, semantic, _) = send(paraphrase, true).await;
+        assert_eq!((outcome.as_str(), &semantic), ("miss", &skipped));
+        eventually("the original stored", || state.cache.store.len() == 1).await;
+
+        // The record and the metric say it too.
+        let admin = |path: &str| client.get(format!("{base}{path}")).bearer_auth("t").send();
+        let records: Value = admin("/admin/requests")
+            .await
+            .expect("requests")
+            .json()
+            .await
+            .expect("json");
+        let record = records["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["id"] == original_id.as_str())
+            .unwrap_or_else(|| panic!("no record {original_id} in {records}"));
+        assert_eq!(record["semantic_skipped"], "overload", "{record}");
+        let metrics = admin("/metrics")
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        for line in [
+            "reprise_semantic_skipped_total{reason=\"overload\"} 2",
+            "reprise_semantic_skipped_total{reason=\"deadline\"} 0",
+        ] {
+            assert!(metrics.contains(line), "{line} in {metrics}");
+        }
+
+        // The model is free: the blocker's call ends, the backfill gives the original its vector,
+        // and the same paraphrase is now served from it, without a skip.
+        set_gate(&gate, true);
+        assert_eq!(blocker.await.expect("task").0, "miss");
+        let semantic = state.semantic.clone().expect("semantic stage");
+        eventually("the backfill embedded the original", || {
+            semantic.backfill.stats().embedded == 1
+        })
+        .await;
+        let (outcome, skipped_now, _) = send(paraphrase, true).await;
+        assert_eq!((outcome.as_str(), skipped_now), ("semantic-hit", None));
+        let _ = stop.send(());
+        server.await.expect("server task").expect("server");
+    }
+
     /// A model that takes a while per batch.
     struct Slow;
 

@@ -256,9 +256,9 @@ pub struct ServeArgs {
     /// Embedding deadline in ms; a later embedding falls back to exact matching [default: 250].
     #[arg(long, env = "REPRISE_EMBED_DEADLINE_MS")]
     pub embed_deadline_ms: Option<u64>,
-    /// Longest estimated wait, in ms, for a model call already running before a miss's own text
-    /// may queue behind it; beyond it the miss skips semantic matching at once. 0: only while the
-    /// model is idle [default: 5].
+    /// Longest expected wait, in ms, for a miss's vector (queued model calls ahead of it and its
+    /// own, with batching); beyond it the miss skips semantic matching at once
+    /// (`x-reprise-semantic: skipped; reason=overload`). 0: only while the model is idle [default: 100].
     #[arg(long, env = "REPRISE_EMBED_QUEUE_BUDGET_MS")]
     pub embed_queue_budget_ms: Option<u64>,
     /// Send a miss upstream without waiting for semantic matching: the embedding and search run while
@@ -320,7 +320,7 @@ pub struct Config {
     pub ort_lib: PathBuf,
     pub semantic: bool,
     pub embed_deadline_ms: u64,
-    /// Longest estimated wait behind a running model call before a miss skips semantic matching.
+    /// Longest expected wait for a miss's vector before it skips semantic matching.
     pub embed_queue_budget_ms: u64,
     /// Race semantic matching against the upstream request instead of waiting for it.
     pub semantic_overlap: bool,
@@ -378,7 +378,7 @@ impl Default for Config {
             ort_lib: PathBuf::from("models/onnxruntime/libonnxruntime.so"),
             semantic: true,
             embed_deadline_ms: 250,
-            embed_queue_budget_ms: 5,
+            embed_queue_budget_ms: crate::embed::DEFAULT_QUEUE_BUDGET_MS,
             semantic_overlap: false,
             embed_max_batch: 16,
             embed_max_wait_ms: 2,

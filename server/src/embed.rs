@@ -3,10 +3,12 @@
 //! falling back to exact matching).
 //!
 //! Callers send `(texts, reply, deadline)` jobs over a channel to one dedicated `std::thread`. A
-//! deadline-bound text is admitted only when its own model call will start within `max_wait`: no
-//! model call is running and the batch being gathered has room for it. Anything else is
-//! refused at once with [`EmbedError::Overloaded`] (the caller falls back to exact matching and the
-//! entry is embedded later, off the request path) instead of queueing behind a model call. The thread
+//! deadline-bound text is admitted when the model is idle and the batch being gathered has room for
+//! it, or when its expected wait for its vector (what is left of the running call, the full batches
+//! queued ahead of it, and its own batch's call, by a cost model `fixed + per_text × n` fitted to
+//! the measured calls) fits `queue_budget`. Anything else is refused at once with
+//! [`EmbedError::Overloaded`] (the caller falls back to exact matching and the entry is embedded
+//! later, off the request path). The thread
 //! blocks for the first job, gathers more until `max_batch` texts or `max_wait` after the first arrival,
 //! drops jobs whose deadline already passed or whose caller has gone, runs one model call for the rest,
 //! and answers each job through its oneshot. The model sits behind [`EmbedModel`], so tests can drive
@@ -29,6 +31,18 @@ pub const MODEL_SPEC_FILE: &str = "reprise-model.toml";
 
 /// How many recent batches [`Embedder::recent_batches`] remembers.
 const RECENT_BATCHES: usize = 128;
+
+/// How many recent model calls the cost model is fitted to: enough to span several batch sizes,
+/// few enough to follow a change of CPU contention within a second or two of load.
+const FIT_SAMPLES: usize = 32;
+
+/// The default of `queue_budget` (`embed_queue_budget_ms`): the expected wait for its vector that a
+/// miss may accept. While the embedder keeps up, the texts arriving during one model call fit in
+/// the next batch, so no text waits longer than a full batch running and then its own full batch:
+/// two calls of `embed_max_batch` (16) texts, 2 × 49 ms on this repository's 2-core reference
+/// machine (release build; `benches/admission.sh`). Against the 400 ms to seconds a hosted model
+/// takes to its first token, a semantic hit saves far more than that wait costs a true miss.
+pub const DEFAULT_QUEUE_BUDGET_MS: u64 = 100;
 
 /// How the server runs the model in a directory, read from its [`MODEL_SPEC_FILE`].
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -102,8 +116,8 @@ pub struct EmbedConfig {
     pub max_batch: usize,
     /// How long the worker waits after a batch's first arrival for company.
     pub max_wait: Duration,
-    /// Longest estimated wait behind a model call already running that a deadline-bound text may
-    /// accept; zero admits texts only while the model is idle.
+    /// Longest expected wait for its vector (queued model work ahead of it and its own batch's
+    /// call) that a deadline-bound text may accept; zero admits texts only while the model is idle.
     pub queue_budget: Duration,
     /// ONNX Runtime intra-op threads (the worker thread counts as one of them).
     pub threads: usize,
@@ -118,7 +132,7 @@ impl Default for EmbedConfig {
             deadline: Duration::from_millis(250),
             max_batch: 32,
             max_wait: Duration::from_millis(2),
-            queue_budget: Duration::from_millis(5),
+            queue_budget: Duration::from_millis(DEFAULT_QUEUE_BUDGET_MS),
             threads: 2,
         }
     }
@@ -190,8 +204,12 @@ pub struct EmbedStats {
     /// Largest batch so far.
     pub max_batch_seen: u64,
     /// Longest a deadline-bound text waited between its call and the start of its model call, in
-    /// microseconds (admission keeps it near `embed_max_wait_ms`).
+    /// microseconds (admission keeps it within `embed_queue_budget_ms`).
     pub max_queue_wait_us: u64,
+    /// The cost model admission works from, fitted to the last calls: a call of `n` texts is
+    /// expected to take `call_fixed_ms + n × call_per_text_ms` (`None` before the first call).
+    pub call_fixed_ms: Option<f64>,
+    pub call_per_text_ms: Option<f64>,
 }
 
 /// One model call, for latency histograms.
@@ -315,6 +333,25 @@ impl EmbedModel for FastembedModel {
     }
 }
 
+/// Times a few calls of one text and of a full batch, so that admission knows from the start what
+/// batching saves (without them the first calls, all single, would make a batch look as dear as
+/// that many single calls). The texts are of a typical question's length.
+fn calibrate(model: &mut dyn EmbedModel, max_batch: usize) -> VecDeque<(u64, Duration)> {
+    let text = |n: usize| {
+        format!("How do I reset my password if I can no longer reach the email address on my account? ({n})")
+    };
+    let mut samples = VecDeque::new();
+    let sizes = [1, max_batch, 1, max_batch, 1];
+    for (round, size) in sizes.into_iter().enumerate() {
+        let texts: Vec<String> = (0..size).map(|n| text(round * max_batch + n)).collect();
+        let started = Instant::now();
+        if model.embed(&texts).is_ok() {
+            samples.push_back((size as u64, started.elapsed()));
+        }
+    }
+    samples
+}
+
 /// The process's ONNX Runtime environment. ort allows building only one per process, ever (even after
 /// the first is dropped), so it is built once and shared by every model loaded later.
 fn ort_environment(lib: &Path) -> Result<ort::environment::Environment, EmbedError> {
@@ -365,8 +402,6 @@ struct Counters {
     max_batch_seen: AtomicU64,
     /// Texts sent and not yet answered (queued, gathering or in the model).
     pending: AtomicU64,
-    /// Model time per text, nanoseconds, a moving average over recent batches; 0 until the first.
-    per_text_ns: AtomicU64,
     /// Where the next batch stands: admission reads and takes a place in it in one step.
     queue: Mutex<Queue>,
     max_queue_wait_us: AtomicU64,
@@ -393,7 +428,131 @@ struct Queue {
     /// Texts sent and not yet in a model call (in the channel, carried, or being gathered).
     waiting: u64,
     /// A batch is closed: its model call runs (or is about to).
-    running: bool,
+    running: Option<Running>,
+    /// What a model call costs, fitted to the last calls; `None` until one was measured.
+    cost: Option<Cost>,
+}
+
+/// The model call in progress.
+#[derive(Debug, Clone, Copy)]
+struct Running {
+    since: Instant,
+    texts: u64,
+}
+
+/// What one model call of `n` texts takes: `fixed + per_text × n`. A batch costs less per text than
+/// single calls (one ONNX run, one set of kernel launches and thread wake-ups): all-MiniLM-L6-v2 on
+/// 2 cores takes about 7.6 ms for 1 text but 93 ms for 32, 2.9 ms each. An estimate per text taken
+/// from single calls overstates a batch's cost several times over.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cost {
+    pub fixed: Duration,
+    pub per_text: Duration,
+}
+
+impl Cost {
+    /// The expected time of one model call of `texts` texts.
+    pub fn of(&self, texts: u64) -> Duration {
+        self.fixed.saturating_add(
+            self.per_text
+                .saturating_mul(u32::try_from(texts).unwrap_or(u32::MAX)),
+        )
+    }
+
+    /// Least squares over `(texts, took)` samples. Samples of one size cannot separate the two terms:
+    /// then `previous` is scaled to their mean (keeping its shape), or without one the whole time is
+    /// taken as per-text (pessimistic for larger batches until calls of other sizes are seen).
+    fn fit(samples: &VecDeque<(u64, Duration)>, previous: Option<Cost>) -> Option<Cost> {
+        if samples.is_empty() {
+            return previous;
+        }
+        let n = samples.len() as f64;
+        let mean_x = samples.iter().map(|(x, _)| *x as f64).sum::<f64>() / n;
+        let mean_y = samples.iter().map(|(_, y)| y.as_secs_f64()).sum::<f64>() / n;
+        let sxx: f64 = samples
+            .iter()
+            .map(|(x, _)| (*x as f64 - mean_x).powi(2))
+            .sum();
+        let sxy: f64 = samples
+            .iter()
+            .map(|(x, y)| (*x as f64 - mean_x) * (y.as_secs_f64() - mean_y))
+            .sum();
+        let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
+        if sxx > 0.0 {
+            let slope = sxy / sxx;
+            let intercept = mean_y - slope * mean_x;
+            if slope > 0.0 && intercept >= 0.0 {
+                return Some(Cost {
+                    fixed: secs(intercept),
+                    per_text: secs(slope).max(Duration::from_nanos(1)),
+                });
+            }
+            if slope > 0.0 {
+                // Noise put the line below the origin: a call costs at least its texts.
+                return Some(Cost {
+                    fixed: Duration::ZERO,
+                    per_text: secs(mean_y / mean_x.max(1.0)).max(Duration::from_nanos(1)),
+                });
+            }
+        }
+        let mean_x = mean_x.max(1.0);
+        match previous {
+            Some(prev) => {
+                let expected = prev.of(mean_x.round() as u64).as_secs_f64();
+                let scale = if expected > 0.0 {
+                    mean_y / expected
+                } else {
+                    1.0
+                };
+                Some(Cost {
+                    fixed: secs(prev.fixed.as_secs_f64() * scale),
+                    per_text: secs(prev.per_text.as_secs_f64() * scale)
+                        .max(Duration::from_nanos(1)),
+                })
+            }
+            None => Some(Cost {
+                fixed: Duration::ZERO,
+                per_text: secs(mean_y / mean_x).max(Duration::from_nanos(1)),
+            }),
+        }
+    }
+}
+
+impl Queue {
+    /// How long a text admitted now would wait for its vector: what is left of the running call,
+    /// then one full call for every full batch of texts queued ahead of it, then its own batch's
+    /// call. `None` before any call was measured.
+    fn expected_wait(&self, now: Instant, max_batch: u64) -> Option<Duration> {
+        let cost = self.cost?;
+        let max_batch = max_batch.max(1);
+        let remaining = self.running.map_or(Duration::ZERO, |r| {
+            cost.of(r.texts)
+                .saturating_sub(now.saturating_duration_since(r.since))
+        });
+        let full_ahead = u32::try_from(self.waiting / max_batch).unwrap_or(u32::MAX);
+        let own = self.waiting % max_batch + 1;
+        Some(
+            remaining
+                .saturating_add(cost.of(max_batch).saturating_mul(full_ahead))
+                .saturating_add(cost.of(own)),
+        )
+    }
+
+    /// The admission rule for one deadline-bound text. A text whose call starts within the gathering
+    /// window (no call running, room in the batch being gathered) is admitted unless its own call,
+    /// at twice the estimate, would miss the deadline. Any other is admitted when its expected wait
+    /// fits `budget` and, at twice the estimate (calls overrun under CPU contention), the deadline.
+    /// Before the first measured call only the first case admits.
+    fn admits(&self, now: Instant, max_batch: u64, budget: Duration, deadline: Duration) -> bool {
+        let starts_now = self.running.is_none() && self.waiting < max_batch;
+        let Some(wait) = self.expected_wait(now, max_batch) else {
+            return starts_now;
+        };
+        if wait.saturating_mul(2) > deadline {
+            return false;
+        }
+        starts_now || (!budget.is_zero() && wait <= budget)
+    }
 }
 
 impl Counters {
@@ -436,23 +595,39 @@ impl Embedder {
     /// Loads the model once (blocking; call at start-up, e.g. inside `spawn_blocking`).
     pub fn load(config: &EmbedConfig) -> Result<Embedder, EmbedError> {
         let started = Instant::now();
-        let model = FastembedModel::load(config)?;
+        let mut model = FastembedModel::load(config)?;
+        let samples = calibrate(&mut model, config.max_batch);
+        let cost = Cost::fit(&samples, None);
         tracing::info!(
             model_dir = %config.model_dir.display(),
             dimension = model.dimension(),
             threads = config.threads,
             load_ms = started.elapsed().as_millis() as u64,
+            call_fixed_ms = cost.map_or(0.0, |c| c.fixed.as_secs_f64() * 1e3),
+            call_per_text_ms = cost.map_or(0.0, |c| c.per_text.as_secs_f64() * 1e3),
             "embedding model loaded"
         );
-        Embedder::with_model(Box::new(model), config)
+        Embedder::start(Box::new(model), config, samples)
     }
 
     /// Starts the worker thread around any model; `model_dir` and `ort_lib` of `config` are unused.
+    /// The model's cost is unknown until its first call (only an idle model admits texts until then).
     pub fn with_model(
         model: Box<dyn EmbedModel>,
         config: &EmbedConfig,
     ) -> Result<Embedder, EmbedError> {
+        Embedder::start(model, config, VecDeque::new())
+    }
+
+    /// Starts the worker thread with the cost model fitted to `samples` (`(texts, took)` of calls
+    /// made before it).
+    fn start(
+        model: Box<dyn EmbedModel>,
+        config: &EmbedConfig,
+        samples: VecDeque<(u64, Duration)>,
+    ) -> Result<Embedder, EmbedError> {
         config.validate()?;
+        let cost = Cost::fit(&samples, None);
         let (jobs, rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let dimension = model.dimension();
@@ -464,7 +639,10 @@ impl Embedder {
             max_wait: config.max_wait,
             dimension,
             counters: Arc::clone(&counters),
+            samples,
+            cost,
         };
+        counters.queue().cost = cost;
         let worker = std::thread::Builder::new()
             .name("reprise-embed".into())
             .spawn(move || worker.run())
@@ -483,6 +661,12 @@ impl Embedder {
 
     pub fn dimension(&self) -> usize {
         self.dimension
+    }
+
+    /// What admission expects a model call to cost, as fitted to the last calls (`None` before
+    /// the first).
+    pub fn cost(&self) -> Option<Cost> {
+        self.counters.queue().cost
     }
 
     /// The model's [`EmbedModel::fingerprint`].
@@ -541,36 +725,24 @@ impl Embedder {
         Ok(vectors)
     }
 
-    /// Takes a place in the next batch for one deadline-bound text, or refuses it. With no model call
-    /// running, the text joins or starts the batch being gathered (its call starts within
-    /// `max_wait`). With one running, it may queue behind it only when twice the measured time of
-    /// every pending text (the running call's and those gathered) fits `queue_budget`; zero admits
-    /// only while the model is idle. The budget is the operator's trade: a few milliseconds keeps a
-    /// miss from waiting on a busy model (under CPU contention calls overran the estimate: texts
-    /// admitted near a call's estimated end waited up to 50 ms at concurrency 32), a larger one
-    /// gives more misses their semantic lookup under load. Either way the batch must have room, and
-    /// its own call, at twice the measured time, must fit the deadline.
+    /// Takes a place in the next batch for one deadline-bound text, or refuses it, by
+    /// [`Queue::admits`]. Issue 24: the rule before this one refused a text whenever a call was
+    /// running and twice the average time per text (dominated by single calls) for every pending
+    /// text exceeded a 5 ms budget, i.e. nearly always once calls overlapped: 87% of misses
+    /// skipped matching at concurrency 8, where the model had ten times the capacity needed.
     fn reserve(&self) -> bool {
-        let per_text = self.counters.per_text_ns.load(Ordering::Relaxed);
         let mut queue = self.counters.queue();
-        if queue.waiting >= self.max_batch as u64 {
-            return false;
+        let admitted = queue.admits(
+            Instant::now(),
+            self.max_batch as u64,
+            self.queue_budget,
+            self.deadline,
+        );
+        if admitted {
+            queue.waiting += 1;
+            self.counters.pending.fetch_add(1, Ordering::Relaxed);
         }
-        if queue.running {
-            let pending = self.counters.pending.load(Ordering::Relaxed);
-            let behind = Duration::from_nanos(per_text.saturating_mul(2 * (pending + 1)));
-            // Before the first call is measured there is no estimate: only an idle model admits.
-            if self.queue_budget.is_zero() || per_text == 0 || behind > self.queue_budget {
-                return false;
-            }
-        }
-        let own = Duration::from_nanos(per_text.saturating_mul(2 * (queue.waiting + 1)));
-        if own > self.deadline {
-            return false;
-        }
-        queue.waiting += 1;
-        self.counters.pending.fetch_add(1, Ordering::Relaxed);
-        true
+        admitted
     }
 
     /// Notes that a request wanted the model and could not have it (see [`Embedder::is_quiet`]).
@@ -643,6 +815,7 @@ impl Embedder {
     pub fn stats(&self) -> EmbedStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let cost = self.cost();
         EmbedStats {
             requests: get(&c.requests),
             batches: get(&c.batches),
@@ -653,6 +826,8 @@ impl Embedder {
             failures: get(&c.failures),
             max_batch_seen: get(&c.max_batch_seen),
             max_queue_wait_us: get(&c.max_queue_wait_us),
+            call_fixed_ms: cost.map(|c| c.fixed.as_secs_f64() * 1e3),
+            call_per_text_ms: cost.map(|c| c.per_text.as_secs_f64() * 1e3),
         }
     }
 
@@ -764,6 +939,9 @@ struct Worker {
     max_wait: Duration,
     dimension: usize,
     counters: Arc<Counters>,
+    /// The last calls' `(texts, took)`, which [`Worker::cost`] is fitted to.
+    samples: VecDeque<(u64, Duration)>,
+    cost: Option<Cost>,
 }
 
 impl Worker {
@@ -823,7 +1001,10 @@ impl Worker {
                 let room = items < self.max_batch && carry.is_none();
                 if !room || queue.waiting <= items as u64 {
                     queue.waiting = queue.waiting.saturating_sub(items as u64);
-                    queue.running = true;
+                    queue.running = Some(Running {
+                        since: Instant::now(),
+                        texts: items as u64,
+                    });
                     return Some(batch);
                 }
             }
@@ -851,7 +1032,7 @@ impl Worker {
             .filter_map(|j| admit(j, now, &self.counters, Counted::InBatch))
             .collect();
         if jobs.is_empty() {
-            self.counters.queue().running = false;
+            self.counters.queue().running = None;
             return;
         }
         let sizes: Vec<usize> = jobs.iter().map(|j| j.texts.len()).collect();
@@ -872,10 +1053,17 @@ impl Worker {
         // A failed or panicked call says nothing of the model's speed (unwinding and printing a
         // panic's backtrace can take longer than any call), so only a good one moves the estimate
         // admission works from: one slow failure must not refuse the texts after it.
-        if result.is_ok() {
-            self.record(texts.len(), started.elapsed());
+        let cost = match result {
+            Ok(_) => self.record(texts.len(), started.elapsed()),
+            Err(_) => None,
+        };
+        {
+            let mut queue = self.counters.queue();
+            queue.running = None;
+            if cost.is_some() {
+                queue.cost = cost;
+            }
         }
-        self.counters.queue().running = false;
         // Answered below: these texts no longer hold anyone up.
         let answered: u64 = jobs.iter().map(|j| j.count).sum();
         self.counters.pending.fetch_sub(answered, Ordering::Relaxed);
@@ -910,7 +1098,8 @@ impl Worker {
         }
     }
 
-    fn record(&self, size: usize, took: Duration) {
+    /// Counts a good model call and refits the cost model; returns the new fit.
+    fn record(&mut self, size: usize, took: Duration) -> Option<Cost> {
         let c = &self.counters;
         if let Some(observe) = c.observer.get() {
             observe(size, took);
@@ -918,16 +1107,11 @@ impl Worker {
         c.batches.fetch_add(1, Ordering::Relaxed);
         c.batched_items.fetch_add(size as u64, Ordering::Relaxed);
         c.max_batch_seen.fetch_max(size as u64, Ordering::Relaxed);
-        // Only this thread writes it: a plain load-then-store is enough. The average weighs the
-        // last batch by 1/4, so the estimate follows a change of load within a few batches.
-        let sample = (took.as_nanos() / size.max(1) as u128).min(u128::from(u64::MAX)) as u64;
-        let before = c.per_text_ns.load(Ordering::Relaxed);
-        let average = if before == 0 {
-            sample
-        } else {
-            before - before / 4 + sample / 4
-        };
-        c.per_text_ns.store(average.max(1), Ordering::Relaxed);
+        if self.samples.len() == FIT_SAMPLES {
+            self.samples.pop_front();
+        }
+        self.samples.push_back((size as u64, took));
+        self.cost = Cost::fit(&self.samples, self.cost);
         let mut recent = c.recent.lock().unwrap_or_else(PoisonError::into_inner);
         if recent.len() == RECENT_BATCHES {
             recent.pop_front();
@@ -936,6 +1120,7 @@ impl Worker {
             size,
             millis: took.as_secs_f64() * 1e3,
         });
+        self.cost
     }
 }
 
@@ -1167,7 +1352,7 @@ mod tests {
     /// Waits until a model call runs (gathering is over).
     async fn until_running(embedder: &Embedder) {
         for _ in 0..1000 {
-            if embedder.counters.queue().running {
+            if embedder.counters.queue().running.is_some() {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -1242,6 +1427,144 @@ mod tests {
         let stats = embedder.stats();
         assert_eq!((stats.overloaded, stats.timeouts), (0, 0), "{stats:?}");
         assert_eq!(stats.batches, 3, "{stats:?}");
+    }
+
+    /// A model whose call costs `fixed + per_text × n`, like a real one (the plain fake costs the
+    /// same whatever the batch).
+    struct Batching {
+        fixed: Duration,
+        per_text: Duration,
+    }
+
+    impl EmbedModel for Batching {
+        fn embed(&mut self, texts: &[String]) -> Result<Vec<Vec<f32>>, String> {
+            std::thread::sleep(self.fixed + self.per_text * texts.len() as u32);
+            Ok(texts.iter().map(|_| vec![1.0; 4]).collect())
+        }
+
+        fn dimension(&self) -> usize {
+            4
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// Issue 24: at the defaults, 87% of misses skipped matching at concurrency 8 although the model
+    /// had ten times the capacity needed: any text arriving while a call ran was refused. Here 8
+    /// callers, each pausing a few ms between texts (their upstream, so that they do not move in
+    /// lockstep), keep the model busy, each call absorbing the texts that arrived during the one
+    /// before (the model keeps up): none is refused, none is late.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_the_model_keeps_up_with_are_never_refused_at_the_defaults() {
+        let model = Batching {
+            fixed: ms(10),
+            per_text: ms(1),
+        };
+        let embedder = Arc::new(
+            Embedder::with_model(Box::new(model), &EmbedConfig::default()).expect("start"),
+        );
+        // What the real model's calibration does at load: one call alone, one full batch.
+        embedder.embed_many(vec!["a".into()]).await.expect("alone");
+        let batch: Vec<String> = (0..8).map(|n| n.to_string()).collect();
+        embedder.embed_many(batch).await.expect("batch");
+        let mut callers = JoinSet::new();
+        for caller in 0..8u64 {
+            let embedder = Arc::clone(&embedder);
+            callers.spawn(async move {
+                for n in 0..25u64 {
+                    tokio::time::sleep(ms((caller * 5 + n * 3) % 11)).await;
+                    embedder
+                        .embed(&format!("{caller}-{n}"))
+                        .await
+                        .map_err(|e| format!("caller {caller}, text {n}: {e}"))?;
+                }
+                Ok::<_, String>(())
+            });
+        }
+        while let Some(joined) = callers.join_next().await {
+            joined
+                .expect("task")
+                .expect("every text admitted and served");
+        }
+        let stats = embedder.stats();
+        assert_eq!((stats.overloaded, stats.timeouts), (0, 0), "{stats:?}");
+        assert!(
+            stats.max_batch_seen > 1,
+            "the callers overlapped: {stats:?}"
+        );
+    }
+
+    #[test]
+    fn the_cost_model_separates_a_call_from_its_texts() {
+        // all-MiniLM-L6-v2 on 2 cores (criterion, 2026-11-30): 7.6 ms alone, 93 ms for 32.
+        let samples: VecDeque<(u64, Duration)> = [(1, 7_600), (32, 93_000), (1, 7_600)]
+            .into_iter()
+            .map(|(n, us)| (n, Duration::from_micros(us)))
+            .collect();
+        let cost = Cost::fit(&samples, None).expect("fitted");
+        let near = |d: Duration, us: u64| d.as_micros().abs_diff(u128::from(us)) < 50;
+        assert!(near(cost.fixed, 4_845), "{cost:?}");
+        assert!(near(cost.per_text, 2_755), "{cost:?}");
+        assert!(near(cost.of(16), 4_845 + 16 * 2_755), "{cost:?}");
+
+        // Calls of one size only: the last fit's shape, scaled to what they took.
+        let busier: VecDeque<(u64, Duration)> = [(1, ms(15)), (1, ms(15))].into_iter().collect();
+        let scaled = Cost::fit(&busier, Some(cost)).expect("scaled");
+        assert!(near(scaled.of(1), 15_000), "{scaled:?}");
+        assert!(near(scaled.of(32), 93_000 * 15_000 / 7_600), "{scaled:?}");
+        // And with no shape to keep, the whole time is per text.
+        let alone = Cost::fit(&busier, None).expect("proportional");
+        assert_eq!((alone.fixed, alone.per_text), (Duration::ZERO, ms(15)));
+        assert_eq!(Cost::fit(&VecDeque::new(), None), None);
+    }
+
+    #[test]
+    fn admission_refuses_only_when_the_expected_wait_exceeds_the_budget() {
+        let now = Instant::now();
+        let cost = Cost {
+            fixed: ms(5),
+            per_text: ms(3),
+        };
+        let queue = |running: Option<u64>, waiting: u64| Queue {
+            waiting,
+            running: running.map(|texts| Running { since: now, texts }),
+            cost: Some(cost),
+        };
+        let (budget, deadline, batch) = (ms(100), ms(250), 16);
+        // A full batch just started (53 ms), 10 texts gathered for the next: an 11th waits for the
+        // rest of the call and its own batch of 11 (38 ms), 91 ms.
+        let q = queue(Some(16), 10);
+        assert_eq!(q.expected_wait(now, batch), Some(ms(91)));
+        assert!(q.admits(now, batch, budget, deadline));
+        // Half-way through that call, the wait is 26.5 ms shorter.
+        let later = now + Duration::from_micros(26_500);
+        assert_eq!(
+            q.expected_wait(later, batch),
+            Some(Duration::from_micros(64_500))
+        );
+        // A full batch queued behind the running one: the next text waits for both, 114 ms.
+        let q = queue(Some(16), 16);
+        assert_eq!(q.expected_wait(now, batch), Some(ms(114)));
+        assert!(!q.admits(now, batch, budget, deadline));
+        assert!(q.admits(now, batch, ms(120), deadline));
+        // ... unless twice that would miss the deadline.
+        assert!(!q.admits(now, batch, ms(120), ms(200)));
+        // Idle with room: the call starts within the gathering window, whatever the budget.
+        assert!(queue(None, 3).admits(now, batch, Duration::ZERO, deadline));
+        // A zero budget admits nothing behind a running call.
+        assert!(!queue(Some(1), 0).admits(now, batch, Duration::ZERO, deadline));
+        // Before any call was measured, only the idle model admits.
+        let unmeasured = Queue {
+            running: Some(Running {
+                since: now,
+                texts: 1,
+            }),
+            ..Queue::default()
+        };
+        assert!(!unmeasured.admits(now, batch, budget, deadline));
+        assert!(Queue::default().admits(now, batch, budget, deadline));
     }
 
     /// Texts arriving while the model is idle are admitted together into the batch being gathered,

@@ -148,6 +148,10 @@ pub struct RequestRecord {
     /// On a miss: the literal guard that refused the best candidate (`x-reprise-guard`).
     #[serde(default)]
     pub guard: Option<String>,
+    /// Why semantic matching was skipped (`overload`, `deadline`, `failed`), as in
+    /// `x-reprise-semantic: skipped; reason=…`.
+    #[serde(default)]
+    pub semantic_skipped: Option<String>,
     /// Network and prefill time of the stored miss, less this hit's TTFT.
     #[serde(default)]
     pub ttft_saved_ms: Option<f64>,
@@ -246,11 +250,14 @@ pub struct RecordMeta {
     pub trace: Option<crate::otel::RequestTrace>,
 }
 
-/// The best semantic candidate of a miss: its similarity, and the guard that refused it.
+/// The best semantic candidate of a miss: its similarity, and the guard that refused it; or why
+/// semantic matching was skipped (`x-reprise-semantic`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Nearest {
     pub similarity: Option<f32>,
     pub guard: Option<Guard>,
+    /// The fallback reason (`overload`, `deadline`, `failed`) of a lookup that got no vector.
+    pub skipped: Option<&'static str>,
 }
 
 /// What a hit adds to its record.
@@ -277,6 +284,7 @@ impl RecordMeta {
             similarity: self.served.as_ref().and_then(|s| s.similarity),
             nearest: self.nearest.similarity,
             guard: self.nearest.guard.map(|g| g.name().to_owned()),
+            semantic_skipped: self.nearest.skipped.map(str::to_owned),
             ttft_saved_ms: self.served.as_ref().and_then(|s| s.ttft_saved_ms),
             error: self.error.map(str::to_owned),
         };
@@ -339,6 +347,7 @@ mod tests {
             similarity: None,
             nearest: None,
             guard: None,
+            semantic_skipped: None,
             ttft_saved_ms: None,
             error: None,
         }

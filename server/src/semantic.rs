@@ -313,18 +313,19 @@ impl Semantic {
     }
 
     /// Embeds a prompt for a search or for storing with its answer, with the time it took. `None`
-    /// when the prompt is empty or the embedding is refused (overload), late or failed: the request
-    /// then goes on with exact matching only, and the fallback is counted by its reason.
-    pub async fn embed(&self, prompt: &str) -> Option<(Vec<f32>, f64)> {
+    /// when the prompt is empty (nothing to match); the fallback's reason when the embedding is
+    /// refused (overload), late or failed: the request then goes on with exact matching only, and
+    /// the fallback is counted by its reason.
+    pub async fn embed(&self, prompt: &str) -> Result<Option<(Vec<f32>, f64)>, FallbackReason> {
         if prompt.trim().is_empty() {
-            return None;
+            return Ok(None);
         }
         let started = std::time::Instant::now();
         match self.embedder.embed(prompt).await {
-            Ok(v) => Some((v, crate::timing::millis(started.elapsed()))),
+            Ok(v) => Ok(Some((v, crate::timing::millis(started.elapsed())))),
             Err(err) => {
                 self.fall_back(&err);
-                None
+                Err(FallbackReason::of(&err))
             }
         }
     }

@@ -49,6 +49,7 @@ pub struct Stats {
     embed_batch_seconds: Histogram,
     embed_queue_wait: Histogram,
     embed_fallbacks: IntCounterVec,
+    semantic_skipped: IntCounterVec,
     store_errors: IntCounterVec,
     store_degraded: IntGauge,
     feed_behind: IntGauge,
@@ -249,6 +250,14 @@ impl Stats {
                 &["reason"],
             )
             .unwrap_or_else(unreachable_metric),
+            semantic_skipped: IntCounterVec::new(
+                Opts::new(
+                    "reprise_semantic_skipped_total",
+                    "Lookups that skipped semantic matching (exact only, `x-reprise-semantic: skipped`), by reason: overload, deadline, failed.",
+                ),
+                &["reason"],
+            )
+            .unwrap_or_else(unreachable_metric),
             store_errors: IntCounterVec::new(
                 Opts::new(
                     "reprise_store_errors_total",
@@ -304,6 +313,11 @@ impl Stats {
             }
         }
         stats.register(Box::new(stats.replica_waits.clone()));
+        // Every reason from the start: a dashboard's rate of a series that appears late is wrong.
+        for reason in crate::semantic::FallbackReason::ALL {
+            stats.semantic_skipped.with_label_values(&[reason.name()]);
+        }
+        stats.register(Box::new(stats.semantic_skipped.clone()));
         stats
     }
 
@@ -322,6 +336,9 @@ impl Stats {
         let kind = upstream_error_kind(record);
         if let Some(kind) = kind {
             self.upstream_errors.with_label_values(&[kind]).inc();
+        }
+        if let Some(reason) = &record.semantic_skipped {
+            self.semantic_skipped.with_label_values(&[reason]).inc();
         }
         let p = &record.phases;
         let served = CacheOutcome::SERVED
@@ -800,6 +817,7 @@ mod tests {
             similarity: None,
             nearest: None,
             guard: None,
+            semantic_skipped: None,
             ttft_saved_ms: (cache == "hit").then_some(400.0),
             error: (completion == Completion::GatewayError).then(|| match status {
                 504 => "upstream_timeout".to_owned(),

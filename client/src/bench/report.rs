@@ -197,6 +197,9 @@ fn target_section(md: &mut String, i: usize, t: &TargetSummary, charts: &[(Strin
             t.ttft_saved_s
         );
     }
+    if t.hit_rate.is_some() {
+        let _ = writeln!(md, "{}.", capitalize(&super::skipped_line(t)));
+    }
     if let Some(x) = t.hit_speedup_p50 {
         let _ = writeln!(md, "Hit TTFT speed-up (miss p50 / hit p50): {x:.0}x.");
     }

@@ -12,6 +12,12 @@
 //!    when a literal guard refuses that candidate whatever its similarity).
 //!
 //! The namespace (`x-reprise-namespace`) keeps pairs apart, so a pair only ever sees its own `a`.
+//!
+//! A lookup of `b` that says `x-reprise-semantic: skipped` (the gateway's embedding queue refused it,
+//! or it was late) measured nothing: it is counted and asked again until `store_timeout`. A pair
+//! whose lookups were all skipped has the outcome `skipped`: left out of the figures, counted
+//! apart, not an error. When `a` itself was stored without a vector, the gateway's backfill embeds
+//! it later, so `b` keeps asking for as long.
 
 pub mod calibrate;
 pub mod chart;
@@ -165,13 +171,21 @@ pub struct PairResult {
     /// `x-reprise-guard` of a miss: the literal guard that refused `a`'s entry.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guard: Option<String>,
+    /// Lookups of this pair (of `a` or `b`) that skipped semantic matching (`x-reprise-semantic`).
+    pub skipped_lookups: usize,
     pub error: Option<String>,
 }
 
 impl PairResult {
+    /// Whether the lookup of `b` got an answer that says something of the match: not an error,
+    /// not skipped by the gateway.
+    pub fn measured(&self) -> bool {
+        self.error.is_none() && self.outcome != SKIPPED
+    }
+
     /// What the sweep needs; `None` for a pair that could not be measured.
     pub fn scored(&self) -> Option<Scored> {
-        self.error.is_none().then_some(Scored {
+        self.measured().then_some(Scored {
             same_answer: self.same_answer,
             exact: self.outcome == "hit",
             similarity: self.similarity,
@@ -238,6 +252,9 @@ pub async fn run(
     })
 }
 
+/// The outcome of a pair whose every lookup of `b` skipped semantic matching.
+pub const SKIPPED: &str = "skipped";
+
 /// What one request reported.
 #[derive(Debug, Clone, PartialEq)]
 struct Reply {
@@ -245,6 +262,8 @@ struct Reply {
     similarity: Option<f64>,
     nearest: Option<f64>,
     guard: Option<String>,
+    /// `x-reprise-semantic: skipped; reason=…`: matched exactly only.
+    skipped: bool,
 }
 
 async fn evaluate_pair(
@@ -263,10 +282,19 @@ async fn evaluate_pair(
         served: false,
         similarity: None,
         guard: None,
+        skipped_lookups: 0,
         error: None,
     };
     let namespace = format!("eval-{}-{index}", config.run_id);
-    match measure(client, config, &namespace, pair).await {
+    match measure(
+        client,
+        config,
+        &namespace,
+        pair,
+        &mut result.skipped_lookups,
+    )
+    .await
+    {
         Ok(reply) => {
             result.served = matches!(reply.outcome.as_str(), "hit" | "semantic-hit");
             result.similarity = match reply.outcome.as_str() {
@@ -288,10 +316,14 @@ async fn measure(
     config: &EvalConfig,
     namespace: &str,
     pair: &Pair,
+    skipped: &mut usize,
 ) -> Result<Reply, String> {
     let first = send(client, config, namespace, &pair.a, false)
         .await
         .map_err(|e| format!("storing a: {e}"))?;
+    // Stored without a vector: the backfill gives it one later, so `b` may ask for longer.
+    let a_skipped = first.skipped;
+    *skipped += usize::from(first.skipped);
     if first.outcome != "miss" {
         return Err(format!(
             "storing a: expected a miss in a fresh namespace, got `{}`",
@@ -304,10 +336,24 @@ async fn measure(
     // adds the vector just after the entry) or an embedding fell back: ask again, briefly.
     let same_partition = pair.a.context() == pair.b.context();
     let mut attempt = 0;
+    let give_up = Instant::now() + config.store_timeout;
     loop {
         let reply = send(client, config, namespace, &pair.b, true)
             .await
             .map_err(|e| format!("looking up b: {e}"))?;
+        if reply.skipped && reply.outcome == "miss" {
+            // The gateway did not match at all: nothing measured. Ask again while there is time.
+            *skipped += 1;
+            attempt += 1;
+            if Instant::now() >= give_up {
+                return Ok(Reply {
+                    outcome: SKIPPED.to_owned(),
+                    ..reply
+                });
+            }
+            tokio::time::sleep(Duration::from_millis((20 * attempt).min(500))).await;
+            continue;
+        }
         let measured = match reply.outcome.as_str() {
             "hit" => true,
             "semantic-hit" => {
@@ -327,7 +373,7 @@ async fn measure(
             return Ok(reply);
         }
         attempt += 1;
-        if attempt >= 5 {
+        if attempt >= 5 && !(a_skipped && Instant::now() < give_up) {
             return Err(
                 "b found no candidate although a and b share their context: a's vector never reached the index (embedding fallback?)"
                     .into(),
@@ -404,6 +450,7 @@ async fn send(
     let similarity = number("x-reprise-similarity")?;
     let nearest = number("x-reprise-nearest")?;
     let guard = header("x-reprise-guard");
+    let skipped = crate::bench::skipped_reason(header("x-reprise-semantic").as_deref()).is_some();
     // Read the whole body: the request is only over (and the connection reusable) at its end.
     let text = response.text().await.map_err(|e| e.to_string())?;
     if !status.is_success() {
@@ -418,6 +465,7 @@ async fn send(
         similarity,
         nearest,
         guard,
+        skipped,
     })
 }
 
@@ -467,6 +515,7 @@ mod tests {
             served: true,
             similarity: Some(1.0),
             guard: None,
+            skipped_lookups: 0,
             error: None,
         };
         assert_eq!(

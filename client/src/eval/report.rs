@@ -41,6 +41,10 @@ pub struct Summary {
     pub guards: Option<String>,
     pub wall_s: f64,
     pub fallbacks_during_run: u64,
+    /// Lookups that skipped semantic matching (`x-reprise-semantic: skipped`), each asked again.
+    pub skipped_lookups: usize,
+    /// Pairs whose every lookup of `b` was skipped: left out of the figures, not errors.
+    pub skipped_pairs: usize,
     /// At the gateway's own decisions.
     pub overall: Tally,
     /// Weakest first (see the module comment).
@@ -56,7 +60,7 @@ pub struct Summary {
 }
 
 fn observed(r: &PairResult) -> Option<Observed> {
-    r.error.is_none().then_some(Observed {
+    r.measured().then_some(Observed {
         same_answer: r.same_answer,
         served: r.served,
         no_candidate: r.similarity.is_none(),
@@ -68,9 +72,11 @@ fn observed(r: &PairResult) -> Option<Observed> {
 pub fn summarize(evaluation: &Evaluation, title: &str) -> Summary {
     let results = &evaluation.results;
     let mut overall = Tally::default();
+    let mut skipped_pairs = 0;
     for r in results {
         match observed(r) {
             Some(o) => overall.add(o),
+            None if r.error.is_none() => skipped_pairs += 1,
             None => overall.errors += 1,
         }
     }
@@ -96,6 +102,8 @@ pub fn summarize(evaluation: &Evaluation, title: &str) -> Summary {
         guards: evaluation.gateway.guards.clone(),
         wall_s: evaluation.wall_s,
         fallbacks_during_run: evaluation.fallbacks_during_run,
+        skipped_lookups: results.iter().map(|r| r.skipped_lookups).sum(),
+        skipped_pairs,
         overall,
         categories,
         sources,
@@ -261,7 +269,16 @@ pub fn render_text(summary: &Summary) -> String {
     out
 }
 
+/// How many lookups the gateway skipped, in the text and Markdown reports alike.
+pub fn skipped_line(summary: &Summary) -> String {
+    format!(
+        "Skipped lookups (`x-reprise-semantic: skipped`, asked again): {}; pairs never matched and left out: {}.",
+        summary.skipped_lookups, summary.skipped_pairs
+    )
+}
+
 fn write_warnings(out: &mut String, summary: &Summary, prefix: &str) {
+    let _ = writeln!(out, "{prefix}{}", skipped_line(summary));
     if summary.overall.errors > 0 {
         let _ = writeln!(
             out,
@@ -414,6 +431,7 @@ mod tests {
             served: matches!(outcome, "hit" | "semantic-hit"),
             similarity: sim,
             guard: None,
+            skipped_lookups: 0,
             error: (outcome == "error").then(|| "HTTP 500: boom".to_owned()),
         }
     }
@@ -433,6 +451,28 @@ mod tests {
             results,
             wall_s: 1.0,
         }
+    }
+
+    /// Issue 24: at its default concurrency eval failed against a default gateway, whose skipped
+    /// lookups looked like pairs with no candidate. They are counted apart now, not errors.
+    #[test]
+    fn skipped_lookups_are_counted_and_left_out_not_failed() {
+        let mut retried = result("paraphrase", true, "semantic-hit", Some(0.93));
+        retried.skipped_lookups = 2;
+        let mut never = result("paraphrase", true, crate::eval::SKIPPED, None);
+        never.skipped_lookups = 7;
+        let eval = evaluation(vec![
+            retried,
+            never,
+            result("paraphrase", true, "miss", Some(0.7)),
+        ]);
+        let s = summarize(&eval, "t");
+        assert_eq!((s.overall.pairs, s.overall.errors), (2, 0));
+        assert_eq!((s.skipped_lookups, s.skipped_pairs), (9, 1));
+        assert_eq!(s.overall.hit_share(), Some(0.5));
+        let line = "Skipped lookups (`x-reprise-semantic: skipped`, asked again): 9; pairs never matched and left out: 1.";
+        assert!(render_text(&s).contains(line), "{}", render_text(&s));
+        assert!(render_markdown(&s, "c.svg").contains(line));
     }
 
     #[test]

@@ -56,7 +56,8 @@ pub struct MissNotes {
 }
 
 impl MissNotes {
-    /// Adds the `x-reprise-nearest`, `-guard`, `-shadow` and `-vetoed` headers to a miss's response.
+    /// Adds the `x-reprise-nearest`, `-guard`, `-shadow`, `-vetoed` and `-semantic` headers to a
+    /// miss's response.
     pub fn annotate(&self, headers: &mut HeaderMap) {
         if let Some(nearest) = self.nearest.similarity {
             // What the best candidate scored, so thresholds can be tuned from real traffic.
@@ -72,6 +73,14 @@ impl MissNotes {
         }
         if let Some(entry) = self.vetoed {
             set_header(headers, "x-reprise-vetoed", entry.to_string());
+        }
+        if let Some(reason) = self.nearest.skipped {
+            // No vector in time: this miss was matched exactly only.
+            set_header(
+                headers,
+                "x-reprise-semantic",
+                format!("skipped; reason={reason}"),
+            );
         }
     }
 }

@@ -89,6 +89,8 @@ pub(crate) struct Searched {
     /// When the embedding began (a trace places the embed and search phases from it).
     pub began: Option<Instant>,
     pub outcome: Option<semantic::Outcome>,
+    /// Why the search did not run although it was meant to (no vector in time).
+    pub skipped: Option<semantic::FallbackReason>,
 }
 
 /// A semantic search running beside the upstream request. Its vector also lands in `vector` when
@@ -266,8 +268,16 @@ async fn search(
     search: bool,
 ) -> Searched {
     let began = Instant::now();
-    let Some((vector, embed_ms)) = semantic.embed(&query.prompt).await else {
-        return Searched::default();
+    let (vector, embed_ms) = match semantic.embed(&query.prompt).await {
+        Ok(Some(embedded)) => embedded,
+        Ok(None) => return Searched::default(),
+        // Said on the response and in the record only when a search was meant to run.
+        Err(reason) => {
+            return Searched {
+                skipped: search.then_some(reason),
+                ..Searched::default()
+            }
+        }
     };
     let outcome = if search {
         Some(semantic.search(&store, vector.clone(), query).await)
@@ -279,6 +289,7 @@ async fn search(
         embed_ms: Some(embed_ms),
         began: Some(began),
         outcome,
+        skipped: None,
     }
 }
 
@@ -327,6 +338,7 @@ pub(crate) async fn apply_search(
     ex.ingress.clock.embed_ms = searched.embed_ms;
     ex.ingress.clock.semantic_began = searched.began;
     ex.vector = searched.vector;
+    ex.misses.nearest.skipped = searched.skipped.map(semantic::FallbackReason::name);
     let mut outcome = searched.outcome?;
     ex.ingress.clock.search_ms = outcome.search_ms;
     let prompt = ex.prompt_key();
