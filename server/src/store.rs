@@ -552,8 +552,8 @@ impl SledStore {
                 moved_to = %aside.display(),
                 error = %err,
                 entries = store.len(),
-                "CACHE STORE CORRUPT: moved its files aside for inspection; kept every entry a \
-                 copy recovered from sled's log that reads back whole"
+                "CACHE STORE CORRUPT: moved its files aside for inspection; kept the entries \
+                 that read back whole from them"
             );
             return Ok((store, Some(aside)));
         }
@@ -2936,34 +2936,41 @@ mod tests {
 
     #[test]
     fn zeroed_log_range_keeps_the_entries_that_read_back_whole() {
-        let (dir, stored) = dir_with_snapshot(300);
-        let db = dir.path().join("db");
-        let mut bytes = std::fs::read(&db).expect("read");
-        let middle = bytes.len() / 2;
-        bytes[middle..middle + 64 * 1024].fill(0);
-        std::fs::write(&db, bytes).expect("write");
-        assert!(
-            SledStore::open(dir.path()).is_err(),
-            "sled read the damaged range without an error: the test damages nothing"
-        );
-        let (store, aside) = SledStore::open_or_recover(dir.path(), false).expect("open");
-        let kept = served_whole(&store, &stored);
-        eprintln!(
-            "64 KiB zeroed in a {} byte log: {kept} of {} entries kept, aside {aside:?}",
-            std::fs::metadata(dir.path().join("db")).map_or(0, |m| m.len()),
-            stored.len()
-        );
-        // 64 KiB is under 2% of this log: the pages in it hold a few leaves of the trees (about 20
-        // values each), so all but a few dozen entries must come back.
-        assert!(
-            kept >= stored.len() * 4 / 5,
-            "only {kept} of {} entries salvaged",
-            stored.len()
-        );
-        assert!(
-            aside.is_some_and(|a| a.join("db").exists()),
-            "damaged files kept aside"
-        );
+        // Where live pages lie in the log varies from run to run (sled's flusher decides): try
+        // ranges until one hits a page an open reads. A range on dead space changes nothing.
+        for eighths in [4, 3, 5, 2, 6, 1, 7] {
+            let (dir, stored) = dir_with_snapshot(300);
+            let db = dir.path().join("db");
+            let mut bytes = std::fs::read(&db).expect("read");
+            let start = bytes.len() * eighths / 8;
+            let end = (start + 64 * 1024).min(bytes.len());
+            bytes[start..end].fill(0);
+            std::fs::write(&db, bytes).expect("write");
+            if SledStore::open(dir.path()).is_ok() {
+                eprintln!("64 KiB zeroed at {eighths}/8 of the log: no live page there");
+                continue;
+            }
+            let (store, aside) = SledStore::open_or_recover(dir.path(), false).expect("open");
+            let kept = served_whole(&store, &stored);
+            eprintln!(
+                "64 KiB zeroed at {eighths}/8 of the log: {kept} of {} entries kept",
+                stored.len()
+            );
+            // 64 KiB is under 2% of this log: the pages in it hold a few leaves of the trees
+            // (about 20 values each), or an index page and the leaves the copy skips with it, so
+            // most entries must come back (254 to 295 of 300 over six runs).
+            assert!(
+                kept >= stored.len() * 2 / 3,
+                "only {kept} of {} entries salvaged",
+                stored.len()
+            );
+            assert!(
+                aside.is_some_and(|a| a.join("db").exists()),
+                "damaged files kept aside"
+            );
+            return;
+        }
+        panic!("no zeroed range hit a live page: the test damages nothing");
     }
 
     #[test]
