@@ -132,6 +132,11 @@ fn writer_loop(
     // Takes the hits noted so far, leaving the lock at once.
     let take = || std::mem::take(&mut *lock(pending));
     let mut dirty = false;
+    // The caps hold at every put from here (the store evicts before it writes); sweeps only expire
+    // entries and delete unreadable ones.
+    if let Err(err) = store.set_caps(budget.max_entries, budget.max_bytes) {
+        tracing::warn!(error = %err, "evicting down to the store's caps failed");
+    }
     loop {
         let op = rx.recv_timeout(interval);
         match op {
@@ -153,6 +158,10 @@ fn writer_loop(
                     Err(err) => tracing::debug!(error = %err, "storing a cache entry failed"),
                 }
                 dirty = true;
+                // sled's log grows with every put, and one burst can write many budgets' worth
+                // between two sweeps: checked here (a stat), the files pass their budget by one
+                // answer's writes at most.
+                store.enforce_disk_budget(budget.max_bytes);
             }
             Ok(WriteOp::Flush(done)) => {
                 apply_touches(store.as_ref(), &mut take());
@@ -220,5 +229,154 @@ fn apply_touches(store: &dyn Store, touches: &mut HashMap<EntryId, Touches>) {
         if let Err(err) = store.touch(id, t.count, &recent) {
             tracing::debug!(error = %err, "recording hits failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::{RequestSummary, StoredEvent};
+    use crate::key::PartitionKey;
+    use crate::store::{ResilientStore, SledStore};
+    use crate::timing::Phases;
+    use serde_json::json;
+
+    /// An answer as a 1,500-token stream leaves it (about 400 kB stored, the churn): one
+    /// chunk per token, each with its id, `created` and model.
+    fn long_answer(n: u64) -> Entry {
+        let events: Vec<StoredEvent> = (0..1_500)
+            .map(|t| StoredEvent {
+                offset_ms: t as f64,
+                data: json!({"id": format!("chatcmpl-{n}"), "object": "chat.completion.chunk",
+                    "created": 1_700_000_000u64 + n, "model": "sim-1", "system_fingerprint": "fp_x",
+                    "choices": [{"index": 0, "delta": {"content": format!(" tok{t}-{n}")},
+                        "logprobs": null, "finish_reason": null}]}),
+            })
+            .collect();
+        let text: String = (0..1_500).map(|t| format!(" tok{t}-{n}")).collect();
+        Entry {
+            id: EntryId(0),
+            key: CacheKey(*blake3::hash(&n.to_le_bytes()).as_bytes()),
+            partition: PartitionKey([1; 32]),
+            summary: RequestSummary {
+                route: "chat.completions".into(),
+                model: "sim-1".into(),
+                namespace: None,
+                tenant: "shared".into(),
+                prompt: format!("question {n}"),
+                stream: true,
+            },
+            events,
+            body: json!({"choices": [{"message": {"content": text}}]}),
+            usage: Some(json!({"completion_tokens": 1_500})),
+            phases: Phases {
+                ttft_ms: Some(120.0),
+                total_ms: 900.0,
+                ..Phases::default()
+            },
+            created_at_ms: unix_ms(),
+            ttl_ms: 3_600_000,
+            hit_count: 0,
+            last_hit_ms: 0,
+            vector: None,
+            hit_history: Vec::new(),
+            warmed: false,
+        }
+    }
+
+    /// Bytes the files under `dir` take on disk, as `du` counts them; a file or folder that goes
+    /// while it is being counted (a rebuild moving files) counts as nothing.
+    fn disk_usage(dir: &std::path::Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(listing) = std::fs::read_dir(dir) else {
+            return 0;
+        };
+        listing
+            .flatten()
+            .map(|item| match item.metadata() {
+                Ok(meta) if meta.is_dir() => disk_usage(&item.path()),
+                Ok(meta) => meta.blocks() * 512,
+                Err(_) => 0,
+            })
+            .sum()
+    }
+
+    /// The gateway's store and writer, with sweeps an hour apart so that only the writes enforce
+    /// the caps (as between two sweeps of a busy gateway).
+    fn writer_on(dir: &std::path::Path, max_bytes: u64) -> (Arc<ResilientStore>, Writer) {
+        let store = Arc::new(ResilientStore::new(
+            dir,
+            SledStore::open(dir).expect("open store"),
+        ));
+        let budget = Budget {
+            max_entries: usize::MAX,
+            max_bytes,
+            sweep_interval_ms: 3_600_000,
+        };
+        let writer = Writer::start(store.clone(), None, None, budget);
+        (store, writer)
+    }
+
+    #[test]
+    fn the_ledger_holds_max_bytes_after_every_put_between_sweeps() {
+        const MAX_BYTES: u64 = 2_000_000;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, writer) = writer_on(dir.path(), MAX_BYTES);
+        let mut peak = 0;
+        for n in 0..40 {
+            writer.send(WriteOp::Put(Box::new(long_answer(n))));
+            writer.flush(Duration::from_secs(30));
+            peak = peak.max(store.bytes());
+            assert!(
+                store.bytes() <= MAX_BYTES,
+                "after put {n}: {} entries, {} bytes > {MAX_BYTES}",
+                store.len(),
+                store.bytes()
+            );
+            // The newest answer is the one kept: eviction takes the least recently used.
+            let newest = long_answer(n).key;
+            assert!(
+                store.replay_by_key(&newest).expect("read").is_some(),
+                "put {n} stored"
+            );
+        }
+        assert!(peak > MAX_BYTES / 2, "{peak}: answers too small to test");
+        assert!(writer.stop(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn the_data_dir_stays_within_its_stated_bound_sampled_during_churn() {
+        const MAX_BYTES: u64 = 2_000_000;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, writer) = writer_on(dir.path(), MAX_BYTES);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let bound = crate::store::disk_bound(MAX_BYTES);
+        let (peak, samples) = std::thread::scope(|scope| {
+            let sampler = scope.spawn(|| {
+                let (mut peak, mut samples) = (0, 0u64);
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    peak = peak.max(disk_usage(dir.path()));
+                    samples += 1;
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                (peak.max(disk_usage(dir.path())), samples)
+            });
+            // Queued as a burst, the way a busy gateway hands them over.
+            for n in 0..300 {
+                writer.send(WriteOp::Put(Box::new(long_answer(n))));
+            }
+            writer.flush(Duration::from_secs(300));
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            sampler.join().expect("sampler")
+        });
+        eprintln!(
+            "churn: data dir peaked at {peak} bytes over {samples} samples (bound {bound}), ended at {}, {} entries, {} bytes",
+            disk_usage(dir.path()),
+            store.len(),
+            store.bytes()
+        );
+        assert!(store.bytes() <= MAX_BYTES);
+        assert!(peak <= bound, "data dir peaked at {peak} bytes > {bound}");
+        assert!(writer.stop(Duration::from_secs(30)));
     }
 }

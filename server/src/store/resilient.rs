@@ -55,6 +55,8 @@ pub struct ResilientStore {
     /// degraded (`reprise_store_errors_total`).
     failed: AtomicU64,
     skipped: AtomicU64,
+    /// The caps given to [`Store::set_caps`], given again to every reopened sled store.
+    caps: Mutex<Option<(usize, u64)>>,
 }
 
 #[derive(Default)]
@@ -77,6 +79,7 @@ impl ResilientStore {
             state: Mutex::new(State::default()),
             failed: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
+            caps: Mutex::new(None),
         }
     }
 
@@ -90,6 +93,7 @@ impl ResilientStore {
             state: Mutex::new(State::default()),
             failed: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
+            caps: Mutex::new(None),
         }
     }
 
@@ -104,6 +108,7 @@ impl ResilientStore {
             state: Mutex::new(State::default()),
             failed: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
+            caps: Mutex::new(None),
         };
         this.fail(why);
         this
@@ -243,7 +248,7 @@ impl ResilientStore {
         // Readers see no store from here (a miss each); sled's file lock goes with the last handle.
         let old = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
         drop(old);
-        match SledStore::open(&self.dir) {
+        match SledStore::open(&self.dir).and_then(|store| self.capped(store)) {
             Ok(store) => {
                 *self.inner.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(store));
                 self.recovered();
@@ -261,6 +266,15 @@ impl ResilientStore {
 }
 
 impl ResilientStore {
+    /// `store` holding the caps last set, for a store opened in place of the old one.
+    fn capped(&self, store: SledStore) -> Result<SledStore, StoreError> {
+        let caps = *self.caps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((max_entries, max_bytes)) = caps {
+            store.set_caps(max_entries, max_bytes)?;
+        }
+        Ok(store)
+    }
+
     fn recovered(&self) {
         let mut state = self.lock_state();
         self.redis_down.store(false, Ordering::Release);
@@ -273,6 +287,11 @@ impl ResilientStore {
             );
         }
         state.logged_at = None;
+    }
+
+    /// Bytes sled's files take (0 while closed): what [`Self::enforce_disk_budget`] holds.
+    pub fn size_on_disk(&self) -> u64 {
+        self.current().map_or(0, |s| s.size_on_disk())
     }
 
     /// Rebuilds the store into a fresh file when sled's files outgrew
@@ -289,7 +308,7 @@ impl ResilientStore {
         drop(store);
         let old = self.inner.write().unwrap_or_else(|e| e.into_inner()).take();
         drop(old);
-        match SledStore::open_compacted(&self.dir) {
+        match SledStore::open_compacted(&self.dir).and_then(|store| self.capped(store)) {
             Ok(store) => {
                 info!(
                     before = on_disk,
@@ -417,7 +436,10 @@ impl ResilientStore {
 
 /// Errors of the disk or of sled, as opposed to one unreadable entry or an unencodable one.
 fn is_storage_failure(e: &StoreError) -> bool {
-    !matches!(e, StoreError::Corrupt { .. } | StoreError::Encode(_))
+    !matches!(
+        e,
+        StoreError::Corrupt { .. } | StoreError::Encode(_) | StoreError::TooLarge { .. }
+    )
 }
 
 fn refused() -> StoreError {
@@ -497,6 +519,11 @@ impl Store for ResilientStore {
 
     fn flush(&self) -> Result<(), StoreError> {
         self.with(|| Err(refused()), |s| s.flush())
+    }
+
+    fn set_caps(&self, max_entries: usize, max_bytes: u64) -> Result<(), StoreError> {
+        *self.caps.lock().unwrap_or_else(|e| e.into_inner()) = Some((max_entries, max_bytes));
+        self.with(|| Ok(()), |s| s.set_caps(max_entries, max_bytes))
     }
 
     fn clear(&self) -> Result<usize, StoreError> {
