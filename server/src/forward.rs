@@ -481,7 +481,7 @@ fn relayed_headers(upstream: &HeaderMap) -> HeaderMap {
 /// A non-streaming answer (or any non-2xx one): read it whole, then send it with `Server-Timing`.
 async fn relay_whole(
     state: &AppState,
-    meta: RecordMeta,
+    mut meta: RecordMeta,
     mut clock: PhaseClock,
     mut headers: HeaderMap,
     response: reqwest::Response,
@@ -542,7 +542,10 @@ async fn relay_whole(
     set_cache_outcome(&mut headers, meta.cache);
     if let Some(recorder) = recorder {
         // The answer is complete here; whether it is stored must not depend on the client reading it.
-        recorder.finish_body(&body, phases);
+        meta.store_skipped = recorder.finish_body(&body, phases);
+    }
+    if let Some(reason) = meta.store_skipped {
+        set_store_skipped(&mut headers, reason);
     }
     let completion = if status.is_success() {
         Completion::Complete
@@ -566,11 +569,20 @@ async fn relay_whole(
     out
 }
 
+/// Says on a response whose answer arrived whole that it was relayed but not stored, and why
+/// (`x-reprise-store: skipped; reason=too_large`). A stream's headers leave before its size is
+/// known: its record says so instead.
+fn set_store_skipped(headers: &mut HeaderMap, reason: &str) {
+    if let Ok(value) = HeaderValue::from_str(&format!("skipped; reason={reason}")) {
+        headers.insert(HeaderName::from_static("x-reprise-store"), value);
+    }
+}
+
 /// A successful event stream whose first event arrived: commit to the status and pump the rest from
 /// a tracked task, so the client's first byte leaves as soon as the upstream's first event arrives.
 fn relay_stream(
     state: &AppState,
-    meta: RecordMeta,
+    mut meta: RecordMeta,
     clock: PhaseClock,
     stream: Stream,
     request_id: String,
@@ -610,7 +622,9 @@ fn relay_stream(
     let log = state.requests.clone();
     let meta_cache = meta.cache;
     state.tasks.spawn(async move {
-        let (clock, completion) = pump.run(first_events, upstream, delivered_rx).await;
+        let (clock, completion, store_skipped) =
+            pump.run(first_events, upstream, delivered_rx).await;
+        meta.store_skipped = store_skipped;
         meta.finish(&log, status.as_u16(), completion, &clock);
     });
 
@@ -662,7 +676,7 @@ impl Pump {
         first_events: Vec<Bytes>,
         mut upstream: futures_util::stream::BoxStream<'static, Result<Bytes, reqwest::Error>>,
         delivered: oneshot::Receiver<Delivered>,
-    ) -> (PhaseClock, Completion) {
+    ) -> (PhaseClock, Completion, Option<&'static str>) {
         let mut more = self.handle(first_events).await;
         while more {
             let wait = match self.gone_at {
@@ -703,9 +717,10 @@ impl Pump {
             && !self.invalid_utf8
             && (self.saw_done || self.saw_finish)
             && self.framer.remainder().iter().all(u8::is_ascii_whitespace);
+        let mut store_skipped = None;
         if let Some(recorder) = self.recorder.take() {
             if clean {
-                recorder.finish_stream(self.clock.phases(Instant::now()));
+                store_skipped = recorder.finish_stream(self.clock.phases(Instant::now()));
             } else {
                 recorder.abandon();
             }
@@ -734,7 +749,7 @@ impl Pump {
         if let Some(first) = clock.first_token {
             tracing::debug!(ttft_ms = ?clock.upstream_sent.map(|s| first - s), "stream relayed");
         }
-        (clock, completion)
+        (clock, completion, store_skipped)
     }
 
     /// Relays events; returns false when the stream should stop being read.
@@ -753,7 +768,7 @@ impl Pump {
                 } => {
                     last_event = finish_reason.is_some() && value.get("response").is_some();
                     if let Some(recorder) = &mut self.recorder {
-                        recorder.chunk(now, &value);
+                        recorder.chunk(now, &event);
                     }
                     self.clock.tokens(now, tokens);
                     self.saw_finish |= finish_reason.is_some();
@@ -851,6 +866,7 @@ pub(crate) async fn passthrough(
         served: None,
         nearest: Nearest::default(),
         error: None,
+        store_skipped: None,
         trace: state
             .otel
             .as_ref()

@@ -178,7 +178,7 @@ fn keep(
         };
         match end {
             FlightEnd::Stored(_) => cache.writer.send(WriteOp::Release(key, token)),
-            FlightEnd::Uncacheable => {
+            FlightEnd::Uncacheable | FlightEnd::Relayed => {
                 let _ = cache.store.release(&key, &token);
             }
         }
