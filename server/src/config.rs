@@ -232,6 +232,10 @@ pub struct ServeArgs {
     /// Most bytes of entries kept [default: 1073741824 = 1 GiB].
     #[arg(long, env = "REPRISE_MAX_BYTES")]
     pub max_bytes: Option<u64>,
+    /// Largest answer recorded for the cache, in bytes; a larger one is relayed but not stored
+    /// [default: 8388608 = 8 MiB].
+    #[arg(long, env = "REPRISE_MAX_ENTRY_BYTES")]
+    pub max_entry_bytes: Option<usize>,
     /// Also store answers cut at max_tokens (`finish_reason: "length"`) [default: false].
     #[arg(long, env = "REPRISE_CACHE_LENGTH_FINISH")]
     pub cache_length_finish: Option<bool>,
@@ -311,6 +315,8 @@ pub struct Config {
     pub share_across_keys: bool,
     pub max_entries: usize,
     pub max_bytes: u64,
+    /// Largest answer the recorder buffers; past it the answer is relayed and not stored.
+    pub max_entry_bytes: usize,
     pub cache_length_finish: bool,
     pub complete_on_disconnect: bool,
     pub disconnect_budget_ms: u64,
@@ -370,6 +376,9 @@ impl Default for Config {
             share_across_keys: false,
             max_entries: 100_000,
             max_bytes: 1 << 30,
+            // A 100,000-token chat stream records about 20 MiB; the longest answers worth replaying
+            // are far shorter, and 8 MiB (the request body cap too) bounds what each flight holds.
+            max_entry_bytes: 8 * 1024 * 1024,
             cache_length_finish: false,
             complete_on_disconnect: true,
             disconnect_budget_ms: 60_000,
@@ -473,6 +482,7 @@ impl Config {
             replay,
             max_entries,
             max_bytes,
+            max_entry_bytes,
             cache_length_finish,
             complete_on_disconnect,
             disconnect_budget_ms,
@@ -523,6 +533,7 @@ impl Config {
         set(&mut self.live.replay, replay);
         set(&mut self.max_entries, max_entries);
         set(&mut self.max_bytes, max_bytes);
+        set(&mut self.max_entry_bytes, max_entry_bytes);
         set(&mut self.cache_length_finish, cache_length_finish);
         set(&mut self.complete_on_disconnect, complete_on_disconnect);
         set(&mut self.disconnect_budget_ms, disconnect_budget_ms);
@@ -588,6 +599,7 @@ impl Config {
             ("request_log_size", self.request_log_size as u64),
             ("max_entries", self.max_entries as u64),
             ("max_bytes", self.max_bytes),
+            ("max_entry_bytes", self.max_entry_bytes as u64),
             ("sweep_interval_ms", self.sweep_interval_ms),
             ("embed_deadline_ms", self.embed_deadline_ms),
             ("embed_max_batch", self.embed_max_batch as u64),
@@ -670,6 +682,8 @@ impl Config {
             ),
             ("request_log_size", self.request_log_size as u64, 1_000_000),
             ("max_body_bytes", self.max_body_bytes as u64, 1 << 30),
+            // Record offsets are u32.
+            ("max_entry_bytes", self.max_entry_bytes as u64, 1 << 31),
         ] {
             if value > max {
                 return Err(ConfigError::Invalid {
@@ -689,6 +703,7 @@ impl Config {
             disconnect_budget_ms: self.disconnect_budget_ms,
             max_entries: self.max_entries,
             max_bytes: self.max_bytes,
+            max_entry_bytes: self.max_entry_bytes,
             sweep_interval_ms: self.sweep_interval_ms,
         }
     }

@@ -488,7 +488,7 @@ fn relayed_headers(upstream: &HeaderMap) -> HeaderMap {
 /// A non-streaming answer (or any non-2xx one): read it whole, then send it with `Server-Timing`.
 async fn relay_whole(
     state: &AppState,
-    meta: RecordMeta,
+    mut meta: RecordMeta,
     mut clock: PhaseClock,
     mut headers: HeaderMap,
     response: reqwest::Response,
@@ -549,7 +549,10 @@ async fn relay_whole(
     set_cache_outcome(&mut headers, meta.cache);
     if let Some(recorder) = recorder {
         // The answer is complete here; whether it is stored must not depend on the client reading it.
-        recorder.finish_body(&body, phases);
+        meta.store_skipped = recorder.finish_body(&body, phases);
+    }
+    if let Some(reason) = meta.store_skipped {
+        set_store_skipped(&mut headers, reason);
     }
     let completion = if status.is_success() {
         Completion::Complete
@@ -573,11 +576,20 @@ async fn relay_whole(
     out
 }
 
+/// Says on a response whose answer arrived whole that it was relayed but not stored, and why
+/// (`x-reprise-store: skipped; reason=too_large`). A stream's headers leave before its size is
+/// known: its record says so instead.
+fn set_store_skipped(headers: &mut HeaderMap, reason: &str) {
+    if let Ok(value) = HeaderValue::from_str(&format!("skipped; reason={reason}")) {
+        headers.insert(HeaderName::from_static("x-reprise-store"), value);
+    }
+}
+
 /// A successful event stream whose first event arrived: commit to the status and pump the rest from
 /// a tracked task, so the client's first byte leaves as soon as the upstream's first event arrives.
 fn relay_stream(
     state: &AppState,
-    meta: RecordMeta,
+    mut meta: RecordMeta,
     clock: PhaseClock,
     stream: Stream,
     request_id: String,
@@ -617,7 +629,9 @@ fn relay_stream(
     let log = state.requests.clone();
     let meta_cache = meta.cache;
     state.tasks.spawn(async move {
-        let (clock, completion) = pump.run(first_events, upstream, delivered_rx).await;
+        let (clock, completion, store_skipped) =
+            pump.run(first_events, upstream, delivered_rx).await;
+        meta.store_skipped = store_skipped;
         meta.finish(&log, status.as_u16(), completion, &clock);
     });
 
@@ -669,13 +683,23 @@ impl Pump {
         first_events: Vec<Bytes>,
         mut upstream: futures_util::stream::BoxStream<'static, Result<Bytes, reqwest::Error>>,
         delivered: oneshot::Receiver<Delivered>,
-    ) -> (PhaseClock, Completion) {
+    ) -> (PhaseClock, Completion, Option<&'static str>) {
         let mut more = self.handle(first_events).await;
         while more {
             let wait = match self.gone_at {
-                Some(gone) => self
-                    .idle_timeout
-                    .min(self.disconnect_budget.saturating_sub(gone.elapsed())),
+                Some(gone) => {
+                    let left = self.disconnect_budget.saturating_sub(gone.elapsed());
+                    // Checked here, not only by the timeout below: tokio polls the stream before
+                    // the timer, so an upstream that always has a chunk ready would never let
+                    // the budget fire, and a client that left would hold the upstream forever.
+                    if left.is_zero() {
+                        self.failure = Some(GatewayError::UpstreamTimeout {
+                            timeout_ms: self.disconnect_budget.as_millis() as u64,
+                        });
+                        break;
+                    }
+                    self.idle_timeout.min(left)
+                }
                 None => self.idle_timeout,
             };
             match tokio::time::timeout(wait, upstream.next()).await {
@@ -710,9 +734,10 @@ impl Pump {
             && !self.invalid_utf8
             && (self.saw_done || self.saw_finish)
             && self.framer.remainder().iter().all(u8::is_ascii_whitespace);
+        let mut store_skipped = None;
         if let Some(recorder) = self.recorder.take() {
             if clean {
-                recorder.finish_stream(self.clock.phases(Instant::now()));
+                store_skipped = recorder.finish_stream(self.clock.phases(Instant::now()));
             } else {
                 recorder.abandon();
             }
@@ -741,7 +766,7 @@ impl Pump {
         if let Some(first) = clock.first_token {
             tracing::debug!(ttft_ms = ?clock.upstream_sent.map(|s| first - s), "stream relayed");
         }
-        (clock, completion)
+        (clock, completion, store_skipped)
     }
 
     /// Relays events; returns false when the stream should stop being read.
@@ -760,7 +785,7 @@ impl Pump {
                 } => {
                     last_event = finish_reason.is_some() && value.get("response").is_some();
                     if let Some(recorder) = &mut self.recorder {
-                        recorder.chunk(now, &value);
+                        recorder.chunk(now, &event);
                     }
                     self.clock.tokens(now, tokens);
                     self.saw_finish |= finish_reason.is_some();
@@ -858,6 +883,7 @@ pub(crate) async fn passthrough(
         served: None,
         nearest: Nearest::default(),
         error: None,
+        store_skipped: None,
         trace: state
             .otel
             .as_ref()
@@ -933,6 +959,48 @@ pub(crate) async fn passthrough(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client that left mid-stream frees the upstream within the disconnect budget even when the
+    /// upstream always has a chunk ready: before, the budget was only a timeout on the next read,
+    /// which tokio never fires while the read is ready, so the pump read on for as long as the
+    /// upstream sent.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gone_clients_budget_ends_even_an_upstream_that_never_pauses() {
+        let chunk = Bytes::from_static(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\n",
+        );
+        let upstream = futures_util::stream::repeat_with(move || Ok(chunk.clone())).boxed();
+        let (tx, rx) = mpsc::channel(1);
+        drop(rx);
+        let (delivered_tx, delivered) = oneshot::channel();
+        drop(delivered_tx);
+        let pump = Pump {
+            clock: PhaseClock::start(Instant::now()),
+            framer: SseFramer::new(),
+            tx,
+            idle_timeout: Duration::from_secs(30),
+            saw_done: false,
+            saw_finish: false,
+            saw_error_event: false,
+            invalid_utf8: false,
+            failure: None,
+            client_gone: false,
+            recorder: None,
+            keep_reading: true,
+            disconnect_budget: Duration::from_millis(50),
+            gone_at: None,
+        };
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "the test runs the pump on its own task to bound how long it may take"
+        )]
+        let running = tokio::spawn(pump.run(Vec::new(), upstream, delivered));
+        let (_, completion, _) = tokio::time::timeout(Duration::from_secs(10), running)
+            .await
+            .expect("the pump stopped reading after its disconnect budget")
+            .expect("pump task");
+        assert_eq!(completion, Completion::ClientDisconnected);
+    }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut map = HeaderMap::new();

@@ -4,6 +4,13 @@
 use reprise_server::config::{Cli, Command, Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
+// jemalloc, not glibc's malloc: long streams free many small buffers from several threads, and
+// glibc kept that memory (its per-thread arenas only shrink from the top), so the resident set grew
+// with every long stream and never came down. jemalloc's background threads return freed pages to
+// the system within seconds (measured: benches/stream-memory.sh, README "Memory").
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse_or_exit();
     let (args, check_only) = match cli.command {

@@ -158,6 +158,9 @@ pub struct RequestRecord {
     /// The `code` of the gateway's own error response, when it answered with one.
     #[serde(default)]
     pub error: Option<String>,
+    /// Why a clean answer was not stored: `too_large` (over `max_entry_bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_skipped: Option<String>,
 }
 
 /// A bounded ring of recent requests (the oldest is dropped when full), and the counters every
@@ -246,6 +249,8 @@ pub struct RecordMeta {
     pub nearest: Nearest,
     /// `code` of the gateway's error response, if it sent one.
     pub error: Option<&'static str>,
+    /// Why a clean answer was not stored (`too_large`).
+    pub store_skipped: Option<&'static str>,
     /// The request's trace context when traces are exported; its spans are built at the end.
     pub trace: Option<crate::otel::RequestTrace>,
 }
@@ -287,6 +292,7 @@ impl RecordMeta {
             semantic_skipped: self.nearest.skipped.map(str::to_owned),
             ttft_saved_ms: self.served.as_ref().and_then(|s| s.ttft_saved_ms),
             error: self.error.map(str::to_owned),
+            store_skipped: self.store_skipped.map(str::to_owned),
         };
         if let Some(trace) = self.trace {
             trace.end(&record, clock);
@@ -350,6 +356,7 @@ mod tests {
             semantic_skipped: None,
             ttft_saved_ms: None,
             error: None,
+            store_skipped: None,
         }
     }
 

@@ -406,13 +406,18 @@ pub async fn follow(state: &AppState, ex: &Exchange, flight: &Arc<Flight>) -> Op
     if !(ex.stream && flight.leader_streams) {
         return match flight.end().await {
             FlightEnd::Stored(entry) => Some(serve(state, ex, coalesced(entry))),
-            FlightEnd::Uncacheable => None,
+            FlightEnd::Uncacheable | FlightEnd::Relayed => None,
         };
     }
     let first = flight.next(0).await;
+    // Joined a flight whose answer went over `max_entry_bytes` and let its start go: nothing was
+    // sent yet, so this request goes upstream itself.
+    if first.lagged {
+        return None;
+    }
     if first.chunks.is_empty() {
         match &first.end {
-            Some(FlightEnd::Uncacheable) => return None,
+            Some(FlightEnd::Uncacheable | FlightEnd::Relayed) => return None,
             // The flight ended before any chunk: the leader was served an entry instead (a semantic
             // hit found while its upstream request was in flight).
             Some(FlightEnd::Stored(entry)) => {
@@ -436,7 +441,19 @@ pub async fn follow(state: &AppState, ex: &Exchange, flight: &Arc<Flight>) -> Op
         let mut seen = 0;
         let completion = loop {
             seen += update.chunks.len();
-            for chunk in &update.chunks {
+            if update.lagged {
+                let err = GatewayError::UpstreamProtocol {
+                    reason: "the stream broke off",
+                    detail: "this client fell behind the coalesced leader's stream, which is too large to keep".into(),
+                };
+                let _ = tx.send(err.sse_event()).await;
+                break Completion::StreamFailed;
+            }
+            for event in &update.chunks {
+                let Some(chunk) = crate::cache::tape::chunk_of(event) else {
+                    continue;
+                };
+                let chunk = &chunk;
                 let now = Instant::now();
                 let tokens = if named {
                     reprise_migrations::replay::named_event_tokens(chunk)
@@ -477,6 +494,14 @@ pub async fn follow(state: &AppState, ex: &Exchange, flight: &Arc<Flight>) -> Op
                             ttft_saved_ms: None,
                         },
                     );
+                    let mut tail = clock.phases(Instant::now()).sse_comment().to_vec();
+                    tail.extend_from_slice(if named { b"\n" } else { b"data: [DONE]\n\n" });
+                    let _ = tx.send(Bytes::from(tail)).await;
+                    break Completion::Complete;
+                }
+                Some(FlightEnd::Relayed) => {
+                    // The leader's answer was complete but too large to store: nothing served it.
+                    meta.store_skipped = Some("too_large");
                     let mut tail = clock.phases(Instant::now()).sse_comment().to_vec();
                     tail.extend_from_slice(if named { b"\n" } else { b"data: [DONE]\n\n" });
                     let _ = tx.send(Bytes::from(tail)).await;

@@ -51,6 +51,8 @@ pub struct Stats {
     embed_fallbacks: IntCounterVec,
     semantic_skipped: IntCounterVec,
     store_errors: IntCounterVec,
+    /// Clean answers not stored, by reason (`too_large`).
+    store_skipped: IntCounterVec,
     store_degraded: IntGauge,
     feed_behind: IntGauge,
     guard_refusals: IntCounterVec,
@@ -266,6 +268,14 @@ impl Stats {
                 &["kind"],
             )
             .unwrap_or_else(unreachable_metric),
+            store_skipped: IntCounterVec::new(
+                Opts::new(
+                    "reprise_store_skipped_total",
+                    "Clean answers relayed but not stored, by reason (too_large: over max_entry_bytes).",
+                ),
+                &["reason"],
+            )
+            .unwrap_or_else(unreachable_metric),
             store_degraded: gauge(
                 "reprise_store_degraded",
                 "1 while the store is degraded (serving without caching), else 0.",
@@ -286,8 +296,9 @@ impl Stats {
             ),
             registry,
         };
-        let collectors: [Box<dyn prometheus::core::Collector>; 19] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 20] = [
             Box::new(stats.store_errors.clone()),
+            Box::new(stats.store_skipped.clone()),
             Box::new(stats.store_degraded.clone()),
             Box::new(stats.feed_behind.clone()),
             Box::new(stats.overlap_races.clone()),
@@ -339,6 +350,14 @@ impl Stats {
         }
         if let Some(reason) = &record.semantic_skipped {
             self.semantic_skipped.with_label_values(&[reason]).inc();
+        }
+        // Only the request that recorded the answer says so (a coalesced follower's is not counted).
+        if let Some(reason) = record
+            .store_skipped
+            .as_deref()
+            .filter(|_| record.cache != CacheOutcome::Coalesced)
+        {
+            self.store_skipped.with_label_values(&[reason]).inc();
         }
         let p = &record.phases;
         let served = CacheOutcome::SERVED
@@ -823,6 +842,7 @@ mod tests {
                 504 => "upstream_timeout".to_owned(),
                 _ => "upstream_unreachable".to_owned(),
             }),
+            store_skipped: None,
         }
     }
 

@@ -88,7 +88,7 @@ struct ChoiceAcc {
 }
 
 /// Assembles the body a non-streamed request would have received from a stream's chunks.
-pub fn assemble(route: Route, chunks: &[Value]) -> Value {
+pub fn assemble<'a>(route: Route, chunks: impl IntoIterator<Item = &'a Value>) -> Value {
     if route == Route::Responses {
         return super::responses::assemble(chunks);
     }

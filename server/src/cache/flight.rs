@@ -4,10 +4,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use serde_json::Value;
+use std::time::Instant;
+
+use bytes::Bytes;
 use tokio::sync::Notify;
 
 use super::lock;
+use super::tape::{Pushed, Read, Tape};
 use crate::entry::Replay;
 use crate::key::CacheKey;
 
@@ -18,37 +21,46 @@ pub enum FlightEnd {
     Stored(Arc<Replay>),
     /// The leader's answer failed, broke off or may not be cached: followers go upstream themselves.
     Uncacheable,
+    /// The leader's stream ended cleanly but was not stored (it passed `max_entry_bytes`): the
+    /// followers already reading it end it as it did; the others were told it was uncacheable
+    /// when it went over.
+    Relayed,
 }
 
 /// A miss in progress that identical requests can join.
 pub struct Flight {
     pub leader_streams: bool,
-    /// Chunks the leader has received so far (streamed leaders only).
-    chunks: Mutex<Vec<Value>>,
+    /// Chunk events the leader has relayed so far (streamed leaders only), as the bytes relayed.
+    pub(super) tape: Tape,
     end: Mutex<Option<FlightEnd>>,
     changed: Notify,
 }
 
 /// What a follower reads from a flight since its last look.
 pub struct FlightUpdate {
-    pub chunks: Vec<Value>,
+    /// Chunk events as the leader relayed them (see [`super::tape::chunk_of`]).
+    pub chunks: Vec<Bytes>,
+    /// Events this follower had not read were let go (the answer passed `max_entry_bytes` and the
+    /// follower fell behind the window kept for it).
+    pub lagged: bool,
     /// Set once the flight has ended.
     pub end: Option<FlightEnd>,
 }
 
 impl Flight {
-    fn new(leader_streams: bool) -> Self {
+    fn new(leader_streams: bool, max_entry_bytes: usize) -> Self {
         Self {
             leader_streams,
-            chunks: Mutex::new(Vec::new()),
+            tape: Tape::new(max_entry_bytes, super::tape::FOLLOWED_WINDOW),
             end: Mutex::new(None),
             changed: Notify::new(),
         }
     }
 
-    pub fn push(&self, chunk: Value) {
-        lock(&self.chunks).push(chunk);
+    pub(super) fn push(&self, at: Instant, event: Bytes) -> Pushed {
+        let pushed = self.tape.push(at, event);
         self.changed.notify_waiters();
+        pushed
     }
 
     /// Chunks from `from` on, and the end if there is one; waits until there is something new.
@@ -58,24 +70,36 @@ impl Flight {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let chunks: Vec<Value> = lock(&self.chunks)
-                .get(from..)
-                .map(<[Value]>::to_vec)
-                .unwrap_or_default();
             let end = lock(&self.end).clone();
-            if !chunks.is_empty() || end.is_some() {
-                return FlightUpdate { chunks, end };
+            let (chunks, lagged) = match self.tape.read(from) {
+                Read::Events(chunks) => (chunks, false),
+                Read::Lagged => (Vec::new(), true),
+            };
+            if !chunks.is_empty() || end.is_some() || lagged {
+                return FlightUpdate {
+                    chunks,
+                    lagged,
+                    end,
+                };
             }
             notified.await;
         }
     }
 
-    /// Waits for the end of the flight, ignoring its chunks.
+    /// Waits for the end of the flight, ignoring its chunks. A flight whose answer went over
+    /// `max_entry_bytes` ends here for its waiters at once: it will not be stored.
     pub async fn end(&self) -> FlightEnd {
         loop {
-            if let Some(end) = self.next(usize::MAX).await.end {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(end) = lock(&self.end).clone() {
                 return end;
             }
+            if self.tape.is_over() {
+                return FlightEnd::Uncacheable;
+            }
+            notified.await;
         }
     }
 }
@@ -87,12 +111,20 @@ pub enum Join {
 }
 
 /// The flights in progress, by exact key.
-#[derive(Default)]
 pub(super) struct Flights {
     inflight: Mutex<HashMap<CacheKey, Arc<Flight>>>,
+    /// The recording cap each new flight's tape gets.
+    pub(super) max_entry_bytes: usize,
 }
 
 impl Flights {
+    pub(super) fn new(max_entry_bytes: usize) -> Self {
+        Self {
+            inflight: Mutex::default(),
+            max_entry_bytes,
+        }
+    }
+
     /// Joins the flight for `key`, or starts one when this request will store its answer.
     pub(super) fn join(
         &self,
@@ -107,19 +139,24 @@ impl Flights {
         if !will_store {
             return None;
         }
-        let flight = Arc::new(Flight::new(leader_streams));
+        let flight = Arc::new(Flight::new(leader_streams, self.max_entry_bytes));
         inflight.insert(key, flight.clone());
         Some(Join::Leader(flight))
     }
 
     /// Ends `flight`: later identical requests start their own, followers read `end`.
     pub(super) fn land(&self, key: &CacheKey, flight: &Arc<Flight>, end: FlightEnd) {
+        self.retire(key, flight);
+        *lock(&flight.end) = Some(end);
+        flight.changed.notify_waiters();
+    }
+
+    /// Takes `flight` out of the joinable ones (its answer will not be stored): identical requests
+    /// from now on start their own, while its followers go on reading it.
+    pub(super) fn retire(&self, key: &CacheKey, flight: &Arc<Flight>) {
         let mut inflight = lock(&self.inflight);
         if inflight.get(key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
             inflight.remove(key);
         }
-        drop(inflight);
-        *lock(&flight.end) = Some(end);
-        flight.changed.notify_waiters();
     }
 }

@@ -10,6 +10,7 @@ pub mod flight;
 pub mod recorder;
 pub mod remote;
 pub mod responses;
+pub mod tape;
 pub mod writer;
 
 use std::sync::{Arc, Mutex};
@@ -40,6 +41,8 @@ pub struct CacheSettings {
     pub disconnect_budget_ms: u64,
     pub max_entries: usize,
     pub max_bytes: u64,
+    /// Largest answer recorded; a larger one is relayed and not stored.
+    pub max_entry_bytes: usize,
     pub sweep_interval_ms: u64,
 }
 
@@ -87,13 +90,14 @@ impl Cache {
             max_bytes: settings.max_bytes,
             sweep_interval_ms: settings.sweep_interval_ms,
         };
+        let flights = Flights::new(settings.max_entry_bytes);
         Arc::new(Self {
             writer: Writer::start(store.clone(), index.clone(), backfill, budget),
             calls: Offload::new(store.clone()),
             store,
             index,
             settings,
-            flights: Flights::default(),
+            flights,
             aliases: Aliases::default(),
         })
     }
@@ -288,6 +292,7 @@ mod tests {
             disconnect_budget_ms: 0,
             max_entries: 10,
             max_bytes: 1 << 20,
+            max_entry_bytes: 1 << 20,
             sweep_interval_ms: 3_600_000,
         }
     }

@@ -1,14 +1,17 @@
 //! The recorder: follows a miss's answer as it is relayed, feeds its flight's followers, and turns
 //! a clean answer into an entry for the writer. A failed, partial or refused answer ends the flight
-//! as uncacheable and is never stored.
+//! as uncacheable and is never stored, and so is one larger than `max_entry_bytes` (relayed
+//! whole, its recording dropped the moment it passes the cap).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use bytes::Bytes;
 use serde_json::Value;
 
 use super::cacheable;
 use super::flight::{Flight, FlightEnd};
+use super::tape::{Pushed, Tape};
 use super::writer::WriteOp;
 use super::Cache;
 use crate::entry::{Entry, EntryId, Replay, RequestSummary, StoredEvent};
@@ -25,8 +28,11 @@ pub struct Recorder {
     pub summary: RequestSummary,
     pub ttl_s: u64,
     pub flight: Option<Arc<Flight>>,
-    /// Chunks seen so far, with their arrival instants.
-    events: Vec<(Instant, Value)>,
+    /// Chunk events seen so far, when there is no flight to keep them (a flight's tape is shared
+    /// with its followers).
+    own: Option<Tape>,
+    /// The answer passed `max_entry_bytes`: it is relayed, not stored.
+    too_large: bool,
     /// Whether this answer may be stored (policy allowed it); a flight alone does not store.
     pub store: bool,
     /// The prompt's embedding, stored with the entry for semantic matching.
@@ -47,14 +53,18 @@ impl Recorder {
         flight: Option<Arc<Flight>>,
         store: bool,
     ) -> Self {
+        let own = flight
+            .is_none()
+            .then(|| Tape::new(cache.settings.max_entry_bytes, 0));
         Self {
             cache,
             route,
             keys,
             summary,
             ttl_s,
+            own,
             flight,
-            events: Vec::new(),
+            too_large: false,
             store,
             vector: None,
             vector_later: None,
@@ -62,46 +72,102 @@ impl Recorder {
         }
     }
 
-    /// Notes one stream chunk as it passes.
-    pub fn chunk(&mut self, at: Instant, chunk: &Value) {
-        if let Some(flight) = &self.flight {
-            flight.push(chunk.clone());
+    /// Notes one stream chunk event (its bytes as relayed) as it passes.
+    pub fn chunk(&mut self, at: Instant, event: &Bytes) {
+        let pushed = match (&self.flight, &self.own) {
+            (Some(flight), _) => flight.push(at, event.clone()),
+            (None, Some(tape)) => tape.push(at, event.clone()),
+            (None, None) => return,
+        };
+        if pushed == Pushed::WentOver {
+            self.went_over();
         }
-        self.events.push((at, chunk.clone()));
     }
 
-    /// The stream ended cleanly: assemble, check and store it.
-    pub fn finish_stream(mut self, phases: Phases) {
-        let first = self.events.first().map(|(at, _)| *at);
-        let events: Vec<StoredEvent> = std::mem::take(&mut self.events)
+    /// Why this answer is not stored, when it is for its size (`too_large`).
+    pub fn skipped(&self) -> Option<&'static str> {
+        self.too_large.then_some("too_large")
+    }
+
+    /// The answer passed the cap: its recording is already let go (the tape did); identical
+    /// requests from now on go upstream themselves, and those waiting for this one are told.
+    fn went_over(&mut self) {
+        self.too_large = true;
+        tracing::debug!(
+            max_entry_bytes = self.cache.settings.max_entry_bytes,
+            "not caching: the answer is larger than max_entry_bytes"
+        );
+        self.own = None;
+        if let Some(flight) = &self.flight {
+            self.cache.flights.retire(&self.keys.exact, flight);
+        }
+    }
+
+    /// The stream ended cleanly: assemble, check and store it (unless it was too large). Returns
+    /// why it was not stored, for its size.
+    pub fn finish_stream(mut self, phases: Phases) -> Option<&'static str> {
+        if self.too_large {
+            self.landed = true;
+            if let Some(flight) = self.flight.take() {
+                self.cache
+                    .flights
+                    .land(&self.keys.exact, &flight, FlightEnd::Relayed);
+            }
+            return self.skipped();
+        }
+        let recorded = match (&self.flight, &self.own) {
+            (Some(flight), _) => flight.tape.recorded(),
+            (None, Some(tape)) => tape.recorded(),
+            (None, None) => None,
+        }
+        .unwrap_or_default();
+        self.own = None;
+        // Parsed here to assemble and check the answer (and render the followers' replay), then
+        // dropped: the writer parses the bytes again when it writes, one entry at a time.
+        let Some(chunks) = super::tape::chunks(&recorded) else {
+            tracing::debug!("not caching: a recorded event is not a JSON chunk");
+            self.abandon();
+            return None;
+        };
+        let body = cacheable::assemble(self.route, chunks.iter().map(|(_, data)| data));
+        let events = chunks
             .into_iter()
-            .map(|(at, data)| StoredEvent {
-                offset_ms: first.map_or(0.0, |f| {
-                    crate::timing::millis(at.saturating_duration_since(f))
-                }),
-                data,
-            })
+            .map(|(offset_ms, data)| StoredEvent { offset_ms, data })
             .collect();
-        let chunks: Vec<Value> = events.iter().map(|e| e.data.clone()).collect();
-        let body = cacheable::assemble(self.route, &chunks);
-        self.finish(body, events, phases);
+        self.finish(body, events, Some(recorded), phases);
+        None
     }
 
-    /// A non-streamed 200 answer arrived whole.
-    pub fn finish_body(self, raw: &[u8], phases: Phases) {
+    /// A non-streamed 200 answer arrived whole. Returns why it was not stored, for its size.
+    pub fn finish_body(mut self, raw: &[u8], phases: Phases) -> Option<&'static str> {
+        if raw.len() > self.cache.settings.max_entry_bytes {
+            self.went_over();
+            self.abandon();
+            return Some("too_large");
+        }
         let Ok(body) = serde_json::from_slice::<Value>(raw) else {
             tracing::debug!("not caching: the upstream body is not JSON");
-            return self.abandon();
+            self.abandon();
+            return None;
         };
         let events = if self.route == Route::Embeddings {
             Vec::new()
         } else {
             cacheable::rechunk(self.route, &body, phases.decode_ms.unwrap_or(0.0))
         };
-        self.finish(body, events, phases);
+        self.finish(body, events, None, phases);
+        None
     }
 
-    fn finish(mut self, body: Value, events: Vec<StoredEvent>, phases: Phases) {
+    /// Stores the answer; `recorded` is the stream `events` were parsed from, sent to the writer in
+    /// their place.
+    fn finish(
+        mut self,
+        body: Value,
+        events: Vec<StoredEvent>,
+        recorded: Option<Vec<(f64, Bytes)>>,
+        phases: Phases,
+    ) {
         if let Err(why) =
             cacheable::check_cacheable(self.route, &body, self.cache.settings.cache_length_finish)
         {
@@ -136,7 +202,15 @@ impl Recorder {
             .take()
             .map(|flight| (flight, Arc::new(Replay::of(&entry))));
         if self.store {
-            self.cache.writer.send(WriteOp::Put(Box::new(entry)));
+            let op = match recorded {
+                Some(recorded) => {
+                    let mut entry = Box::new(entry);
+                    entry.events = Vec::new();
+                    WriteOp::PutRecorded(entry, recorded)
+                }
+                None => WriteOp::Put(Box::new(entry)),
+            };
+            self.cache.writer.send(op);
         }
         if let Some((flight, replay)) = landing {
             self.cache

@@ -194,7 +194,7 @@ fn keep(
         };
         match end {
             FlightEnd::Stored(_) => cache.writer.send(WriteOp::Release(key, token)),
-            FlightEnd::Uncacheable => {
+            FlightEnd::Uncacheable | FlightEnd::Relayed => {
                 let _ = cache.read(move |store| store.release(&key, &token)).await;
             }
         }

@@ -112,17 +112,17 @@ pub fn check(body: &Value) -> Result<(), Uncacheable> {
 
 /// The body of a stream: the `response` of its last `response.completed` (or
 /// `response.incomplete`, which [`check`] refuses); `null` when it has neither.
-pub fn assemble(events: &[Value]) -> Value {
-    events
-        .iter()
-        .rev()
-        .find(|e| {
-            matches!(
-                e.get("type").and_then(Value::as_str),
-                Some("response.completed" | "response.incomplete")
-            )
-        })
-        .and_then(|e| e.get("response"))
+pub fn assemble<'a>(events: impl IntoIterator<Item = &'a Value>) -> Value {
+    let mut last = None;
+    for e in events {
+        if matches!(
+            e.get("type").and_then(Value::as_str),
+            Some("response.completed" | "response.incomplete")
+        ) {
+            last = Some(e);
+        }
+    }
+    last.and_then(|e| e.get("response"))
         .cloned()
         .unwrap_or(Value::Null)
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::lock;
 use crate::backfill::Backfill;
-use crate::entry::{Entry, EntryId, HitEvent, HIT_HISTORY};
+use crate::entry::{Entry, EntryId, HitEvent, StoredEvent, HIT_HISTORY};
 use crate::index::VectorIndex;
 use crate::key::CacheKey;
 use crate::record::unix_ms;
@@ -21,6 +21,10 @@ use crate::store::{ClaimToken, Store};
 
 pub(super) enum WriteOp {
     Put(Box<Entry>),
+    /// A streamed answer: the entry without its events, and the events as they were relayed
+    /// (offset ms, bytes). Parsed here, one entry at a time, just before the write: a parsed event
+    /// costs ten times its bytes, and entries queued with theirs added up while the disk was busy.
+    PutRecorded(Box<Entry>, Vec<(f64, bytes::Bytes)>),
     Flush(mpsc::Sender<()>),
     /// Releases a replica-wide claim on a key (see [`super::remote`]): queued after the answer's
     /// `Put`, so that a replica waiting for the answer finds it stored once the claim is gone.
@@ -119,6 +123,32 @@ impl Writer {
         }
     }
 }
+
+/// Stores a new entry; the index learns of it once the store holds it.
+fn put(
+    store: &dyn Store,
+    index: Option<&dyn VectorIndex>,
+    backfill: Option<&Backfill>,
+    entry: Box<Entry>,
+) {
+    let vector = entry.vector.clone().map(|v| (entry.partition.0, v));
+    let unembedded = crate::backfill::wants_vector(&entry);
+    match store.put(*entry) {
+        Ok(id) => {
+            if let (Some(index), Some((partition, vector))) = (index, vector) {
+                index.insert(id.0, partition, &vector);
+            }
+            // Its miss skipped the embedding: the vector comes later, off this path.
+            if let Some(backfill) = backfill.filter(|_| unembedded) {
+                backfill.enqueue(id);
+            }
+        }
+        // At debug: a failing store logs its state once, not once per answer.
+        Err(err) => tracing::debug!(error = %err, "storing a cache entry failed"),
+    }
+}
+
+/// The writer thread's loop.
 fn writer_loop(
     store: Arc<dyn Store>,
     index: Option<Arc<dyn VectorIndex>>,
@@ -141,27 +171,30 @@ fn writer_loop(
         let op = rx.recv_timeout(interval);
         match op {
             Ok(WriteOp::Put(entry)) => {
-                let vector = entry.vector.clone().map(|v| (entry.partition.0, v));
-                let unembedded = crate::backfill::wants_vector(&entry);
-                match store.put(*entry) {
-                    // The index learns of an entry only once the store holds it.
-                    Ok(id) => {
-                        if let (Some(index), Some((partition, vector))) = (&index, vector) {
-                            index.insert(id.0, partition, &vector);
-                        }
-                        // Its miss skipped the embedding: the vector comes later, off this path.
-                        if let Some(backfill) = backfill.as_ref().filter(|_| unembedded) {
-                            backfill.enqueue(id);
-                        }
-                    }
-                    // At debug: a failing store logs its state once, not once per answer.
-                    Err(err) => tracing::debug!(error = %err, "storing a cache entry failed"),
-                }
+                put(store.as_ref(), index.as_deref(), backfill.as_deref(), entry);
                 dirty = true;
                 // sled's log grows with every put, and one burst can write many budgets' worth
                 // between two sweeps: checked here (a stat), the files pass their budget by one
                 // answer's writes at most.
                 store.enforce_disk_budget(budget.max_bytes);
+            }
+            Ok(WriteOp::PutRecorded(mut entry, recorded)) => {
+                let events: Option<Vec<StoredEvent>> = recorded
+                    .iter()
+                    .map(|(offset_ms, event)| {
+                        Some(StoredEvent {
+                            offset_ms: *offset_ms,
+                            data: super::tape::chunk_of(event)?,
+                        })
+                    })
+                    .collect();
+                drop(recorded);
+                // The recorder parsed the same bytes before it sent them: always `Some`.
+                if let Some(events) = events {
+                    entry.events = events;
+                    put(store.as_ref(), index.as_deref(), backfill.as_deref(), entry);
+                    dirty = true;
+                }
             }
             Ok(WriteOp::Flush(done)) => {
                 apply_touches(store.as_ref(), &mut take());

@@ -205,6 +205,7 @@ impl Exchange {
             served: None,
             nearest: self.misses.nearest,
             error: None,
+            store_skipped: None,
             trace: self.trace.clone(),
         }
     }

@@ -503,3 +503,154 @@ async fn an_absurd_replay_rate_is_a_400_not_a_panic() {
     assert_eq!(outcome(&hit), "hit");
     assert_eq!(content(hit, true).await, original);
 }
+
+/// An answer larger than `max_entry_bytes` reaches every client whole, and is not stored: not by
+/// its leader (whose recording stops at the cap), nor through its flight. Followers already reading
+/// the leader's stream finish it as it came; those waiting for the stored answer are told at the
+/// cap that there will be none, and ask the upstream themselves. Before, the whole stream was kept
+/// (as parsed JSON, twice) and stored however large it was.
+#[tokio::test]
+async fn an_answer_over_max_entry_bytes_is_relayed_whole_and_not_stored() {
+    let sim = sim::spawn(SimConfig {
+        ttft_ms: 300.0,
+        itl_ms: 0.2,
+        tokens: 6_000,
+        ..SimConfig::default()
+    })
+    .await
+    .expect("sim");
+    // The same answer straight from the upstream, for what "whole" means.
+    let direct = client()
+        .post(format!("{}/chat/completions", sim.base_url()))
+        .json(&chat_body("a long answer", true))
+        .send()
+        .await
+        .expect("send");
+    let expected = content(direct, true).await;
+    let expected_chunks = {
+        let direct = client()
+            .post(format!("{}/chat/completions", sim.base_url()))
+            .json(&chat_body("a long answer", true))
+            .send()
+            .await
+            .expect("send");
+        let (data, _) = parse_sse(&stream_text(direct).await);
+        data.iter()
+            .filter(|d| *d != "[DONE]")
+            .map(|d| normalized(d))
+            .collect::<Vec<_>>()
+    };
+    let mut config = config_for(sim.base_url());
+    // 6,000 chunks of about 200 bytes (a body of about 45 kB): both shapes are over the cap.
+    config.max_entry_bytes = 20_000;
+    let gw = start(config).await;
+    let calls_before = upstream_calls(&sim);
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let url = gw.url("/v1/chat/completions");
+        let stream = i % 2 == 0;
+        tasks.push(tokio::spawn(async move {
+            let response = client()
+                .post(url)
+                .bearer_auth("sk-tenant-a")
+                .json(&chat_body("a long answer", stream))
+                .send()
+                .await
+                .expect("send");
+            let status = response.status().as_u16();
+            let o = outcome(&response);
+            let store = header(&response, "x-reprise-store");
+            if stream {
+                let text = stream_text(response).await;
+                let (data, _) = parse_sse(&text);
+                assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{o}");
+                let chunks: Vec<Value> = data
+                    .iter()
+                    .filter(|d| *d != "[DONE]")
+                    .map(|d| normalized(d))
+                    .collect();
+                (status, o, store, Some(chunks))
+            } else {
+                let body: Value = response.json().await.expect("json");
+                let text = body
+                    .pointer("/choices/0/message/content")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned();
+                (status, o, store, Some(vec![json!(text)]))
+            }
+        }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.expect("task"));
+    }
+    for (i, (status, o, store, got)) in results.iter().enumerate() {
+        assert_eq!(*status, 200, "request {i} ({o})");
+        let got = got.as_ref().expect("answer");
+        if i % 2 == 0 {
+            // Streamed: every chunk of the upstream's, in order (the leader's bytes untouched; a
+            // coalesced follower renders the same chunks with its own identity).
+            assert_eq!(got, &expected_chunks, "request {i} ({o})");
+        } else {
+            assert_eq!(got, &vec![json!(expected.clone())], "request {i} ({o})");
+            // A whole answer says it was not stored, and why.
+            if o == "miss" {
+                assert_eq!(store.as_deref(), Some("skipped; reason=too_large"));
+            }
+        }
+    }
+    let outcomes: Vec<&str> = results.iter().map(|r| r.1.as_str()).collect();
+    // Followers were there (the upstream takes 300 ms to its first token), and the non-streamed
+    // ones, told there would be nothing stored, went upstream themselves.
+    let calls = upstream_calls(&sim) - calls_before;
+    assert!(calls > 1, "{outcomes:?}");
+    assert!(
+        outcomes.contains(&"coalesced"),
+        "streamed followers follow the leader's stream: {outcomes:?}"
+    );
+    // Nothing was stored: not now, not later.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gw.state.cache.drain();
+    assert_eq!(gw.state.cache.store.len(), 0, "{outcomes:?}");
+    let again = post(&gw, &chat_body("a long answer", false), &[]).await;
+    assert_eq!(outcome(&again), "miss");
+    assert_eq!(content(again, false).await, expected);
+    // Each request that recorded the answer counted it, and its record says so.
+    let metrics = client()
+        .get(gw.url("/metrics"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let skipped: u64 = metrics
+        .lines()
+        .find(|l| l.starts_with("reprise_store_skipped_total{reason=\"too_large\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert_eq!(skipped, calls + 1, "{metrics}");
+    let records = gw.state.requests.recent(100);
+    assert!(
+        records
+            .iter()
+            .filter(|r| r.cache == reprise_server::record::CacheOutcome::Miss)
+            .all(|r| r.store_skipped.as_deref() == Some("too_large")),
+        "{records:?}"
+    );
+    // Below the cap the same answer is stored as before.
+    let mut config = config_for(sim.base_url());
+    config.max_entry_bytes = 8 << 20;
+    let roomy = start(config).await;
+    content(
+        post(&roomy, &chat_body("a long answer", true), &[]).await,
+        true,
+    )
+    .await;
+    wait_for_entries(&roomy, 1).await;
+    let hit = post(&roomy, &chat_body("a long answer", true), &[]).await;
+    assert_eq!(outcome(&hit), "hit");
+}

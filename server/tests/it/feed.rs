@@ -74,13 +74,28 @@ async fn entries_verdicts_and_deletes_reach_every_replica_through_the_feed() {
     assert_eq!(upstream_calls(&sim), 1);
 
     // A verdict on B's hit, sent to A: A finds what B's request met, and B applies the veto.
-    let verdict = admin(
-        &a,
-        reqwest::Method::POST,
-        "/admin/feedback",
-        Some(json!({"request_id": served_by_b, "verdict": "wrong"})),
-    )
-    .await;
+    // B shares what its request met off the request path (a moment after its answer), so the
+    // verdict is retried while A cannot know the request yet.
+    let deadline = Instant::now() + PROPAGATION;
+    let verdict = loop {
+        let response = client()
+            .post(a.url("/admin/feedback"))
+            .bearer_auth("admin-secret")
+            .json(&json!({"request_id": served_by_b, "verdict": "wrong"}))
+            .send()
+            .await
+            .expect("admin route");
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if status.is_success() {
+            break body;
+        }
+        assert!(
+            status == 404 && Instant::now() < deadline,
+            "/admin/feedback: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(
         verdict["effect"]
             .as_str()

@@ -276,3 +276,135 @@ async fn serves_then_exits_zero_on_sigterm() {
     };
     assert!(status.success(), "exit status {status:?}");
 }
+
+/// The gateway's resident set in bytes (`VmRSS` of /proc/PID/status).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
+/// A figure of the gateway's `/metrics`: the sum of the series whose line starts with `series`.
+async fn metric(port: u16, series: &str) -> u64 {
+    let text = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .bearer_auth("memory-admin")
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .filter(|l| l.starts_with(series))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Long streams whose clients leave early (the gateway reads on to cache them: the default
+/// `complete_on_disconnect`) cost memory while they run, and give it back when they end: the
+/// recording keeps the relayed bytes, not a parsed JSON tree per event, stops at
+/// `--max-entry-bytes`, and the allocator returns freed memory. Before, streams like these took the
+/// gateway's resident set up by a gigabyte and kept it there (benches/stream-memory.sh). Memory,
+/// not speed: the bound is wide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_comes_back_after_long_streams_whose_clients_left() {
+    let sim = crate::common::quick_sim().await;
+    let data_dir = tempfile::tempdir().expect("tempdir");
+    let (mut child, port) = spawn_gateway_with(
+        &sim.base_url(),
+        data_dir.path(),
+        // However slow a shared machine is, the streams are read to their end (and stored or
+        // refused for their size), never cut by the default minute after their clients left.
+        &[
+            "--semantic",
+            "false",
+            "--admin-token",
+            "memory-admin",
+            "--disconnect-budget-ms",
+            "600000",
+        ],
+    )
+    .await;
+    let pid = child.id();
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    let client = reqwest::Client::new();
+    // One whole stream first, so the baseline has the pools, the store and the runtime warmed.
+    let warm = client
+        .post(&url)
+        .json(&chat("warm up", true))
+        .send()
+        .await
+        .expect("send");
+    warm.text().await.expect("body");
+    let finished = |n: u64| async move {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        while metric(port, "reprise_requests_total").await < n {
+            assert!(Instant::now() < deadline, "the streams did not finish");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    finished(1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let baseline = rss_bytes(pid);
+    // Three answers of about 5 MB (stored: under the 8 MiB default) and two of about 10 MB (not).
+    let mut clients = Vec::new();
+    for (i, tokens) in [20_000, 20_000, 20_000, 40_000, 40_000]
+        .into_iter()
+        .enumerate()
+    {
+        let client = client.clone();
+        let url = url.clone();
+        clients.push(tokio::spawn(async move {
+            let mut response = client
+                .post(&url)
+                .header("x-sim-tokens", tokens.to_string())
+                .json(&chat(&format!("a long answer {i}"), true))
+                .send()
+                .await
+                .expect("send");
+            // The first bytes, then leave a moment later.
+            response.chunk().await.expect("first chunk");
+            let leave = Instant::now() + Duration::from_millis(300);
+            while Instant::now() < leave {
+                if response.chunk().await.expect("chunk").is_none() {
+                    break;
+                }
+            }
+        }));
+    }
+    for c in clients {
+        c.await.expect("client");
+    }
+    finished(6).await;
+    // What was stored (the writer thread writes it after the stream), and what was over the cap.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while metric(port, "reprise_cache_entries").await < 4 {
+        assert!(Instant::now() < deadline, "the answers were not stored");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(metric(port, "reprise_cache_entries").await, 4);
+    assert_eq!(
+        metric(port, "reprise_store_skipped_total{reason=\"too_large\"}").await,
+        2
+    );
+    let bound = baseline + 150 * 1024 * 1024;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut rss = rss_bytes(pid);
+    while rss > bound && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        rss = rss_bytes(pid);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        rss <= bound,
+        "resident set {} MB after the streams, baseline {} MB",
+        rss >> 20,
+        baseline >> 20
+    );
+}
