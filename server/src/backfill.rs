@@ -287,10 +287,14 @@ mod tests {
     /// when the model is busy.
     struct Gated {
         open: Arc<(Mutex<bool>, Condvar)>,
+        /// Model calls begun (a test waits for the call it blocks to be running, not only queued).
+        entered: Arc<std::sync::atomic::AtomicUsize>,
     }
 
     impl EmbedModel for Gated {
         fn embed(&mut self, texts: &[String]) -> Result<Vec<Vec<f32>>, String> {
+            self.entered
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let (open, changed) = &*self.open;
             let mut is_open = lock(open);
             while !*is_open {
@@ -378,6 +382,7 @@ mod tests {
         let gate = Arc::new((Mutex::new(false), Condvar::new()));
         let model = Gated {
             open: Arc::clone(&gate),
+            entered: Arc::default(),
         };
         let embed_config = EmbedConfig {
             max_batch: config.embed_max_batch,
@@ -503,8 +508,10 @@ mod tests {
             queue_budget: Duration::from_millis(config.embed_queue_budget_ms),
             ..EmbedConfig::default()
         };
+        let entered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let model = Gated {
             open: Arc::clone(&gate),
+            entered: Arc::clone(&entered),
         };
         let embedder =
             Arc::new(Embedder::with_model(Box::new(model), &embed_config).expect("fake"));
@@ -554,8 +561,10 @@ mod tests {
         }
         let _open = OpenOnDrop(Arc::clone(&gate));
         let blocker = tokio::spawn(send("blocker", false));
+        // In the model, not only queued: a text queued beside a batch still being gathered would
+        // join it (and wait for the gate) instead of being refused.
         eventually("the blocker's text in the model", || {
-            embedder.stats().pending == 1
+            embedder.stats().pending == 1 && entered.load(std::sync::atomic::Ordering::SeqCst) == 1
         })
         .await;
         let skipped = Some("skipped; reason=overload".to_owned());
@@ -753,8 +762,14 @@ mod tests {
         }
         let gate = Arc::new((Mutex::new(true), Condvar::new()));
         let embedder = Arc::new(
-            Embedder::with_model(Box::new(Gated { open: gate }), &EmbedConfig::default())
-                .expect("fake"),
+            Embedder::with_model(
+                Box::new(Gated {
+                    open: gate,
+                    entered: Arc::default(),
+                }),
+                &EmbedConfig::default(),
+            )
+            .expect("fake"),
         );
         let config = Config {
             data_dir: dir.path().to_owned(),
