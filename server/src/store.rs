@@ -63,6 +63,8 @@ pub mod offload;
 mod redis;
 mod resilient;
 mod salvage;
+#[cfg(test)]
+pub(crate) mod stalled;
 
 pub use self::redis::{default_replica as redis_default_replica, RedisStore};
 pub use claim::{Claim, ClaimToken};

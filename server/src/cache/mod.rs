@@ -228,61 +228,7 @@ impl Drop for Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::StoreError;
     use std::time::Duration;
-
-    /// A store whose flush never returns (until the test is long over): a write stuck in a
-    /// failing disk.
-    struct StuckStore;
-
-    impl Store for StuckStore {
-        fn get(&self, _: EntryId) -> Result<Option<Entry>, StoreError> {
-            Ok(None)
-        }
-        fn replay_by_key(&self, _: &CacheKey) -> Result<Option<Replay>, StoreError> {
-            Ok(None)
-        }
-        fn get_by_key(&self, _: &CacheKey) -> Result<Option<Entry>, StoreError> {
-            Ok(None)
-        }
-        fn put(&self, _: Entry) -> Result<EntryId, StoreError> {
-            Err(StoreError::Unavailable)
-        }
-        fn delete(&self, _: EntryId) -> Result<bool, StoreError> {
-            Ok(false)
-        }
-        fn touch(&self, _: EntryId, _: u64, _: &[HitEvent]) -> Result<(), StoreError> {
-            Ok(())
-        }
-        fn set_vector(&self, _: EntryId, _: &[f32]) -> Result<bool, StoreError> {
-            Ok(false)
-        }
-        fn list_newest(&self, _: Option<EntryId>, _: usize) -> Result<Vec<Entry>, StoreError> {
-            Ok(Vec::new())
-        }
-        fn list(&self, _: Option<EntryId>, _: usize) -> Result<Vec<Entry>, StoreError> {
-            Ok(Vec::new())
-        }
-        fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
-            Ok(Vec::new())
-        }
-        fn len(&self) -> usize {
-            0
-        }
-        fn bytes(&self) -> u64 {
-            0
-        }
-        fn sweep(&self, _: u64, _: usize, _: u64) -> Result<(usize, usize), StoreError> {
-            Ok((0, 0))
-        }
-        fn flush(&self) -> Result<(), StoreError> {
-            std::thread::sleep(Duration::from_secs(120));
-            Ok(())
-        }
-        fn clear(&self) -> Result<usize, StoreError> {
-            Ok(0)
-        }
-    }
 
     fn settings() -> CacheSettings {
         CacheSettings {
@@ -301,7 +247,13 @@ mod tests {
     /// as a store write did (forever, on the full disk).
     #[test]
     fn close_gives_up_on_a_writer_stuck_in_the_store() {
-        let cache = Cache::new(Arc::new(StuckStore), None, None, settings());
+        // A store whose flush never returns (until the test is long over): a write stuck in a
+        // failing disk.
+        let stuck = crate::store::stalled::StalledStore {
+            flush: Duration::from_secs(120),
+            ..Default::default()
+        };
+        let cache = Cache::new(Arc::new(stuck), None, None, settings());
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let closed = cache.close(Duration::from_millis(300));

@@ -98,71 +98,13 @@ impl Offload {
 )]
 mod tests {
     use super::*;
-    use crate::entry::{Entry, EntryId, HitEvent, Replay};
     use crate::key::CacheKey;
-    use crate::store::StoreError;
-    use std::sync::atomic::AtomicUsize;
+    use crate::store::stalled::StalledStore;
 
-    /// A store whose reads take `delay` of wall time, as a Redis behind a slow link.
-    struct SlowStore {
-        delay: Duration,
-        reads: AtomicUsize,
-    }
-
-    impl Store for SlowStore {
-        fn get(&self, _: EntryId) -> Result<Option<Entry>, StoreError> {
-            Ok(None)
-        }
-        fn replay_by_key(&self, _: &CacheKey) -> Result<Option<Replay>, StoreError> {
-            std::thread::sleep(self.delay);
-            self.reads.fetch_add(1, Ordering::SeqCst);
-            Ok(None)
-        }
-        fn get_by_key(&self, _: &CacheKey) -> Result<Option<Entry>, StoreError> {
-            Ok(None)
-        }
-        fn put(&self, _: Entry) -> Result<EntryId, StoreError> {
-            Err(StoreError::Unavailable)
-        }
-        fn delete(&self, _: EntryId) -> Result<bool, StoreError> {
-            Ok(false)
-        }
-        fn touch(&self, _: EntryId, _: u64, _: &[HitEvent]) -> Result<(), StoreError> {
-            Ok(())
-        }
-        fn set_vector(&self, _: EntryId, _: &[f32]) -> Result<bool, StoreError> {
-            Ok(false)
-        }
-        fn list_newest(&self, _: Option<EntryId>, _: usize) -> Result<Vec<Entry>, StoreError> {
-            Ok(Vec::new())
-        }
-        fn list(&self, _: Option<EntryId>, _: usize) -> Result<Vec<Entry>, StoreError> {
-            Ok(Vec::new())
-        }
-        fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
-            Ok(Vec::new())
-        }
-        fn len(&self) -> usize {
-            0
-        }
-        fn bytes(&self) -> u64 {
-            0
-        }
-        fn sweep(&self, _: u64, _: usize, _: u64) -> Result<(usize, usize), StoreError> {
-            Ok((0, 0))
-        }
-        fn flush(&self) -> Result<(), StoreError> {
-            Ok(())
-        }
-        fn clear(&self) -> Result<usize, StoreError> {
-            Ok(0)
-        }
-    }
-
-    fn slow(delay_ms: u64) -> Arc<SlowStore> {
-        Arc::new(SlowStore {
-            delay: Duration::from_millis(delay_ms),
-            reads: AtomicUsize::new(0),
+    fn slow(delay_ms: u64) -> Arc<StalledStore> {
+        Arc::new(StalledStore {
+            read: Duration::from_millis(delay_ms),
+            ..Default::default()
         })
     }
 
