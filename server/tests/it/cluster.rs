@@ -17,11 +17,13 @@ use crate::common::*;
 use crate::redis::{ask, entry, flush, on_redis_url, redis_server_binary, round_trips};
 
 /// A free loopback port.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
+/// `N` distinct free ports: every listener is held until all are chosen, so the kernel cannot
+/// hand the same port out twice (a node and its bus on one port never start).
+fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("free port"))
+        .collect();
+    std::array::from_fn(|i| listeners[i].local_addr().expect("free port").port())
 }
 
 /// A blocking connection to the server on `port` alone (no cluster routing).
@@ -94,9 +96,10 @@ impl Cluster {
         let binary = redis_server_binary()?;
         let dir = tempfile::tempdir().expect("tempdir");
         let mut processes = Processes(Vec::new());
-        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         // The bus ports explicitly: the default (port + 10000) may be past 65535 or taken.
-        let bus: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let [a, b, c, bus_a, bus_b, bus_c] = free_ports::<6>();
+        let ports = vec![a, b, c];
+        let bus = [bus_a, bus_b, bus_c];
         for (port, bus) in ports.iter().zip(&bus) {
             let mut args = server_args(*port, dir.path());
             args.extend([
@@ -322,7 +325,7 @@ impl Sentinel {
         let binary = redis_server_binary()?;
         let dir = tempfile::tempdir().expect("tempdir");
         let mut processes = Processes(Vec::new());
-        let (master, replica, sentinel) = (free_port(), free_port(), free_port());
+        let [master, replica, sentinel] = free_ports::<3>();
         let own_dir = |name: &str| -> PathBuf {
             let path = dir.path().join(name);
             std::fs::create_dir_all(&path).expect("mkdir");
