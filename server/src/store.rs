@@ -1717,6 +1717,25 @@ impl Ledger {
     }
 }
 
+/// Test only: the bytes the files under `dir` take on disk, as `du` counts them, while they may be
+/// moved or deleted meanwhile (a rebuild): a file or folder that goes while it is counted counts
+/// as nothing. Shared by the store's and the writer's disk-bound tests.
+#[cfg(test)]
+pub(crate) fn disk_usage_racy(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(listing) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    listing
+        .flatten()
+        .map(|item| match item.metadata() {
+            Ok(meta) if meta.is_dir() => disk_usage_racy(&item.path()),
+            Ok(meta) => meta.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2047,22 +2066,6 @@ mod tests {
         );
         assert!(after <= rebuild_allowance(MAX_BYTES), "{after}");
         assert_eq!(store.ids().expect("ids"), kept, "every live entry kept");
-    }
-
-    /// [`disk_usage`] of a directory whose files may be moved or deleted meanwhile.
-    fn disk_usage_racy(dir: &Path) -> u64 {
-        use std::os::unix::fs::MetadataExt;
-        let Ok(listing) = std::fs::read_dir(dir) else {
-            return 0;
-        };
-        listing
-            .flatten()
-            .map(|item| match item.metadata() {
-                Ok(meta) if meta.is_dir() => disk_usage_racy(&item.path()),
-                Ok(meta) => meta.blocks() * 512,
-                Err(_) => 0,
-            })
-            .sum()
     }
 
     /// sled does not shrink its file when entries go; past the budget the store is rebuilt into a

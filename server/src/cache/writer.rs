@@ -317,23 +317,6 @@ mod tests {
         }
     }
 
-    /// Bytes the files under `dir` take on disk, as `du` counts them; a file or folder that goes
-    /// while it is being counted (a rebuild moving files) counts as nothing.
-    fn disk_usage(dir: &std::path::Path) -> u64 {
-        use std::os::unix::fs::MetadataExt;
-        let Ok(listing) = std::fs::read_dir(dir) else {
-            return 0;
-        };
-        listing
-            .flatten()
-            .map(|item| match item.metadata() {
-                Ok(meta) if meta.is_dir() => disk_usage(&item.path()),
-                Ok(meta) => meta.blocks() * 512,
-                Err(_) => 0,
-            })
-            .sum()
-    }
-
     /// The gateway's store and writer, with sweeps an hour apart so that only the writes enforce
     /// the caps (as between two sweeps of a busy gateway).
     fn writer_on(dir: &std::path::Path, max_bytes: u64) -> (Arc<ResilientStore>, Writer) {
@@ -388,11 +371,11 @@ mod tests {
             let sampler = scope.spawn(|| {
                 let (mut peak, mut samples) = (0, 0u64);
                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                    peak = peak.max(disk_usage(dir.path()));
+                    peak = peak.max(crate::store::disk_usage_racy(dir.path()));
                     samples += 1;
                     std::thread::sleep(Duration::from_millis(2));
                 }
-                (peak.max(disk_usage(dir.path())), samples)
+                (peak.max(crate::store::disk_usage_racy(dir.path())), samples)
             });
             // Queued as a burst, the way a busy gateway hands them over.
             for n in 0..300 {
@@ -404,7 +387,7 @@ mod tests {
         });
         eprintln!(
             "churn: data dir peaked at {peak} bytes over {samples} samples (bound {bound}), ended at {}, {} entries, {} bytes",
-            disk_usage(dir.path()),
+            crate::store::disk_usage_racy(dir.path()),
             store.len(),
             store.bytes()
         );

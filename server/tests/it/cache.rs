@@ -617,15 +617,7 @@ async fn an_answer_over_max_entry_bytes_is_relayed_whole_and_not_stored() {
     assert_eq!(outcome(&again), "miss");
     assert_eq!(content(again, false).await, expected);
     // Each request that recorded the answer counted it, and its record says so.
-    let metrics = client()
-        .get(gw.url("/metrics"))
-        .bearer_auth("admin-secret")
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = metrics(&gw).await;
     let skipped: u64 = metrics
         .lines()
         .find(|l| l.starts_with("reprise_store_skipped_total{reason=\"too_large\"}"))

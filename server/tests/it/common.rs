@@ -249,3 +249,16 @@ pub fn whole_entries(
     }
     entries
 }
+
+/// `gw`'s `/metrics` text (with the harness's admin token).
+pub async fn metrics(gw: &Gateway) -> String {
+    client()
+        .get(gw.url("/metrics"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}

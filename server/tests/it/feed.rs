@@ -319,15 +319,7 @@ async fn gather(workers: Vec<tokio::task::JoinHandle<Seen>>) -> Seen {
 }
 
 async fn metric(gw: &Gateway, name: &str) -> f64 {
-    let text = client()
-        .get(gw.url("/metrics"))
-        .bearer_auth("admin-secret")
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = metrics(gw).await;
     text.lines()
         .find(|l| l.starts_with(name))
         .and_then(|l| l.rsplit(' ').next())

@@ -453,18 +453,6 @@ fn metric(text: &str, name: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-async fn metrics(gw: &Gateway) -> String {
-    client()
-        .get(gw.url("/metrics"))
-        .bearer_auth("admin-secret")
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text")
-}
-
 #[tokio::test]
 async fn a_dead_collector_is_retried_with_backoff_and_gets_the_queued_spans_when_back() {
     // A port with nothing on it: every export is refused at connect.

@@ -847,15 +847,7 @@ async fn slow_sim() -> reprise_sim::SimHandle {
 
 /// `reprise_replica_flight_waits_total{result}` on `gw`'s `/metrics`.
 async fn replica_waits(gw: &Gateway, result: &str) -> u64 {
-    let text = client()
-        .get(gw.url("/metrics"))
-        .bearer_auth("admin-secret")
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = metrics(gw).await;
     let prefix = format!("reprise_replica_flight_waits_total{{result=\"{result}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&prefix))
