@@ -897,6 +897,23 @@ pub fn render_stats(stats: &Stats) -> String {
             ),
         ));
     }
+    if let Some(j) = stats
+        .judge
+        .as_ref()
+        .filter(|j| j.calls + j.over_budget + j.queued > 0)
+    {
+        let latency = match (j.p50_ms, j.p99_ms) {
+            (Some(p50), Some(p99)) => format!(", p50 {p50:.0} ms, p99 {p99:.0} ms"),
+            _ => String::new(),
+        };
+        summary.push((
+            "Judge",
+            format!(
+                "{} calls: same {}, different {}, unsure {}; {} over budget, {} dropped{latency}; {} + {} tokens",
+                j.calls, j.same, j.different, j.unsure, j.over_budget, j.dropped, j.prompt_tokens, j.completion_tokens
+            ),
+        ));
+    }
     let errors = &stats.upstream_errors;
     summary.push((
         "Upstream errors",
