@@ -516,20 +516,21 @@ impl Verifier {
             "reprise_judge_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
         );
         let _ = writeln!(out, "reprise_judge_duration_seconds_sum {sum}\nreprise_judge_duration_seconds_count {count}");
-        let _ = writeln!(out, "# HELP reprise_error_budget_observations Verdicts on near matches per namespace (judge and operators), and the wrong ones.\n# TYPE reprise_error_budget_observations gauge");
-        for ns in &s.namespaces {
-            let _ = writeln!(
-                out,
-                "reprise_error_budget_observations{{namespace=\"{}\",verdict=\"right\"}} {}",
-                ns.namespace,
-                ns.observations - ns.wrong
-            );
-            let _ = writeln!(
-                out,
-                "reprise_error_budget_observations{{namespace=\"{}\",verdict=\"wrong\"}} {}",
-                ns.namespace, ns.wrong
-            );
-        }
+        // All namespaces together: a client may name any namespace, so it is no label.
+        let (n, wrong) = s
+            .namespaces
+            .iter()
+            .fold((0, 0), |(n, w), ns| (n + ns.observations, w + ns.wrong));
+        let _ = writeln!(out, "# HELP reprise_error_budget_observations Verdicts on near matches (judge and operators) the error budget counts.\n# TYPE reprise_error_budget_observations gauge");
+        let _ = writeln!(
+            out,
+            "reprise_error_budget_observations{{verdict=\"right\"}} {}",
+            n - wrong
+        );
+        let _ = writeln!(
+            out,
+            "reprise_error_budget_observations{{verdict=\"wrong\"}} {wrong}"
+        );
         out
     }
 }
