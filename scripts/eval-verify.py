@@ -77,6 +77,9 @@ if args[:1] == ["--judge-latency-ms"]:
     latency, args = args[1], args[2:]
 baseline = load(args[0])
 runs = [(acc, load(path), path) for acc, path in (a.split("=", 1) for a in args[1:])]
+if not runs:
+    print("## Verified semantic hits: no judge runs (no accuracies given)")
+    sys.exit(0)
 
 categories = defaultdict(lambda: defaultdict(list))
 for name, rows in [("none", baseline)] + [(acc, rows) for acc, rows, _ in runs]:
@@ -95,7 +98,11 @@ print(
     "--verify-floor 0.80` (otherwise defaults), one per accuracy. The judge is `reprise-sim` answering "
     "from the same labels (`--judge-labels pairs.jsonl`, ambiguous pairs `different`), each labeled "
     "pair's verdict flipped with probability 1 − accuracy by a seeded per-pair draw"
-    + (f", after {latency} ms" if latency is not None else "")
+    + (
+        ""
+        if latency is None
+        else ", answering at once" if float(latency) == 0 else f", answering after {latency} ms"
+    )
     + ". This measures the gateway's path with a judge of that accuracy; the accuracy of a real "
     "judge model is not measured here."
 )

@@ -15,8 +15,9 @@
 # Usage: scripts/eval.sh [--concurrency N] [--judge-latency-ms MS] [--judge-accuracies "A B ..."]
 #                       [--check]
 #   (defaults 8; 0: the simulated judge answers at once, so the added TTFT is the gateway's own cost
-#   of a judge call; "0.90 0.95 0.98"). --check tests the script itself: debug builds, the first 60
-#   pairs of each set, the report written to target/eval-check/ instead of benches/results/.
+#   of a judge call; "0.90 0.95 0.98"). --check tests the script itself: debug builds, every tenth
+#   pair of each file (a temporary copy), the report written to target/eval-check/ instead of
+#   benches/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
@@ -46,9 +47,9 @@ data=$(.venv/bin/python -c 'from importlib import resources; print(resources.fil
 echo "==> embedding model (skipped when present)" >&2
 scripts/provision-models.sh >&2
 
-profile=release results=benches/results limit=()
+profile=release results=benches/results
 if $check; then
-  profile=debug results=target/eval-check limit=(--limit 60)
+  profile=debug results=target/eval-check
 fi
 echo "==> $profile build" >&2
 cargo build "--profile=$([ "$profile" = debug ] && echo dev || echo release)" --quiet \
@@ -57,6 +58,14 @@ target_dir=${CARGO_TARGET_DIR:-target}
 BIN=$(cd "$target_dir/$profile" && pwd)
 MODELS=$(cd "${REPRISE_MODELS_DIR:-./models}" && pwd)
 . scripts/lib-eval.sh
+if $check; then
+  # Every tenth line of every file, so that each category still shows up; in WORK, removed on exit.
+  (cd "$data" && find . -name '*.jsonl') | while read -r f; do
+    mkdir -p "$WORK/sample/$(dirname "$f")"
+    awk 'NR % 10 == 1' "$data/$f" >"$WORK/sample/$f"
+  done
+  data=$WORK/sample
+fi
 start_stack
 default_url=$GATEWAY_URL
 start_stack --semantic-guards none
@@ -71,7 +80,7 @@ run_set() {
   shift 3
   echo "==> $title" >&2
   (cd "$data" && "$BIN/reprise-client" eval --url "$url" --concurrency "$concurrency" \
-    "${limit[@]}" --title "$title" --report "$WORK/$name" --pairs "$@")
+    --title "$title" --report "$WORK/$name" --pairs "$@")
 }
 run_set "$default_url" questions "Single questions (pairs.jsonl)" pairs.jsonl
 (cd "$data" && ls conv-parts/*.jsonl conv-long/*.jsonl) >"$WORK/conv-files"
