@@ -538,7 +538,9 @@ async fn judge_answer(
         created: text::unix_now(),
         model: generation.model.clone(),
     };
-    let latency = Duration::from_secs_f64(config.judge_latency_ms.max(0.0) / 1000.0);
+    // The binary checks the flag; a library caller's NaN or infinity must not panic here.
+    let latency =
+        Duration::try_from_secs_f64(config.judge_latency_ms / 1000.0).unwrap_or(Duration::ZERO);
     if request.get("stream").and_then(Value::as_bool) == Some(true) {
         let include_usage = request
             .pointer("/stream_options/include_usage")
