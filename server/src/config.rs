@@ -279,6 +279,43 @@ pub struct ServeArgs {
     /// [default: off].
     #[arg(long, env = "REPRISE_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// Verify near matches with a judge model before serving them: off or judge [default: off].
+    #[arg(long, env = "REPRISE_VERIFY", value_enum)]
+    pub verify: Option<crate::verify::settings::VerifyKind>,
+    /// sync: judge before answering; async: answer from upstream, judge in the background for the
+    /// next request [default: sync].
+    #[arg(long, env = "REPRISE_VERIFY_MODE", value_enum)]
+    pub verify_mode: Option<crate::verify::settings::VerifyMode>,
+    /// Lowest similarity (0..1) worth a judge call [default: 0.8].
+    #[arg(long, env = "REPRISE_VERIFY_FLOOR")]
+    pub verify_floor: Option<f32>,
+    /// Error budget (0..1): the largest share of wrong answers among near matches served without a
+    /// judge call; each namespace learns where that holds from its verdicts [default: unset: the
+    /// threshold decides].
+    #[arg(long, env = "REPRISE_MAX_WRONG")]
+    pub max_wrong: Option<f64>,
+    /// The model judge calls ask (required with --verify judge).
+    #[arg(long, env = "REPRISE_JUDGE_MODEL")]
+    pub judge_model: Option<String>,
+    /// The judge's base URL including `/v1` [default: the upstream URL].
+    #[arg(long, env = "REPRISE_JUDGE_URL")]
+    pub judge_url: Option<String>,
+    /// Bearer token of judge calls [default: --upstream-api-key when the judge is the upstream;
+    /// else, in sync mode, the request's own credential].
+    #[arg(long, env = "REPRISE_JUDGE_API_KEY", hide_env_values = true)]
+    pub judge_api_key: Option<String>,
+    /// Longest wait for a verdict in ms; then the candidate is not served [default: 2000].
+    #[arg(long, env = "REPRISE_JUDGE_TIMEOUT_MS")]
+    pub judge_timeout_ms: Option<u64>,
+    /// Most judge calls in flight [default: 8].
+    #[arg(long, env = "REPRISE_JUDGE_MAX_CONCURRENCY")]
+    pub judge_max_concurrency: Option<usize>,
+    /// Most judge calls per second, bursts of one second's worth; 0: no limit [default: 20].
+    #[arg(long, env = "REPRISE_JUDGE_RATE")]
+    pub judge_rate: Option<f64>,
+    /// A file whose text replaces the judge's instruction (server/prompts/judge-v1.txt).
+    #[arg(long, env = "REPRISE_JUDGE_PROMPT")]
+    pub judge_prompt: Option<PathBuf>,
 }
 
 /// The validated configuration the gateway runs with: the start-up settings, and the first
@@ -342,6 +379,15 @@ pub struct Config {
     pub live: LiveSettings,
     /// OTLP/HTTP collector that traces are exported to; `None`: off unless `OTEL_EXPORTER_OTLP_*`.
     pub otlp_endpoint: Option<String>,
+    /// Bearer token of judge calls.
+    pub judge_api_key: Option<Secret>,
+    pub judge_max_concurrency: usize,
+    /// Judge calls per second; 0: no limit.
+    pub judge_rate: f64,
+    /// The judge's instruction, replacing the shipped one.
+    pub judge_prompt: Option<PathBuf>,
+    /// Most pairs waiting for a background verdict; more are dropped (TOML only).
+    pub judge_queue: usize,
 }
 
 impl Default for Config {
@@ -394,6 +440,11 @@ impl Default for Config {
             index_save_interval_s: 300,
             live: LiveSettings::default(),
             otlp_endpoint: None,
+            judge_api_key: None,
+            judge_max_concurrency: 8,
+            judge_rate: 20.0,
+            judge_prompt: None,
+            judge_queue: 1024,
         }
     }
 }
@@ -495,6 +546,17 @@ impl Config {
             semantic_overlap,
             semantic_guards,
             otlp_endpoint,
+            verify,
+            verify_mode,
+            verify_floor,
+            max_wrong,
+            judge_model,
+            judge_url,
+            judge_api_key,
+            judge_timeout_ms,
+            judge_max_concurrency,
+            judge_rate,
+            judge_prompt,
         } = args.clone();
         set(&mut self.listen, listen);
         set(&mut self.upstream_url, upstream_url);
@@ -548,6 +610,27 @@ impl Config {
         if otlp_endpoint.is_some() {
             self.otlp_endpoint = otlp_endpoint;
         }
+        set(&mut self.live.verify, verify);
+        set(&mut self.live.verify_mode, verify_mode);
+        set(&mut self.live.verify_floor, verify_floor);
+        if max_wrong.is_some() {
+            self.live.max_wrong = max_wrong;
+        }
+        if judge_model.is_some() {
+            self.live.judge_model = judge_model;
+        }
+        if judge_url.is_some() {
+            self.live.judge_url = judge_url;
+        }
+        if let Some(key) = judge_api_key {
+            self.judge_api_key = Some(Secret::new(key));
+        }
+        set(&mut self.live.judge_timeout_ms, judge_timeout_ms);
+        set(&mut self.judge_max_concurrency, judge_max_concurrency);
+        set(&mut self.judge_rate, judge_rate);
+        if judge_prompt.is_some() {
+            self.judge_prompt = judge_prompt;
+        }
     }
 
     /// Fails fast, naming the field, on anything the gateway could not run with.
@@ -580,6 +663,7 @@ impl Config {
         for (field, secret) in [
             ("admin_token", &self.admin_token),
             ("upstream_api_key", &self.upstream_api_key),
+            ("judge_api_key", &self.judge_api_key),
         ] {
             if secret
                 .as_ref()
@@ -635,7 +719,79 @@ impl Config {
             });
         }
         self.live.validate()?;
+        self.validate_judge()?;
         self.validate_upper_bounds()
+    }
+
+    /// The judge's start-up settings: a readable instruction, limits in range, and a credential for
+    /// background calls (they have no request whose credential they could use).
+    fn validate_judge(&self) -> Result<(), ConfigError> {
+        if let Some(path) = &self.judge_prompt {
+            match std::fs::read_to_string(path) {
+                Ok(text) if !text.trim().is_empty() => {}
+                Ok(_) => {
+                    return Err(ConfigError::Invalid {
+                        field: "judge_prompt",
+                        reason: format!("{} is empty", path.display()),
+                    })
+                }
+                Err(e) => {
+                    return Err(ConfigError::Invalid {
+                        field: "judge_prompt",
+                        reason: format!("cannot read {}: {e}", path.display()),
+                    })
+                }
+            }
+        }
+        if !(1..=1024).contains(&self.judge_max_concurrency) {
+            return Err(ConfigError::Invalid {
+                field: "judge_max_concurrency",
+                reason: format!("{} is not from 1 to 1024", self.judge_max_concurrency),
+            });
+        }
+        if !(self.judge_rate.is_finite() && self.judge_rate >= 0.0) {
+            return Err(ConfigError::Invalid {
+                field: "judge_rate",
+                reason: format!("{} is not a rate of 0 or more per second", self.judge_rate),
+            });
+        }
+        if !(1..=1_000_000).contains(&self.judge_queue) {
+            return Err(ConfigError::Invalid {
+                field: "judge_queue",
+                reason: format!("{} is not from 1 to 1000000", self.judge_queue),
+            });
+        }
+        let live = &self.live;
+        let background = std::iter::once(live.verify_for(None))
+            .chain(
+                live.namespace_verify
+                    .keys()
+                    .map(|n| live.verify_for(Some(n))),
+            )
+            .find(|plan| {
+                plan.judges()
+                    && plan.mode == crate::verify::settings::VerifyMode::Async
+                    && self.judge_credential(plan).is_none()
+            });
+        if background.is_some() {
+            return Err(ConfigError::Invalid {
+                field: "judge_api_key",
+                reason: "verify_mode = \"async\" needs judge_api_key (or upstream_api_key when the judge is the upstream): a background call has no request credential to use".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The key judge calls of `plan` send, when the configuration has one: `judge_api_key`, else
+    /// the upstream's key when the judge is the upstream.
+    pub fn judge_credential(&self, plan: &crate::verify::settings::VerifyPlan) -> Option<&Secret> {
+        self.judge_api_key.as_ref().or_else(|| {
+            let to_upstream = plan
+                .url
+                .as_deref()
+                .is_none_or(|u| u.trim_end_matches('/') == self.upstream_url);
+            self.upstream_api_key.as_ref().filter(|_| to_upstream)
+        })
     }
 
     /// Upper bounds: a huge duration overflows `Instant + Duration` (a panic on every request that
@@ -978,6 +1134,60 @@ support = "exact-only"
         let err = Config::from_file(&path).expect_err("unknown").to_string();
         assert!(err.contains("unknown field `cache_mod`"), "{err}");
         assert!(!err.contains("line 1"), "{err}");
+    }
+
+    #[test]
+    fn the_verify_settings_come_from_flags_and_the_file_and_async_needs_a_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("verify.toml");
+        std::fs::write(
+            &path,
+            "verify = \"judge\"\njudge_model = \"gpt-4.1-mini\"\nmax_wrong = 0.02\n[namespace_verify.support]\nverify_floor = 0.85\n",
+        )
+        .expect("write");
+        let cli = Cli::try_parse_from([
+            "reprise",
+            "check-config",
+            "--config",
+            path.to_str().expect("utf-8"),
+            "--verify-mode",
+            "sync",
+            "--judge-timeout-ms",
+            "900",
+        ])
+        .expect("valid flags");
+        let Command::CheckConfig(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        let config = Config::load(&args).expect("valid");
+        let support = config.live.verify_for(Some("support"));
+        assert!(support.judges());
+        assert_eq!(support.floor, 0.85);
+        assert_eq!(support.max_wrong, Some(0.02));
+        assert_eq!(support.timeout, Duration::from_millis(900));
+        // A background call has no request credential: refused at start without a key.
+        let mut args = args.clone();
+        args.verify_mode = Some(crate::verify::settings::VerifyMode::Async);
+        let err = Config::load(&args).expect_err("no key").to_string();
+        assert!(err.contains("judge_api_key"), "{err}");
+        args.upstream_api_key = Some("sk-upstream".into());
+        let config =
+            Config::load(&args).expect("the upstream key serves a judge that is the upstream");
+        let plan = config.live.verify_for(None);
+        assert_eq!(
+            config.judge_credential(&plan).map(Secret::expose),
+            Some("sk-upstream")
+        );
+        // Not to another host.
+        args.judge_url = Some("http://judge.internal/v1".into());
+        assert!(Config::load(&args).is_err());
+        args.judge_api_key = Some("sk-judge".into());
+        let config = Config::load(&args).expect("its own key");
+        let plan = config.live.verify_for(None);
+        assert_eq!(
+            config.judge_credential(&plan).map(Secret::expose),
+            Some("sk-judge")
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@ use crate::error::GatewayError;
 use crate::key::PartitionKey;
 use crate::record::unix_ms;
 use crate::shadow::ShadowLog;
+use crate::verify::budget::{Observations, Source};
 
 /// How many recent requests can still receive feedback.
 const REMEMBERED_REQUESTS: usize = 10_000;
@@ -110,6 +111,9 @@ pub struct Encounter {
     /// The prompt's head, for the verdict list.
     pub preview: String,
     pub similarity: Option<f32>,
+    /// The request's namespace: where the verdict counts towards the error budget.
+    #[serde(default)]
+    pub namespace: Option<String>,
 }
 
 /// `POST /admin/feedback`.
@@ -172,6 +176,13 @@ pub trait Shared: Send + Sync {
 struct Approval {
     entry: u64,
     similarity: f32,
+    /// Who approved: an operator, or the judge (then the hit says `x-reprise-verified: judge`).
+    #[serde(default = "operator")]
+    source: Source,
+}
+
+fn operator() -> Source {
+    Source::Operator
 }
 
 /// The feedback database and the recent requests it can judge.
@@ -187,6 +198,8 @@ pub struct Feedback {
     /// `origin/record id` of the shared verdicts already applied here.
     applied: sled::Tree,
     pub shadow: ShadowLog,
+    /// Every verdict as a (similarity, right or wrong) observation, for the error budget.
+    pub observations: Observations,
     shared: std::sync::OnceLock<Box<dyn Shared>>,
     recent: Mutex<Recent>,
     right: AtomicU64,
@@ -255,6 +268,7 @@ impl Feedback {
             floors: db.open_tree("entry_thresholds")?,
             approvals: db.open_tree("approvals")?,
             applied: db.open_tree("shared_applied")?,
+            observations: Observations::open(&db)?,
             shared: std::sync::OnceLock::new(),
             shadow: ShadowLog::new(
                 db.clone(),
@@ -301,7 +315,7 @@ impl Feedback {
     /// rest of the lookup, except that it never fails towards serving a vetoed pair it could read.
     pub fn allows(&self, entry: EntryId, prompt: &PromptKey, similarity: f32) -> bool {
         // Most gateways never receive a `wrong`: skip the hashing then.
-        if self.floors.is_empty() {
+        if self.floors.is_empty() && self.vetoes.is_empty() {
             return true;
         }
         match self.vetoes.contains_key(veto_key(entry, prompt)) {
@@ -319,15 +333,45 @@ impl Feedback {
         }
     }
 
+    /// The entry's own floor, when an operator's `wrong` raised it.
+    pub fn entry_threshold(&self, entry: EntryId) -> Option<f32> {
+        let bytes = self.floors.get(entry.0.to_be_bytes()).ok()??;
+        Some(decode_f32(&bytes))
+    }
+
     /// The entry an operator approved for this prompt in this partition, with the similarity
     /// it was judged at.
     pub fn approved(&self, partition: &PartitionKey, prompt: &PromptKey) -> Option<(EntryId, f32)> {
+        self.approval(partition, prompt)
+            .map(|a| (EntryId(a.entry), a.similarity))
+    }
+
+    fn approval(&self, partition: &PartitionKey, prompt: &PromptKey) -> Option<Approval> {
         if self.approvals.is_empty() {
             return None;
         }
         let bytes = self.approvals.get(approval_key(partition, prompt)).ok()??;
-        let a: Approval = serde_json::from_slice(&bytes).ok()?;
-        Some((EntryId(a.entry), a.similarity))
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Applies the judge's verdict on a pair: `same` approves the prompt as an alias of the entry
+    /// (served next time without a judge call), `different` vetoes the pair for good; either is an
+    /// observation of the entry's curve. Unlike an operator's `wrong`, the judge's `different`
+    /// does not raise the entry's hard floor: its candidates below are judged, not refused (a judge
+    /// that errs would otherwise shut an entry's paraphrases out for good).
+    pub fn judged(&self, e: &Encounter, same: bool) {
+        let similarity = e.similarity.unwrap_or(1.0);
+        let namespace = e.namespace.as_deref().unwrap_or("");
+        self.observations
+            .add(namespace, e.entry, similarity, !same, Source::Judge);
+        let applied = if same {
+            self.approve_as(e, Source::Judge).map(drop)
+        } else {
+            self.veto_pair(e)
+        };
+        if let Err(err) = applied {
+            tracing::warn!(error = %err, "storing the judge's verdict failed");
+        }
     }
 
     /// Applies and stores a verdict on a recent request (of this replica, or of another one sharing
@@ -348,6 +392,15 @@ impl Feedback {
             .ok_or_else(|| GatewayError::RequestNotFound {
                 id: request.request_id.clone(),
             })?;
+        if let (Some(similarity), false) = (encounter.similarity, encounter.met == Met::Hit) {
+            self.observations.add(
+                encounter.namespace.as_deref().unwrap_or(""),
+                encounter.entry,
+                similarity,
+                request.verdict == Verdict::Wrong,
+                Source::Operator,
+            );
+        }
         let effect = match (encounter.met, request.verdict) {
             (Met::Hit, _) => {
                 return Err(GatewayError::invalid(
@@ -431,7 +484,8 @@ impl Feedback {
         Ok(record)
     }
 
-    fn veto(&self, e: &Encounter) -> Result<String, sled::Error> {
+    /// Vetoes the pair (and withdraws its approval), without touching the entry's threshold.
+    fn veto_pair(&self, e: &Encounter) -> Result<(), sled::Error> {
         let similarity = e.similarity.unwrap_or(1.0);
         self.vetoes
             .insert(veto_key(e.entry, &e.prompt), &similarity.to_be_bytes())?;
@@ -442,6 +496,12 @@ impl Feedback {
                 self.approvals.remove(&key)?;
             }
         }
+        Ok(())
+    }
+
+    fn veto(&self, e: &Encounter) -> Result<String, sled::Error> {
+        let similarity = e.similarity.unwrap_or(1.0);
+        self.veto_pair(e)?;
         let raised = (similarity + THRESHOLD_STEP).min(1.0);
         let floor = self
             .floors
@@ -453,9 +513,14 @@ impl Feedback {
     }
 
     fn approve(&self, e: &Encounter) -> Result<String, sled::Error> {
+        self.approve_as(e, Source::Operator)
+    }
+
+    fn approve_as(&self, e: &Encounter, source: Source) -> Result<String, sled::Error> {
         let approval = Approval {
             entry: e.entry.0,
             similarity: e.similarity.unwrap_or(1.0),
+            source,
         };
         self.vetoes.remove(veto_key(e.entry, &e.prompt))?;
         self.approvals.insert(
@@ -517,15 +582,21 @@ impl Drop for Feedback {
 }
 
 /// The entry approved for `keys`' prompt, if it is still live, in the partition, young enough for
-/// `max-age` and not vetoed since: an alias the operator confirmed, served at any threshold.
+/// `max-age` and not vetoed since: an alias the operator (or the judge) confirmed, served at any
+/// threshold. Also says who approved it.
 pub(crate) async fn approved_hit(
     feedback: &Feedback,
     cache: &crate::cache::Cache,
     keys: &crate::key::Keys,
     prompt: &PromptKey,
     policy: &crate::policy::Policy,
-) -> Option<(crate::cache::Hit, f32)> {
-    let (id, similarity) = feedback.approved(&keys.partition, prompt)?;
+) -> Option<(crate::cache::Hit, f32, Source)> {
+    let approval = feedback.approval(&keys.partition, prompt)?;
+    let (id, similarity, source) = (
+        EntryId(approval.entry),
+        approval.similarity,
+        approval.source,
+    );
     let entry = cache.read(move |store| store.get(id)).await?.ok()??;
     let now = unix_ms();
     let age_s = entry.age_s(now);
@@ -539,6 +610,7 @@ pub(crate) async fn approved_hit(
                 age_s,
             },
             similarity,
+            source,
         )
     })
 }
@@ -562,6 +634,7 @@ mod tests {
             prompt: PromptKey::of(prompt),
             preview: preview(prompt),
             similarity: Some(similarity),
+            namespace: None,
         }
     }
 

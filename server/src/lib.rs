@@ -62,6 +62,7 @@ pub mod sse;
 pub(crate) mod stats;
 pub mod store;
 pub mod timing;
+pub mod verify;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -109,6 +110,8 @@ pub struct AppState {
     pub otel: Option<Arc<otel::Exporter>>,
     /// How this replica follows the shared store's change feed (`--store redis` only).
     pub replica: Option<Arc<replica::Follower>>,
+    /// The judge of near matches and its background queue (`verify = judge`).
+    pub verifier: Arc<verify::Verifier>,
 }
 
 /// Why the gateway could not start, worded for the operator who reads it on stderr.
@@ -287,6 +290,7 @@ impl AppState {
             GatewayError::Internal { detail } => StartError::Upstream(detail),
             other => StartError::Upstream(other.to_string()),
         })?;
+        let verifier = Arc::new(verify::Verifier::new(&config).map_err(StartError::Upstream)?);
         let live = Arc::new(live::CurrentSettings::new(config.live.clone()));
         let shutdown = CancellationToken::new();
         let replica = replica::follow(
@@ -318,6 +322,7 @@ impl AppState {
             shutdown,
             otel,
             replica,
+            verifier,
         })
     }
 }

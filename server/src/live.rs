@@ -19,6 +19,9 @@ use crate::config::ConfigError;
 use crate::error::GatewayError;
 use crate::guard::Guards;
 use crate::policy::{CacheMode, Defaults, Pacing, MAX_TTL_S};
+use crate::verify::settings::{
+    self as verify, NamespaceVerify, VerifyKind, VerifyMode, VerifyPlan,
+};
 
 /// The settings that can change while the gateway serves, as the config file, the flags and
 /// `/admin/config` spell them.
@@ -54,6 +57,30 @@ pub struct LiveSettings {
     /// `on`, `off`, `read-only`, `write-only`, `exact-only` or `shadow`.
     #[schema(required = true, value_type = String)]
     pub cache_mode: CacheMode,
+    /// `off` or `judge`: ask a judge (an OpenAI-compatible model) whether a near match's answer
+    /// fully answers the new prompt before it is served.
+    #[schema(required = true, value_type = String)]
+    pub verify: VerifyKind,
+    /// `sync` (judge before answering) or `async` (answer from upstream, judge in the background).
+    #[schema(required = true, value_type = String)]
+    pub verify_mode: VerifyMode,
+    /// The lowest similarity worth a judge call.
+    #[schema(required = true, default = 0.8)]
+    pub verify_floor: f32,
+    /// The error budget: the largest share of wrong answers among candidates served without a
+    /// judge call. Unset: candidates at or above the threshold are served unjudged.
+    pub max_wrong: Option<f64>,
+    /// The model judge calls ask (required with `verify = "judge"`).
+    pub judge_model: Option<String>,
+    /// The judge's base URL including `/v1`; unset: the upstream.
+    pub judge_url: Option<String>,
+    /// Longest wait for a verdict, in ms; then it is `unsure` (never served).
+    #[schema(required = true)]
+    pub judge_timeout_ms: u64,
+    /// Verify settings of namespaces that differ from the global ones.
+    // In the file: `[namespace_verify.support]` then `verify = "judge"`, `max_wrong = 0.01`.
+    #[schema(required = true)]
+    pub namespace_verify: BTreeMap<String, NamespaceVerify>,
 }
 
 impl Default for LiveSettings {
@@ -66,6 +93,16 @@ impl Default for LiveSettings {
             default_ttl_s: 7 * 24 * 3600,
             replay: Pacing::Instant,
             cache_mode: CacheMode::On,
+            verify: VerifyKind::Off,
+            verify_mode: VerifyMode::Sync,
+            // On the dev set, 0.80 is where unguarded traps begin to outnumber paraphrases
+            // (benches/results/eval-2026-12-01.md): below it a judge call is mostly spent on a no.
+            verify_floor: 0.8,
+            max_wrong: None,
+            judge_model: None,
+            judge_url: None,
+            judge_timeout_ms: 2_000,
+            namespace_verify: BTreeMap::new(),
         }
     }
 }
@@ -75,6 +112,11 @@ impl LiveSettings {
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_namespaces("namespace_thresholds", self.namespace_thresholds.keys())?;
         check_namespaces("namespace_modes", self.namespace_modes.keys())?;
+        check_namespaces("namespace_verify", self.namespace_verify.keys())?;
+        verify::check("verify", &self.verify_for(None))?;
+        for namespace in self.namespace_verify.keys() {
+            verify::check("namespace_verify", &self.verify_for(Some(namespace)))?;
+        }
         if !(1..=MAX_TTL_S).contains(&self.default_ttl_s) {
             return Err(ConfigError::Invalid {
                 field: "default_ttl_s",
@@ -106,6 +148,28 @@ impl LiveSettings {
         namespace
             .and_then(|n| self.namespace_thresholds.get(n).copied())
             .unwrap_or(self.similarity_threshold)
+    }
+
+    /// The verify settings for a namespace: its own where configured, else the global ones.
+    pub fn verify_for(&self, namespace: Option<&str>) -> VerifyPlan {
+        let own = namespace.and_then(|n| self.namespace_verify.get(n));
+        let pick = |f: fn(&NamespaceVerify) -> Option<String>, global: &Option<String>| {
+            own.and_then(f).or_else(|| global.clone())
+        };
+        VerifyPlan {
+            kind: own.and_then(|o| o.verify).unwrap_or(self.verify),
+            mode: own.and_then(|o| o.verify_mode).unwrap_or(self.verify_mode),
+            floor: own
+                .and_then(|o| o.verify_floor)
+                .unwrap_or(self.verify_floor),
+            max_wrong: own.and_then(|o| o.max_wrong).or(self.max_wrong),
+            model: pick(|o| o.judge_model.clone(), &self.judge_model),
+            url: pick(|o| o.judge_url.clone(), &self.judge_url),
+            timeout: std::time::Duration::from_millis(
+                own.and_then(|o| o.judge_timeout_ms)
+                    .unwrap_or(self.judge_timeout_ms),
+            ),
+        }
     }
 
     /// The defaults a request's headers apply to: its namespace's mode when one is configured
@@ -161,6 +225,35 @@ pub struct ConfigPatch {
     pub replay: Option<Pacing>,
     #[schema(value_type = Option<String>)]
     pub cache_mode: Option<CacheMode>,
+    #[schema(value_type = Option<String>)]
+    pub verify: Option<VerifyKind>,
+    #[schema(value_type = Option<String>)]
+    pub verify_mode: Option<VerifyMode>,
+    pub verify_floor: Option<f32>,
+    /// A `null` value removes the budget.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<f64>)]
+    pub max_wrong: Option<Option<f64>>,
+    /// A `null` value removes the model.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
+    pub judge_model: Option<Option<String>>,
+    /// A `null` value sends judge calls to the upstream again.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
+    pub judge_url: Option<Option<String>>,
+    pub judge_timeout_ms: Option<u64>,
+    /// Merged into the current map: a value replaces that namespace's verify settings whole, a
+    /// `null` removes them.
+    #[schema(value_type = Option<BTreeMap<String, NamespaceVerify>>)]
+    pub namespace_verify: Option<BTreeMap<String, Option<NamespaceVerify>>>,
+}
+
+/// A field that is present, `null` included: `Some(None)` clears the setting, absence keeps it.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(deserializer).map(Some)
 }
 
 /// Reads `namespace_modes` whole before parsing its modes, so that a bad mode is reported against
@@ -198,6 +291,14 @@ impl ConfigPatch {
             default_ttl_s,
             replay,
             cache_mode,
+            verify,
+            verify_mode,
+            verify_floor,
+            max_wrong,
+            judge_model,
+            judge_url,
+            judge_timeout_ms,
+            namespace_verify,
         } = self;
         // Removals too: naming a namespace no request can carry is a mistake either way.
         if let Some(map) = &namespace_thresholds {
@@ -206,6 +307,9 @@ impl ConfigPatch {
         if let Some(map) = &namespace_modes {
             check_namespaces("namespace_modes", map.keys())?;
         }
+        if let Some(map) = &namespace_verify {
+            check_namespaces("namespace_verify", map.keys())?;
+        }
         set(&mut next.similarity_threshold, similarity_threshold);
         merge(&mut next.namespace_thresholds, namespace_thresholds);
         merge(&mut next.namespace_modes, namespace_modes);
@@ -213,6 +317,14 @@ impl ConfigPatch {
         set(&mut next.default_ttl_s, default_ttl_s);
         set(&mut next.replay, replay);
         set(&mut next.cache_mode, cache_mode);
+        set(&mut next.verify, verify);
+        set(&mut next.verify_mode, verify_mode);
+        set(&mut next.verify_floor, verify_floor);
+        set(&mut next.max_wrong, max_wrong);
+        set(&mut next.judge_model, judge_model);
+        set(&mut next.judge_url, judge_url);
+        set(&mut next.judge_timeout_ms, judge_timeout_ms);
+        merge(&mut next.namespace_verify, namespace_verify);
         next.validate()?;
         Ok(next)
     }
@@ -335,7 +447,13 @@ mod tests {
         let schemas = &doc["components"]["schemas"];
         let settings = &schemas["LiveSettings"]["properties"];
         let patch = &schemas["ConfigPatch"]["properties"];
-        for field in ["cache_mode", "replay", "semantic_guards"] {
+        for field in [
+            "cache_mode",
+            "replay",
+            "semantic_guards",
+            "verify",
+            "verify_mode",
+        ] {
             assert_eq!(settings[field]["type"], "string", "{field}: {settings}");
             assert_eq!(
                 patch[field]["type"],
@@ -351,11 +469,61 @@ mod tests {
             serde_json::json!(["string", "null"]),
             "{patch}"
         );
-        // Every field is always present in a response.
+        // Every field is always present in a response, but the unset optional ones.
         assert_eq!(
             schemas["LiveSettings"]["required"].as_array().map(Vec::len),
-            Some(7)
+            Some(12)
         );
+    }
+
+    #[test]
+    fn verify_settings_patch_per_namespace_and_refuse_what_cannot_run() {
+        let live = CurrentSettings::new(LiveSettings::default());
+        let now = live
+            .apply(patch(serde_json::json!({
+                "judge_model": "gpt-4.1-mini",
+                "namespace_verify": {"support": {"verify": "judge", "max_wrong": 0.01, "verify_mode": "async"}}
+            })))
+            .expect("valid");
+        assert!(!now.verify_for(None).judges());
+        let support = now.verify_for(Some("support"));
+        assert!(support.judges());
+        assert_eq!(support.mode, VerifyMode::Async);
+        assert_eq!(support.max_wrong, Some(0.01));
+        assert_eq!(support.model.as_deref(), Some("gpt-4.1-mini"));
+        assert_eq!(support.floor, 0.8);
+        // `null` clears a setting; a namespace that judges needs a model.
+        let err = live
+            .apply(patch(serde_json::json!({"judge_model": null})))
+            .expect_err("support judges without a model");
+        assert_eq!(err.body()["error"]["param"], "namespace_verify");
+        for (body, field) in [
+            (
+                serde_json::json!({"verify": "judge", "judge_model": null}),
+                "verify",
+            ),
+            (serde_json::json!({"verify_floor": 1.5}), "verify"),
+            (serde_json::json!({"max_wrong": -0.1}), "verify"),
+            (serde_json::json!({"judge_timeout_ms": 0}), "verify"),
+            (serde_json::json!({"judge_url": "ftp://judge"}), "verify"),
+            (
+                serde_json::json!({"namespace_verify": {"Bad Name": {"verify": "off"}}}),
+                "namespace_verify",
+            ),
+        ] {
+            let err = live.apply(patch(body.clone())).expect_err("invalid");
+            assert_eq!(err.body()["error"]["param"], field, "{body}");
+        }
+        let cleared = live
+            .apply(patch(
+                serde_json::json!({"namespace_verify": {"support": null}, "judge_model": null}),
+            ))
+            .expect("valid");
+        assert!(cleared.namespace_verify.is_empty());
+        assert_eq!(cleared.judge_model, None);
+        let err = crate::admin::parse_json::<ConfigPatch>(br#"{"verify": "maybe"}"#)
+            .expect_err("not a kind");
+        assert_eq!(err.body()["error"]["param"], "verify");
     }
 
     #[test]

@@ -329,7 +329,13 @@ fn offset_duration(offset_ms: f64) -> Duration {
 
 /// Serves an entry: a hit, or a follower once its leader's answer landed.
 pub fn serve(state: &AppState, ex: &Exchange, found: Found) -> Response {
-    let Found { entry, age_s, how } = found;
+    let Found {
+        entry,
+        age_s,
+        how,
+        verified,
+        verdict,
+    } = found;
     let (stream, include_usage, pacing) = (ex.stream, ex.include_usage, ex.policy.pacing);
     let outcome = how.outcome();
     let similarity = how.similarity();
@@ -389,6 +395,16 @@ pub fn serve(state: &AppState, ex: &Exchange, found: Found) -> Response {
     if let Some(similarity) = similarity {
         set_header(headers, "x-reprise-similarity", format!("{similarity:.4}"));
     }
+    if let Some(verified) = verified {
+        set_header(headers, "x-reprise-verified", verified.name().to_owned());
+    }
+    if let Some(verdict) = verdict {
+        set_header(headers, "x-reprise-verify", verdict);
+    }
+    if let Some(ms) = phases.judge_ms {
+        // A streamed hit carries no Server-Timing header: the judge's wait is said here too.
+        set_header(headers, "x-reprise-judge-ms", format!("{ms:.1}"));
+    }
     response
 }
 
@@ -402,6 +418,8 @@ pub async fn follow(state: &AppState, ex: &Exchange, flight: &Arc<Flight>) -> Op
         entry,
         age_s: 0,
         how: How::Coalesced,
+        verified: None,
+        verdict: None,
     };
     if !(ex.stream && flight.leader_streams) {
         return match flight.end().await {

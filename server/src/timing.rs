@@ -39,6 +39,8 @@ pub struct PhaseClock {
     pub search_ms: Option<f64>,
     /// When embedding began (the search follows it): places those two phases in a trace.
     pub semantic_began: Option<Instant>,
+    /// Time spent waiting for the judge's verdict on a near match (inside the lookup).
+    pub judge_ms: Option<f64>,
 }
 
 impl PhaseClock {
@@ -58,6 +60,7 @@ impl PhaseClock {
             embed_ms: None,
             search_ms: None,
             semantic_began: None,
+            judge_ms: None,
         }
     }
 
@@ -97,10 +100,15 @@ impl PhaseClock {
             ingress_ms: ms(Some(self.start), self.body_read),
             // The exact lookup alone: embedding and search are reported on their own.
             lookup_ms: ms(self.body_read, self.looked_up).map(|total| {
-                (total - self.embed_ms.unwrap_or(0.0) - self.search_ms.unwrap_or(0.0)).max(0.0)
+                (total
+                    - self.embed_ms.unwrap_or(0.0)
+                    - self.search_ms.unwrap_or(0.0)
+                    - self.judge_ms.unwrap_or(0.0))
+                .max(0.0)
             }),
             embed_ms: self.embed_ms,
             search_ms: self.search_ms,
+            judge_ms: self.judge_ms,
             upstream_send_ms: ms(after_lookup, sent),
             // A hit has no upstream: its TTFT runs from the parsed request to its first token.
             ttft_ms: ms(sent.or(self.body_read), self.first_token),
@@ -129,6 +137,9 @@ pub struct Phases {
     /// Searching the request's partition in the vector index.
     #[serde(default)]
     pub search_ms: Option<f64>,
+    /// Waiting for the judge's verdict on a near match (`verify = judge`, sync).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge_ms: Option<f64>,
     pub upstream_send_ms: Option<f64>,
     pub ttft_ms: Option<f64>,
     pub decode_ms: Option<f64>,
@@ -152,6 +163,7 @@ impl Phases {
             ("lookup", self.lookup_ms),
             ("embed", self.embed_ms),
             ("search", self.search_ms),
+            ("judge", self.judge_ms),
             ("upstream_send", self.upstream_send_ms),
             ("ttft", self.ttft_ms),
             ("decode", self.decode_ms),

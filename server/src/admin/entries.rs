@@ -97,6 +97,11 @@ pub(crate) struct EntryDetail {
     pub has_vector: bool,
     /// The latest hits, oldest first.
     pub hit_history: Vec<HitEvent>,
+    /// The verdicts (judge and operators) its near matches met, and the thresholds they set.
+    pub verdicts: crate::verify::budget::EntryCurve,
+    /// The entry's own floor, raised by operators' `wrong` verdicts: no candidate below it is
+    /// served.
+    pub entry_threshold: Option<f32>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -384,6 +389,8 @@ pub(crate) async fn show(
         usage: entry.usage,
         phases: entry.phases,
         hit_history: entry.hit_history,
+        verdicts: state.feedback.observations.entry(entry.id),
+        entry_threshold: state.feedback.entry_threshold(entry.id),
     }))
 }
 

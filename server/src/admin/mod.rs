@@ -236,6 +236,8 @@ pub(crate) struct StatsBody {
     pub semantic_overlap: crate::stats::Overlap,
     /// Operators' verdicts (`POST /admin/feedback`), since the data dir was created.
     pub feedback: crate::feedback::FeedbackCounts,
+    /// The judge of near matches (`verify = judge`) and the error budget's evidence.
+    pub judge: crate::verify::JudgeStats,
     pub latency: LatencyWindow,
     pub ttft_histogram: TtftHistogram,
     pub timeline: Timeline,
@@ -306,6 +308,7 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
         guard_refusals: totals.guard_refusals,
         semantic_overlap: totals.overlap,
         feedback: state.feedback.counts(),
+        judge: state.verifier.stats(&state.feedback),
         latency: LatencyWindow {
             window: state.config.request_log_size,
             by_outcome: latency_by_outcome(&recent),
@@ -351,6 +354,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     };
     let mut text = state.requests.stats.render_prometheus(&gauges);
     text.push_str(&state.feedback.render_prometheus());
+    text.push_str(&state.verifier.render_prometheus(&state.feedback));
     if let Some(otel) = &state.otel {
         text.push_str(&otel.counters.render_prometheus());
     }

@@ -53,6 +53,9 @@ pub struct MissNotes {
     pub shadowed: Option<ShadowDecision>,
     /// The entry an operator's verdict kept from being served.
     pub vetoed: Option<EntryId>,
+    /// What the verify stage did with the candidate (`x-reprise-verify`): the judge's verdict,
+    /// `queued` or `dropped`.
+    pub verify: Option<String>,
 }
 
 impl MissNotes {
@@ -73,6 +76,9 @@ impl MissNotes {
         }
         if let Some(entry) = self.vetoed {
             set_header(headers, "x-reprise-vetoed", entry.to_string());
+        }
+        if let Some(verify) = &self.verify {
+            set_header(headers, "x-reprise-verify", verify.clone());
         }
         if let Some(reason) = self.nearest.skipped {
             // No vector in time: this miss was matched exactly only.

@@ -44,6 +44,10 @@ pub struct Found {
     pub entry: Arc<Replay>,
     pub age_s: u64,
     pub how: How,
+    /// How a semantic hit was verified (`x-reprise-verified`), when it was.
+    pub verified: Option<crate::verify::Verified>,
+    /// The judge's verdict on this request, when one was asked (`x-reprise-verify`).
+    pub verdict: Option<String>,
 }
 
 /// How a request came to be served from an entry.
@@ -202,8 +206,14 @@ async fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
     let prompt = ex.prompt_key();
     let approved =
         feedback::approved_hit(&state.feedback, &state.cache, &ex.keys, &prompt, &ex.policy).await;
+    let mut verified = None;
     let (hit, similarity) = match approved {
-        Some(approved) => approved,
+        Some((hit, similarity, source)) => {
+            if source == crate::verify::budget::Source::Judge {
+                verified = Some(crate::verify::Verified::Judge);
+            }
+            (hit, similarity)
+        }
         None => state
             .cache
             .lookup_alias(&ex.keys.exact, &ex.keys.partition, ex.threshold, &ex.policy)
@@ -217,13 +227,9 @@ async fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
             })?,
     };
     let replay = replay_of(state, &hit.entry).await;
-    Some(found(
-        state,
-        ex,
-        replay,
-        hit.age_s,
-        How::Similar(similarity),
-    ))
+    let mut found = found(state, ex, replay, hit.age_s, How::Similar(similarity));
+    found.verified = verified;
+    Some(found)
 }
 
 /// What the semantic stage will do for a request.
@@ -250,7 +256,7 @@ fn query(ex: &Exchange, plan: Plan) -> Query {
     let (threshold, guards) = if plan.shadow {
         (f32::NEG_INFINITY, Guards::default())
     } else {
-        (ex.threshold, ex.settings.semantic_guards)
+        (search_threshold(ex), ex.settings.semantic_guards)
     };
     Query {
         partition: ex.keys.partition.0,
@@ -258,6 +264,17 @@ fn query(ex: &Exchange, plan: Plan) -> Query {
         threshold,
         guards,
         max_age_s: ex.policy.max_age_s,
+    }
+}
+
+/// The lowest similarity a candidate is looked for at: with a judge, its floor (the verify stage
+/// decides between it and the threshold); a client's own stricter threshold is never lowered.
+fn search_threshold(ex: &Exchange) -> f32 {
+    let plan = ex.settings.verify_for(ex.policy.namespace.as_deref());
+    if plan.judges() && ex.policy.threshold.is_none() {
+        plan.floor.min(ex.threshold)
+    } else {
+        ex.threshold
     }
 }
 
@@ -367,19 +384,21 @@ pub(crate) async fn apply_search(
         state.requests.stats.guard_refused(guard);
     }
     let (entry, similarity) = outcome.hit?;
+    let verified = match crate::verify::check(state, ex, &entry, similarity).await {
+        crate::verify::Check::Serve(verified) => verified,
+        crate::verify::Check::Refuse => return None,
+    };
     if ex.policy.store {
         state
             .cache
             .remember_alias(ex.keys.exact, entry.id, similarity);
     }
     let age_s = entry.age_s(unix_ms());
-    Some(found(
-        state,
-        ex,
-        replay_of(state, &entry).await,
-        age_s,
-        How::Similar(similarity),
-    ))
+    let replay = replay_of(state, &entry).await;
+    let mut found = found(state, ex, replay, age_s, How::Similar(similarity));
+    found.verified = verified;
+    found.verdict = ex.misses.verify.take();
+    Some(found)
 }
 
 /// The replay a hit found by id serves: read as an exact hit reads it (the entry was decoded whole
@@ -404,7 +423,13 @@ fn found(state: &AppState, ex: &mut Exchange, entry: Arc<Replay>, age_s: u64, ho
         How::Similar(_) | How::Coalesced => Met::SemanticHit,
     };
     note(state, ex, met, entry.id(), how.similarity());
-    Found { entry, age_s, how }
+    Found {
+        entry,
+        age_s,
+        how,
+        verified: None,
+        verdict: None,
+    }
 }
 
 /// What feedback on this request will need to know about the entry it met.
@@ -418,6 +443,7 @@ fn note(state: &AppState, ex: &Exchange, met: Met, entry: EntryId, similarity: O
             prompt: ex.prompt_key(),
             preview: feedback::preview(&ex.keys.prompt),
             similarity,
+            namespace: ex.policy.namespace.clone(),
         },
     );
 }

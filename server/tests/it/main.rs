@@ -27,3 +27,4 @@ mod semantic;
 mod slow_store;
 mod tenants;
 mod upstream;
+mod verify;

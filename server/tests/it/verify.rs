@@ -1,0 +1,422 @@
+//! The verify stage end to end: a gateway whose embedder places prompts at chosen similarities (so
+//! each case sits exactly where it must relative to the floor and the threshold), in front of
+//! `reprise-sim`, asking a judge server of the test's that records every call. Sync verdicts are
+//! served or refused and remembered; a timeout is a miss; async verdicts serve the next request;
+//! the error budget stops judging where its verdicts bound the wrong rate.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::routing::post;
+use axum::{Json, Router};
+use reprise_server::config::{Config, Secret};
+use reprise_server::embed::{EmbedConfig, EmbedModel, Embedder};
+use reprise_server::verify::settings::{VerifyKind, VerifyMode};
+use reprise_server::AppState;
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+/// The prompt every case is compared with.
+const BASE: &str = "how do I reset my password";
+
+/// A model that puts `BASE` at (1, 0, 0) and each known prompt at its given cosine to it; any
+/// other text is orthogonal to both.
+struct Placed(HashMap<String, f32>);
+
+impl EmbedModel for Placed {
+    fn embed(&mut self, texts: &[String]) -> Result<Vec<Vec<f32>>, String> {
+        Ok(texts
+            .iter()
+            .map(|t| match self.0.get(t.as_str()) {
+                Some(s) => vec![*s, (1.0 - s * s).max(0.0).sqrt(), 0.0],
+                None => vec![0.0, 0.0, 1.0],
+            })
+            .collect())
+    }
+
+    fn dimension(&self) -> usize {
+        3
+    }
+}
+
+/// What the judge received and how it answers.
+#[derive(Default)]
+struct JudgeLog {
+    calls: Vec<(HeaderMap, Value)>,
+    /// `new` prompt → verdict; others are `different`.
+    verdicts: HashMap<String, &'static str>,
+    delay_ms: u64,
+}
+
+type Shared = Arc<Mutex<JudgeLog>>;
+
+async fn judge_answer(
+    State(log): State<Shared>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Json<Value> {
+    let user = body["messages"][1]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let block: Value = user
+        .strip_prefix("```json\n")
+        .and_then(|t| t.strip_suffix("\n```"))
+        .and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or(Value::Null);
+    let (verdict, delay) = {
+        let mut log = log.lock().expect("log");
+        log.calls.push((headers, body));
+        let new = block["new"].as_str().unwrap_or_default();
+        (
+            log.verdicts.get(new).copied().unwrap_or("different"),
+            log.delay_ms,
+        )
+    };
+    tokio::time::sleep(Duration::from_millis(delay)).await;
+    Json(json!({
+        "id": "chatcmpl-judge", "object": "chat.completion", "created": 0, "model": "judge",
+        "choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": format!("{{\"verdict\":\"{verdict}\"}}")}}],
+        "usage": {"prompt_tokens": 120, "completion_tokens": 4, "total_tokens": 124}
+    }))
+}
+
+/// A judge server on an ephemeral port: its base URL and its log.
+async fn judge_server() -> (String, Shared) {
+    let log = Shared::default();
+    let app = Router::new()
+        .route("/v1/chat/completions", post(judge_answer))
+        .with_state(log.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/v1", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, log)
+}
+
+/// A gateway with verify on, the placed prompts, no guards (the texts are the test's, the guards
+/// have their own tests), threshold 0.95, floor 0.80.
+async fn gateway(
+    upstream: String,
+    judge_url: &str,
+    placed: &[(&str, f32)],
+    tune: impl FnOnce(&mut Config),
+) -> Gateway {
+    let mut config = config_for(upstream);
+    config.live.similarity_threshold = 0.95;
+    config.live.semantic_guards = "none".parse().expect("guards");
+    config.live.verify = VerifyKind::Judge;
+    config.live.verify_floor = 0.80;
+    config.live.judge_model = Some("judge-model".into());
+    config.live.judge_url = Some(judge_url.to_owned());
+    config.judge_api_key = Some(Secret::new("sk-judge"));
+    tune(&mut config);
+    config.validate().expect("valid config");
+    let mut table: HashMap<String, f32> =
+        placed.iter().map(|(t, s)| ((*t).to_owned(), *s)).collect();
+    table.insert(BASE.to_owned(), 1.0);
+    start_with(config, move |config| {
+        let embedder = Embedder::with_model(Box::new(Placed(table)), &EmbedConfig::default())
+            .expect("embedder");
+        AppState::with_embedder(config, Some(Arc::new(embedder))).expect("state")
+    })
+    .await
+}
+
+async fn ask(gw: &Gateway, prompt: &str) -> reqwest::Response {
+    client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth("sk-client")
+        .json(&chat_body(prompt, false))
+        .send()
+        .await
+        .expect("send")
+}
+
+/// Stores `BASE`'s answer and waits for its vector in the index.
+async fn seed(gw: &Gateway) {
+    assert_eq!(outcome(&ask(gw, BASE).await), "miss");
+    for _ in 0..500 {
+        if gw
+            .state
+            .semantic
+            .as_ref()
+            .is_some_and(|s| reprise_server::index::VectorIndex::len(s.index.as_ref()) > 0)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the seeded entry never reached the index");
+}
+
+fn calls(log: &Shared) -> usize {
+    log.lock().expect("log").calls.len()
+}
+
+#[tokio::test]
+async fn sync_same_is_served_verified_and_remembered_different_is_refused_for_good() {
+    let sim = quick_sim().await;
+    let (judge_url, log) = judge_server().await;
+    let (near, wrong, far, close) = (
+        "I forgot my password, how can I reset it",
+        "how do I reset my username",
+        "what is the capital of France",
+        "how do i reset my password?",
+    );
+    let gw = gateway(
+        sim.base_url(),
+        &judge_url,
+        // `far` is not placed: orthogonal to everything.
+        &[(near, 0.88), (wrong, 0.90), (close, 0.97)],
+        |_| {},
+    )
+    .await;
+    log.lock()
+        .expect("log")
+        .verdicts
+        .insert(near.to_owned(), "same");
+    seed(&gw).await;
+    let upstream_before = upstream_calls(&sim);
+
+    // Between the floor and the threshold: judged, `same`, served.
+    let hit = ask(&gw, near).await;
+    assert_eq!(outcome(&hit), "semantic-hit");
+    assert_eq!(header(&hit, "x-reprise-verified").as_deref(), Some("judge"));
+    assert_eq!(header(&hit, "x-reprise-verify").as_deref(), Some("same"));
+    let timing = header(&hit, "server-timing").expect("timing");
+    assert!(timing.contains("judge;dur="), "{timing}");
+    assert_eq!(calls(&log), 1);
+    {
+        let log = log.lock().expect("log");
+        let (headers, body) = &log.calls[0];
+        // The judge's own key; the client's never goes to another host.
+        assert_eq!(headers["authorization"], "Bearer sk-judge");
+        assert_eq!(body["model"], "judge-model");
+        assert_eq!(body["temperature"], 0);
+        let user = body["messages"][1]["content"].as_str().expect("user");
+        let block: Value = serde_json::from_str(
+            user.trim_start_matches("```json\n")
+                .trim_end_matches("\n```"),
+        )
+        .expect("block");
+        assert_eq!(block["cached"], BASE);
+        assert_eq!(block["new"], near);
+    }
+    // Asked again: served from the verdict, no second call.
+    let again = ask(&gw, near).await;
+    assert_eq!(outcome(&again), "semantic-hit");
+    assert_eq!(
+        header(&again, "x-reprise-verified").as_deref(),
+        Some("judge")
+    );
+    assert_eq!(calls(&log), 1);
+
+    // `different`: a miss, and never judged or served again.
+    let miss = ask(&gw, wrong).await;
+    assert_eq!(outcome(&miss), "miss");
+    assert_eq!(
+        header(&miss, "x-reprise-verify").as_deref(),
+        Some("different")
+    );
+    assert_eq!(calls(&log), 2);
+    let again = ask(&gw, wrong).await;
+    assert_eq!(
+        outcome(&again),
+        "hit",
+        "its own answer was stored by the miss"
+    );
+
+    // Below the floor: no call. Above the threshold (no budget): served unjudged, as without verify.
+    assert_eq!(outcome(&ask(&gw, far).await), "miss");
+    let above = ask(&gw, close).await;
+    assert_eq!(outcome(&above), "semantic-hit");
+    assert_eq!(header(&above, "x-reprise-verified"), None);
+    assert_eq!(calls(&log), 2);
+    // Upstream: the wrong pair's miss and the far one's.
+    assert_eq!(upstream_calls(&sim) - upstream_before, 2);
+
+    let stats: Value = client()
+        .get(gw.url("/admin/stats"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .expect("stats")
+        .json()
+        .await
+        .expect("json");
+    let judge = &stats["judge"];
+    assert_eq!(
+        (
+            judge["calls"].as_u64(),
+            judge["same"].as_u64(),
+            judge["different"].as_u64()
+        ),
+        (Some(2), Some(1), Some(1)),
+        "{judge}"
+    );
+    assert_eq!(judge["prompt_tokens"], 240);
+    assert_eq!(judge["namespaces"][0]["observations"], 2);
+    let text = metrics(&gw).await;
+    assert!(
+        text.contains("reprise_judge_calls_total{verdict=\"same\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("reprise_judge_duration_seconds_count 2"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_judge_that_does_not_answer_in_time_is_a_miss_not_a_hang() {
+    let sim = quick_sim().await;
+    let (judge_url, log) = judge_server().await;
+    let near = "I forgot my password, how can I reset it";
+    let gw = gateway(sim.base_url(), &judge_url, &[(near, 0.88)], |c| {
+        c.live.judge_timeout_ms = 150
+    })
+    .await;
+    {
+        let mut log = log.lock().expect("log");
+        log.verdicts.insert(near.to_owned(), "same");
+        log.delay_ms = 3_000;
+    }
+    seed(&gw).await;
+    let started = std::time::Instant::now();
+    let miss = ask(&gw, near).await;
+    assert_eq!(outcome(&miss), "miss");
+    assert_eq!(
+        header(&miss, "x-reprise-verify").as_deref(),
+        Some("unsure; reason=timeout")
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(2_500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn async_verdicts_serve_the_next_request_and_add_no_wait_to_the_miss() {
+    let sim = quick_sim().await;
+    let (judge_url, log) = judge_server().await;
+    let near = "I forgot my password, how can I reset it";
+    let gw = gateway(sim.base_url(), &judge_url, &[(near, 0.88)], |c| {
+        c.live.verify_mode = VerifyMode::Async
+    })
+    .await;
+    {
+        let mut log = log.lock().expect("log");
+        log.verdicts.insert(near.to_owned(), "same");
+        // Slower than the upstream: a miss that waited for it would show.
+        log.delay_ms = 400;
+    }
+    seed(&gw).await;
+    let started = std::time::Instant::now();
+    let miss = ask(&gw, near).await;
+    let took = started.elapsed();
+    assert_eq!(outcome(&miss), "miss");
+    assert_eq!(header(&miss, "x-reprise-verify").as_deref(), Some("queued"));
+    assert!(
+        took < Duration::from_millis(400),
+        "the miss waited for the judge: {took:?}"
+    );
+    // The verdict lands in the background.
+    for _ in 0..300 {
+        if gw.state.verifier.judge.counts.calls() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(calls(&log), 1);
+    // The miss stored the paraphrase's own answer: a fresh paraphrase is needed to see the alias,
+    // so ask one the exact key cannot answer but the approval can (same words, other spacing).
+    let respaced = "I forgot my password,  how can I reset it";
+    let hit = ask(&gw, respaced).await;
+    assert_eq!(
+        outcome(&hit),
+        "semantic-hit",
+        "the approved alias serves the next request"
+    );
+    assert_eq!(header(&hit, "x-reprise-verified").as_deref(), Some("judge"));
+    assert_eq!(calls(&log), 1);
+}
+
+#[tokio::test]
+async fn under_a_budget_judge_calls_stop_where_the_verdicts_bound_the_wrong_rate() {
+    let sim = quick_sim().await;
+    let (judge_url, log) = judge_server().await;
+    // 70 distinct prompts at the same similarity: with max_wrong 0.05 the bound clears after 59
+    // right verdicts (0 of 59 at 95%: 0.0495).
+    let prompts: Vec<String> = (0..70)
+        .map(|i| format!("password reset question variant {}", "x".repeat(i + 1)))
+        .collect();
+    let placed: Vec<(&str, f32)> = prompts.iter().map(|p| (p.as_str(), 0.90)).collect();
+    let gw = gateway(sim.base_url(), &judge_url, &placed, |c| {
+        c.live.max_wrong = Some(0.05);
+        // No rate budget: this test sends its lookups as fast as it can.
+        c.judge_rate = 0.0;
+    })
+    .await;
+    {
+        let mut log = log.lock().expect("log");
+        for p in &prompts {
+            log.verdicts.insert(p.clone(), "same");
+        }
+    }
+    seed(&gw).await;
+    let mut verified = Vec::new();
+    for p in &prompts {
+        let r = ask(&gw, p).await;
+        assert_eq!(outcome(&r), "semantic-hit", "{p}");
+        verified.push(header(&r, "x-reprise-verified").unwrap_or_default());
+    }
+    let judged = verified.iter().filter(|v| *v == "judge").count();
+    let budget = verified.iter().filter(|v| *v == "budget").count();
+    // The first 59 are judged; after them, all but the explored few (2%) are served on the bound.
+    assert!(verified[..59].iter().all(|v| v == "judge"), "{verified:?}");
+    assert!(budget >= 8, "{verified:?}");
+    assert_eq!(judged + budget, 70);
+    assert_eq!(calls(&log), judged);
+}
+
+#[tokio::test]
+async fn past_the_rate_budget_a_near_match_is_not_judged_and_not_served() {
+    let sim = quick_sim().await;
+    let (judge_url, log) = judge_server().await;
+    let (first, second) = (
+        "I forgot my password, how can I reset it",
+        "password forgotten, how to reset it",
+    );
+    let gw = gateway(
+        sim.base_url(),
+        &judge_url,
+        &[(first, 0.88), (second, 0.87)],
+        |c| c.judge_rate = 1.0,
+    )
+    .await;
+    {
+        let mut log = log.lock().expect("log");
+        log.verdicts.insert(first.to_owned(), "same");
+        log.verdicts.insert(second.to_owned(), "same");
+    }
+    seed(&gw).await;
+    assert_eq!(outcome(&ask(&gw, first).await), "semantic-hit");
+    let refused = ask(&gw, second).await;
+    assert_eq!(outcome(&refused), "miss");
+    assert_eq!(
+        header(&refused, "x-reprise-verify").as_deref(),
+        Some("unsure; reason=over_budget")
+    );
+    assert_eq!(calls(&log), 1);
+    assert!(metrics(&gw)
+        .await
+        .contains("reprise_judge_skipped_total{reason=\"over_budget\"} 1"));
+}
