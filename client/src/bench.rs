@@ -11,6 +11,7 @@
 pub mod chart;
 pub mod cli;
 pub mod openloop;
+pub mod paraphrase;
 pub mod report;
 pub mod timing;
 pub mod workload;
@@ -113,6 +114,14 @@ pub struct Sample {
     pub semantic_skipped: Option<String>,
     /// The gateway's phase timing (stream comment or `Server-Timing`).
     pub phases: Option<Phases>,
+    /// `x-reprise-entry`: the entry that served a hit.
+    pub entry: Option<String>,
+    /// `x-reprise-verified` of a verified semantic hit (`judge` or `budget`).
+    pub verified: Option<String>,
+    /// `x-reprise-verify`: what the verify stage did (a verdict, `queued`, `dropped`).
+    pub verify: Option<String>,
+    /// `x-reprise-judge-ms`: the judge's time on this request.
+    pub judge_ms: Option<f64>,
     /// Open loop: how late the request was sent against its schedule.
     pub lag_ms: Option<f64>,
     pub error: Option<String>,
@@ -134,6 +143,10 @@ impl Sample {
             similarity: None,
             semantic_skipped: None,
             phases: None,
+            entry: None,
+            verified: None,
+            verify: None,
+            judge_ms: None,
             lag_ms: None,
             error: None,
         }
@@ -628,6 +641,9 @@ pub async fn measure(
     if let Some(namespace) = &config.namespace {
         request = request.header("x-reprise-namespace", namespace);
     }
+    if let Some(value) = planned.item.cache_control {
+        request = request.header("cache-control", value);
+    }
     let started = Instant::now();
     let response = match request.send().await {
         Ok(r) => r,
@@ -644,6 +660,15 @@ pub async fn measure(
     sample.similarity = header("x-reprise-similarity").and_then(|v| v.trim().parse().ok());
     sample.semantic_skipped = skipped_reason(header("x-reprise-semantic"));
     sample.phases = header("server-timing").and_then(Phases::from_server_timing);
+    let text = |name: &str| {
+        header(name)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    sample.entry = text("x-reprise-entry");
+    sample.verified = text("x-reprise-verified");
+    sample.verify = text("x-reprise-verify");
+    sample.judge_ms = header("x-reprise-judge-ms").and_then(|v| v.trim().parse().ok());
     if !response.status().is_success() {
         sample.error = Some(format!("HTTP {}", sample.status));
         sample.total_ms = ms(started.elapsed());

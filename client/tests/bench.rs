@@ -167,3 +167,206 @@ async fn round_robin_splits_one_target_over_two_servers() {
     // Each server: one of the two warm-up requests and half of the 20 measured ones.
     assert_eq!((served(&first).await, served(&second).await), (11, 11));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The paraphrase workload against a fake gateway with an async verify stage.
+// ---------------------------------------------------------------------------------------------
+
+mod paraphrase {
+    use std::collections::{HashMap, HashSet};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use axum::extract::State;
+    use axum::http::HeaderMap;
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::{get, post};
+    use axum::{Json, Router};
+    use reprise_client::bench::paraphrase::{self, Spec};
+    use reprise_client::eval::pairs::{parse, Ambiguous};
+    use serde_json::{json, Value};
+
+    /// An entry is served only this long after it was stored, like the gateway's writer.
+    const VISIBLE_AFTER: Duration = Duration::from_millis(30);
+    /// The background judge's time per pair: later rounds start only once it has answered.
+    const JUDGE_MS: u64 = 40;
+
+    const PAIRS: &str = concat!(
+        "{\"a\": \"How do I boil an egg?\", \"b\": \"What is the way to boil an egg?\", \"same_answer\": true}\n",
+        "{\"a\": \"How do I boil an egg?\", \"b\": \"How do I poach an egg?\", \"same_answer\": false}\n",
+        "{\"a\": \"Capital of France?\", \"b\": \"What is France's capital?\", \"same_answer\": true}\n",
+        "{\"a\": \"USD to EUR rate\", \"b\": \"EUR to USD rate\", \"same_answer\": false}\n",
+    );
+
+    #[derive(Default)]
+    struct Fake {
+        /// Stored prompt -> (entry id, stored at).
+        entries: HashMap<String, (String, Instant)>,
+        /// `b` -> (its `a`, whether the judge says same), from the labels.
+        labels: HashMap<String, (String, bool)>,
+        approved: HashSet<String>,
+        judged: HashSet<String>,
+        queued: u64,
+        queue_depth: u64,
+        same: u64,
+        different: u64,
+        stored_b: usize,
+    }
+
+    type Shared = Arc<Mutex<Fake>>;
+
+    fn lock(fake: &Shared) -> std::sync::MutexGuard<'_, Fake> {
+        fake.lock().expect("lock")
+    }
+
+    async fn chat(
+        State(fake): State<Shared>,
+        headers: HeaderMap,
+        Json(body): Json<Value>,
+    ) -> Response {
+        let text = body["messages"][0]["content"]
+            .as_str()
+            .expect("a prompt")
+            .to_owned();
+        let control = headers
+            .get("cache-control")
+            .map(|v| v.to_str().expect("ascii").to_owned())
+            .unwrap_or_default();
+        let mut f = lock(&fake);
+        let mut head: Vec<(&str, String)> = Vec::new();
+        if control == "no-cache" {
+            let n = f.entries.len();
+            f.entries
+                .entry(text.clone())
+                .or_insert_with(|| (format!("e_{n}"), Instant::now()));
+            head.push(("x-reprise-cache", "miss".into()));
+        } else if let Some((id, _)) = f
+            .entries
+            .get(&text)
+            .filter(|(_, at)| at.elapsed() >= VISIBLE_AFTER)
+        {
+            head.push(("x-reprise-cache", "hit".into()));
+            head.push(("x-reprise-entry", id.clone()));
+        } else if f.approved.contains(&text) {
+            let a = f.labels[&text].0.clone();
+            head.push(("x-reprise-cache", "semantic-hit".into()));
+            head.push(("x-reprise-verified", "judge".into()));
+            head.push(("x-reprise-entry", f.entries[&a].0.clone()));
+        } else {
+            head.push(("x-reprise-cache", "miss".into()));
+            if control != "no-store" && f.labels.contains_key(&text) {
+                f.stored_b += 1;
+            }
+            if let Some((_, same)) = f.labels.get(&text).cloned() {
+                if f.judged.insert(text.clone()) {
+                    f.queued += 1;
+                    f.queue_depth += 1;
+                    head.push(("x-reprise-verify", "queued".into()));
+                    let fake = fake.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(JUDGE_MS)).await;
+                        let mut f = lock(&fake);
+                        f.queue_depth -= 1;
+                        if same {
+                            f.same += 1;
+                            f.approved.insert(text);
+                        } else {
+                            f.different += 1;
+                        }
+                    });
+                }
+            }
+        }
+        drop(f);
+        let mut response =
+            Json(json!({"choices": [{"message": {"role": "assistant", "content": "ok"}}]}))
+                .into_response();
+        for (name, value) in head {
+            response
+                .headers_mut()
+                .insert(name, value.parse().expect("header value"));
+        }
+        response
+    }
+
+    async fn stats(State(fake): State<Shared>) -> Json<Value> {
+        let mut stats: Value =
+            serde_json::from_str(include_str!("fixtures/stats.json")).expect("fixture");
+        let f = lock(&fake);
+        stats["judge"] = json!({
+            "calls": f.same + f.different, "same": f.same, "different": f.different, "unsure": 0,
+            "timeouts": 0, "failures": 0, "over_budget": 0, "too_long": 0,
+            "queued": f.queued, "dropped": 0, "queue_depth": f.queue_depth,
+            "prompt_tokens": 0, "completion_tokens": 0, "p50_ms": null, "p99_ms": null,
+            "namespaces": []
+        });
+        Json(stats)
+    }
+
+    async fn start(fake: Shared) -> String {
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .route("/admin/stats", get(stats))
+            .with_state(fake);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/v1")
+    }
+
+    /// Issue 19: a paraphrase judged `same` in the background is served in the next round, a
+    /// trap never is, and a pair is judged once; every `b` is asked without being stored.
+    #[tokio::test]
+    async fn async_verdicts_promote_paraphrases_in_the_next_round() {
+        let pairs = parse("fake.jsonl", PAIRS, Ambiguous::Different).expect("pairs");
+        let fake: Shared = Arc::default();
+        for p in &pairs {
+            let text = |p: &reprise_client::eval::pairs::Prompt| match p {
+                reprise_client::eval::pairs::Prompt::Text(t) => t.clone(),
+                other => panic!("{other:?}"),
+            };
+            lock(&fake)
+                .labels
+                .insert(text(&p.b), (text(&p.a), p.same_answer));
+        }
+        let url = start(fake.clone()).await;
+        let mut config = super::config(&url);
+        config.stream = false;
+        config.warmup = 0;
+        let spec = Spec {
+            pairs,
+            rounds: 3,
+            segments: 2,
+            admin_token: None,
+            drain_timeout: Duration::from_secs(10),
+        };
+        let (seen, progress) = super::counter();
+        let report = paraphrase::run(config, spec, progress)
+            .await
+            .expect("the workload runs");
+        assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 12);
+        assert_eq!((report.seeds, report.should_hit, report.traps), (3, 2, 2));
+        let round = |r: usize| {
+            report
+                .by_round
+                .iter()
+                .find(|row| row.round == Some(r))
+                .expect("a row per round")
+        };
+        // Round 1: every `b` misses and is queued for its verdict.
+        assert_eq!(round(1).should_hit_served, 0);
+        assert_eq!(round(1).judge_calls_per_lookup, Some(1.0));
+        assert_eq!(round(1).judge.as_ref().map(|j| j.queued), Some(4));
+        for r in [2, 3] {
+            assert_eq!(round(r).should_hit_served, 2, "round {r}");
+            assert_eq!(round(r).verified_judge, 2, "round {r}");
+            assert_eq!(round(r).traps_served, 0, "round {r}");
+            assert_eq!(round(r).judge_calls_per_lookup, Some(0.0), "round {r}");
+        }
+        assert_eq!(report.by_segment.len(), 3 * 2);
+        assert_eq!(lock(&fake).stored_b, 0, "every b is asked with no-store");
+        assert!(paraphrase::render(&report).contains("| 2 | all | [1] | 4 | 100.0% (2/2)"));
+    }
+}

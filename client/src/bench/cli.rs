@@ -11,12 +11,12 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::openloop::{self, Arrivals};
 use super::workload::{self, Bank, GenSpec, Generator, Order, Workload};
-use super::{base_url, report, BenchConfig, Event, Progress};
+use super::{base_url, paraphrase, report, BenchConfig, Event, Progress};
 
 /// Measure TTFT, inter-token gaps and total time against an OpenAI-compatible base URL, by cache
 /// outcome (optionally against a second URL side by side).
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("source").args(["unique_prompts", "prompts_file", "workload", "generate"])))]
+#[command(group(clap::ArgGroup::new("source").args(["unique_prompts", "prompts_file", "workload", "generate", "pairs"])))]
 pub struct BenchArgs {
     /// Base URL: the gateway root (`/v1` is appended to a URL without a path), or a full base URL
     /// such as reprise-sim's or any OpenAI-compatible server's `.../v1`.
@@ -98,6 +98,25 @@ pub struct BenchArgs {
     /// benches/workloads/bank.jsonl].
     #[arg(long, requires = "generate")]
     pub bank: Option<PathBuf>,
+    /// The paraphrase workload: labeled pairs (JSON Lines with `a`, `b`, `same_answer`, the eval's
+    /// format). Stores every `a`, then asks every `b` (with `Cache-Control: no-store`) in --rounds
+    /// rounds and reports per round the should-hit and trap `b` served, judge calls per lookup
+    /// (from /admin/stats) and the TTFT of misses and verified hits. Closed loop only.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["rate", "requests", "duration", "round_robin"])]
+    pub pairs: Option<PathBuf>,
+    /// Paraphrase workload: times every `b` is asked.
+    #[arg(long, default_value_t = 3, requires = "pairs")]
+    pub rounds: usize,
+    /// Paraphrase workload: slices of each round, with the judge's counters read after each.
+    #[arg(long, default_value_t = 1, requires = "pairs")]
+    pub segments: usize,
+    /// Paraphrase workload: longest wait, in seconds, for a background judge queue to empty
+    /// after a slice.
+    #[arg(long, default_value_t = 120.0, requires = "pairs")]
+    pub drain_timeout: f64,
+    /// Admin token of the gateways, for /admin/stats (paraphrase workload).
+    #[arg(long, env = "REPRISE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
     /// Seed of the generated workload and of weighted draws (runs with one seed send the same requests).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -326,9 +345,109 @@ fn write_samples(path: &std::path::Path, samples: &[super::Sample]) -> Result<()
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
+/// The paraphrase workload the flags describe, when `--pairs` names one.
+pub fn paraphrase_of(args: &BenchArgs) -> Result<Option<paraphrase::Spec>, String> {
+    let Some(path) = &args.pairs else {
+        return Ok(None);
+    };
+    if args.rounds == 0 || args.segments == 0 {
+        return Err("--rounds and --segments must be at least 1".into());
+    }
+    if !(args.drain_timeout.is_finite() && args.drain_timeout >= 0.0) {
+        return Err(format!(
+            "--drain-timeout must be 0 or more, got {}",
+            args.drain_timeout
+        ));
+    }
+    // Ambiguous pairs count as traps, as fow-cache and reprise-sim's judge read them.
+    let pairs = crate::eval::pairs::read_file(path, crate::eval::pairs::Ambiguous::Different)
+        .map_err(|e| e.to_string())?;
+    Ok(Some(paraphrase::Spec {
+        pairs,
+        rounds: args.rounds,
+        segments: args.segments,
+        admin_token: args.admin_token.clone(),
+        drain_timeout: Duration::from_secs_f64(args.drain_timeout),
+    }))
+}
+
+/// Runs the paraphrase workload and writes its outputs.
+async fn main_paraphrase(
+    args: &BenchArgs,
+    mut config: BenchConfig,
+    spec: paraphrase::Spec,
+) -> ExitCode {
+    config.warmup = 0;
+    let total = spec.pairs.len() * spec.rounds * config.targets.len();
+    let bar = progress_bar(
+        &BenchConfig {
+            requests: total / config.targets.len().max(1),
+            ..config.clone()
+        },
+        args.quiet,
+    );
+    let result = paraphrase::run(config, spec, progress_of(bar.clone())).await;
+    bar.finish_and_clear();
+    let report = match result {
+        Ok(r) => r,
+        Err(err) => {
+            eprintln!("reprise-client bench: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let text = paraphrase::render(&report);
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(json) => println!("{json}"),
+            Err(err) => {
+                eprintln!("reprise-client bench: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{text}");
+    }
+    if let Some(path) = &args.samples {
+        let samples: Vec<super::Sample> = report.samples.iter().map(|a| a.sample.clone()).collect();
+        if let Err(err) = write_samples(path, &samples) {
+            eprintln!("reprise-client bench: {err}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Some(dir) = &args.report {
+        let written = std::fs::create_dir_all(dir)
+            .and_then(|_| std::fs::write(dir.join("report.md"), &text))
+            .map_err(|e| e.to_string())
+            .and_then(|_| serde_json::to_string_pretty(&report).map_err(|e| e.to_string()))
+            .and_then(|json| {
+                std::fs::write(dir.join("report.json"), json).map_err(|e| e.to_string())
+            });
+        if let Err(err) = written {
+            eprintln!(
+                "reprise-client bench: cannot write {}: {err}",
+                dir.display()
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    if report.overall.iter().any(|r| r.lookups == 0) {
+        eprintln!("reprise-client bench: every lookup to a target failed");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
 /// Runs `reprise-client bench`.
 pub async fn main(args: BenchArgs) -> ExitCode {
     let id = run_id();
+    match config_of(&args, &id).and_then(|c| Ok((c, paraphrase_of(&args)?))) {
+        Ok((config, Some(spec))) => return main_paraphrase(&args, config, spec).await,
+        Ok((_, None)) => {}
+        Err(err) => {
+            eprintln!("reprise-client bench: {err}");
+            return ExitCode::from(2);
+        }
+    }
     let (config, workload) =
         match config_of(&args, &id).and_then(|c| Ok((c, workload_of(&args, &id)?))) {
             Ok(v) => v,
@@ -527,5 +646,42 @@ mod tests {
         assert!(workload_of(&args, "r")
             .expect_err("above 1")
             .contains("above 1"));
+    }
+
+    #[test]
+    fn pairs_make_a_paraphrase_workload() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("pairs.jsonl");
+        std::fs::write(
+            &path,
+            "{\"a\": \"x\", \"b\": \"y\", \"same_answer\": true}\n{\"a\": \"x\", \"b\": \"z\", \"same_answer\": false, \"ambiguous\": \"scope\"}\n",
+        )
+        .expect("write");
+        let file = path.to_str().expect("utf-8 path");
+        let args = parse(&["--pairs", file, "--rounds", "4", "--segments", "2"]).expect("parses");
+        let spec = paraphrase_of(&args)
+            .expect("reads")
+            .expect("a paraphrase workload");
+        assert_eq!((spec.rounds, spec.segments, spec.pairs.len()), (4, 2, 2));
+        assert!(!spec.pairs[1].same_answer, "an ambiguous pair is a trap");
+        assert_eq!(spec.drain_timeout, Duration::from_secs(120));
+        assert!(paraphrase_of(&parse(&[]).expect("parses"))
+            .expect("ok")
+            .is_none());
+        let zero = parse(&["--pairs", file, "--rounds", "0"]).expect("parses");
+        assert!(paraphrase_of(&zero).is_err());
+        assert!(parse(&["--rounds", "2"]).is_err(), "--rounds needs --pairs");
+        assert!(
+            parse(&["--pairs", file, "--rate", "5"]).is_err(),
+            "closed loop only"
+        );
+        assert!(
+            parse(&["--pairs", file, "--generate"]).is_err(),
+            "one source"
+        );
+        let missing = parse(&["--pairs", "/nonexistent/pairs.jsonl"]).expect("parses");
+        assert!(paraphrase_of(&missing)
+            .expect_err("no file")
+            .contains("cannot read"));
     }
 }

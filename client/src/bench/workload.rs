@@ -58,6 +58,9 @@ pub struct Item {
     pub group: Option<String>,
     /// Relative draw weight (weighted order only).
     pub weight: f64,
+    /// Sent as `Cache-Control` (the paraphrase workload stores its `a` prompts with `no-cache`
+    /// and asks its `b` prompts with `no-store`).
+    pub cache_control: Option<&'static str>,
 }
 
 impl Item {
@@ -67,7 +70,14 @@ impl Item {
             model: None,
             group,
             weight: 1.0,
+            cache_control: None,
         }
+    }
+
+    /// The same request sent with `Cache-Control: value`.
+    pub fn with_cache_control(mut self, value: &'static str) -> Self {
+        self.cache_control = Some(value);
+        self
     }
 
     /// Identity of the text as a cache would see it (model and messages).
@@ -186,6 +196,7 @@ pub fn parse_jsonl(text: &str, source_name: &str) -> Result<Vec<Item>, WorkloadE
             model: line.model,
             group,
             weight,
+            cache_control: None,
         });
     }
     if items.is_empty() {

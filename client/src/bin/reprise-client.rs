@@ -20,7 +20,7 @@ struct Cli {
 enum Command {
     /// Measure TTFT, inter-token gaps and total time by cache outcome against an OpenAI-compatible
     /// base URL (optionally two, side by side); closed or open loop, generated or file workloads.
-    Bench(bench::cli::BenchArgs),
+    Bench(Box<bench::cli::BenchArgs>),
     #[command(flatten)]
     Admin(AdminCommand),
     /// Match quality through a running gateway: store `a`, look up `b` for each labeled pair.
@@ -50,7 +50,7 @@ async fn main() -> std::process::ExitCode {
         }
         Command::Eval(args) => reprise_client::eval::cli::run(args).await,
         Command::Calibrate(args) => reprise_client::eval::calibrate::run(args).await,
-        Command::Bench(args) => bench::cli::main(args).await,
+        Command::Bench(args) => bench::cli::main(*args).await,
         Command::DelayProxy(args) => reprise_client::delay::run(args).await,
     }
 }
