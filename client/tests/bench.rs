@@ -366,6 +366,13 @@ mod paraphrase {
             assert_eq!(round(r).judge_calls_per_lookup, Some(0.0), "round {r}");
         }
         assert_eq!(report.by_segment.len(), 3 * 2);
+        let promoted = &report.promotions[0];
+        assert_eq!((promoted.round, promoted.target), (2, 0));
+        assert_eq!(
+            (promoted.should_hit_missed, promoted.should_hit_promoted),
+            (2, 2)
+        );
+        assert_eq!((promoted.traps_missed, promoted.traps_promoted), (2, 0));
         assert_eq!(lock(&fake).stored_b, 0, "every b is asked with no-store");
         assert!(paraphrase::render(&report).contains("| 2 | all | [1] | 4 | 100.0% (2/2)"));
     }

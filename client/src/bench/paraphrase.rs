@@ -199,10 +199,26 @@ pub struct Row {
     pub judge: Option<JudgeDelta>,
     pub judge_calls_per_lookup: Option<f64>,
     pub miss_ttft_ms: Option<Percentiles>,
-    /// Misses that waited for a judge call (`x-reprise-judge-ms`; sync mode).
+    /// Misses that waited for a judge call (sync mode: `x-reprise-verify` is the verdict).
     pub judged_miss_ttft_ms: Option<Percentiles>,
     /// Semantic hits with `x-reprise-verified: judge`.
     pub verified_hit_ttft_ms: Option<Percentiles>,
+}
+
+/// Whether a request waited for a judge's answer: its `x-reprise-verify` is a verdict the judge
+/// gave (or a timeout), not `queued`, `dropped` or a candidate that was never sent to it.
+pub fn waited_for_judge(s: &Sample) -> bool {
+    let Some(v) = s.verify.as_deref() else {
+        return false;
+    };
+    let verdict = v.split(';').next().unwrap_or("").trim();
+    match verdict {
+        "same" | "different" => true,
+        "unsure" => !["over_budget", "too_long", "not_configured"]
+            .iter()
+            .any(|r| v.contains(r)),
+        _ => false,
+    }
 }
 
 fn served(outcome: &str) -> bool {
@@ -252,7 +268,7 @@ pub fn row(
         }
         if s.outcome == "miss" {
             miss.extend(s.ttft_ms);
-            if s.judge_ms.is_some() {
+            if waited_for_judge(s) {
                 judged_miss.extend(s.ttft_ms);
             }
         }
@@ -279,6 +295,81 @@ pub fn row(
     r.judged_miss_ttft_ms = Percentiles::of(&judged_miss);
     r.verified_hit_ttft_ms = Percentiles::of(&verified);
     r
+}
+
+/// What later rounds served of the `b` that round 1 did not serve, on one target.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Promotion {
+    pub round: usize,
+    pub target: usize,
+    /// Should-hit `b` not served right in round 1, and of those served right in this round.
+    pub should_hit_missed: usize,
+    pub should_hit_promoted: usize,
+    /// Trap `b` not served in round 1, and of those served in this round (wrong promotions).
+    pub traps_missed: usize,
+    pub traps_promoted: usize,
+}
+
+/// Promotions of every later round on every target.
+pub fn promotions(
+    plan: &Plan,
+    entries: &[HashMap<String, usize>],
+    asked: &[Asked],
+    rounds: usize,
+) -> Vec<Promotion> {
+    // (target, round, ask) -> served right / served at all.
+    let mut right = HashMap::new();
+    let mut any = HashMap::new();
+    for a in asked.iter().filter(|a| a.sample.error.is_none()) {
+        let s = &a.sample;
+        let key = (s.target, a.round, a.ask);
+        let is_served = served(&s.outcome);
+        let seed = s
+            .entry
+            .as_ref()
+            .and_then(|e| entries.get(s.target)?.get(e))
+            .copied();
+        any.insert(key, is_served);
+        right.insert(key, is_served && plan.truth(a.ask, seed) == Truth::Right);
+    }
+    let mut out = Vec::new();
+    for target in 0..entries.len() {
+        for round in 2..=rounds {
+            let mut p = Promotion {
+                round,
+                target,
+                should_hit_missed: 0,
+                should_hit_promoted: 0,
+                traps_missed: 0,
+                traps_promoted: 0,
+            };
+            for (i, ask) in plan.asks.iter().enumerate() {
+                let (first, later) = if ask.same_answer {
+                    (&right, &right)
+                } else {
+                    (&any, &any)
+                };
+                // Not asked (or failed) in either round: nothing to compare.
+                let (Some(&was), Some(&now)) =
+                    (first.get(&(target, 1, i)), later.get(&(target, round, i)))
+                else {
+                    continue;
+                };
+                if was {
+                    continue;
+                }
+                if ask.same_answer {
+                    p.should_hit_missed += 1;
+                    p.should_hit_promoted += usize::from(now);
+                } else {
+                    p.traps_missed += 1;
+                    p.traps_promoted += usize::from(now);
+                }
+            }
+            out.push(p);
+        }
+    }
+    out
 }
 
 /// Misses of the first target against the second on the same `b` in the same round.
@@ -333,6 +424,8 @@ pub struct Report {
     pub overall: Vec<Row>,
     /// With two targets: per round, then every round.
     pub misses_side_by_side: Vec<MissPair>,
+    /// Per later round and target: what round 1 left unserved and this round served.
+    pub promotions: Vec<Promotion>,
     pub wall_s: f64,
     #[serde(skip)]
     pub samples: Vec<Asked>,
@@ -396,6 +489,7 @@ pub fn summarize(
     } else {
         Vec::new()
     };
+    let promotions = promotions(plan, entries, &asked, spec.rounds);
     Report {
         started: String::new(),
         mode: String::new(),
@@ -411,6 +505,7 @@ pub fn summarize(
         by_segment,
         overall,
         misses_side_by_side,
+        promotions,
         wall_s: 0.0,
         samples: asked,
     }
@@ -491,6 +586,21 @@ pub fn render(report: &Report) -> String {
     if !report.by_segment.is_empty() {
         out.push_str("\nBy slice of each round (the judge's counters read after each):\n\n");
         table(&mut out, &report.by_segment);
+    }
+    if !report.promotions.is_empty() {
+        out.push_str("\nPromotion: of the `b` round 1 did not serve (should-hit: not served right), those this round served:\n\n");
+        out.push_str(
+            "| round | target | should-hit promoted | traps promoted |\n|---|---|---:|---:|\n",
+        );
+        for p in &report.promotions {
+            out.push_str(&format!(
+                "| {} | [{}] | {} | {} |\n",
+                p.round,
+                p.target + 1,
+                share(p.should_hit_promoted, p.should_hit_missed),
+                share(p.traps_promoted, p.traps_missed)
+            ));
+        }
     }
     out.push_str("\nEvery round:\n\n");
     table(&mut out, &report.overall);
@@ -888,7 +998,7 @@ mod tests {
         let mut budget = asked(3, 2, 0, "semantic-hit", Some("e_b"), 4.0);
         budget.sample.verified = Some("budget".into());
         let mut judged_miss = asked(2, 2, 0, "miss", None, 450.0);
-        judged_miss.sample.judge_ms = Some(150.0);
+        judged_miss.sample.verify = Some("different".into());
         let mut failed = asked(1, 2, 0, "none", None, 1.0);
         failed.sample.error = Some("HTTP 502".into());
         let all = [
@@ -979,5 +1089,38 @@ mod tests {
         assert!(text.contains("| 2 | all | [1] | 4 | 50.0% (1/2)"), "{text}");
         assert!(text.contains("| 1 | 4 | 10.00 |"), "{text}");
         assert!(text.contains("By slice of each round"), "{text}");
+        let promoted = |t: usize| {
+            report
+                .promotions
+                .iter()
+                .find(|p| p.target == t && p.round == 2)
+                .cloned()
+                .expect("round 2")
+        };
+        let first = promoted(0);
+        assert_eq!((first.should_hit_missed, first.should_hit_promoted), (2, 1));
+        assert_eq!((first.traps_missed, first.traps_promoted), (2, 0));
+        assert_eq!(promoted(1).should_hit_promoted, 0);
+        assert!(
+            text.contains("| 2 | [1] | 50.0% (1/2) | 0.0% (0/2) |"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn only_a_judge_answer_counts_as_a_wait() {
+        let with = |v: Option<&str>| {
+            let mut s = Sample::new(0, 0, Kind::Paraphrase);
+            s.verify = v.map(str::to_owned);
+            waited_for_judge(&s)
+        };
+        assert!(with(Some("different")));
+        assert!(with(Some("same")));
+        assert!(with(Some("unsure; reason=timeout")));
+        assert!(!with(Some("unsure; reason=over_budget")));
+        assert!(!with(Some("unsure; reason=too_long")));
+        assert!(!with(Some("queued")));
+        assert!(!with(Some("dropped")));
+        assert!(!with(None));
     }
 }
