@@ -50,6 +50,8 @@ pub struct Plan {
     pub asks: Vec<PlannedAsk>,
     /// (seed, `b` as sent) -> whether the seed's answer answers it, from every labeled pair.
     labels: HashMap<(usize, String), bool>,
+    /// Each seed as sent, to recognize a `b` that is another pair's `a` word for word.
+    seed_keys: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -81,9 +83,11 @@ impl Plan {
         let mut seen: HashMap<String, usize> = HashMap::new();
         let mut asks = Vec::new();
         let mut labels = HashMap::new();
+        let mut seed_keys = Vec::new();
         for pair in pairs {
             let seed = *seen.entry(key_of(&pair.a)).or_insert_with(|| {
                 seeds.push(pair.a.clone());
+                seed_keys.push(key_of(&pair.a));
                 seeds.len() - 1
             });
             // A pair labeled both ways is a trap: serving it is not known to be right.
@@ -101,12 +105,17 @@ impl Plan {
             seeds,
             asks,
             labels,
+            seed_keys,
         }
     }
 
     /// What serving ask `ask` from the entry of seed `seed` (`None`: an entry that is no seed's) is.
     pub fn truth(&self, ask: usize, seed: Option<usize>) -> Truth {
         let b = key_of(&self.asks[ask].b);
+        // A `b` that is another pair's `a` word for word gets that question's own answer.
+        if seed.is_some_and(|s| self.seed_keys.get(s) == Some(&b)) {
+            return Truth::Right;
+        }
         match seed.and_then(|s| self.labels.get(&(s, b))) {
             Some(true) => Truth::Right,
             Some(false) => Truth::Wrong,
@@ -187,7 +196,9 @@ pub struct Row {
     /// Should-hit `b` served with a right answer.
     pub should_hit_served: usize,
     pub traps: usize,
-    /// Trap `b` served at all (any entry's answer is a wrong one).
+    /// Trap `b` served an answer the labels call wrong (its own `a`'s, or another `a` labeled a
+    /// trap with it). One served from an `a` the labels say nothing about is in `served_unlabeled`:
+    /// other pairs' `a` include paraphrases of its own, whose answer may well be right.
     pub traps_served: usize,
     /// Served answers the labels call wrong, and those from an entry they do not pair with the `b`.
     pub served_wrong: usize,
@@ -286,10 +297,12 @@ pub fn row(
         let seed = s.entry.as_ref().and_then(|e| entries.get(e)).copied();
         match plan.truth(a.ask, seed) {
             Truth::Right => r.should_hit_served += usize::from(same),
-            Truth::Wrong => r.served_wrong += 1,
+            Truth::Wrong => {
+                r.served_wrong += 1;
+                r.traps_served += usize::from(!same);
+            }
             Truth::Unlabeled => r.served_unlabeled += 1,
         }
-        r.traps_served += usize::from(!same);
     }
     r.miss_ttft_ms = Percentiles::of(&miss);
     r.judged_miss_ttft_ms = Percentiles::of(&judged_miss);
@@ -305,7 +318,7 @@ pub struct Promotion {
     /// Should-hit `b` not served right in round 1, and of those served right in this round.
     pub should_hit_missed: usize,
     pub should_hit_promoted: usize,
-    /// Trap `b` not served in round 1, and of those served in this round (wrong promotions).
+    /// Trap `b` not served a wrong answer in round 1, and of those served one in this round.
     pub traps_missed: usize,
     pub traps_promoted: usize,
 }
@@ -317,9 +330,9 @@ pub fn promotions(
     asked: &[Asked],
     rounds: usize,
 ) -> Vec<Promotion> {
-    // (target, round, ask) -> served right / served at all.
+    // (target, round, ask) -> served right / served wrong.
     let mut right = HashMap::new();
-    let mut any = HashMap::new();
+    let mut wrong = HashMap::new();
     for a in asked.iter().filter(|a| a.sample.error.is_none()) {
         let s = &a.sample;
         let key = (s.target, a.round, a.ask);
@@ -329,8 +342,9 @@ pub fn promotions(
             .as_ref()
             .and_then(|e| entries.get(s.target)?.get(e))
             .copied();
-        any.insert(key, is_served);
-        right.insert(key, is_served && plan.truth(a.ask, seed) == Truth::Right);
+        let truth = plan.truth(a.ask, seed);
+        wrong.insert(key, is_served && truth == Truth::Wrong);
+        right.insert(key, is_served && truth == Truth::Right);
     }
     let mut out = Vec::new();
     for target in 0..entries.len() {
@@ -344,14 +358,10 @@ pub fn promotions(
                 traps_promoted: 0,
             };
             for (i, ask) in plan.asks.iter().enumerate() {
-                let (first, later) = if ask.same_answer {
-                    (&right, &right)
-                } else {
-                    (&any, &any)
-                };
+                let seen = if ask.same_answer { &right } else { &wrong };
                 // Not asked (or failed) in either round: nothing to compare.
                 let (Some(&was), Some(&now)) =
-                    (first.get(&(target, 1, i)), later.get(&(target, round, i)))
+                    (seen.get(&(target, 1, i)), seen.get(&(target, round, i)))
                 else {
                     continue;
                 };
@@ -527,7 +537,7 @@ fn p50_p99(p: &Option<Percentiles>) -> String {
 }
 
 fn table(out: &mut String, rows: &[Row]) {
-    out.push_str("| round | slice | target | lookups | should-hit served | traps served | wrong / unlabeled served | judge calls | calls per lookup | served by judge / budget | miss TTFT p50 / p99 ms | judged miss TTFT p50 / p99 | verified hit TTFT p50 / p99 |\n");
+    out.push_str("| round | slice | target | lookups | should-hit served | traps served wrong | wrong / unlabeled served | judge calls | calls per lookup | served by judge / budget | miss TTFT p50 / p99 ms | judged miss TTFT p50 / p99 | verified hit TTFT p50 / p99 |\n");
     out.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in rows {
         let judge = r.judge.as_ref().map_or("-".to_owned(), |j| {
@@ -588,7 +598,7 @@ pub fn render(report: &Report) -> String {
         table(&mut out, &report.by_segment);
     }
     if !report.promotions.is_empty() {
-        out.push_str("\nPromotion: of the `b` round 1 did not serve (should-hit: not served right), those this round served:\n\n");
+        out.push_str("\nPromotion: of the should-hit `b` round 1 did not serve right, those this round did (traps: served wrong):\n\n");
         out.push_str(
             "| round | target | should-hit promoted | traps promoted |\n|---|---|---:|---:|\n",
         );
@@ -923,6 +933,14 @@ mod tests {
         // Served from another pair's `a`: the labels do not say, so it is not counted as right.
         assert_eq!(p.truth(0, Some(2)), Truth::Unlabeled);
         assert_eq!(p.truth(3, None), Truth::Unlabeled);
+        // A trap `b` that is another pair's `a`: that entry's answer is its own.
+        let echo = concat!(
+            "{\"a\": \"Cancel my plan\", \"b\": \"Do not cancel my plan\", \"same_answer\": false}\n",
+            "{\"a\": \"Do not cancel my plan\", \"b\": \"Keep my plan\", \"same_answer\": true}\n"
+        );
+        let p3 = Plan::new(&parse("e", echo, Ambiguous::Different).expect("pairs"));
+        assert_eq!(p3.truth(0, Some(1)), Truth::Right);
+        assert_eq!(p3.truth(0, Some(0)), Truth::Wrong);
         // A pair labeled both ways is not known to be right.
         let twice = concat!(
             "{\"a\": \"x\", \"b\": \"y\", \"same_answer\": true}\n",
