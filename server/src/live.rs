@@ -68,7 +68,10 @@ pub struct LiveSettings {
     #[schema(required = true, default = 0.8)]
     pub verify_floor: f32,
     /// The error budget: the largest share of wrong answers among candidates served without a
-    /// judge call. Unset: candidates at or above the threshold are served unjudged.
+    /// judge call (default 0.01). `"none"`: candidates at or above the threshold are served
+    /// unjudged, those between the floor and the threshold judged.
+    #[serde(deserialize_with = "verify::budget")]
+    #[schema(value_type = Option<f64>)]
     pub max_wrong: Option<f64>,
     /// The model judge calls ask (required with `verify = "judge"`).
     pub judge_model: Option<String>,
@@ -98,7 +101,7 @@ impl Default for LiveSettings {
             // On the dev set, 0.80 is where unguarded traps begin to outnumber paraphrases
             // (benches/results/eval-2026-12-01.md): below it a judge call is mostly spent on a no.
             verify_floor: 0.8,
-            max_wrong: None,
+            max_wrong: Some(verify::DEFAULT_MAX_WRONG),
             judge_model: None,
             judge_url: None,
             judge_timeout_ms: 2_000,
@@ -162,7 +165,7 @@ impl LiveSettings {
             floor: own
                 .and_then(|o| o.verify_floor)
                 .unwrap_or(self.verify_floor),
-            max_wrong: own.and_then(|o| o.max_wrong).or(self.max_wrong),
+            max_wrong: own.and_then(|o| o.max_wrong).unwrap_or(self.max_wrong),
             model: pick(|o| o.judge_model.clone(), &self.judge_model),
             url: pick(|o| o.judge_url.clone(), &self.judge_url),
             timeout: std::time::Duration::from_millis(
@@ -230,8 +233,8 @@ pub struct ConfigPatch {
     #[schema(value_type = Option<String>)]
     pub verify_mode: Option<VerifyMode>,
     pub verify_floor: Option<f32>,
-    /// A `null` value removes the budget.
-    #[serde(default, deserialize_with = "present")]
+    /// `null` or `"none"`: no budget (the threshold decides).
+    #[serde(default, deserialize_with = "verify::present_budget")]
     #[schema(value_type = Option<f64>)]
     pub max_wrong: Option<Option<f64>>,
     /// A `null` value removes the model.
@@ -521,6 +524,22 @@ mod tests {
             .expect("valid");
         assert!(cleared.namespace_verify.is_empty());
         assert_eq!(cleared.judge_model, None);
+        // The budget: a share, or none (`null` or `"none"`), globally or for one namespace.
+        assert_eq!(LiveSettings::default().max_wrong, Some(0.01));
+        for none in [serde_json::json!(null), serde_json::json!("none")] {
+            let now = live
+                .apply(patch(serde_json::json!({
+                    "max_wrong": none,
+                    "namespace_verify": {"legal": {"max_wrong": 0.005}, "chat": {"max_wrong": "none"}}
+                })))
+                .expect("valid");
+            assert_eq!(now.verify_for(None).max_wrong, None);
+            assert_eq!(now.verify_for(Some("legal")).max_wrong, Some(0.005));
+            assert_eq!(now.verify_for(Some("chat")).max_wrong, None);
+        }
+        let err = crate::admin::parse_json::<ConfigPatch>(br#"{"max_wrong": "some"}"#)
+            .expect_err("not a budget");
+        assert_eq!(err.body()["error"]["param"], "max_wrong");
         let err = crate::admin::parse_json::<ConfigPatch>(br#"{"verify": "maybe"}"#)
             .expect_err("not a kind");
         assert_eq!(err.body()["error"]["param"], "verify");
