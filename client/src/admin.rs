@@ -171,6 +171,9 @@ pub struct Stats {
     /// Operators' verdicts (absent from gateways that predate feedback).
     #[serde(default)]
     pub feedback: Option<FeedbackCounts>,
+    /// The judge of near matches (absent from gateways that predate `verify`).
+    #[serde(default)]
+    pub judge: Option<JudgeStats>,
     pub latency: Latency,
     pub ttft_histogram: TtftHistogram,
     pub timeline: Timeline,
@@ -252,6 +255,39 @@ pub struct FeedbackCounts {
     pub wrong: u64,
     pub vetoes: u64,
     pub approvals: u64,
+}
+
+/// The judge's work (`verify = judge`) and the error budget's evidence per namespace.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JudgeStats {
+    /// Calls that reached the judge, by verdict.
+    pub calls: u64,
+    pub same: u64,
+    pub different: u64,
+    pub unsure: u64,
+    pub timeouts: u64,
+    pub failures: u64,
+    /// Near matches not judged (and not served): rate budget spent, prompt too long.
+    pub over_budget: u64,
+    pub too_long: u64,
+    /// Background mode: queued, dropped (queue full), waiting now.
+    pub queued: u64,
+    pub dropped: u64,
+    pub queue_depth: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub namespaces: Vec<NamespaceBudget>,
+}
+
+/// Verdicts observed in one namespace (`""`: requests without one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NamespaceBudget {
+    pub namespace: String,
+    pub observations: u64,
+    pub wrong: u64,
+    pub wrong_rate: Option<f64>,
 }
 
 /// Wrong answers a guard kept from being served, by guard.
@@ -386,6 +422,31 @@ pub struct EntryDetail {
     pub has_vector: bool,
     /// Newest last, at most 32.
     pub hit_history: Vec<HitEvent>,
+    /// The verdicts (judge and operators) its near matches met (absent from older gateways).
+    #[serde(default)]
+    pub verdicts: Option<EntryVerdicts>,
+    /// The entry's own floor, raised by operators' `wrong` verdicts.
+    #[serde(default)]
+    pub entry_threshold: Option<f32>,
+}
+
+/// An entry's verdicts and the threshold they set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EntryVerdicts {
+    /// Newest last.
+    pub observations: Vec<Observation>,
+    /// Candidates at or below this similarity are always judged.
+    pub judged_at_or_below: Option<f32>,
+}
+
+/// One verdict an entry met.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    pub similarity: f32,
+    pub wrong: bool,
+    /// `judge` or `operator`.
+    pub source: String,
+    pub at_ms: u64,
 }
 
 /// One time an entry served a request.
@@ -701,6 +762,9 @@ pub struct ShadowDecision {
     pub similarity: f32,
     pub threshold: f32,
     pub guards: Vec<GuardVerdict>,
+    /// The judge's verdict (`verify = judge`): `queued` until it lands.
+    #[serde(default)]
+    pub verdict: Option<String>,
 }
 
 /// `GET /admin/shadow`, newest first.

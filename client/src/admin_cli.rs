@@ -897,6 +897,23 @@ pub fn render_stats(stats: &Stats) -> String {
             ),
         ));
     }
+    if let Some(j) = stats
+        .judge
+        .as_ref()
+        .filter(|j| j.calls + j.over_budget + j.queued > 0)
+    {
+        let latency = match (j.p50_ms, j.p99_ms) {
+            (Some(p50), Some(p99)) => format!(", p50 {p50:.0} ms, p99 {p99:.0} ms"),
+            _ => String::new(),
+        };
+        summary.push((
+            "Judge",
+            format!(
+                "{} calls: same {}, different {}, unsure {}; {} over budget, {} dropped{latency}; {} + {} tokens",
+                j.calls, j.same, j.different, j.unsure, j.over_budget, j.dropped, j.prompt_tokens, j.completion_tokens
+            ),
+        ));
+    }
     let errors = &stats.upstream_errors;
     summary.push((
         "Upstream errors",
@@ -1602,6 +1619,7 @@ mod tests {
             "connect 0, timeout 0, protocol 0, status 1, stream 0",
             "numbers 3, negation 1, format 0, task 0, direction 0, antonym 0, entity 0 (semantic matches not served)",
             "Latency (last 1000 requests)",
+            "41 calls: same 30, different 9, unsure 2; 3 over budget, 0 dropped, p50 182 ms, p99 611 ms; 5120 + 164 tokens",
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");
         }

@@ -76,6 +76,10 @@ pub struct ShadowDecision {
     /// Every guard, in the order the gateway checks them, then `feedback` when a veto or the
     /// entry's own threshold refuses the candidate.
     pub guards: Vec<GuardVerdict>,
+    /// With `verify = judge`: the judge's verdict on the pair (`same`, `different`, `unsure…`),
+    /// asked in the background; `queued` until it lands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<String>,
 }
 
 impl ShadowDecision {
@@ -128,6 +132,10 @@ impl ShadowDecision {
         if !refusing.is_empty() {
             value.push_str(&format!("; guard={}", refusing.join(",")));
         }
+        if let Some(verdict) = &self.verdict {
+            // `queued` on the response itself: the verdict lands in `GET /admin/shadow`.
+            value.push_str(&format!("; verify={verdict}"));
+        }
         value
     }
 }
@@ -169,6 +177,18 @@ impl ShadowLog {
             }
         }
         Ok(decision)
+    }
+
+    /// Writes the judge's verdict into decision `id`, if it is still kept.
+    pub fn set_verdict(&self, id: u64, verdict: String) {
+        let updated = self.tree.fetch_and_update(id.to_be_bytes(), |old| {
+            let mut decision: ShadowDecision = serde_json::from_slice(old?).ok()?;
+            decision.verdict = Some(verdict.clone());
+            serde_json::to_vec(&decision).ok()
+        });
+        if let Err(err) = updated {
+            tracing::warn!(error = %err, "recording a shadow verdict failed");
+        }
     }
 
     /// Newest first, filtered; the second value is the cursor for the next page, if any.
@@ -237,6 +257,7 @@ pub(crate) fn record(
         similarity,
         threshold,
         guards: verdicts,
+        verdict: None,
     };
     match state.feedback.shadow.record(decision) {
         Ok(d) => Some(d),
@@ -265,6 +286,7 @@ mod tests {
             similarity: 0.95,
             threshold: 0.9,
             guards: Vec::new(),
+            verdict: None,
         }
     }
 

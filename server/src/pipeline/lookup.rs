@@ -366,7 +366,11 @@ pub(crate) async fn apply_search(
     }
     if shadow {
         if let Some((entry, similarity)) = outcome.hit.take() {
-            ex.misses.shadowed = crate::shadow::record(state, ex, &entry, similarity);
+            let mut decision = crate::shadow::record(state, ex, &entry, similarity);
+            if let Some(decision) = &mut decision {
+                crate::verify::shadow(state, ex, &entry, similarity, decision);
+            }
+            ex.misses.shadowed = decision;
             note(state, ex, Met::Shadow, entry.id, Some(similarity));
         }
     }

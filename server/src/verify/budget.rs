@@ -10,8 +10,8 @@
 //! it. So a candidate at `s` is served without a judge call when the observations of its namespace
 //! in the window `[s - WINDOW, s]` (to the bins' 0.005) bound the wrong rate within `max_wrong`:
 //! the one-sided Clopper-Pearson upper bound at [`CONFIDENCE`] of `k` wrong among `n`. With no
-//! wrong observation that takes `n >= 299` observations for `max_wrong = 0.01`, and a wrong one
-//! needs about 150 more right ones to be outweighed: a namespace starts by judging every candidate,
+//! wrong observation that takes `n >= 299` observations for `max_wrong = 0.01`, and one wrong one
+//! raises that to about 474: a namespace starts by judging every candidate,
 //! and judges less as evidence accumulates where its traffic falls.
 //!
 //! Each entry has its own curve on top of the namespace's: a wrong verdict on the entry at

@@ -65,6 +65,8 @@ struct Job {
     target: Target,
     pair: Pair,
     encounter: Encounter,
+    /// The shadow decision the verdict is written into, for a shadowed request.
+    shadow: Option<u64>,
 }
 
 /// The judge and the background queue, one per gateway.
@@ -164,6 +166,9 @@ async fn work(
         tasks.spawn(async move {
             let judged = verifier.judge.ask(&job.target, &job.pair).await;
             apply(&feedback, &job.encounter, judged.verdict);
+            if let Some(id) = job.shadow {
+                feedback.shadow.set_verdict(id, judged.verdict.header());
+            }
             drop(slot);
         });
     }
@@ -242,6 +247,7 @@ pub(crate) async fn check(
                 target,
                 pair,
                 encounter,
+                shadow: None,
             };
             let queued =
                 state
@@ -249,6 +255,59 @@ pub(crate) async fn check(
                     .enqueue(&state.feedback, &state.tasks, &state.shutdown, job);
             ex.misses.verify = Some(if queued { "queued" } else { "dropped" }.to_owned());
             Check::Refuse
+        }
+    }
+}
+
+/// Shadow mode with a judge: the candidate `on` would have judged or served is judged in the
+/// background (a shadowed request never waits), and the verdict is written next to the decision,
+/// kept as `on` would keep it (approval or veto, and an observation). A candidate the guards or
+/// the operators' verdicts refuse, or one below the floor, is not judged: `on` would not serve it.
+pub(crate) fn shadow(
+    state: &AppState,
+    ex: &Exchange,
+    entry: &Entry,
+    similarity: f32,
+    decision: &mut crate::shadow::ShadowDecision,
+) {
+    let mut plan = ex.settings.verify_for(ex.policy.namespace.as_deref());
+    let refused = decision.guards.iter().any(|g| g.enabled && g.refuses);
+    if !plan.judges() || refused || similarity < plan.floor {
+        return;
+    }
+    plan.mode = VerifyMode::Async;
+    let mut note = |verdict: String| {
+        state
+            .feedback
+            .shadow
+            .set_verdict(decision.id, verdict.clone());
+        decision.verdict = Some(verdict);
+    };
+    match target(state, ex, &plan) {
+        None => note(Verdict::Unsure(Unsure::NotConfigured).header()),
+        Some(target) => {
+            // Written before the job can land, so that the verdict is never overwritten.
+            note("queued".to_owned());
+            let job = Job {
+                target,
+                pair: pair(ex, entry),
+                encounter: Encounter {
+                    met: Met::Shadow,
+                    entry: entry.id,
+                    partition: ex.keys.partition,
+                    prompt: ex.prompt_key(),
+                    preview: crate::feedback::preview(&ex.keys.prompt),
+                    similarity: Some(similarity),
+                    namespace: ex.policy.namespace.clone(),
+                },
+                shadow: Some(decision.id),
+            };
+            if !state
+                .verifier
+                .enqueue(&state.feedback, &state.tasks, &state.shutdown, job)
+            {
+                note("dropped".to_owned());
+            }
         }
     }
 }
@@ -457,20 +516,21 @@ impl Verifier {
             "reprise_judge_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
         );
         let _ = writeln!(out, "reprise_judge_duration_seconds_sum {sum}\nreprise_judge_duration_seconds_count {count}");
-        let _ = writeln!(out, "# HELP reprise_error_budget_observations Verdicts on near matches per namespace (judge and operators), and the wrong ones.\n# TYPE reprise_error_budget_observations gauge");
-        for ns in &s.namespaces {
-            let _ = writeln!(
-                out,
-                "reprise_error_budget_observations{{namespace=\"{}\",verdict=\"right\"}} {}",
-                ns.namespace,
-                ns.observations - ns.wrong
-            );
-            let _ = writeln!(
-                out,
-                "reprise_error_budget_observations{{namespace=\"{}\",verdict=\"wrong\"}} {}",
-                ns.namespace, ns.wrong
-            );
-        }
+        // All namespaces together: a client may name any namespace, so it is no label.
+        let (n, wrong) = s
+            .namespaces
+            .iter()
+            .fold((0, 0), |(n, w), ns| (n + ns.observations, w + ns.wrong));
+        let _ = writeln!(out, "# HELP reprise_error_budget_observations Verdicts on near matches (judge and operators) the error budget counts.\n# TYPE reprise_error_budget_observations gauge");
+        let _ = writeln!(
+            out,
+            "reprise_error_budget_observations{{verdict=\"right\"}} {}",
+            n - wrong
+        );
+        let _ = writeln!(
+            out,
+            "reprise_error_budget_observations{{verdict=\"wrong\"}} {wrong}"
+        );
         out
     }
 }

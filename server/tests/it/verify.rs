@@ -420,3 +420,50 @@ async fn past_the_rate_budget_a_near_match_is_not_judged_and_not_served() {
         .await
         .contains("reprise_judge_skipped_total{reason=\"over_budget\"} 1"));
 }
+
+#[tokio::test]
+async fn shadow_mode_judges_in_the_background_and_records_the_verdict_next_to_the_decision() {
+    let sim = quick_sim().await;
+    let (judge_url, log) = judge_server().await;
+    let near = "I forgot my password, how can I reset it";
+    let gw = gateway(sim.base_url(), &judge_url, &[(near, 0.88)], |_| {}).await;
+    log.lock()
+        .expect("log")
+        .verdicts
+        .insert(near.to_owned(), "same");
+    seed(&gw).await;
+    let shadowed = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth("sk-client")
+        .header("x-reprise-cache-mode", "shadow")
+        .json(&chat_body(near, false))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(outcome(&shadowed), "miss");
+    let shadow = header(&shadowed, "x-reprise-shadow").expect("shadow");
+    assert!(shadow.ends_with("; verify=queued"), "{shadow}");
+    let mut verdict = Value::Null;
+    for _ in 0..300 {
+        let page: Value = client()
+            .get(gw.url("/admin/shadow"))
+            .bearer_auth("admin-secret")
+            .send()
+            .await
+            .expect("shadow list")
+            .json()
+            .await
+            .expect("json");
+        verdict = page["data"][0]["verdict"].clone();
+        if verdict == "same" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(verdict, "same");
+    assert_eq!(calls(&log), 1);
+    // `on` now serves the pair from that verdict, without asking again.
+    let hit = ask(&gw, "I forgot my password,  how can I reset it").await;
+    assert_eq!(outcome(&hit), "semantic-hit");
+    assert_eq!(calls(&log), 1);
+}
