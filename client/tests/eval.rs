@@ -1,7 +1,8 @@
 //! `reprise_client::eval` against a small fake gateway that speaks the cache headers: checks the
 //! per-pair protocol (store `a`, wait until it is visible, look up `b` without storing it) and how
 //! outcomes, similarities and failures are recorded. The fake makes stored entries visible only
-//! after a delay, like the gateway's background writer.
+//! after a delay, like the gateway's background writer, and plays a sync verify stage for prompts
+//! that say `judge=VERDICT` (its headers, its `Server-Timing` entry, its delay).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -47,16 +48,38 @@ async fn healthz(State(g): State<Gateway>) -> Json<Value> {
 fn similarity_in(text: &str) -> f64 {
     text.split("sim=")
         .nth(1)
+        .and_then(|s| s.split_whitespace().next())
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0.0)
 }
 
+/// The verdict a looked-up text asks the fake judge for: `judge=same`, `judge=budget` (served by
+/// the error budget, no judge call), …
+fn judge_in(text: &str) -> Option<&str> {
+    text.split("judge=").nth(1)?.split_whitespace().next()
+}
+
+/// The judge's time in the fake: the lookup waits this long, and says so in `Server-Timing`.
+const JUDGE_MS: u64 = 40;
+
 async fn chat(State(g): State<Gateway>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
+    let (response, judge_wait) = answer(&g, &headers, &body);
+    if judge_wait {
+        tokio::time::sleep(Duration::from_millis(JUDGE_MS)).await;
+    }
+    response
+}
+
+/// The fake's answer, and whether it waits for its judge first (the lock is not held meanwhile).
+fn answer(g: &Gateway, headers: &HeaderMap, body: &Value) -> (Response, bool) {
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
     let (last, context) = messages.split_last().expect("messages");
     let text = last["content"].as_str().expect("fake gateway").to_owned();
     if text.contains("fail500") {
-        return (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response();
+        return (
+            (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
+            false,
+        );
     }
     let namespace = headers["x-reprise-namespace"]
         .to_str()
@@ -76,10 +99,44 @@ async fn chat(State(g): State<Gateway>, headers: HeaderMap, Json(body): Json<Val
         Json(json!({"choices": [{"message": {"role": "assistant", "content": "ok"}}]}))
             .into_response();
     let h = response.headers_mut();
+    let mut judge_wait = false;
     match found {
         Some((stored, at)) if at.elapsed() >= VISIBLE_AFTER => {
             if stored == text {
                 h.insert("x-reprise-cache", "hit".parse().expect("header value"));
+            } else if let Some(verdict) = judge_in(&text) {
+                let sim = similarity_in(&text);
+                let served = matches!(verdict, "same" | "budget");
+                let name = if served {
+                    "x-reprise-similarity"
+                } else {
+                    "x-reprise-nearest"
+                };
+                let outcome = if served { "semantic-hit" } else { "miss" };
+                h.insert("x-reprise-cache", outcome.parse().expect("header value"));
+                h.insert(name, format!("{sim:.4}").parse().expect("header value"));
+                if verdict == "budget" {
+                    h.insert(
+                        "x-reprise-verified",
+                        "budget".parse().expect("header value"),
+                    );
+                } else {
+                    h.insert("x-reprise-verify", verdict.parse().expect("header value"));
+                    h.append(
+                        "server-timing",
+                        "lookup;dur=0.3".parse().expect("header value"),
+                    );
+                    h.append(
+                        "server-timing",
+                        format!("judge;dur={JUDGE_MS}, total;dur=41")
+                            .parse()
+                            .expect("header value"),
+                    );
+                    if served {
+                        h.insert("x-reprise-verified", "judge".parse().expect("header value"));
+                    }
+                    judge_wait = true;
+                }
             } else {
                 let sim = similarity_in(&text);
                 let name = if sim >= 0.9 {
@@ -100,7 +157,7 @@ async fn chat(State(g): State<Gateway>, headers: HeaderMap, Json(body): Json<Val
             }
         }
     }
-    response
+    (response, judge_wait)
 }
 
 async fn start(semantic_ready: bool, stores_anything: bool) -> (String, Arc<Mutex<Fake>>) {
@@ -198,6 +255,67 @@ async fn each_pair_stores_a_waits_for_it_and_looks_up_b_without_storing() {
     // Under 1% wrong, the 0.95 trap must go: only thresholds above it, i.e. the exact hit, remain.
     let best = summary.best[0].1.expect("fake gateway");
     assert_eq!((best.threshold, best.hit_share), (1.0, 1.0 / 3.0));
+}
+
+/// Pairs through a gateway that judges: what each lookup said of the verify stage is recorded, and
+/// the report's verify figures come from it.
+#[tokio::test]
+async fn verify_headers_and_the_time_to_the_head_are_recorded_per_pair() {
+    let (root, _) = start(true, true).await;
+    let text = concat!(
+        r#"{"id":"vetted","category":"paraphrase","a":"Reset my password","b":"How do I reset my password sim=0.86 judge=same","same_answer":true}"#,
+        "\n",
+        r#"{"id":"caught","category":"negation","a":"Is it safe?","b":"Is it unsafe? sim=0.91 judge=different","same_answer":false}"#,
+        "\n",
+        r#"{"id":"budget","category":"paraphrase","a":"Open hours?","b":"When are you open sim=0.95 judge=budget","same_answer":true}"#,
+        "\n",
+        r#"{"id":"plain","category":"paraphrase","a":"Tallest peak?","b":"Highest mountain? sim=0.93","same_answer":true}"#,
+        "\n",
+    );
+    let pairs = pairs::parse("verify.jsonl", text, Ambiguous::Different).expect("valid pairs");
+    let evaluation = eval::run(&config(root), pairs, |_| {})
+        .await
+        .expect("fake gateway");
+    /// id, served, `x-reprise-verified`, `x-reprise-verify`, the judge's ms.
+    type Seen<'a> = (&'a str, bool, Option<&'a str>, Option<&'a str>, Option<f64>);
+    let got: Vec<Seen> = evaluation
+        .results
+        .iter()
+        .map(|r| {
+            (
+                r.id.as_str(),
+                r.served,
+                r.verified.as_deref(),
+                r.verify.as_deref(),
+                r.judge_ms,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("vetted", true, Some("judge"), Some("same"), Some(40.0)),
+            ("caught", false, None, Some("different"), Some(40.0)),
+            ("budget", true, Some("budget"), None, None),
+            ("plain", true, None, None, None),
+        ]
+    );
+    // The time to the head covers the judge's wait on the lookups it was asked.
+    let ttft = |i: usize| evaluation.results[i].ttft_ms.expect("timed");
+    assert!(ttft(0) >= JUDGE_MS as f64 && ttft(1) >= JUDGE_MS as f64);
+
+    let summary = report::summarize(&evaluation, "verify");
+    let v = summary.verify.as_ref().expect("judge activity");
+    assert_eq!((v.overall.judge_calls, v.overall.lookups), (2, 4));
+    assert_eq!(
+        (v.overall.verified_by_judge, v.overall.verified_by_budget),
+        (1, 1)
+    );
+    assert_eq!(v.overall.verified_hit_ttft.n, 1);
+    assert_eq!(v.overall.unverified_hit_ttft.n, 2);
+    let line = serde_json::to_value(&evaluation.results[0]).expect("json");
+    assert_eq!(line["verify"], "same");
+    assert_eq!(line["judge_ms"], 40.0);
 }
 
 #[tokio::test]

@@ -18,8 +18,13 @@
 //! connection open), and the transport faults, header only: `close-early` (the request is
 //! read, then the connection closes without a response) and `garbage-status` (a status line that is
 //! not HTTP, then close). N counts the content tokens sent before the fault (default 2).
+//!
+//! A chat completion that carries a gateway's judge block is answered by [`judge`] instead, from
+//! labeled pairs at a stated accuracy (`judge_labels`, `judge_accuracy`, `judge_seed`,
+//! `judge_latency_ms`).
 
 mod fault;
+pub mod judge;
 mod responses;
 mod text;
 mod transport;
@@ -46,6 +51,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 pub use fault::Fault;
+pub use judge::{JudgeLabels, Verdict};
 use text::Generation;
 
 /// Latency presets taken from public figures for different classes of serving stacks.
@@ -91,6 +97,15 @@ pub struct SimConfig {
     pub fault: Option<Fault>,
     /// Dimensions of `/v1/embeddings` vectors when the request does not set `dimensions`.
     pub embedding_dims: usize,
+    /// Labeled pairs that judge calls are answered from (see [`judge`]); `None`: every judged pair
+    /// is unknown, so `different`.
+    pub judge_labels: Option<JudgeLabels>,
+    /// Share of known pairs judged right; the others are flipped same <-> different.
+    pub judge_accuracy: f64,
+    /// Seed of the deterministic per-pair draw that decides the flips.
+    pub judge_seed: u64,
+    /// Delay before a judge call is answered, in ms.
+    pub judge_latency_ms: f64,
 }
 
 impl Default for SimConfig {
@@ -103,6 +118,10 @@ impl Default for SimConfig {
             jitter: 0.0,
             fault: None,
             embedding_dims: 32,
+            judge_labels: None,
+            judge_accuracy: 1.0,
+            judge_seed: 0,
+            judge_latency_ms: 0.0,
         }
     }
 }
@@ -130,6 +149,10 @@ pub struct SimStats {
     responses: AtomicU64,
     last_authorization: Mutex<Option<String>>,
     last_headers: Mutex<Vec<(String, String)>>,
+    judge_same: AtomicU64,
+    judge_different: AtomicU64,
+    judge_unsure: AtomicU64,
+    judge_last_headers: Mutex<Vec<(String, String)>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -148,6 +171,20 @@ pub struct StatsSnapshot {
     /// Every header of the last generation request, in order, repeated names included.
     #[serde(default)]
     pub last_headers: Vec<(String, String)>,
+    /// Judge calls, counted here only (not in `requests` or `chat_completions`).
+    #[serde(default)]
+    pub judge: JudgeSnapshot,
+}
+
+/// Judge calls answered, by verdict, and the headers of the last one (a gateway's judge credential
+/// and `x-reprise-judge` are checked there, apart from the generation requests').
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct JudgeSnapshot {
+    pub calls: u64,
+    pub same: u64,
+    pub different: u64,
+    pub unsure: u64,
+    pub last_headers: Vec<(String, String)>,
 }
 
 impl SimStats {
@@ -156,6 +193,11 @@ impl SimStats {
         let completions = self.completions.load(Ordering::SeqCst);
         let embeddings = self.embeddings.load(Ordering::SeqCst);
         let responses = self.responses.load(Ordering::SeqCst);
+        let (same, different, unsure) = (
+            self.judge_same.load(Ordering::SeqCst),
+            self.judge_different.load(Ordering::SeqCst),
+            self.judge_unsure.load(Ordering::SeqCst),
+        );
         StatsSnapshot {
             requests: chat + completions + embeddings + responses,
             responses,
@@ -173,6 +215,17 @@ impl SimStats {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
+            judge: JudgeSnapshot {
+                calls: same + different + unsure,
+                same,
+                different,
+                unsure,
+                last_headers: self
+                    .judge_last_headers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone(),
+            },
         }
     }
 
@@ -183,9 +236,25 @@ impl SimStats {
             &self.embeddings,
             &self.models,
             &self.responses,
+            &self.judge_same,
+            &self.judge_different,
+            &self.judge_unsure,
         ] {
             counter.store(0, Ordering::SeqCst);
         }
+    }
+
+    fn note_verdict(&self, verdict: Verdict, headers: &HeaderMap) {
+        let counter = match verdict {
+            Verdict::Same => &self.judge_same,
+            Verdict::Different => &self.judge_different,
+            Verdict::Unsure => &self.judge_unsure,
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
+        *self
+            .judge_last_headers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = header_list(headers);
     }
 
     fn note_auth(&self, headers: &HeaderMap) {
@@ -197,14 +266,18 @@ impl SimStats {
             .last_authorization
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = auth;
-        *self.last_headers.lock().unwrap_or_else(|e| e.into_inner()) = headers
-            .iter()
-            .map(|(name, value)| {
-                let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-                (name.as_str().to_owned(), value)
-            })
-            .collect();
+        *self.last_headers.lock().unwrap_or_else(|e| e.into_inner()) = header_list(headers);
     }
+}
+
+fn header_list(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(name, value)| {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            (name.as_str().to_owned(), value)
+        })
+        .collect()
 }
 
 #[derive(Clone)]
@@ -412,18 +485,89 @@ enum Kind {
 }
 
 async fn chat(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
-    sim.stats.chat.fetch_add(1, Ordering::SeqCst);
-    generate(sim, headers, body, Kind::Chat).await
+    let request = parse_body(&body);
+    // Judge calls are counted apart, so `chat_completions` keeps meaning answers generated.
+    let call = request.as_ref().ok().and_then(judge::judge_call);
+    match (request, call) {
+        (Ok(request), Some(call)) => judge_answer(sim, headers, request, call).await,
+        (request, _) => {
+            sim.stats.chat.fetch_add(1, Ordering::SeqCst);
+            generate(sim, headers, request, Kind::Chat).await
+        }
+    }
 }
 
 async fn completions(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
     sim.stats.completions.fetch_add(1, Ordering::SeqCst);
-    generate(sim, headers, body, Kind::Completion).await
+    generate(sim, headers, parse_body(&body), Kind::Completion).await
 }
 
-async fn generate(sim: Sim, headers: HeaderMap, body: Bytes, kind: Kind) -> Response {
+/// A judge call: the verdict from the labels, after `judge_latency_ms`, as a chat completion (or
+/// its stream, when asked). Only the faults that end a request early (`status`, `hang`,
+/// `redirect`) apply, so `--fault status=503` also makes the judge fail.
+async fn judge_answer(
+    sim: Sim,
+    headers: HeaderMap,
+    request: Value,
+    call: judge::JudgeCall,
+) -> Response {
+    let generation = match Generation::from_request(&request, true) {
+        Ok(g) => g,
+        Err(message) => return error_response(StatusCode::BAD_REQUEST, &message),
+    };
+    let plan = match plan(&sim, &headers, generation.prompt_tokens) {
+        Ok(p) => p,
+        Err(message) => return error_response(StatusCode::BAD_REQUEST, &message),
+    };
+    if let Some(response) = early_fault(&plan).await {
+        return response;
+    }
+    let config = &sim.config;
+    let verdict = judge::verdict(
+        &call,
+        config.judge_labels.as_ref(),
+        config.judge_accuracy,
+        config.judge_seed,
+    );
+    sim.stats.note_verdict(verdict, &headers);
+    let ids = text::Ids {
+        id: format!(
+            "chatcmpl-simjudge{:010}",
+            sim.ids.fetch_add(1, Ordering::SeqCst)
+        ),
+        created: text::unix_now(),
+        model: generation.model.clone(),
+    };
+    // The binary checks the flag; a library caller's NaN or infinity must not panic here.
+    let latency =
+        Duration::try_from_secs_f64(config.judge_latency_ms / 1000.0).unwrap_or(Duration::ZERO);
+    if request.get("stream").and_then(Value::as_bool) == Some(true) {
+        let include_usage = request
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let events = judge::stream_events(verdict, &ids, generation.prompt_tokens, include_usage);
+        let pacing = Plan {
+            ttft: latency,
+            itl_ms: 0.0,
+            jitter: 0.0,
+            fault: None,
+            tokens: 1,
+        };
+        return stream_response(events, pacing);
+    }
+    tokio::time::sleep(latency).await;
+    Json(judge::full_body(verdict, &ids, generation.prompt_tokens)).into_response()
+}
+
+async fn generate(
+    sim: Sim,
+    headers: HeaderMap,
+    request: Result<Value, String>,
+    kind: Kind,
+) -> Response {
     sim.stats.note_auth(&headers);
-    let request = match parse_body(&body) {
+    let request = match request {
         Ok(v) => v,
         Err(message) => return error_response(StatusCode::BAD_REQUEST, &message),
     };

@@ -228,7 +228,7 @@ pub fn with_bad_utf8(json: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
-fn sse(value: &Value) -> Bytes {
+pub(crate) fn sse(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
 

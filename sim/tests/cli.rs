@@ -93,3 +93,108 @@ fn a_transport_fault_is_refused_on_the_command_line() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("transport fault"), "{stderr}");
 }
+
+/// A file of labels in the process's temp dir, removed when the test ends.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(name: &str, text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("reprise-sim-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).expect("write temp file");
+        Self(path)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+async fn judge(sim: &Sim, cached: &str, new: &str) -> String {
+    let block =
+        json!({"reprise_judge": 1, "system": null, "context": null, "cached": cached, "new": new});
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", sim.url))
+        .json(&json!({"model": "sim-judge", "messages": [
+            {"role": "user", "content": format!("```json\n{block}\n```")}
+        ]}))
+        .send()
+        .await
+        .expect("send");
+    let body: Value = response.json().await.expect("json");
+    body["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn judge_flags_answer_from_the_labels() {
+    let labels = TempFile::new(
+        "labels.jsonl",
+        concat!(
+            r#"{"a": "one", "b": "uno", "same_answer": true}"#,
+            "\n",
+            r#"{"a": "one", "b": "two", "same_answer": false}"#,
+            "\n",
+        ),
+    );
+    let path = labels.0.to_str().expect("utf-8 path");
+    let right = start(&["--judge-labels", path]).await;
+    assert_eq!(judge(&right, "uno", "one").await, r#"{"verdict":"same"}"#);
+    assert_eq!(
+        judge(&right, "one", "two").await,
+        r#"{"verdict":"different"}"#
+    );
+    // Accuracy 0: every known pair is flipped, an unknown one stays different.
+    let wrong = start(&[
+        "--judge-labels",
+        path,
+        "--judge-accuracy",
+        "0",
+        "--judge-seed",
+        "9",
+    ])
+    .await;
+    assert_eq!(
+        judge(&wrong, "uno", "one").await,
+        r#"{"verdict":"different"}"#
+    );
+    assert_eq!(judge(&wrong, "one", "two").await, r#"{"verdict":"same"}"#);
+    assert_eq!(
+        judge(&wrong, "one", "three").await,
+        r#"{"verdict":"different"}"#
+    );
+    let stats: Value = reqwest::get(format!("{}/stats", wrong.url))
+        .await
+        .expect("stats")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(stats["judge"]["calls"], 3, "{stats}");
+    assert_eq!(stats["judge"]["same"], 1, "{stats}");
+}
+
+#[test]
+fn bad_judge_flags_are_refused() {
+    let labels = TempFile::new("bad.jsonl", "{\"a\": \"x\", \"b\": \"y\"}\n");
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--judge-labels", labels.0.to_str().expect("utf-8 path")],
+            ":1: `same_answer`",
+        ),
+        (&["--judge-accuracy", "1.5"], "--judge-accuracy must"),
+        (&["--judge-latency-ms=-1"], "--judge-latency-ms must"),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_reprise-sim"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .output()
+            .expect("run reprise-sim");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}

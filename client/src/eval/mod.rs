@@ -18,6 +18,9 @@
 //! whose lookups were all skipped has the outcome `skipped`: left out of the figures, counted
 //! apart, not an error. When `a` itself was stored without a vector, the gateway's backfill embeds
 //! it later, so `b` keeps asking for as long.
+//!
+//! The measured lookup of `b` also records its time to the response head and what a verify stage
+//! did ([`verify`]: `x-reprise-verified`, `x-reprise-verify`, the judge's `Server-Timing`).
 
 pub mod calibrate;
 pub mod chart;
@@ -25,6 +28,7 @@ pub mod cli;
 pub mod pairs;
 pub mod report;
 pub mod score;
+pub mod verify;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -174,6 +178,22 @@ pub struct PairResult {
     /// Lookups of this pair (of `a` or `b`) that skipped semantic matching (`x-reprise-semantic`).
     pub skipped_lookups: usize,
     pub error: Option<String>,
+    /// `x-reprise-verified` of a served semantic hit: `judge` or `budget`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verified: Option<String>,
+    /// `x-reprise-verify`: the judge's verdict on this lookup (`same`, `different`, `unsure`), or
+    /// `queued`/`dropped` in async mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify: Option<String>,
+    /// The `reason=` of `x-reprise-verify: unsure; reason=…` (`timeout`, `over_budget`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify_reason: Option<String>,
+    /// The judge's time on this lookup, `Server-Timing: judge;dur=`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub judge_ms: Option<f64>,
+    /// Time from sending the lookup of `b` to its response head (a non-streamed answer's TTFT).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
 }
 
 impl PairResult {
@@ -264,6 +284,12 @@ struct Reply {
     guard: Option<String>,
     /// `x-reprise-semantic: skipped; reason=…`: matched exactly only.
     skipped: bool,
+    verified: Option<String>,
+    verify: Option<String>,
+    verify_reason: Option<String>,
+    judge_ms: Option<f64>,
+    /// From sending to the response head.
+    head_ms: f64,
 }
 
 async fn evaluate_pair(
@@ -284,6 +310,11 @@ async fn evaluate_pair(
         guard: None,
         skipped_lookups: 0,
         error: None,
+        verified: None,
+        verify: None,
+        verify_reason: None,
+        judge_ms: None,
+        ttft_ms: None,
     };
     let namespace = format!("eval-{}-{index}", config.run_id);
     match measure(
@@ -304,6 +335,11 @@ async fn evaluate_pair(
             };
             result.guard = reply.guard;
             result.outcome = reply.outcome;
+            result.verified = reply.verified;
+            result.verify = reply.verify;
+            result.verify_reason = reply.verify_reason;
+            result.judge_ms = reply.judge_ms;
+            result.ttft_ms = Some(reply.head_ms);
         }
         Err(err) => result.error = Some(err),
     }
@@ -428,7 +464,9 @@ async fn send(
     if no_store {
         request = request.header("cache-control", "no-store");
     }
+    let sent = Instant::now();
     let response = request.send().await.map_err(|e| e.to_string())?;
+    let head_ms = sent.elapsed().as_secs_f64() * 1000.0;
     let status = response.status();
     let header = |name: &str| {
         response
@@ -451,6 +489,17 @@ async fn send(
     let nearest = number("x-reprise-nearest")?;
     let guard = header("x-reprise-guard");
     let skipped = crate::bench::skipped_reason(header("x-reprise-semantic").as_deref()).is_some();
+    let verified = verify::token(header("x-reprise-verified").as_deref());
+    let verify = verify::token(header("x-reprise-verify").as_deref());
+    let verify_reason = verify::reason(header("x-reprise-verify").as_deref());
+    let judge_ms = verify::server_timing_ms(
+        response
+            .headers()
+            .get_all("server-timing")
+            .iter()
+            .filter_map(|v| v.to_str().ok()),
+        "judge",
+    );
     // Read the whole body: the request is only over (and the connection reusable) at its end.
     let text = response.text().await.map_err(|e| e.to_string())?;
     if !status.is_success() {
@@ -466,11 +515,16 @@ async fn send(
         nearest,
         guard,
         skipped,
+        verified,
+        verify,
+        verify_reason,
+        judge_ms,
+        head_ms,
     })
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -503,9 +557,9 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn results_give_the_sweep_its_inputs() {
-        let mut r = PairResult {
+    /// An exact hit of a trap, every optional field empty: tests change what they need.
+    pub(crate) fn pair_result() -> PairResult {
+        PairResult {
             id: "x".into(),
             category: "c".into(),
             source: "s".into(),
@@ -517,7 +571,17 @@ mod tests {
             guard: None,
             skipped_lookups: 0,
             error: None,
-        };
+            verified: None,
+            verify: None,
+            verify_reason: None,
+            judge_ms: None,
+            ttft_ms: None,
+        }
+    }
+
+    #[test]
+    fn results_give_the_sweep_its_inputs() {
+        let mut r = pair_result();
         assert_eq!(
             r.scored(),
             Some(Scored {

@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::score::{self, Best, Observed, Point, Scored, Tally};
+use super::verify::{self, Spread, VerifyTally};
 use super::{Evaluation, PairResult};
 
 /// Wrong-answer budgets the report finds the best threshold for.
@@ -57,6 +58,46 @@ pub struct Summary {
     pub best: Vec<(f64, Option<Best>)>,
     /// The first few failed pairs, with why.
     pub failures: Vec<String>,
+    /// What the gateway's verify stage did, when any lookup showed it (`None`: no judge activity).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify: Option<VerifyFigures>,
+}
+
+/// The verify figures overall and per group, the groups in the order of the category table.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyFigures {
+    pub overall: VerifyTally,
+    pub categories: Vec<VerifyGroup>,
+    pub sources: Vec<VerifyGroup>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyGroup {
+    pub name: String,
+    #[serde(flatten)]
+    pub tally: VerifyTally,
+}
+
+impl VerifyFigures {
+    fn of(results: &[PairResult], categories: &[Group], sources: &[Group]) -> Option<Self> {
+        if !results.iter().any(verify::active) {
+            return None;
+        }
+        let by = |groups: &[Group], key: fn(&PairResult) -> &str| -> Vec<VerifyGroup> {
+            groups
+                .iter()
+                .map(|g| VerifyGroup {
+                    name: g.name.clone(),
+                    tally: verify::tally(results.iter().filter(|r| key(r) == g.name)),
+                })
+                .collect()
+        };
+        Some(Self {
+            overall: verify::tally(results),
+            categories: by(categories, |r| &r.category),
+            sources: by(sources, |r| &r.source),
+        })
+    }
 }
 
 fn observed(r: &PairResult) -> Option<Observed> {
@@ -88,6 +129,7 @@ pub fn summarize(evaluation: &Evaluation, title: &str) -> Summary {
     } else {
         Vec::new()
     };
+    let verify = VerifyFigures::of(results, &categories, &sources);
     let scored: Vec<Scored> = results.iter().filter_map(PairResult::scored).collect();
     let mut thresholds = TABLE_THRESHOLDS.to_vec();
     thresholds.push(evaluation.gateway.threshold);
@@ -121,6 +163,7 @@ pub fn summarize(evaluation: &Evaluation, title: &str) -> Summary {
             })
             .take(10)
             .collect(),
+        verify,
     }
 }
 
@@ -153,6 +196,67 @@ fn tally_cells(t: &Tally) -> [String; 6] {
         t.guarded.to_string(),
     ]
 }
+
+/// The verify columns of a row: verified hits (how many by budget), judge calls per lookup.
+fn verify_cells(v: &VerifyTally) -> [String; 2] {
+    let verified = match v.verified_by_budget {
+        0 => v.verified_hits().to_string(),
+        budget => format!("{} ({budget} budget)", v.verified_hits()),
+    };
+    let calls = v.calls_per_lookup().map_or_else(
+        || "-".to_owned(),
+        |c| format!("{c:.2} ({}/{})", v.judge_calls, v.lookups),
+    );
+    [verified, calls]
+}
+
+/// The verify cells of the group `name` (empty cells when no verify figures exist).
+fn verify_row(groups: &[VerifyGroup], name: &str) -> Option<[String; 2]> {
+    groups
+        .iter()
+        .find(|g| g.name == name)
+        .map(|g| verify_cells(&g.tally))
+}
+
+/// `p50 / p99 ms (n)`, or `-` without samples.
+fn spread(s: &Spread) -> String {
+    match (s.p50_ms, s.p99_ms) {
+        (Some(p50), Some(p99)) => format!("{p50:.1} / {p99:.1} ({})", s.n),
+        _ => "-".to_owned(),
+    }
+}
+
+/// The latency rows of the verify stage: (name, judge, verified-hit TTFT, other hits' TTFT, verdicts).
+fn verify_latency_rows(v: &VerifyFigures) -> Vec<[String; 5]> {
+    let row = |name: &str, t: &VerifyTally| {
+        let mut verdicts = format!("{} / {} / {}", t.same, t.different, t.unsure);
+        if t.not_asked > 0 {
+            verdicts.push_str(&format!("; not asked {}", t.not_asked));
+        }
+        if t.queued + t.dropped > 0 {
+            verdicts.push_str(&format!("; queued {}, dropped {}", t.queued, t.dropped));
+        }
+        [
+            name.to_owned(),
+            spread(&t.judge),
+            spread(&t.verified_hit_ttft),
+            spread(&t.unverified_hit_ttft),
+            verdicts,
+        ]
+    };
+    std::iter::once(row("overall", &v.overall))
+        .chain(v.categories.iter().map(|g| row(&g.name, &g.tally)))
+        .collect()
+}
+
+/// What the latency table's columns mean, in the text and Markdown reports alike.
+const VERIFY_NOTE: &str = "Verify stage, from each lookup's `x-reprise-verified`, `x-reprise-verify` \
+    and `Server-Timing: judge`: verified hits are served semantic hits the judge vetted on that \
+    request or the entry's error budget let through; judge calls/lookup counts lookups on which the \
+    judge gave a verdict, over lookups measured. Latency, p50 / p99 ms (samples): the judge's own \
+    time; the time to the response head of a hit the judge vetted; the same for semantic hits \
+    served without a judge call. Verdicts: same / different / unsure (then `unsure` without a \
+    judge call: rate budget spent, prompt too long, no judge configured).";
 
 fn pct(share: Option<f64>) -> String {
     share.map_or_else(|| "-".to_owned(), |s| format!("{:.1}%", s * 100.0))
@@ -211,7 +315,7 @@ pub fn render_text(summary: &Summary) -> String {
         summary.wall_s
     );
     let _ = writeln!(out);
-    let header = format!(
+    let mut header = format!(
         "{:<32} {:>6} {:>22} {:>22} {:>10} {:>12} {:>8}",
         "category",
         "pairs",
@@ -221,20 +325,59 @@ pub fn render_text(summary: &Summary) -> String {
         "no candidate",
         "guarded"
     );
+    let v = summary.verify.as_ref();
+    if v.is_some() {
+        let _ = write!(
+            header,
+            " {:>18} {:>20}",
+            "verified hits", "judge calls/lookup"
+        );
+    }
     let _ = writeln!(out, "{header}");
-    let row = |out: &mut String, name: &str, t: &Tally| {
+    let row = |out: &mut String, name: &str, t: &Tally, verify: Option<[String; 2]>| {
         let [pairs, served, traps, error, none, guarded] = tally_cells(t);
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{name:<32} {pairs:>6} {served:>22} {traps:>22} {error:>10} {none:>12} {guarded:>8}"
         );
+        if let Some([verified, calls]) = verify {
+            let _ = write!(out, " {verified:>18} {calls:>20}");
+        }
+        let _ = writeln!(out);
     };
-    row(&mut out, "overall", &summary.overall);
+    row(
+        &mut out,
+        "overall",
+        &summary.overall,
+        v.map(|v| verify_cells(&v.overall)),
+    );
     for g in &summary.categories {
-        row(&mut out, &format!("  {}", g.name), &g.tally);
+        let cells = v.and_then(|v| verify_row(&v.categories, &g.name));
+        row(&mut out, &format!("  {}", g.name), &g.tally, cells);
     }
     for g in &summary.sources {
-        row(&mut out, &format!("  file {}", g.name), &g.tally);
+        let cells = v.and_then(|v| verify_row(&v.sources, &g.name));
+        row(&mut out, &format!("  file {}", g.name), &g.tally, cells);
+    }
+    if let Some(v) = v {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:<32} {:>20} {:>20} {:>20}  verdicts",
+            "verify stage", "judge", "verified hit TTFT", "other hits TTFT"
+        );
+        for [name, judge, verified, other, verdicts] in verify_latency_rows(v) {
+            let name = if name == "overall" {
+                name
+            } else {
+                format!("  {name}")
+            };
+            let _ = writeln!(
+                out,
+                "{name:<32} {judge:>20} {verified:>20} {other:>20}  {verdicts}"
+            );
+        }
+        let _ = writeln!(out, "{VERIFY_NOTE}");
     }
     let _ = writeln!(out);
     let _ = writeln!(
@@ -318,20 +461,55 @@ pub fn render_markdown(summary: &Summary, svg_name: &str) -> String {
         summary.wall_s
     );
     let _ = writeln!(out);
+    let v = summary.verify.as_ref();
+    let (extra_head, extra_rule) = if v.is_some() {
+        (" verified hits | judge calls/lookup |", "---:|---:|")
+    } else {
+        ("", "")
+    };
     let _ = writeln!(
         out,
-        "| category | pairs | should-hit served | traps served (wrong) | error rate | no candidate¹ | guarded² |"
+        "| category | pairs | should-hit served | traps served (wrong) | error rate | no candidate¹ | guarded² |{extra_head}"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
-    let row = |out: &mut String, name: &str, t: &Tally| {
-        let _ = writeln!(out, "| {name} | {} |", tally_cells(t).join(" | "));
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|{extra_rule}");
+    let row = |out: &mut String, name: &str, t: &Tally, verify: Option<[String; 2]>| {
+        let extra = verify.map_or_else(String::new, |c| format!(" {} |", c.join(" | ")));
+        let _ = writeln!(out, "| {name} | {} |{extra}", tally_cells(t).join(" | "));
     };
-    row(&mut out, "**overall**", &summary.overall);
+    row(
+        &mut out,
+        "**overall**",
+        &summary.overall,
+        v.map(|v| verify_cells(&v.overall)),
+    );
     for g in &summary.categories {
-        row(&mut out, &g.name, &g.tally);
+        let cells = v.and_then(|v| verify_row(&v.categories, &g.name));
+        row(&mut out, &g.name, &g.tally, cells);
     }
     for g in &summary.sources {
-        row(&mut out, &format!("file `{}`", g.name), &g.tally);
+        let cells = v.and_then(|v| verify_row(&v.sources, &g.name));
+        row(&mut out, &format!("file `{}`", g.name), &g.tally, cells);
+    }
+    if let Some(v) = v {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "| verify stage | judge | verified hit TTFT | other hits TTFT | verdicts |"
+        );
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|");
+        for [name, judge, verified, other, verdicts] in verify_latency_rows(v) {
+            let name = if name == "overall" {
+                "**overall**".to_owned()
+            } else {
+                name
+            };
+            let _ = writeln!(
+                out,
+                "| {name} | {judge} | {verified} | {other} | {verdicts} |"
+            );
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(out, "{VERIFY_NOTE}");
     }
     let _ = writeln!(out);
     let _ = writeln!(
@@ -433,6 +611,11 @@ mod tests {
             guard: None,
             skipped_lookups: 0,
             error: (outcome == "error").then(|| "HTTP 500: boom".to_owned()),
+            verified: None,
+            verify: None,
+            verify_reason: None,
+            judge_ms: None,
+            ttft_ms: None,
         }
     }
 
@@ -557,6 +740,174 @@ mod tests {
         let text = render_text(&s);
         assert!(text.contains("no pair found a candidate"), "{text}");
         assert!(!text.contains("no threshold keeps"), "{text}");
+    }
+
+    /// A lookup of `b` as a gateway with `--verify judge` answers it.
+    fn judged(
+        category: &str,
+        same: bool,
+        outcome: &str,
+        verdict: Option<&str>,
+        verified: Option<&str>,
+        judge_ms: Option<f64>,
+        ttft_ms: f64,
+    ) -> PairResult {
+        PairResult {
+            verify: verdict.map(str::to_owned),
+            verified: verified.map(str::to_owned),
+            judge_ms,
+            ttft_ms: Some(ttft_ms),
+            ..result(category, same, outcome, Some(0.86))
+        }
+    }
+
+    #[test]
+    fn verify_figures_count_judge_calls_and_time_verified_hits() {
+        let eval = evaluation(vec![
+            // Paraphrases: two judged and served, one judged different, one served by budget.
+            judged(
+                "paraphrase",
+                true,
+                "semantic-hit",
+                Some("same"),
+                Some("judge"),
+                Some(100.0),
+                104.0,
+            ),
+            judged(
+                "paraphrase",
+                true,
+                "semantic-hit",
+                Some("same"),
+                Some("judge"),
+                Some(200.0),
+                205.0,
+            ),
+            judged(
+                "paraphrase",
+                true,
+                "miss",
+                Some("different"),
+                None,
+                Some(150.0),
+                152.0,
+            ),
+            judged(
+                "paraphrase",
+                true,
+                "semantic-hit",
+                None,
+                Some("budget"),
+                None,
+                3.0,
+            ),
+            // A trap the judge caught, one it let through, one never judged (below the floor).
+            judged(
+                "negation",
+                false,
+                "miss",
+                Some("different"),
+                None,
+                Some(120.0),
+                121.0,
+            ),
+            judged(
+                "negation",
+                false,
+                "semantic-hit",
+                Some("same"),
+                Some("judge"),
+                Some(90.0),
+                93.0,
+            ),
+            judged("negation", false, "miss", None, None, None, 2.0),
+            // An unjudged semantic hit (no verifier on this entry) and a failed pair.
+            judged("near_repeat", true, "semantic-hit", None, None, None, 4.0),
+            result("near_repeat", true, "error", None),
+        ]);
+        let s = summarize(&eval, "t");
+        let v = s.verify.as_ref().expect("judge activity was seen");
+        assert_eq!(v.overall.lookups, 8, "the failed pair is not a lookup");
+        assert_eq!(v.overall.judge_calls, 5);
+        assert_eq!(
+            (v.overall.same, v.overall.different, v.overall.unsure),
+            (3, 2, 0)
+        );
+        assert_eq!(
+            (v.overall.verified_by_judge, v.overall.verified_by_budget),
+            (3, 1)
+        );
+        assert_eq!(v.overall.calls_per_lookup(), Some(5.0 / 8.0));
+        // Nearest rank: p50 of 90, 100, 120, 150, 200 is 120; p99 the largest.
+        assert_eq!(
+            (v.overall.judge.p50_ms, v.overall.judge.p99_ms),
+            (Some(120.0), Some(200.0))
+        );
+        assert_eq!(v.overall.verified_hit_ttft.n, 3);
+        assert_eq!(v.overall.verified_hit_ttft.p50_ms, Some(104.0));
+        // The budget hit and the unjudged hit: served without a judge call.
+        assert_eq!(v.overall.unverified_hit_ttft.n, 2);
+        assert_eq!(v.overall.unverified_hit_ttft.p99_ms, Some(4.0));
+        let paraphrase = &v
+            .categories
+            .iter()
+            .find(|g| g.name == "paraphrase")
+            .expect("row")
+            .tally;
+        assert_eq!((paraphrase.judge_calls, paraphrase.lookups), (3, 4));
+        // Served shares stay what the gateway decided.
+        assert_eq!(s.overall.traps_served, 1);
+
+        let text = render_text(&s);
+        assert!(text.contains("judge calls/lookup"), "{text}");
+        assert!(text.contains("4 (1 budget)"), "{text}");
+        assert!(text.contains("0.62 (5/8)"), "{text}");
+        assert!(text.contains("120.0 / 200.0 (5)"), "{text}");
+        assert!(text.contains("3 / 2 / 0"), "{text}");
+        let md = render_markdown(&s, "c.svg");
+        assert!(
+            md.contains("| verified hits | judge calls/lookup |"),
+            "{md}"
+        );
+        assert!(md.contains("| 0.75 (3/4) |"), "{md}");
+        assert!(
+            md.contains("| **overall** | 120.0 / 200.0 (5) | 104.0 / 205.0 (3) | 3.0 / 4.0 (2) | 3 / 2 / 0 |"),
+            "{md}"
+        );
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(json["verify"]["overall"]["judge_calls"], 5);
+    }
+
+    #[test]
+    fn async_verdicts_are_counted_but_are_not_judge_calls() {
+        let eval = evaluation(vec![
+            judged("paraphrase", true, "miss", Some("queued"), None, None, 5.0),
+            judged("paraphrase", true, "miss", Some("dropped"), None, None, 5.0),
+        ]);
+        let s = summarize(&eval, "t");
+        let v = s.verify.expect("judge activity was seen");
+        assert_eq!(
+            (v.overall.queued, v.overall.dropped, v.overall.judge_calls),
+            (1, 1, 0)
+        );
+        assert_eq!(v.overall.judge.n, 0);
+    }
+
+    #[test]
+    fn without_judge_activity_the_report_is_unchanged() {
+        let eval = evaluation(vec![
+            judged("paraphrase", true, "semantic-hit", None, None, None, 4.0),
+            result("negation", false, "miss", Some(0.6)),
+        ]);
+        let s = summarize(&eval, "t");
+        assert!(s.verify.is_none());
+        assert!(!render_text(&s).contains("judge"));
+        let md = render_markdown(&s, "c.svg");
+        assert!(!md.contains("verified hits"), "{md}");
+        assert!(serde_json::to_value(&s)
+            .expect("json")
+            .get("verify")
+            .is_none());
     }
 
     #[test]

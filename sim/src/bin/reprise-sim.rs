@@ -1,9 +1,10 @@
 //! `reprise-sim`: command line of the simulated OpenAI-compatible upstream (see `reprise_sim`).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use clap::Parser;
-use reprise_sim::{self as sim, Fault, Profile, SimConfig};
+use reprise_sim::{self as sim, Fault, JudgeLabels, Profile, SimConfig};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -38,6 +39,19 @@ struct Args {
     /// garbage-status are per request only, as the `x-sim-fault` header).
     #[arg(long)]
     fault: Option<Fault>,
+    /// Labeled pairs (JSON Lines: `a`, `b`, `same_answer`, optional `ambiguous`, the eval's format) that
+    /// judge calls are answered from; without it every judged pair is unknown, so `different`.
+    #[arg(long)]
+    judge_labels: Option<PathBuf>,
+    /// Share of known pairs the judge gets right, 0..1; the others are flipped same <-> different.
+    #[arg(long, default_value_t = 1.0)]
+    judge_accuracy: f64,
+    /// Seed of the per-pair draw that decides which verdicts are flipped.
+    #[arg(long, default_value_t = 0)]
+    judge_seed: u64,
+    /// Delay before a judge call is answered, ms.
+    #[arg(long, default_value_t = 0.0)]
+    judge_latency_ms: f64,
 }
 
 #[tokio::main]
@@ -66,6 +80,26 @@ async fn main() -> std::process::ExitCode {
     }
     config.jitter = args.jitter;
     config.fault = args.fault;
+    if !(0.0..=1.0).contains(&args.judge_accuracy) {
+        eprintln!("reprise-sim: --judge-accuracy must be between 0 and 1");
+        return std::process::ExitCode::from(2);
+    }
+    if !(args.judge_latency_ms.is_finite() && args.judge_latency_ms >= 0.0) {
+        eprintln!("reprise-sim: --judge-latency-ms must be 0 or more");
+        return std::process::ExitCode::from(2);
+    }
+    if let Some(path) = &args.judge_labels {
+        match JudgeLabels::read_file(path) {
+            Ok(labels) => config.judge_labels = Some(labels),
+            Err(err) => {
+                eprintln!("reprise-sim: --judge-labels {err}");
+                return std::process::ExitCode::from(2);
+            }
+        }
+    }
+    config.judge_accuracy = args.judge_accuracy;
+    config.judge_seed = args.judge_seed;
+    config.judge_latency_ms = args.judge_latency_ms;
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(err) => {
