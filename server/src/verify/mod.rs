@@ -198,6 +198,11 @@ pub(crate) async fn check(
             Check::Refuse
         };
     }
+    // The very same prompt in the same partition is the exact key: an exact lookup that ran just
+    // before its entry was written finds it here. Nothing to judge.
+    if entry.summary.prompt == ex.keys.prompt {
+        return Check::Serve(None);
+    }
     let namespace = ex.policy.namespace.clone().unwrap_or_default();
     // The client's own stricter threshold is a floor the judge does not lower.
     if similarity < plan.floor || (ex.policy.threshold.is_some() && similarity < ex.threshold) {
