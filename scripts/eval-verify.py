@@ -97,7 +97,7 @@ print("## Verified semantic hits: a sync judge of stated accuracy (single questi
 print()
 print(
     "The same pairs through gateways with `--verify judge --verify-mode sync --judge-model sim-judge "
-    "--verify-floor 0.80 --judge-rate 0` (otherwise defaults; no judge rate limit), one per accuracy. The judge is `reprise-sim` answering "
+    "--judge-rate 0` (otherwise defaults: floor 0.75, error budget 1%, which a namespace per pair never clears; no judge rate limit), one per accuracy. The judge is `reprise-sim` answering "
     "from the same labels (`--judge-labels pairs.jsonl`, ambiguous pairs `different`), each labeled "
     "pair's verdict flipped with probability 1 − accuracy by a seeded per-pair draw"
     + (

@@ -6,7 +6,7 @@
 # questions again through a second gateway with the guards off (`--semantic-guards none`), and once
 # more for each guard with only that guard off, so what each guard buys and costs is measured in the
 # same run (scripts/eval-guards.py tabulates it, with every guard's refusals per category). Then the
-# single questions through gateways with a sync verify stage (`--verify judge`, floor 0.80) whose
+# single questions through gateways with a sync verify stage (`--verify judge`, default floor) whose
 # judge is reprise-sim answering from the same labels at accuracy 0.90, 0.95 and 0.98, one stack per
 # accuracy (scripts/eval-verify.py tabulates them against no verifier). Writes
 # benches/results/eval-<date>.md with one threshold curve per set beside it. Nothing of the data set
@@ -108,7 +108,7 @@ verify_runs=()
 for accuracy in $judge_accuracies; do
   start_stack --sim-args --judge-labels "$data/pairs.jsonl" --judge-accuracy "$accuracy" \
     --judge-latency-ms "$judge_latency_ms" -- \
-    --verify judge --verify-mode sync --judge-model sim-judge --verify-floor 0.80 --judge-rate 0
+    --verify judge --verify-mode sync --judge-model sim-judge --judge-rate 0
   run_set "$GATEWAY_URL" "judge-$accuracy" \
     "Single questions, sync judge at accuracy $accuracy (simulated)" pairs.jsonl >/dev/null
   # The simulator's own count, to check against what the lookups reported.

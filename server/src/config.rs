@@ -286,7 +286,7 @@ pub struct ServeArgs {
     /// next request [default: sync].
     #[arg(long, env = "REPRISE_VERIFY_MODE", value_enum)]
     pub verify_mode: Option<crate::verify::settings::VerifyMode>,
-    /// Lowest similarity (0..1) worth a judge call [default: 0.8].
+    /// Lowest similarity (0..1) worth a judge call [default: 0.75].
     #[arg(long, env = "REPRISE_VERIFY_FLOOR")]
     pub verify_floor: Option<f32>,
     /// Error budget (0..1): the largest share of wrong answers among near matches served without a
