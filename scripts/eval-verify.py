@@ -14,6 +14,8 @@ import sys
 from collections import defaultdict
 
 VERDICTS = ("same", "different", "unsure")
+# `x-reprise-verify: unsure; reason=R` of a judge that was never asked.
+NOT_ASKED = ("over_budget", "too_long", "not_configured")
 
 
 def load(path):
@@ -57,7 +59,7 @@ def served_cell(rows):
 
 
 def judged(r):
-    return r.get("verify") in VERDICTS
+    return r.get("verify") in VERDICTS and r.get("verify_reason") not in NOT_ASKED
 
 
 def semantic_hit_ttft(rows, verified):
@@ -67,7 +69,7 @@ def semantic_hit_ttft(rows, verified):
         for r in rows
         if r["outcome"] == "semantic-hit"
         and r.get("ttft_ms") is not None
-        and ((r.get("verified") == "judge") if verified else not judged(r))
+        and ((r.get("verified") == "judge" and judged(r)) if verified else not judged(r))
     ]
 
 
@@ -95,7 +97,7 @@ print("## Verified semantic hits: a sync judge of stated accuracy (single questi
 print()
 print(
     "The same pairs through gateways with `--verify judge --verify-mode sync --judge-model sim-judge "
-    "--verify-floor 0.80` (otherwise defaults), one per accuracy. The judge is `reprise-sim` answering "
+    "--judge-rate 0` (otherwise defaults: floor 0.75, error budget 1%, which a namespace per pair never clears; no judge rate limit), one per accuracy. The judge is `reprise-sim` answering "
     "from the same labels (`--judge-labels pairs.jsonl`, ambiguous pairs `different`), each labeled "
     "pair's verdict flipped with probability 1 − accuracy by a seeded per-pair draw"
     + (
@@ -134,24 +136,26 @@ print("| **overall** | " + " | ".join(calls(overall[a]) for a in accs) + " |")
 for c in order:
     print(f"| {c} | " + " | ".join(calls(categories[c][a]) for a in accs) + " |")
 print()
-base_ttft = semantic_hit_ttft(baseline, verified=False)
 print(
-    "What a verified hit adds, p50 / p99 in ms: the judge's own time (`Server-Timing: judge`), a verified "
-    "hit's time to the response head, and that minus the time to the head of a semantic hit without a "
-    f"verifier (p50 / p99 {spread(base_ttft)} ms over {len(base_ttft)} hits)."
+    "What a verified hit adds, p50 / p99 in ms: the judge's own time (`Server-Timing: judge`); the time to "
+    "the response head of a hit the judge vetted on that request, and of the semantic hits the same "
+    "gateway served without a judge call (at or above its threshold), side by side in one run; added: "
+    "the first minus the second, quantile by quantile."
 )
 print()
-print("| judge accuracy | verdicts same / different / unsure | verified hits | judge | verified hit TTFT | added TTFT | judge calls seen by the sim |")
-print("|---:|---:|---:|---:|---:|---:|---:|")
+print("| judge accuracy | verdicts same / different / unsure | verified hits | judge | verified hit TTFT | unjudged hit TTFT | added TTFT | judge calls seen by the sim |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|")
 for acc, rows, path in runs:
-    verdicts = [sum(r.get("verify") == v for r in rows) for v in VERDICTS]
+    verdicts = [sum(r.get("verify") == v and judged(r) for r in rows) for v in VERDICTS]
+    not_asked = sum(r.get("verify") == "unsure" and not judged(r) for r in rows)
     verified = [r for r in rows if r["served"] and r.get("verified")]
     judge_ms = [r["judge_ms"] for r in rows if judged(r) and r.get("judge_ms") is not None]
     hit_ttft = semantic_hit_ttft(rows, verified=True)
+    other_ttft = semantic_hit_ttft(rows, verified=False)
     added = "-"
-    if hit_ttft and base_ttft:
+    if hit_ttft and other_ttft:
         added = " / ".join(
-            ms(percentile(hit_ttft, q) - percentile(base_ttft, q)) for q in (0.5, 0.99)
+            ms(percentile(hit_ttft, q) - percentile(other_ttft, q)) for q in (0.5, 0.99)
         )
     sim_calls = "-"
     stats_path = os.path.join(path, "sim-stats.json")
@@ -159,8 +163,8 @@ for acc, rows, path in runs:
         with open(stats_path) as f:
             sim_calls = str(json.load(f).get("judge", {}).get("calls", "-"))
     print(
-        f"| {acc} | {' / '.join(map(str, verdicts))} | {len(verified)} | {spread(judge_ms)} | "
-        f"{spread(hit_ttft)} | {added} | {sim_calls} |"
+        f"| {acc} | {' / '.join(map(str, verdicts))}{f' (not asked {not_asked})' if not_asked else ''} | {len(verified)} | {spread(judge_ms)} | "
+        f"{spread(hit_ttft)} ({len(hit_ttft)}) | {spread(other_ttft)} ({len(other_ttft)}) | {added} | {sim_calls} |"
     )
 print()
 print(

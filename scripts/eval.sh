@@ -6,18 +6,18 @@
 # questions again through a second gateway with the guards off (`--semantic-guards none`), and once
 # more for each guard with only that guard off, so what each guard buys and costs is measured in the
 # same run (scripts/eval-guards.py tabulates it, with every guard's refusals per category). Then the
-# single questions through gateways with a sync verify stage (`--verify judge`, floor 0.80) whose
+# single questions through gateways with a sync verify stage (`--verify judge`, default floor) whose
 # judge is reprise-sim answering from the same labels at accuracy 0.90, 0.95 and 0.98, one stack per
 # accuracy (scripts/eval-verify.py tabulates them against no verifier). Writes
 # benches/results/eval-<date>.md with one threshold curve per set beside it. Nothing of the data set
 # is copied into the repository.
 #
 # Usage: scripts/eval.sh [--concurrency N] [--judge-latency-ms MS] [--judge-accuracies "A B ..."]
-#                       [--check]
+#                       [--debug | --check]
 #   (defaults 8; 0: the simulated judge answers at once, so the added TTFT is the gateway's own cost
-#   of a judge call; "0.90 0.95 0.98"). --check tests the script itself: debug builds, every tenth
-#   pair of each file (a temporary copy), the report written to target/eval-check/ instead of
-#   benches/results/.
+#   of a judge call; "0.90 0.95 0.98"). --debug: debug builds (shares served are the release
+#   build's, times are not), the report written to target/eval-check/ instead of benches/results/.
+#   --check tests the script itself: --debug on every tenth pair of each file (a temporary copy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
@@ -26,12 +26,14 @@ concurrency=8
 judge_latency_ms=0
 judge_accuracies="0.90 0.95 0.98"
 check=false
+debug=false
 while [ $# -gt 0 ]; do
   case "$1" in
     --concurrency) concurrency=$2; shift 2 ;;
     --judge-latency-ms) judge_latency_ms=$2; shift 2 ;;
     --judge-accuracies) judge_accuracies=$2; shift 2 ;;
-    --check) check=true; shift ;;
+    --check) check=true; debug=true; shift ;;
+    --debug) debug=true; shift ;;
     *) echo "eval: unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -48,7 +50,7 @@ echo "==> embedding model (skipped when present)" >&2
 scripts/provision-models.sh >&2
 
 profile=release results=benches/results
-if $check; then
+if $debug; then
   profile=debug results=target/eval-check
 fi
 echo "==> $profile build" >&2
@@ -100,12 +102,13 @@ done
 ablations+=("none=$WORK/questions-unguarded")
 
 # The verify stage, sync, with a simulated judge of stated accuracy: one simulator per accuracy, given
-# the same labels the eval scores against, and a default gateway in front of it that asks it.
+# the same labels the eval scores against, and a default gateway in front of it that asks it. No
+# judge rate limit: at the eval's pace the default (20/s) would measure the limit, not the judge.
 verify_runs=()
 for accuracy in $judge_accuracies; do
   start_stack --sim-args --judge-labels "$data/pairs.jsonl" --judge-accuracy "$accuracy" \
     --judge-latency-ms "$judge_latency_ms" -- \
-    --verify judge --verify-mode sync --judge-model sim-judge --verify-floor 0.80
+    --verify judge --verify-mode sync --judge-model sim-judge --judge-rate 0
   run_set "$GATEWAY_URL" "judge-$accuracy" \
     "Single questions, sync judge at accuracy $accuracy (simulated)" pairs.jsonl >/dev/null
   # The simulator's own count, to check against what the lookups reported.

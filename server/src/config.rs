@@ -286,14 +286,14 @@ pub struct ServeArgs {
     /// next request [default: sync].
     #[arg(long, env = "REPRISE_VERIFY_MODE", value_enum)]
     pub verify_mode: Option<crate::verify::settings::VerifyMode>,
-    /// Lowest similarity (0..1) worth a judge call [default: 0.8].
+    /// Lowest similarity (0..1) worth a judge call [default: 0.75].
     #[arg(long, env = "REPRISE_VERIFY_FLOOR")]
     pub verify_floor: Option<f32>,
     /// Error budget (0..1): the largest share of wrong answers among near matches served without a
-    /// judge call; each namespace learns where that holds from its verdicts [default: unset: the
-    /// threshold decides].
+    /// judge call; each namespace learns where that holds from its verdicts; `none`: candidates at
+    /// or above the threshold are served unjudged [default: 0.01].
     #[arg(long, env = "REPRISE_MAX_WRONG")]
-    pub max_wrong: Option<f64>,
+    pub max_wrong: Option<crate::verify::settings::Budget>,
     /// The model judge calls ask (required with --verify judge).
     #[arg(long, env = "REPRISE_JUDGE_MODEL")]
     pub judge_model: Option<String>,
@@ -613,8 +613,8 @@ impl Config {
         set(&mut self.live.verify, verify);
         set(&mut self.live.verify_mode, verify_mode);
         set(&mut self.live.verify_floor, verify_floor);
-        if max_wrong.is_some() {
-            self.live.max_wrong = max_wrong;
+        if let Some(budget) = max_wrong {
+            self.live.max_wrong = budget.0;
         }
         if judge_model.is_some() {
             self.live.judge_model = judge_model;
@@ -1165,6 +1165,19 @@ support = "exact-only"
         assert_eq!(support.floor, 0.85);
         assert_eq!(support.max_wrong, Some(0.02));
         assert_eq!(support.timeout, Duration::from_millis(900));
+        let mut no_budget = args.clone();
+        no_budget.max_wrong = Some("none".parse().expect("none"));
+        let config = Config::load(&no_budget).expect("valid");
+        assert_eq!(config.live.verify_for(Some("support")).max_wrong, None);
+        std::fs::write(&path, "max_wrong = \"none\"\n").expect("write");
+        assert_eq!(Config::from_file(&path).expect("none").live.max_wrong, None);
+        std::fs::write(&path, "max_wrong = \"lots\"\n").expect("write");
+        assert!(Config::from_file(&path).is_err());
+        std::fs::write(
+            &path,
+            "verify = \"judge\"\njudge_model = \"gpt-4.1-mini\"\nmax_wrong = 0.02\n[namespace_verify.support]\nverify_floor = 0.85\n",
+        )
+        .expect("write");
         // A background call has no request credential: refused at start without a key.
         let mut args = args.clone();
         args.verify_mode = Some(crate::verify::settings::VerifyMode::Async);

@@ -246,6 +246,15 @@ impl AppState {
         Self::assemble(config, store, None)
     }
 
+    /// Both of the above: the application's own store and embedding model.
+    pub fn with_store_and_embedder(
+        config: Config,
+        store: Arc<dyn Store>,
+        embedder: Option<Arc<embed::Embedder>>,
+    ) -> Result<Self, StartError> {
+        Self::assemble(config, store, embedder)
+    }
+
     fn assemble(
         config: Config,
         store: Arc<dyn Store>,

@@ -65,10 +65,13 @@ pub struct LiveSettings {
     #[schema(required = true, value_type = String)]
     pub verify_mode: VerifyMode,
     /// The lowest similarity worth a judge call.
-    #[schema(required = true, default = 0.8)]
+    #[schema(required = true, default = 0.75)]
     pub verify_floor: f32,
     /// The error budget: the largest share of wrong answers among candidates served without a
-    /// judge call. Unset: candidates at or above the threshold are served unjudged.
+    /// judge call (default 0.01). `"none"`: candidates at or above the threshold are served
+    /// unjudged, those between the floor and the threshold judged.
+    #[serde(deserialize_with = "verify::budget")]
+    #[schema(value_type = Option<f64>)]
     pub max_wrong: Option<f64>,
     /// The model judge calls ask (required with `verify = "judge"`).
     pub judge_model: Option<String>,
@@ -95,10 +98,11 @@ impl Default for LiveSettings {
             cache_mode: CacheMode::On,
             verify: VerifyKind::Off,
             verify_mode: VerifyMode::Sync,
-            // On the dev set, 0.80 is where unguarded traps begin to outnumber paraphrases
-            // (benches/results/eval-2026-12-01.md): below it a judge call is mostly spent on a no.
-            verify_floor: 0.8,
-            max_wrong: None,
+            // A judge call is worth making while it is more likely to serve than to refuse: on the
+            // dev set, candidates that pass the guards are two paraphrases to one trap from 0.75 to
+            // 0.80, and about one to one below 0.75 (benches/results/eval-2026-12-04.md).
+            verify_floor: 0.75,
+            max_wrong: Some(verify::DEFAULT_MAX_WRONG),
             judge_model: None,
             judge_url: None,
             judge_timeout_ms: 2_000,
@@ -162,7 +166,7 @@ impl LiveSettings {
             floor: own
                 .and_then(|o| o.verify_floor)
                 .unwrap_or(self.verify_floor),
-            max_wrong: own.and_then(|o| o.max_wrong).or(self.max_wrong),
+            max_wrong: own.and_then(|o| o.max_wrong).unwrap_or(self.max_wrong),
             model: pick(|o| o.judge_model.clone(), &self.judge_model),
             url: pick(|o| o.judge_url.clone(), &self.judge_url),
             timeout: std::time::Duration::from_millis(
@@ -230,8 +234,8 @@ pub struct ConfigPatch {
     #[schema(value_type = Option<String>)]
     pub verify_mode: Option<VerifyMode>,
     pub verify_floor: Option<f32>,
-    /// A `null` value removes the budget.
-    #[serde(default, deserialize_with = "present")]
+    /// `null` or `"none"`: no budget (the threshold decides).
+    #[serde(default, deserialize_with = "verify::present_budget")]
     #[schema(value_type = Option<f64>)]
     pub max_wrong: Option<Option<f64>>,
     /// A `null` value removes the model.
@@ -491,7 +495,7 @@ mod tests {
         assert_eq!(support.mode, VerifyMode::Async);
         assert_eq!(support.max_wrong, Some(0.01));
         assert_eq!(support.model.as_deref(), Some("gpt-4.1-mini"));
-        assert_eq!(support.floor, 0.8);
+        assert_eq!(support.floor, 0.75);
         // `null` clears a setting; a namespace that judges needs a model.
         let err = live
             .apply(patch(serde_json::json!({"judge_model": null})))
@@ -521,6 +525,22 @@ mod tests {
             .expect("valid");
         assert!(cleared.namespace_verify.is_empty());
         assert_eq!(cleared.judge_model, None);
+        // The budget: a share, or none (`null` or `"none"`), globally or for one namespace.
+        assert_eq!(LiveSettings::default().max_wrong, Some(0.01));
+        for none in [serde_json::json!(null), serde_json::json!("none")] {
+            let now = live
+                .apply(patch(serde_json::json!({
+                    "max_wrong": none,
+                    "namespace_verify": {"legal": {"max_wrong": 0.005}, "chat": {"max_wrong": "none"}}
+                })))
+                .expect("valid");
+            assert_eq!(now.verify_for(None).max_wrong, None);
+            assert_eq!(now.verify_for(Some("legal")).max_wrong, Some(0.005));
+            assert_eq!(now.verify_for(Some("chat")).max_wrong, None);
+        }
+        let err = crate::admin::parse_json::<ConfigPatch>(br#"{"max_wrong": "some"}"#)
+            .expect_err("not a budget");
+        assert_eq!(err.body()["error"]["param"], "max_wrong");
         let err = crate::admin::parse_json::<ConfigPatch>(br#"{"verify": "maybe"}"#)
             .expect_err("not a kind");
         assert_eq!(err.body()["error"]["param"], "verify");

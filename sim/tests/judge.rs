@@ -50,7 +50,7 @@ fn judge_body(cached: &str, new: &str, stream: bool) -> Value {
 async fn post(sim: &SimHandle, body: &Value) -> reqwest::Response {
     reqwest::Client::new()
         .post(format!("{}/chat/completions", sim.base_url()))
-        .header("x-reprise-judge", "v1")
+        .header("x-reprise-judge", "1")
         .bearer_auth("sk-judge")
         .json(body)
         .send()
@@ -140,7 +140,7 @@ async fn a_labeled_pair_is_answered_as_a_chat_completion_and_counted_apart() {
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.clone())
     };
-    assert_eq!(header("x-reprise-judge").as_deref(), Some("v1"));
+    assert_eq!(header("x-reprise-judge").as_deref(), Some("1"));
     assert_eq!(header("authorization").as_deref(), Some("Bearer sk-judge"));
 }
 

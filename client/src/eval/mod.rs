@@ -185,6 +185,9 @@ pub struct PairResult {
     /// `queued`/`dropped` in async mode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verify: Option<String>,
+    /// The `reason=` of `x-reprise-verify: unsure; reason=…` (`timeout`, `over_budget`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify_reason: Option<String>,
     /// The judge's time on this lookup, `Server-Timing: judge;dur=`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub judge_ms: Option<f64>,
@@ -283,6 +286,7 @@ struct Reply {
     skipped: bool,
     verified: Option<String>,
     verify: Option<String>,
+    verify_reason: Option<String>,
     judge_ms: Option<f64>,
     /// From sending to the response head.
     head_ms: f64,
@@ -308,6 +312,7 @@ async fn evaluate_pair(
         error: None,
         verified: None,
         verify: None,
+        verify_reason: None,
         judge_ms: None,
         ttft_ms: None,
     };
@@ -332,6 +337,7 @@ async fn evaluate_pair(
             result.outcome = reply.outcome;
             result.verified = reply.verified;
             result.verify = reply.verify;
+            result.verify_reason = reply.verify_reason;
             result.judge_ms = reply.judge_ms;
             result.ttft_ms = Some(reply.head_ms);
         }
@@ -485,6 +491,7 @@ async fn send(
     let skipped = crate::bench::skipped_reason(header("x-reprise-semantic").as_deref()).is_some();
     let verified = verify::token(header("x-reprise-verified").as_deref());
     let verify = verify::token(header("x-reprise-verify").as_deref());
+    let verify_reason = verify::reason(header("x-reprise-verify").as_deref());
     let judge_ms = verify::server_timing_ms(
         response
             .headers()
@@ -510,13 +517,14 @@ async fn send(
         skipped,
         verified,
         verify,
+        verify_reason,
         judge_ms,
         head_ms,
     })
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -549,9 +557,9 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn results_give_the_sweep_its_inputs() {
-        let mut r = PairResult {
+    /// An exact hit of a trap, every optional field empty: tests change what they need.
+    pub(crate) fn pair_result() -> PairResult {
+        PairResult {
             id: "x".into(),
             category: "c".into(),
             source: "s".into(),
@@ -565,9 +573,15 @@ mod tests {
             error: None,
             verified: None,
             verify: None,
+            verify_reason: None,
             judge_ms: None,
             ttft_ms: None,
-        };
+        }
+    }
+
+    #[test]
+    fn results_give_the_sweep_its_inputs() {
+        let mut r = pair_result();
         assert_eq!(
             r.scored(),
             Some(Scored {

@@ -230,6 +230,9 @@ fn spread(s: &Spread) -> String {
 fn verify_latency_rows(v: &VerifyFigures) -> Vec<[String; 5]> {
     let row = |name: &str, t: &VerifyTally| {
         let mut verdicts = format!("{} / {} / {}", t.same, t.different, t.unsure);
+        if t.not_asked > 0 {
+            verdicts.push_str(&format!("; not asked {}", t.not_asked));
+        }
         if t.queued + t.dropped > 0 {
             verdicts.push_str(&format!("; queued {}, dropped {}", t.queued, t.dropped));
         }
@@ -252,7 +255,8 @@ const VERIFY_NOTE: &str = "Verify stage, from each lookup's `x-reprise-verified`
     request or the entry's error budget let through; judge calls/lookup counts lookups on which the \
     judge gave a verdict, over lookups measured. Latency, p50 / p99 ms (samples): the judge's own \
     time; the time to the response head of a hit the judge vetted; the same for semantic hits \
-    served without a judge call. Verdicts: same / different / unsure.";
+    served without a judge call. Verdicts: same / different / unsure (then `unsure` without a \
+    judge call: rate budget spent, prompt too long, no judge configured).";
 
 fn pct(share: Option<f64>) -> String {
     share.map_or_else(|| "-".to_owned(), |s| format!("{:.1}%", s * 100.0))
@@ -609,6 +613,7 @@ mod tests {
             error: (outcome == "error").then(|| "HTTP 500: boom".to_owned()),
             verified: None,
             verify: None,
+            verify_reason: None,
             judge_ms: None,
             ttft_ms: None,
         }

@@ -1,7 +1,8 @@
 //! What a gateway's verify stage (`--verify judge`) did in an evaluation, read from the lookup of
 //! `b`: `x-reprise-verified` (`judge` or `budget`: how a served semantic hit was vetted),
-//! `x-reprise-verify` (the judge's verdict on this request, or `queued`/`dropped` in async mode) and
-//! the judge's time in `Server-Timing` (`judge;dur=<ms>`). Figures only, no HTTP; a run without
+//! `x-reprise-verify` (the judge's verdict on this request, or `queued`/`dropped` in async mode;
+//! `unsure; reason=R` says why, and some reasons mean the judge was never asked) and the judge's
+//! time in `Server-Timing` (`judge;dur=<ms>`). Figures only, no HTTP; a run without
 //! any of these headers has no verify figures and its report is unchanged.
 
 use serde::Serialize;
@@ -12,10 +13,24 @@ use crate::bench::percentile;
 /// Verdicts that mean the judge was asked on this very request.
 pub const VERDICTS: [&str; 3] = ["same", "different", "unsure"];
 
+/// `unsure` reasons of a judge that was not asked: the rate budget was spent, a prompt too long to
+/// show whole, no judge model or credential.
+pub const NOT_ASKED: [&str; 3] = ["over_budget", "too_long", "not_configured"];
+
 /// The first token of a header value (`same; …` reads `same`), lower-cased; `None` when empty.
 pub fn token(value: Option<&str>) -> Option<String> {
     let first = value?.split(';').next()?.trim().to_ascii_lowercase();
     (!first.is_empty()).then_some(first)
+}
+
+/// The `reason=` parameter of a header value (`unsure; reason=timeout` reads `timeout`).
+pub fn reason(value: Option<&str>) -> Option<String> {
+    value?
+        .split(';')
+        .skip(1)
+        .find_map(|p| p.trim().strip_prefix("reason="))
+        .map(|r| r.trim().to_ascii_lowercase())
+        .filter(|r| !r.is_empty())
 }
 
 /// The `dur` of entry `name` in `Server-Timing` values (several headers or one comma list).
@@ -42,6 +57,10 @@ pub fn active(r: &PairResult) -> bool {
 /// Whether the judge was asked (sync) for this pair's lookup.
 pub fn judged(r: &PairResult) -> bool {
     r.verify.as_deref().is_some_and(|v| VERDICTS.contains(&v))
+        && !r
+            .verify_reason
+            .as_deref()
+            .is_some_and(|why| NOT_ASKED.contains(&why))
 }
 
 /// p50 and p99 of a set of milliseconds, with how many there were.
@@ -71,7 +90,10 @@ pub struct VerifyTally {
     pub judge_calls: usize,
     pub same: usize,
     pub different: usize,
+    /// `unsure` from a judge that was asked (it said so, timed out, failed, answered nonsense).
     pub unsure: usize,
+    /// `unsure` without a judge call (rate budget spent, prompt too long, not configured).
+    pub not_asked: usize,
     /// Async mode: pairs queued for the judge, and dropped by a full queue.
     pub queued: usize,
     pub dropped: usize,
@@ -81,7 +103,7 @@ pub struct VerifyTally {
     pub verified_by_budget: usize,
     /// The judge's own time (`Server-Timing: judge`) on the lookups it was asked.
     pub judge: Spread,
-    /// Time to the response head of a hit the judge vetted on this request.
+    /// Time to the response head of a hit the judge was asked about, and vetted, on this request.
     pub verified_hit_ttft: Spread,
     /// Time to the response head of a semantic hit served without a judge call.
     pub unverified_hit_ttft: Spread,
@@ -108,7 +130,8 @@ pub fn tally<'a>(results: impl IntoIterator<Item = &'a PairResult>) -> VerifyTal
         match r.verify.as_deref() {
             Some("same") => t.same += 1,
             Some("different") => t.different += 1,
-            Some("unsure") => t.unsure += 1,
+            Some("unsure") if judged(r) => t.unsure += 1,
+            Some("unsure") => t.not_asked += 1,
             Some("queued") => t.queued += 1,
             Some("dropped") => t.dropped += 1,
             _ => {}
@@ -124,8 +147,9 @@ pub fn tally<'a>(results: impl IntoIterator<Item = &'a PairResult>) -> VerifyTal
                 Some("budget") => t.verified_by_budget += 1,
                 _ => {}
             }
+            // A hit verified by an earlier verdict (an approved alias) waited for no judge.
             if let Some(ms) = r.ttft_ms {
-                if by_judge {
+                if by_judge && judged(r) {
                     verified.push(ms);
                 } else if !judged(r) {
                     unverified.push(ms);
@@ -149,6 +173,32 @@ mod tests {
         assert_eq!(token(Some(" Judge ; ms=3")).as_deref(), Some("judge"));
         assert_eq!(token(Some("  ")), None);
         assert_eq!(token(None), None);
+    }
+
+    #[test]
+    fn reasons_tell_a_judge_not_asked_from_one_that_was() {
+        assert_eq!(
+            reason(Some("unsure; reason=over_budget")).as_deref(),
+            Some("over_budget")
+        );
+        assert_eq!(reason(Some("unsure")), None);
+        assert_eq!(reason(Some("same")), None);
+        let lookup = |verify: &str| PairResult {
+            verify: token(Some(verify)),
+            verify_reason: reason(Some(verify)),
+            ..crate::eval::tests::pair_result()
+        };
+        assert!(judged(&lookup("unsure; reason=timeout")));
+        assert!(judged(&lookup("unsure")));
+        assert!(judged(&lookup("different")));
+        assert!(!judged(&lookup("unsure; reason=over_budget")));
+        assert!(!judged(&lookup("unsure; reason=too_long")));
+        assert!(!judged(&lookup("queued")));
+        let t = tally([
+            &lookup("unsure; reason=not_configured"),
+            &lookup("unsure; reason=failed"),
+        ]);
+        assert_eq!((t.unsure, t.not_asked, t.judge_calls), (1, 1, 1));
     }
 
     #[test]

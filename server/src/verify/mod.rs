@@ -165,10 +165,14 @@ async fn work(
         let (verifier, feedback) = (verifier.clone(), feedback.clone());
         tasks.spawn(async move {
             let judged = verifier.judge.ask(&job.target, &job.pair).await;
-            apply(&feedback, &job.encounter, judged.verdict);
-            if let Some(id) = job.shadow {
-                feedback.shadow.set_verdict(id, judged.verdict.header());
-            }
+            // sled writes, off the async workers.
+            let _ = tokio::task::spawn_blocking(move || {
+                apply(&feedback, &job.encounter, judged.verdict);
+                if let Some(id) = job.shadow {
+                    feedback.shadow.set_verdict(id, judged.verdict.header());
+                }
+            })
+            .await;
             drop(slot);
         });
     }
@@ -197,6 +201,11 @@ pub(crate) async fn check(
         } else {
             Check::Refuse
         };
+    }
+    // The very same prompt in the same partition is the exact key: an exact lookup that ran just
+    // before its entry was written finds it here. Nothing to judge.
+    if entry.summary.prompt == ex.keys.prompt {
+        return Check::Serve(None);
     }
     let namespace = ex.policy.namespace.clone().unwrap_or_default();
     // The client's own stricter threshold is a floor the judge does not lower.
@@ -236,7 +245,11 @@ pub(crate) async fn check(
             let judged = state.verifier.judge.ask(&target, &pair).await;
             ex.ingress.clock.judge_ms = Some(judged.ms);
             ex.misses.verify = Some(judged.verdict.header());
-            apply(&state.feedback, &encounter, judged.verdict);
+            // sled writes, off the async workers; awaited, so the next request sees the verdict.
+            let feedback = state.feedback.clone();
+            let verdict = judged.verdict;
+            let _ =
+                tokio::task::spawn_blocking(move || apply(&feedback, &encounter, verdict)).await;
             match judged.verdict {
                 Verdict::Same => Check::Serve(Some(Verified::Judge)),
                 Verdict::Different | Verdict::Unsure(_) => Check::Refuse,

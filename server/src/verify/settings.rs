@@ -57,8 +57,14 @@ pub struct NamespaceVerify {
     pub verify_mode: Option<VerifyMode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify_floor: Option<f32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_wrong: Option<f64>,
+    /// `Some(None)`: this namespace uses the threshold instead of a budget (`"none"` in the file).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present_budget"
+    )]
+    #[schema(value_type = Option<f64>)]
+    pub max_wrong: Option<Option<f64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub judge_model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,6 +93,51 @@ impl VerifyPlan {
         self.kind == VerifyKind::Judge
     }
 }
+
+/// The error budget as written: a share from 0 to 1, or `"none"` (or `null`) for no budget, so
+/// that a TOML file, which has no null, can say it too.
+pub fn budget<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Written {
+        Share(f64),
+        Word(String),
+    }
+    match Option::<Written>::deserialize(deserializer)? {
+        None => Ok(None),
+        Some(Written::Share(share)) => Ok(Some(share)),
+        Some(Written::Word(word)) if word == "none" => Ok(None),
+        Some(Written::Word(word)) => Err(serde::de::Error::custom(format!(
+            "`{word}` is not a share from 0 to 1 or \"none\""
+        ))),
+    }
+}
+
+/// [`budget`] for a field that may be absent (`None`) or present, `null` and `"none"` included.
+pub fn present_budget<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<f64>>, D::Error> {
+    budget(deserializer).map(Some)
+}
+
+/// `--max-wrong`: a share, or `none` (no budget).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Budget(pub Option<f64>);
+
+impl std::str::FromStr for Budget {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        if text == "none" {
+            return Ok(Self(None));
+        }
+        text.parse::<f64>()
+            .map(|share| Self(Some(share)))
+            .map_err(|_| format!("`{text}` is not a share from 0 to 1 or `none`"))
+    }
+}
+
+/// The default error budget: 1% of the candidates served unjudged may be wrong.
+pub const DEFAULT_MAX_WRONG: f64 = 0.01;
 
 /// The largest judge timeout: a sync judge call holds the client's request.
 pub const MAX_JUDGE_TIMEOUT_MS: u64 = 600_000;

@@ -14,6 +14,9 @@ use axum::routing::post;
 use axum::{Json, Router};
 use reprise_server::config::{Config, Secret};
 use reprise_server::embed::{EmbedConfig, EmbedModel, Embedder};
+use reprise_server::entry::{Entry, EntryId, HitEvent, Replay};
+use reprise_server::key::CacheKey;
+use reprise_server::store::{Store, StoreError};
 use reprise_server::verify::settings::{VerifyKind, VerifyMode};
 use reprise_server::AppState;
 use serde_json::{json, Value};
@@ -175,7 +178,10 @@ async fn sync_same_is_served_verified_and_remembered_different_is_refused_for_go
         &judge_url,
         // `far` is not placed: orthogonal to everything.
         &[(near, 0.88), (wrong, 0.90), (close, 0.97)],
-        |_| {},
+        |c| {
+            // No budget: the threshold decides what is served unjudged (Krites-style).
+            c.live.max_wrong = None;
+        },
     )
     .await;
     log.lock()
@@ -466,4 +472,92 @@ async fn shadow_mode_judges_in_the_background_and_records_the_verdict_next_to_th
     let hit = ask(&gw, "I forgot my password,  how can I reset it").await;
     assert_eq!(outcome(&hit), "semantic-hit");
     assert_eq!(calls(&log), 1);
+}
+
+/// A sled store whose exact-key reads miss: what an exact lookup sees when it runs just before
+/// its prompt's entry is written, while the search that follows it already finds the entry.
+struct BlindExact(reprise_server::store::SledStore);
+
+impl Store for BlindExact {
+    fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
+        self.0.get(id)
+    }
+    fn get_by_key(&self, _: &CacheKey) -> Result<Option<Entry>, StoreError> {
+        Ok(None)
+    }
+    fn replay_by_key(&self, _: &CacheKey) -> Result<Option<Replay>, StoreError> {
+        Ok(None)
+    }
+    fn put(&self, entry: Entry) -> Result<EntryId, StoreError> {
+        self.0.put(entry)
+    }
+    fn delete(&self, id: EntryId) -> Result<bool, StoreError> {
+        self.0.delete(id)
+    }
+    fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError> {
+        self.0.touch(id, hits, recent)
+    }
+    fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
+        self.0.set_vector(id, vector)
+    }
+    fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
+        self.0.list_newest(before, limit)
+    }
+    fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
+        self.0.list(after, limit)
+    }
+    fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
+        self.0.ids()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn bytes(&self) -> u64 {
+        self.0.bytes()
+    }
+    fn sweep(
+        &self,
+        now_ms: u64,
+        max_entries: usize,
+        max_bytes: u64,
+    ) -> Result<(usize, usize), StoreError> {
+        self.0.sweep(now_ms, max_entries, max_bytes)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.0.flush()
+    }
+    fn clear(&self) -> Result<usize, StoreError> {
+        self.0.clear()
+    }
+}
+
+#[tokio::test]
+async fn the_same_prompt_found_by_the_search_is_never_judged() {
+    let sim = quick_sim().await;
+    let (judge_url, log) = judge_server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = config_in(sim.base_url(), dir.path().to_owned());
+    config.live.semantic_guards = "none".parse().expect("guards");
+    config.live.verify = VerifyKind::Judge;
+    config.live.judge_model = Some("judge-model".into());
+    config.live.judge_url = Some(judge_url.clone());
+    config.judge_api_key = Some(Secret::new("sk-judge"));
+    config.validate().expect("valid config");
+    let table = HashMap::from([(BASE.to_owned(), 1.0_f32)]);
+    let gw = start_with(config, move |config| {
+        let store = BlindExact(
+            reprise_server::store::SledStore::open(&config.data_dir.join("entries"))
+                .expect("store"),
+        );
+        let embedder = Embedder::with_model(Box::new(Placed(table)), &EmbedConfig::default())
+            .expect("embedder");
+        AppState::with_store_and_embedder(config, Arc::new(store), Some(Arc::new(embedder)))
+            .expect("state")
+    })
+    .await;
+    seed(&gw).await;
+    let hit = ask(&gw, BASE).await;
+    assert_eq!(outcome(&hit), "semantic-hit");
+    assert_eq!(header(&hit, "x-reprise-verify"), None);
+    assert_eq!(calls(&log), 0);
 }

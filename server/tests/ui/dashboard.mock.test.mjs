@@ -206,6 +206,12 @@ test("shadow decisions: what would be served, each guard's verdict, and feedback
     assert.ok(refused.includes("refused") && refused.includes("direction, (antonym)"), refused);
     assert.ok(refused.includes("0.9896") && refused.includes("Can I cancel my order after it ships?"), refused);
     assert.ok((await page.locator('#shadow-body tr[data-request-id="req_s1"]').textContent()).includes("below threshold"));
+    // The judge's verdict on a decision, when verify = judge asked one.
+    assert.ok((await page.locator('#shadow-body tr[data-request-id="req_s2"]').textContent()).includes("same"));
+    const judge = page.locator("#system dt", { hasText: "Judge calls" }).locator("xpath=following-sibling::dd[1]");
+    assert.equal(await judge.textContent(), "41 · 30 same · 9 different · 2 unsure");
+    const verdicts = page.locator("#system dt", { hasText: "Verdicts support" }).locator("xpath=following-sibling::dd[1]");
+    assert.equal(await verdicts.textContent(), "39 · 9 wrong (23.1%)");
 
     await page.locator('#shadow-body tr[data-request-id="req_s2"] button[data-verdict="right"]').click();
     await eventually("verdict shown", async () => (await page.locator('#shadow-body tr[data-request-id="req_s2"]').textContent()).includes("right"));

@@ -252,11 +252,16 @@ export function buildData(mode, now = Date.now(), count = MOCK_PROMPTS.length) {
       would: "would-refuse", entry: entries[0].id, entry_prompt: "Can I cancel my order after it ships?", similarity: 0.9896, threshold: 0.9,
       guards: guards(["direction", "antonym"], ["antonym"]) },
     { id: 2, at_ms: now - 5000, request_id: "req_s2", namespace: "support", model: "gpt-4o-mini", prompt: "I forgot my password, how can I reset it",
-      would: "would-hit", entry: entries[1].id, entry_prompt: "How do I reset my password?", similarity: 0.9412, threshold: 0.9, guards: guards([]) },
+      would: "would-hit", entry: entries[1].id, entry_prompt: "How do I reset my password?", similarity: 0.9412, threshold: 0.9, guards: guards([]), verdict: "same" },
     { id: 1, at_ms: now - 9000, request_id: "req_s1", namespace: null, model: "gpt-4o-mini", prompt: "What is a good name for a cat?",
       would: "would-miss", entry: entries[2].id, entry_prompt: "Why is the sky blue?", similarity: 0.31, threshold: 0.9, guards: guards([]) },
   ] : [];
   stats.feedback = { right: 0, wrong: 0, vetoes: 0, approvals: 0 };
+  if (semantic && !empty) {
+    stats.judge = { calls: 41, same: 30, different: 9, unsure: 2, timeouts: 1, failures: 0, over_budget: 3, too_long: 0,
+      queued: 0, dropped: 0, queue_depth: 0, prompt_tokens: 5120, completion_tokens: 164, p50_ms: 182.4, p99_ms: 611.0,
+      namespaces: [{ namespace: "support", observations: 39, wrong: 9, wrong_rate: 9 / 39 }] };
+  }
   return { stats, entries, requests, shadow, feedback: [] };
 }
 
