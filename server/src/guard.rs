@@ -27,13 +27,14 @@ pub enum Guard {
     /// Both prompts must hold the same number of negations (not, no, never, n't, without, …).
     Negation,
     /// The same things must keep their roles around relational words ("USD to EUR" against "EUR to
-    /// USD"), and no relation may turn into its converse ("before" against "after").
+    /// USD") and around any other words of relation ("Alice reports to Bob" against "Bob reports
+    /// to Alice"), and no relation may turn into its converse ("before" against "after").
     Direction,
     /// No word may stand at the same place as its antonym on the other side ("open" against
     /// "closed", "safe" against "unsafe"), from WordNet.
     Antonym,
     /// Both prompts' instructions must ask for the same kind of task ("summarize" against
-    /// "translate").
+    /// "translate"), in as many parts ("explain it" against "explain it and give an example").
     Task,
     /// Both prompts must ask for the same output: format, language, length and register ("as JSON",
     /// "in French", "in one sentence", "formally").

@@ -114,7 +114,6 @@ const PART_VERBS: &[&str] = &[
     "note",
     "offer",
     "share",
-    "recommend",
     "estimate",
     "predict",
 ];
