@@ -452,6 +452,10 @@ impl Literals {
     /// "till", "-") is the weekdays and "Saturday and Sunday" the weekend, so a request that says
     /// "on weekdays" asks the same.
     fn name_day_ranges(&mut self, words: &[String]) {
+        let has = |d: &str| self.numbers.contains(d);
+        if !(has("monday") && has("friday") || has("saturday") && has("sunday")) {
+            return;
+        }
         let day = |w: &str| date_word(w);
         for (i, word) in words.iter().enumerate() {
             // "monday-friday" is one word; "monday to friday" three.

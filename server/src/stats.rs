@@ -167,7 +167,7 @@ impl Stats {
         let guard_refusals = IntCounterVec::new(
             Opts::new(
                 "reprise_semantic_guard_refusals_total",
-                "Semantic lookups left without a match because a guard (numbers, negation, format, task, direction, antonym, entity) refused a candidate above the threshold.",
+                "Semantic lookups left without a match because a guard (numbers, negation, format, task, direction, antonym, entity, template) refused a candidate above the threshold.",
             ),
             &["guard"],
         );

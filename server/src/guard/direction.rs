@@ -19,7 +19,8 @@
 //! A change of voice moves the things and changes the words between them ("Bob manages Alice",
 //! "Alice is managed by Bob"), so it is no swap either.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::LazyLock;
 
 /// Asymmetric relational words: the thing before plays another role than the thing after. Plain
 /// coordination ("and", "or", "between", "vs") is symmetric and left out: "Python vs Java" asks
@@ -115,15 +116,17 @@ const FUNCTION_WORDS: &[&str] = &[
     "there's", "can't", "don't", "i'd", "you're", "let's", "way",
 ];
 
+/// [`FUNCTION_WORDS`] and [`MARKERS`] as a set: every word of both prompts is looked up.
+static GRAMMAR: LazyLock<HashSet<&'static str>> =
+    LazyLock::new(|| FUNCTION_WORDS.iter().chain(MARKERS).copied().collect());
+
 /// A closed-class word: grammar rather than a thing a question is about.
 pub(super) fn is_function_word(word: &str) -> bool {
-    FUNCTION_WORDS.contains(&word) || MARKERS.contains(&word)
+    GRAMMAR.contains(word)
 }
 
 fn is_content(word: &str) -> bool {
-    !FUNCTION_WORDS.contains(&word)
-        && !MARKERS.contains(&word)
-        && word.chars().any(char::is_alphanumeric)
+    !GRAMMAR.contains(word) && word.chars().any(char::is_alphanumeric)
 }
 
 /// Whether `a` and `b` are a relation and its converse.
@@ -184,10 +187,10 @@ fn marker_crossed(query: &[String], candidate: &[String]) -> bool {
 
 /// Whether a symmetric word stands among the few words before a relational word at `at` ("compare
 /// A to B", "is A similar to B", "the difference from A to B").
-fn symmetric_near(tokens: &[String], at: usize) -> bool {
+fn symmetric_near<S: AsRef<str>>(tokens: &[S], at: usize) -> bool {
     tokens[at.saturating_sub(MAX_RELATION_WORDS)..at]
         .iter()
-        .any(|w| SYMMETRIC.contains(&w.as_str()))
+        .any(|w| SYMMETRIC.contains(&w.as_ref()))
 }
 
 /// A thing a relation is about: a run of content words standing together in both texts ("new
@@ -207,19 +210,22 @@ struct Unit {
 pub(super) fn relation_swapped(query: &[String], candidate: &[String]) -> bool {
     // A thing is the same thing in the singular, plural or possessive: "a cat … for dogs" and "a
     // dog … for cats" hold cat and dog in reversed roles.
-    let bare = |w: &str| {
+    fn bare(w: &String) -> &str {
         let w = w.strip_suffix("'s").unwrap_or(w);
         if is_content(w) {
-            stem(w).to_owned()
+            stem(w)
         } else {
-            w.to_owned()
+            w
         }
-    };
-    let (q, c): (Vec<String>, Vec<String>) = (
-        query.iter().map(|w| bare(w)).collect(),
-        candidate.iter().map(|w| bare(w)).collect(),
+    }
+    let (q, c): (Vec<&str>, Vec<&str>) = (
+        query.iter().map(bare).collect(),
+        candidate.iter().map(bare).collect(),
     );
     let units = units(&q, &c);
+    if units.len() < 2 {
+        return false;
+    }
     for (i, a) in units.iter().enumerate() {
         for b in &units[i + 1..] {
             // a before b in the query, b before a in the candidate (units are in query order).
@@ -237,9 +243,8 @@ pub(super) fn relation_swapped(query: &[String], candidate: &[String]) -> bool {
             if q_rel.is_empty() || q_rel != c_rel {
                 continue;
             }
-            let symmetric = |tokens: &[String], start: usize, between: &[String]| {
-                between.iter().any(|w| SYMMETRIC.contains(&w.as_str()))
-                    || symmetric_near(tokens, start)
+            let symmetric = |tokens: &[&str], start: usize, between: &[&str]| {
+                between.iter().any(|w| SYMMETRIC.contains(w)) || symmetric_near(tokens, start)
             };
             if !symmetric(&q, a.query.start, q_between)
                 && !symmetric(&c, b.candidate.start, c_between)
@@ -253,10 +258,10 @@ pub(super) fn relation_swapped(query: &[String], candidate: &[String]) -> bool {
 
 /// The words of a relation as compared: stems of its words, articles and auxiliaries left out
 /// ("is the parent of" → parent of). Empty when nothing but grammar stands there.
-fn relation(between: &[String]) -> Vec<&str> {
+fn relation<'a>(between: &[&'a str]) -> Vec<&'a str> {
     let words: Vec<&str> = between
         .iter()
-        .map(String::as_str)
+        .copied()
         .filter(|w| {
             !matches!(
                 *w,
@@ -291,18 +296,25 @@ fn stem(word: &str) -> &str {
 
 /// The things both texts are about: maximal runs of content words that stand once, in the same
 /// order, in both ("new york" in "is new york bigger than los angeles"), in query order.
-fn units(query: &[String], candidate: &[String]) -> Vec<Unit> {
+fn units(query: &[&str], candidate: &[&str]) -> Vec<Unit> {
     let (q_count, c_count) = (content_counts(query), content_counts(candidate));
     let once = |w: &str| q_count.get(w) == Some(&1) && c_count.get(w) == Some(&1);
+    // Where each content word stands in the candidate (only words that stand once are looked up).
+    let at: HashMap<&str, usize> = candidate
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| c_count.get(**w) == Some(&1))
+        .map(|(i, w)| (*w, i))
+        .collect();
     let mut units = Vec::new();
     let mut i = 0;
     while i < query.len() {
-        let word = query[i].as_str();
+        let word = query[i];
         if !is_content(word) || !once(word) {
             i += 1;
             continue;
         }
-        let Some(j) = candidate.iter().position(|t| t == word) else {
+        let Some(&j) = at.get(word) else {
             i += 1;
             continue;
         };
@@ -310,8 +322,8 @@ fn units(query: &[String], candidate: &[String]) -> Vec<Unit> {
         while i + len < query.len()
             && j + len < candidate.len()
             && query[i + len] == candidate[j + len]
-            && is_content(&query[i + len])
-            && once(&query[i + len])
+            && is_content(query[i + len])
+            && once(query[i + len])
         {
             len += 1;
         }
@@ -324,10 +336,10 @@ fn units(query: &[String], candidate: &[String]) -> Vec<Unit> {
     units
 }
 
-fn content_counts(tokens: &[String]) -> HashMap<&str, usize> {
+fn content_counts<'a, S: AsRef<str>>(tokens: &'a [S]) -> HashMap<&'a str, usize> {
     let mut count: HashMap<&str, usize> = HashMap::new();
-    for t in tokens.iter().filter(|t| is_content(t)) {
-        *count.entry(t.as_str()).or_default() += 1;
+    for t in tokens.iter().map(AsRef::as_ref).filter(|t| is_content(t)) {
+        *count.entry(t).or_default() += 1;
     }
     count
 }

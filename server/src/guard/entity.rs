@@ -104,9 +104,12 @@ pub(super) fn names(text: &str) -> BTreeSet<String> {
             if !token.chars().any(char::is_alphanumeric) {
                 continue; // a list marker or a dash: the next word still starts the sentence
             }
-            let lower = token.to_lowercase();
-            if is_code(token) || is_proper(&lower) {
-                names.insert(canonical(&lower));
+            // Only a word of letters can be a proper noun of the table (four letters or more).
+            let proper = token.len() >= 4
+                && token.chars().all(|c| c.is_alphabetic() || c == '-')
+                && is_proper(&token.to_lowercase());
+            if is_code(token) || proper {
+                names.insert(canonical(&token.to_lowercase()));
             } else if !sentence_start && is_capitalized(token) {
                 let word = token
                     .strip_suffix("'s")
