@@ -210,7 +210,7 @@ struct Unit {
 pub(super) fn relation_swapped(query: &[String], candidate: &[String]) -> bool {
     // A thing is the same thing in the singular, plural or possessive: "a cat … for dogs" and "a
     // dog … for cats" hold cat and dog in reversed roles.
-    fn bare(w: &String) -> &str {
+    fn bare(w: &str) -> &str {
         let w = w.strip_suffix("'s").unwrap_or(w);
         if is_content(w) {
             stem(w)
@@ -219,8 +219,8 @@ pub(super) fn relation_swapped(query: &[String], candidate: &[String]) -> bool {
         }
     }
     let (q, c): (Vec<&str>, Vec<&str>) = (
-        query.iter().map(bare).collect(),
-        candidate.iter().map(bare).collect(),
+        query.iter().map(|w| bare(w)).collect(),
+        candidate.iter().map(|w| bare(w)).collect(),
     );
     let units = units(&q, &c);
     if units.len() < 2 {
@@ -336,7 +336,7 @@ fn units(query: &[&str], candidate: &[&str]) -> Vec<Unit> {
     units
 }
 
-fn content_counts<'a, S: AsRef<str>>(tokens: &'a [S]) -> HashMap<&'a str, usize> {
+fn content_counts<S: AsRef<str>>(tokens: &[S]) -> HashMap<&str, usize> {
     let mut count: HashMap<&str, usize> = HashMap::new();
     for t in tokens.iter().map(AsRef::as_ref).filter(|t| is_content(t)) {
         *count.entry(t).or_default() += 1;
