@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Guard ablation for scripts/eval.sh: reads the results.jsonl of runs of the same pairs through gateways
 with different guard sets and prints a Markdown section: every guard's refusals per category (defaults),
-then what each guard buys (traps served) and costs (should-hit pairs served) when it alone is switched off.
+the should-hit pairs each guard refuses (by id), then what each guard buys (traps served) and costs (should-hit pairs served) when it alone is switched off.
 
 Usage: eval-guards.py DEFAULTS_DIR NAME=DIR...   (each DIR holds a reprise-client eval report)
 """
@@ -65,6 +65,21 @@ print("|---|---:|" + "---:|" * len(guards))
 for cat in sorted(sizes):
     print(f"| {cat} | {sizes[cat]} | " + " | ".join(str(by_cat[cat][g]) for g in guards) + " |")
 print()
+# The refusals that cost a saving: should-hit pairs, by guard, named by their id in the data set (the
+# texts stay in target/eval-last/, outside the repository).
+lost = defaultdict(list)
+for r in defaults:
+    if r.get("guard") and r["same_answer"]:
+        lost[r["guard"]].append(r["id"])
+total = sum(len(ids) for ids in lost.values())
+print(f"Should-hit pairs the guards refuse (at any similarity): {total}.")
+print()
+if lost:
+    print("| guard | should-hit refused | pairs |")
+    print("|---|---:|---|")
+    for g in sorted(lost):
+        print(f"| {g} | {len(lost[g])} | {', '.join(sorted(lost[g]))} |")
+    print()
 print("### What each guard buys and costs")
 print()
 print("The same pairs through gateways that differ only in their guards, in the same run. Traps served are")

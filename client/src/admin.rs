@@ -295,7 +295,7 @@ pub struct NamespaceBudget {
 pub struct GuardRefusals {
     pub numbers: u64,
     pub negation: u64,
-    /// The five below are absent from gateways that predate them.
+    /// The six below are absent from gateways that predate them.
     #[serde(default)]
     pub direction: u64,
     #[serde(default)]
@@ -306,6 +306,8 @@ pub struct GuardRefusals {
     pub format: u64,
     #[serde(default)]
     pub entity: u64,
+    #[serde(default)]
+    pub template: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

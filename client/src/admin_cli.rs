@@ -876,15 +876,16 @@ pub fn render_stats(stats: &Stats) -> String {
         summary.push((
             "Guard refusals",
             format!(
-                "numbers {}, negation {}, format {}, task {}, direction {}, antonym {}, entity {} \
-                 (semantic matches not served)",
+                "numbers {}, negation {}, format {}, task {}, direction {}, antonym {}, entity {}, \
+                 template {} (semantic matches not served)",
                 refused.numbers,
                 refused.negation,
                 refused.format,
                 refused.task,
                 refused.direction,
                 refused.antonym,
-                refused.entity
+                refused.entity,
+                refused.template
             ),
         ));
     }
@@ -1617,7 +1618,7 @@ mod tests {
             "12.3 s over 30 hits (411 ms per hit)",
             "25 texts in 17 batches (mean 1.47), p50 5.10 ms, p99 12.0 ms, 2 fallbacks",
             "connect 0, timeout 0, protocol 0, status 1, stream 0",
-            "numbers 3, negation 1, format 0, task 0, direction 0, antonym 0, entity 0 (semantic matches not served)",
+            "numbers 3, negation 1, format 0, task 0, direction 0, antonym 0, entity 0, template 0 (semantic matches not served)",
             "Latency (last 1000 requests)",
             "41 calls: same 30, different 9, unsure 2; 3 over budget, 0 dropped, p50 182 ms, p99 611 ms; 5120 + 164 tokens",
         ] {

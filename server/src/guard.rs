@@ -1,6 +1,7 @@
 //! Guards, the check after the vector search: a semantic candidate is refused when its prompt and the
 //! request's disagree on a number, a date or a negation (the literal guards), hold opposite words at
-//! the same place ([`antonym`]), or put the same things in reversed roles ([`direction`]).
+//! the same place ([`antonym`]), put the same things in reversed roles ([`direction`]), or fill
+//! one slot of the same long frame with another name or passage ([`template`]).
 //!
 //! Sentence embeddings place "Who won the World Cup in 2014?" and "… in 2018?" (or "Cancel my
 //! subscription" and "Don't cancel my subscription") almost on top of each other: on the public
@@ -16,6 +17,7 @@ mod antonym;
 mod direction;
 mod entity;
 mod request;
+mod template;
 
 /// One literal check, as named in configuration (`semantic_guards`) and in `x-reprise-guard`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -25,24 +27,31 @@ pub enum Guard {
     /// Both prompts must hold the same number of negations (not, no, never, n't, without, …).
     Negation,
     /// The same things must keep their roles around relational words ("USD to EUR" against "EUR to
-    /// USD"), and no relation may turn into its converse ("before" against "after").
+    /// USD") and around any other words of relation ("Alice reports to Bob" against "Bob reports
+    /// to Alice"), and no relation may turn into its converse ("before" against "after").
     Direction,
     /// No word may stand at the same place as its antonym on the other side ("open" against
     /// "closed", "safe" against "unsafe"), from WordNet.
     Antonym,
     /// Both prompts' instructions must ask for the same kind of task ("summarize" against
-    /// "translate").
+    /// "translate"), in as many parts ("explain it" against "explain it and give an example").
     Task,
     /// Both prompts must ask for the same output: format, language, length and register ("as JSON",
     /// "in French", "in one sentence", "formally").
     Format,
     /// A name, quoted string, identifier, path or URL on one side may not be replaced by another on
-    /// the other ("PayPal" against "Klarna"). Last, so that "JSON" against "CSV" is named a format.
+    /// the other ("PayPal" against "Klarna"). After format, so that "JSON" against "CSV" is named a
+    /// format.
     Entity,
+    /// Two prompts that share a long identical frame and differ in one slot only, where that slot
+    /// holds a name, identifier, number or quote on both sides, or a passage of several words ("Write
+    /// a cover letter for a job at acme" against "… at globex"): the same template asked of another
+    /// thing. Last: a slot the entity guard can name is named an entity.
+    Template,
 }
 
 impl Guard {
-    pub const ALL: [Guard; 7] = [
+    pub const ALL: [Guard; 8] = [
         Guard::Numbers,
         Guard::Negation,
         Guard::Format,
@@ -50,6 +59,7 @@ impl Guard {
         Guard::Direction,
         Guard::Antonym,
         Guard::Entity,
+        Guard::Template,
     ];
 
     pub fn name(self) -> &'static str {
@@ -61,6 +71,7 @@ impl Guard {
             Guard::Entity => "entity",
             Guard::Task => "task",
             Guard::Format => "format",
+            Guard::Template => "template",
         }
     }
 
@@ -76,7 +87,7 @@ impl Guard {
 pub struct Guards(u8);
 
 impl Guards {
-    pub const ALL: Guards = Guards(0b111_1111);
+    pub const ALL: Guards = Guards(0b1111_1111);
 
     /// Builds what these guards read before a request needs it: the antonym table (50k pairs) is
     /// built at start-up or on a live change of the guards, never on the first request that
@@ -84,6 +95,9 @@ impl Guards {
     pub fn preload(&self) {
         if self.runs(Guard::Antonym) {
             antonym::load();
+        }
+        if self.runs(Guard::Entity) || self.runs(Guard::Template) {
+            entity::load();
         }
     }
 
@@ -124,7 +138,17 @@ impl Guards {
 }
 
 /// The word alignment of two prompts, computed at most once per pair.
-type Hunks<'a> = Option<Vec<(&'a [String], &'a [String])>>;
+type Hunks<'a> = Option<Alignment<'a>>;
+
+/// Two prompts aligned word by word (Myers' diff).
+struct Alignment<'a> {
+    /// The short replaced stretches: the query's and the candidate's words standing there instead.
+    replaced: Vec<(&'a [String], &'a [String])>,
+    /// Every place where the two differ (replaced, inserted or deleted), as word ranges of each.
+    changes: Vec<template::Change>,
+    /// Words the two share in place (the frame around the changes).
+    shared: usize,
+}
 
 impl Guard {
     /// Whether this guard refuses serving `candidate`'s answer to `query`.
@@ -136,7 +160,7 @@ impl Guard {
     ) -> bool {
         match self {
             Guard::Numbers => {
-                query.numbers != candidate.numbers
+                !same_numbers(&query.numbers, &candidate.numbers)
                     || query.meridiems.iter().any(|(hour, half)| {
                         candidate
                             .meridiems
@@ -147,27 +171,47 @@ impl Guard {
             Guard::Negation => query.negations != candidate.negations,
             Guard::Direction => {
                 direction::roles_swapped(&query.words, &candidate.words)
-                    || hunks
-                        .get_or_insert_with(|| replaced(&query.words, &candidate.words))
+                    || align(hunks, query, candidate)
+                        .replaced
                         .iter()
                         .any(|(q, c)| opposed(q, c, direction::converse))
             }
-            Guard::Antonym => hunks
-                .get_or_insert_with(|| replaced(&query.words, &candidate.words))
+            Guard::Antonym => align(hunks, query, candidate)
+                .replaced
                 .iter()
                 .any(|(q, c)| opposed(q, c, antonym::opposite)),
-            Guard::Entity => {
-                query.names.difference(&candidate.names).next().is_some()
-                    && candidate.names.difference(&query.names).next().is_some()
-            }
+            Guard::Entity => entity::other_names(&query.names, &candidate.names),
             Guard::Task => {
-                !query.asks.tasks.is_empty()
+                (!query.asks.tasks.is_empty()
                     && !candidate.asks.tasks.is_empty()
-                    && query.asks.tasks != candidate.asks.tasks
+                    && query.asks.tasks != candidate.asks.tasks)
+                    || query.asks.parts != candidate.asks.parts
+            }
+            Guard::Template => {
+                let alignment = align(hunks, query, candidate);
+                template::other_slot(query, candidate, &alignment.changes, alignment.shared)
             }
             Guard::Format => query.asks.formats != candidate.asks.formats,
         }
     }
+}
+
+/// Whether two prompts' number and date literals agree. A question that names no day is asked of
+/// today ("When is the last train?" is tonight's), so "today" on one side only agrees with a side
+/// that names no day at all; against any other day it is still another day.
+fn same_numbers(query: &BTreeSet<String>, candidate: &BTreeSet<String>) -> bool {
+    if query == candidate {
+        return true;
+    }
+    let names_a_day = |set: &BTreeSet<String>| {
+        set.iter()
+            .any(|n| WEEKDAYS.contains(&n.as_str()) || RELATIVE_DAYS.contains(&n.as_str()))
+    };
+    let without_today =
+        |set: &BTreeSet<String>| set.iter().filter(|n| *n != "today").cloned().collect();
+    let (q, c): (BTreeSet<String>, BTreeSet<String>) =
+        (without_today(query), without_today(candidate));
+    q == c && !names_a_day(&q)
 }
 
 /// The longest replaced stretch, in words, still read as one place of the sentence: "open" for
@@ -175,21 +219,39 @@ impl Guard {
 /// and the opposites inside them no longer face each other.
 const MAX_REPLACED_WORDS: usize = 4;
 
-/// The places where the two texts differ, aligned word by word (Myers' diff): the stretch of the
-/// query and the stretch of the candidate standing there instead. Pure insertions and deletions
-/// are not places where one word replaces another.
-fn replaced<'a>(query: &'a [String], candidate: &'a [String]) -> Vec<(&'a [String], &'a [String])> {
-    capture_diff_slices(Algorithm::Myers, query, candidate)
-        .iter()
-        .filter_map(|op| match op.as_tag_tuple() {
-            (DiffTag::Replace, q, c)
-                if q.len() <= MAX_REPLACED_WORDS && c.len() <= MAX_REPLACED_WORDS =>
-            {
-                Some((&query[q], &candidate[c]))
+/// The alignment of the two prompts' words, computed on first use.
+fn align<'a, 'h>(
+    hunks: &'h mut Hunks<'a>,
+    query: &'a Literals,
+    candidate: &'a Literals,
+) -> &'h Alignment<'a> {
+    hunks.get_or_insert_with(|| alignment(&query.words, &candidate.words))
+}
+
+/// The places where the two texts differ, aligned word by word (Myers' diff). For the aligning
+/// guards, the short replaced stretches: the stretch of the query and the stretch of the candidate
+/// standing there instead (pure insertions and deletions are not places where one word replaces
+/// another); for the template guard, every change and the size of the frame around them.
+fn alignment<'a>(query: &'a [String], candidate: &'a [String]) -> Alignment<'a> {
+    let mut aligned = Alignment {
+        replaced: Vec::new(),
+        changes: Vec::new(),
+        shared: 0,
+    };
+    for op in capture_diff_slices(Algorithm::Myers, query, candidate) {
+        let (tag, q, c) = op.as_tag_tuple();
+        match tag {
+            DiffTag::Equal => aligned.shared += q.len(),
+            DiffTag::Replace if q.len() <= MAX_REPLACED_WORDS && c.len() <= MAX_REPLACED_WORDS => {
+                aligned
+                    .replaced
+                    .push((&query[q.clone()], &candidate[c.clone()]));
+                aligned.changes.push((q, c));
             }
-            _ => None,
-        })
-        .collect()
+            _ => aligned.changes.push((q, c)),
+        }
+    }
+    aligned
 }
 
 /// Words that flip what follows: with one of them in the replaced stretch, "least expensive" is
@@ -317,6 +379,8 @@ impl Literals {
         literals.words = words.iter().take(MAX_ALIGNED_WORDS).cloned().collect();
         // Words already read as the unit of the number before them ("5 thousand", "7 a.m.").
         let mut skip = 0;
+        // Where the last negation stood, for a negated negative verb ("won't stop").
+        let mut last_negation = None;
         for (i, word) in words.iter().enumerate() {
             if skip > 0 {
                 skip -= 1;
@@ -327,8 +391,19 @@ impl Literals {
             let base = word.strip_suffix("'s").unwrap_or(word).trim_matches('\'');
             let next = words.get(i + 1).map(String::as_str);
             let after_next = words.get(i + 2).map(String::as_str);
-            if is_negation(word) || is_negation(base) || is_negative_implicative(base, next) {
+            if is_negation(word) || is_negation(base) || is_negated_compound(base) {
                 literals.negations += 1;
+                last_negation = Some(i);
+            } else if is_negative_implicative(base, next) {
+                // Two negations cancel (Karttunen): "won't stop filling" is "keeps filling",
+                // "don't forget to pay" is "pay". A negative verb right after a negation (one
+                // word between at most: "didn't ever stop") takes the negation back.
+                if last_negation.is_some_and(|n| i - n <= 2) {
+                    literals.negations -= 1;
+                    last_negation = None;
+                } else {
+                    literals.negations += 1;
+                }
             } else if base.bytes().any(|b| b.is_ascii_digit()) {
                 // "3pm", "2-bedroom", "1st": the digits are the literal; a unit that changes what
                 // they mean ("7am" against "7pm", "5k", "14 days") is read with them.
@@ -369,7 +444,44 @@ impl Literals {
                 }
             }
         }
+        literals.name_day_ranges(&words);
         literals
+    }
+
+    /// A span of days read as the calendar's name for it: "Monday to Friday" (or "through",
+    /// "till", "-") is the weekdays and "Saturday and Sunday" the weekend, so a request that says
+    /// "on weekdays" asks the same.
+    fn name_day_ranges(&mut self, words: &[String]) {
+        let has = |d: &str| self.numbers.contains(d);
+        if !(has("monday") && has("friday") || has("saturday") && has("sunday")) {
+            return;
+        }
+        let day = |w: &str| date_word(w);
+        for (i, word) in words.iter().enumerate() {
+            // "monday-friday" is one word; "monday to friday" three.
+            let (first, joiner, last) = match word.split_once('-') {
+                Some((a, b)) if day(a).is_some() && day(b).is_some() => (a, "-", b),
+                _ => match (words.get(i + 1), words.get(i + 2)) {
+                    (Some(j), Some(l)) => (word.as_str(), j.as_str(), l.as_str()),
+                    _ => continue,
+                },
+            };
+            let span = match (day(first), joiner, day(last)) {
+                (
+                    Some("monday"),
+                    "to" | "through" | "thru" | "till" | "until" | "-",
+                    Some("friday"),
+                ) => ("weekday", ["monday", "friday"]),
+                (Some("saturday"), "and" | "to" | "-", Some("sunday")) => {
+                    ("weekend", ["saturday", "sunday"])
+                }
+                _ => continue,
+            };
+            for d in span.1 {
+                self.numbers.remove(d);
+            }
+            self.numbers.insert(span.0.to_owned());
+        }
     }
 
     /// Adds a number literal, its half of the day ("7pm") kept apart.
@@ -490,7 +602,37 @@ fn quantity(number: &str, unit: Option<&str>, after: Option<&str>) -> (String, u
 /// not paying. They count as negations, so "Which foods should I avoid?" does not get the answer to
 /// "Which foods should I eat?", while "I forgot to pay" and "I didn't pay" still agree. forget,
 /// fail and neglect are implicative only before "to": "I forgot my password" is a plain report.
+/// "Miss" denies its object happened ("missed the train", "miss a dose" is not taking it); the verbs
+/// of refusal deny it too ("reject the offer", "decline an invite" is saying no to it), "decline"
+/// only with an object or "to" ("sales decline" is falling, not refusing).
 fn is_negative_implicative(word: &str, next: Option<&str>) -> bool {
+    let with_object = next.is_some_and(|n| {
+        matches!(
+            n,
+            "to" | "a"
+                | "an"
+                | "the"
+                | "my"
+                | "your"
+                | "his"
+                | "her"
+                | "our"
+                | "their"
+                | "this"
+                | "that"
+                | "these"
+                | "those"
+                | "it"
+                | "them"
+        )
+    });
+    let refusal = matches!(
+        word,
+        "decline" | "declines" | "declined" | "declining" | "refuse" | "refuses" | "refused"
+    );
+    if refusal && with_object {
+        return true;
+    }
     let before_to = matches!(
         word,
         "forget"
@@ -510,7 +652,14 @@ fn is_negative_implicative(word: &str, next: Option<&str>) -> bool {
     (before_to && next == Some("to"))
         || matches!(
             word,
-            "avoid"
+            "miss"
+                | "misses"
+                | "missed"
+                | "reject"
+                | "rejects"
+                | "rejected"
+                | "rejecting"
+                | "avoid"
                 | "avoids"
                 | "avoided"
                 | "avoiding"
@@ -640,7 +789,8 @@ fn date_word(word: &str) -> Option<&'static str> {
         .chain(&RELATIVE_DAYS)
         .find(|d| **d == word || **d == singular);
     if let Some(d) = exact {
-        return Some(d);
+        // Tonight is part of today: "open tonight?" asks of today.
+        return Some(if *d == "tonight" { "today" } else { d });
     }
     WEEKDAYS
         .iter()
@@ -668,6 +818,14 @@ fn is_slip_of(typed: &str, word: &str) -> bool {
             && t[differ[1]] == w[differ[0]];
     }
     false
+}
+
+/// A compound made with a negative determiner: "non-members" are those who are not members,
+/// a "no-claims" bonus is for not claiming. (Only hyphenated: "nonsense" is a word of its own.)
+fn is_negated_compound(word: &str) -> bool {
+    ["non-", "no-"]
+        .iter()
+        .any(|p| word.strip_prefix(p).is_some_and(|rest| rest.len() >= 3))
 }
 
 fn is_negation(word: &str) -> bool {
@@ -855,11 +1013,11 @@ mod tests {
     fn guards_parse_and_display_and_can_be_turned_off() {
         let parse = |s: &str| s.parse::<Guards>().ok();
         assert_eq!(
-            parse("numbers,negation,format,task,direction,antonym,entity"),
+            parse("numbers,negation,format,task,direction,antonym,entity,template"),
             Some(Guards::ALL)
         );
         assert_eq!(
-            parse(" Antonym, Negation , numbers,DIRECTION,format,Task,entity "),
+            parse(" Antonym, Negation , numbers,DIRECTION,format,Task,entity, Template "),
             Some(Guards::ALL)
         );
         assert_eq!(parse("none").map(|g| g.is_empty()), Some(true));
@@ -867,11 +1025,13 @@ mod tests {
         assert_eq!(parse(""), None);
         assert_eq!(
             Guards::ALL.to_string(),
-            "numbers,negation,format,task,direction,antonym,entity"
+            "numbers,negation,format,task,direction,antonym,entity,template"
         );
         let err = "numbers, sarcasm".parse::<Guards>().expect_err("sarcasm");
         assert!(
-            err.contains("numbers, negation, format, task, direction, antonym, entity, or none"),
+            err.contains(
+                "numbers, negation, format, task, direction, antonym, entity, template, or none"
+            ),
             "{err}"
         );
         // A string on the wire, in its canonical spelling.
@@ -1159,6 +1319,294 @@ mod tests {
                 "Which appliances use the least electricity?"
             ),
             Some("antonym")
+        );
+    }
+
+    #[test]
+    fn negative_verbs_and_compounds_count_and_two_negations_cancel() {
+        for (a, b) in [
+            (
+                "What if I catch the last ferry?",
+                "What if I miss the last ferry?",
+            ),
+            (
+                "How do I accept a calendar invite?",
+                "How do I decline a calendar invite?",
+            ),
+            (
+                "Is the fee the same for members?",
+                "Is the fee the same for non-members?",
+            ),
+            ("Should I reject the offer?", "Should I take the offer?"),
+        ] {
+            assert_eq!(refused(a, b), Some("negation"), "{a} / {b}");
+        }
+        for (a, b) in [
+            // A negated negative verb is an assertion.
+            (
+                "The tap won't stop dripping, what now?",
+                "The tap keeps dripping, what now?",
+            ),
+            (
+                "Don't forget to water the ferns",
+                "Remember to water the ferns",
+            ),
+            // One denial in two forms.
+            (
+                "What's the fare for non-residents?",
+                "What's the fare if I'm not a resident?",
+            ),
+            (
+                "I missed my connecting flight, what are my options?",
+                "I didn't make my connecting flight, what are my options?",
+            ),
+            // "decline" without an object is falling, not refusing.
+            (
+                "Why do bond prices decline when rates rise?",
+                "Why do bond prices fall when rates rise?",
+            ),
+        ] {
+            assert_eq!(refused(a, b), None, "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn named_spans_of_days_and_an_unstated_today_agree() {
+        for (a, b) in [
+            (
+                "Is the gym open on weekdays?",
+                "Is the gym open Monday to Friday?",
+            ),
+            (
+                "Is the gym open on weekdays?",
+                "Is the gym open monday-friday?",
+            ),
+            (
+                "Does the market run at weekends?",
+                "Does the market run on Saturday and Sunday?",
+            ),
+            // A question that names no day is asked of today.
+            (
+                "When does the last ferry leave?",
+                "When does the last ferry leave tonight?",
+            ),
+            ("Is the pool open today?", "Is the pool open tonight?"),
+        ] {
+            assert_eq!(refused(a, b), None, "{a} / {b}");
+        }
+        for (a, b) in [
+            (
+                "Is the gym open on weekdays?",
+                "Is the gym open Monday to Thursday?",
+            ),
+            (
+                "When does the last ferry leave tonight?",
+                "When does the last ferry leave tomorrow?",
+            ),
+            (
+                "When does the last ferry leave?",
+                "When does the last ferry leave on Sunday?",
+            ),
+        ] {
+            assert_eq!(refused(a, b), Some("numbers"), "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn an_adverb_of_register_on_another_verb_is_the_topic() {
+        assert_eq!(
+            refused(
+                "How do I complain about a noisy neighbour?",
+                "How do I formally complain about a noisy neighbour?"
+            ),
+            None
+        );
+        assert_eq!(
+            refused("Briefly explain inflation", "Explain inflation"),
+            Some("format")
+        );
+        assert_eq!(
+            refused("Explain inflation", "Explain inflation briefly, please"),
+            Some("format")
+        );
+    }
+
+    #[test]
+    fn possessives_and_containment_keep_their_opposites() {
+        assert_eq!(
+            refused(
+                "Where is the men's changing room?",
+                "Where is the women's changing room?"
+            ),
+            Some("antonym")
+        );
+        assert_eq!(
+            refused(
+                "Can I return the shoes within the trial period?",
+                "Can I return the shoes after the trial period?"
+            ),
+            Some("direction")
+        );
+    }
+
+    #[test]
+    fn the_same_things_in_reversed_roles_around_any_relation_are_refused() {
+        for (a, b) in [
+            (
+                "Does Priya report to Tomasz?",
+                "Does Tomasz report to Priya?",
+            ),
+            (
+                "Is Helga the parent of Ingrid?",
+                "Is Ingrid the parent of Helga?",
+            ),
+            (
+                "Does the billing service depend on the auth service?",
+                "Does the auth service depend on the billing service?",
+            ),
+            (
+                "Is a square a subclass of rectangle?",
+                "Is a rectangle a subclass of square?",
+            ),
+            (
+                "Does the kiosk send receipts to the printer?",
+                "Does the printer send receipts to the kiosk?",
+            ),
+            (
+                "Does the Dog class inherit from Animal?",
+                "Does the Animal class inherit from Dog?",
+            ),
+            (
+                "How much does Omar owe Lena?",
+                "How much does Lena owe Omar?",
+            ),
+            ("Does Carol manage Dev?", "Does Dev manage Carol?"),
+            (
+                "Can a cat eat food made for dogs?",
+                "Can a dog eat food made for cats?",
+            ),
+            (
+                "Is New York bigger than Los Angeles?",
+                "Is Los Angeles bigger than New York?",
+            ),
+        ] {
+            assert_eq!(refused(a, b), Some("direction"), "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn symmetric_relations_and_changes_of_voice_are_not_swaps() {
+        for (a, b) in [
+            (
+                "What's the difference between a lake and a pond?",
+                "What's the difference between a pond and a lake?",
+            ),
+            (
+                "Compare tea and coffee for caffeine",
+                "Compare coffee and tea for caffeine",
+            ),
+            ("Compare tea to coffee", "Compare coffee to tea"),
+            (
+                "For backend work, Kotlin vs Scala?",
+                "For backend work, Scala vs Kotlin?",
+            ),
+            (
+                "Is a hare similar to a rabbit?",
+                "Is a rabbit similar to a hare?",
+            ),
+            (
+                "Does Carol manage the design team?",
+                "Is the design team managed by Carol?",
+            ),
+            (
+                "Should I use tabs or spaces?",
+                "Should I use spaces or tabs?",
+            ),
+            (
+                "How do I get from the station to the museum?",
+                "How do I get to the museum from the station?",
+            ),
+        ] {
+            assert_eq!(refused(a, b), None, "{a} / {b}");
+            assert_eq!(refused(b, a), None, "{b} / {a}");
+        }
+    }
+
+    #[test]
+    fn an_extra_part_or_another_task_on_the_same_text_is_refused_by_task() {
+        for (a, b) in [
+            (
+                "Explain how tides work",
+                "Explain how tides work and give an example",
+            ),
+            ("What is a monad?", "What is a monad and how do I use one?"),
+            (
+                "Summarize the audit report",
+                "Summarize the audit report and also list the open questions",
+            ),
+            (
+                "What are the symptoms of flu?",
+                "What are the symptoms of flu as well as its treatment?",
+            ),
+            (
+                "Write a summary of this memo",
+                "Write a translation of this memo",
+            ),
+        ] {
+            assert_eq!(refused(a, b), Some("task"), "{a} / {b}");
+        }
+        for (a, b) in [
+            ("Give me a summary of this memo", "Summarize this memo"),
+            (
+                "What are salt and pepper used for in baking?",
+                "In baking, what are salt and pepper used for?",
+            ),
+            (
+                "How do I reset my router? Thanks",
+                "How do I reset my router?",
+            ),
+            (
+                "My heating is off, who do I call and what do I do?",
+                "What should I do if my heating is off?",
+            ),
+            ("Recap this thread", "Summarize this thread"),
+        ] {
+            assert_eq!(refused(a, b), None, "{a} / {b}");
+        }
+    }
+
+    #[test]
+    fn names_are_read_through_synonyms_slips_and_lower_case() {
+        for (a, b) in [
+            (
+                "What's the voting age in the US?",
+                "What's the voting age in America?",
+            ),
+            ("Direct trains to Edinburgh?", "Direct trains to Edinbrugh?"),
+        ] {
+            assert_eq!(refused(a, b), None, "{a} / {b}");
+        }
+        assert_eq!(
+            refused("best time to visit nebraska", "best time to visit vermont"),
+            Some("entity")
+        );
+    }
+
+    #[test]
+    fn a_long_frame_with_another_slot_is_refused_by_template() {
+        assert_eq!(
+            refused(
+                "Reply politely to the customer who wrote 'the kettle arrived with a cracked lid' and offer a refund",
+                "Reply politely to the customer who wrote 'I was billed twice for a single order' and offer a refund"
+            ),
+            Some("template")
+        );
+        assert_eq!(
+            refused(
+                "Can you write a short cover letter for a developer job at a bank",
+                "Could you draft a brief cover letter for a developer job at a bank"
+            ),
+            None
         );
     }
 }

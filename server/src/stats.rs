@@ -167,7 +167,7 @@ impl Stats {
         let guard_refusals = IntCounterVec::new(
             Opts::new(
                 "reprise_semantic_guard_refusals_total",
-                "Semantic lookups left without a match because a guard (numbers, negation, format, task, direction, antonym, entity) refused a candidate above the threshold.",
+                "Semantic lookups left without a match because a guard (numbers, negation, format, task, direction, antonym, entity, template) refused a candidate above the threshold.",
             ),
             &["guard"],
         );
@@ -574,6 +574,7 @@ impl Stats {
                 direction: refused(Guard::Direction),
                 antonym: refused(Guard::Antonym),
                 entity: refused(Guard::Entity),
+                template: refused(Guard::Template),
             },
             ttft_histogram: TtftHistogram {
                 bounds_ms: TTFT_BOUNDS_MS.to_vec(),
@@ -720,6 +721,7 @@ pub struct GuardRefusals {
     pub direction: u64,
     pub antonym: u64,
     pub entity: u64,
+    pub template: u64,
 }
 
 /// Misses raced against their semantic search (`semantic_overlap`), by which finished first.

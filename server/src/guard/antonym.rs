@@ -78,6 +78,8 @@ const SUFFIXES: &[(&str, &str)] = &[
     ("iest", "y"),
     ("ied", "y"),
     ("ly", ""),
+    // morphy's irregular plural that no exception list holds: "women" → "woman".
+    ("men", "man"),
 ];
 
 /// The table's words that `word` can be a form of: itself, its irregular lemma, its regular stems
@@ -131,6 +133,11 @@ fn negated_form(word: &str, stem: &str) -> bool {
 /// Whether some reading of `a` is an antonym of some reading of `b` ("opened" / "shut"), or one is
 /// the other with a live negative prefix ("archive" / "unarchive").
 pub(super) fn opposite(a: &str, b: &str) -> bool {
+    // A possessive is the word's own form: "men's" against "women's" is "men" against "women".
+    let (a, b) = (
+        a.strip_suffix("'s").unwrap_or(a),
+        b.strip_suffix("'s").unwrap_or(b),
+    );
     if a == b {
         return false;
     }

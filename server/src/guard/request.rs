@@ -12,9 +12,15 @@ use std::collections::BTreeSet;
 /// Tasks by kind; each verb is the imperative an instruction starts with. Near-synonyms share a kind
 /// ("explain" and "describe" ask for the same exposition), so a reworded instruction still matches.
 const TASKS: &[(&str, &[&str])] = &[
-    ("summarize", &["summarize", "summarise", "condense", "tldr"]),
+    (
+        "summarize",
+        &["summarize", "summarise", "condense", "tldr", "recap"],
+    ),
     ("translate", &["translate"]),
-    ("explain", &["explain", "describe", "elaborate"]),
+    (
+        "explain",
+        &["explain", "describe", "elaborate", "clarify", "interpret"],
+    ),
     ("list", &["list", "enumerate"]),
     ("compare", &["compare", "contrast"]),
     (
@@ -26,6 +32,8 @@ const TASKS: &[(&str, &[&str])] = &[
             "reword",
             "proofread",
             "edit",
+            "polish",
+            "improve",
         ],
     ),
     ("fix", &["fix", "debug", "correct", "repair"]),
@@ -49,6 +57,71 @@ const TASKS: &[(&str, &[&str])] = &[
     ("analyze", &["analyze", "analyse"]),
     ("outline", &["outline"]),
 ];
+
+/// Tasks named by their noun after a verb that only says "produce it" ("give me a summary of",
+/// "write a translation", "I need an explanation"): the noun is the task, as its verb would be.
+const TASK_NOUNS: &[(&str, &str)] = &[
+    ("summary", "summarize"),
+    ("synopsis", "summarize"),
+    ("recap", "summarize"),
+    ("tldr", "summarize"),
+    ("translation", "translate"),
+    ("explanation", "explain"),
+    ("description", "explain"),
+    ("comparison", "compare"),
+    ("definition", "define"),
+    ("analysis", "analyze"),
+    ("outline", "outline"),
+    ("review", "review"),
+    ("critique", "review"),
+    ("evaluation", "review"),
+    ("assessment", "review"),
+    ("classification", "classify"),
+    ("rewrite", "rewrite"),
+    ("paraphrase", "rewrite"),
+];
+
+/// Verbs that only say "produce" or "give": before a task noun they carry no task of their own.
+const PRODUCE_VERBS: &[&str] = &[
+    "give", "provide", "write", "make", "produce", "prepare", "do", "create", "generate", "offer",
+    "get", "need", "want", "draft", "compose",
+];
+
+/// Verbs that open another part of a request after "and": "… and give an example", "… and list
+/// the risks". A request with one more part than another asks for more than the other's answer.
+const PART_VERBS: &[&str] = &[
+    "give",
+    "list",
+    "explain",
+    "show",
+    "include",
+    "provide",
+    "add",
+    "tell",
+    "describe",
+    "write",
+    "suggest",
+    "recommend",
+    "mention",
+    "name",
+    "compare",
+    "summarize",
+    "summarise",
+    "translate",
+    "cite",
+    "outline",
+    "define",
+    "note",
+    "offer",
+    "share",
+    "estimate",
+    "predict",
+];
+
+/// Question words that open another question after "and": "What is it and how does it work?"
+/// asks for a mechanism or a reason besides a definition. "and what" or "and who" mostly restates
+/// the question ("who do I call and what do I do?"), so those are not counted.
+const QUESTION_WORDS: &[&str] = &["how", "why"];
 
 /// Words that may stand before the task verb of a request: "Can you please summarize…", "Now
 /// translate…", "I want you to list…", "Help me draft…".
@@ -218,6 +291,10 @@ pub(super) struct Asks {
     pub tasks: BTreeSet<&'static str>,
     /// Output shape, language, length and register.
     pub formats: BTreeSet<String>,
+    /// Parts added to the request by an additive connective: "and also …", "as well as …", "…
+    /// and give an example", "… and how does it work?". Each asks for something the other side's
+    /// answer may not hold.
+    pub parts: usize,
 }
 
 impl Asks {
@@ -238,18 +315,29 @@ impl Asks {
             let prev = i.checked_sub(1).map(|p| words[p].as_str());
             let next = words.get(i + 1).map(String::as_str);
             if head {
-                if let Some((kind, _)) = TASKS.iter().find(|(_, verbs)| verbs.contains(&w)) {
+                let produce = PRODUCE_VERBS.contains(&w);
+                // "Write a summary of it" asks to summarize it; "write a poem" to write.
+                let noun = produce.then(|| task_noun(&words[i + 1..])).flatten();
+                if let Some(kind) = noun {
+                    asks.tasks.insert(kind);
+                } else if let Some((kind, _)) = TASKS.iter().find(|(_, verbs)| verbs.contains(&w)) {
                     asks.tasks.insert(kind);
                 }
             }
+            asks.parts += usize::from(opens_part(prev, w, next));
             // The head of the request lasts through its lead-in words: "could you please
             // summarize" has its verb fourth.
             head = head && LEAD_IN.contains(&w) || is_conjunction(w);
             if let Some((_, format)) = FORMATS.iter().find(|(name, _)| *name == w) {
                 asks.formats.insert((*format).to_owned());
             }
+            // An adverb of register says how to answer unless it modifies another verb: "explain
+            // it briefly" and "briefly explain" are about the answer, "how do I formally raise a
+            // complaint" is about the complaint.
             if let Some((_, register)) = REGISTER_ADVERBS.iter().find(|(name, _)| *name == w) {
-                asks.formats.insert((*register).to_owned());
+                if next.is_none_or(of_the_answer) {
+                    asks.formats.insert((*register).to_owned());
+                }
             }
             let of_answer = next.is_some_and(|n| ANSWER_NOUNS.contains(&n))
                 || matches!(
@@ -292,6 +380,50 @@ impl Asks {
                 _ => {}
             }
         }
+    }
+}
+
+/// The task a task noun names when it follows a verb of producing: "(me) a summary", "an
+/// explanation"; at most three words on ("me a short summary").
+fn task_noun(rest: &[String]) -> Option<&'static str> {
+    rest.iter()
+        .take(4)
+        .find_map(|w| TASK_NOUNS.iter().find(|(n, _)| n == w).map(|(_, k)| *k))
+}
+
+/// Whether the word after an adverb of register leaves it about the answer: nothing, grammar, or a
+/// verb of saying ("briefly explain", "formally write").
+fn of_the_answer(next: &str) -> bool {
+    super::direction::is_function_word(next)
+        || LEAD_IN.contains(&next)
+        || TASKS.iter().any(|(_, verbs)| verbs.contains(&next))
+        || matches!(
+            next,
+            "say"
+                | "answer"
+                | "reply"
+                | "respond"
+                | "tell"
+                | "put"
+                | "phrase"
+                | "word"
+                | "state"
+                | "thanks"
+                | "thank"
+        )
+}
+
+/// Whether `word` opens another part of the request: "also" after "and" ("and also"), "as well
+/// as", "in addition", "additionally", or "and" before a verb of asking or a question word. "and"
+/// between two nouns ("salt and pepper") joins things, not requests.
+fn opens_part(prev: Option<&str>, word: &str, next: Option<&str>) -> bool {
+    match (prev, word, next) {
+        (Some("and"), "also", _) | (Some("as"), "well", Some("as")) => true,
+        (Some("in"), "addition", _) | (_, "additionally", _) => true,
+        (_, "and", Some(n)) => {
+            PART_VERBS.contains(&n) || QUESTION_WORDS.contains(&n) || n == "then"
+        }
+        _ => false,
     }
 }
 

@@ -146,7 +146,7 @@ async fn shadow_mode_records_what_it_would_serve_without_serving_it() {
     assert_eq!(data[0]["would"], "would-refuse");
     assert_eq!(data[0]["entry_prompt"], SHIPS_AFTER);
     let guards = data[0]["guards"].as_array().expect("guards");
-    assert_eq!(guards.len(), 7, "every guard judged");
+    assert_eq!(guards.len(), 8, "every guard judged");
     assert!(guards
         .iter()
         .any(|g| g["guard"] == "direction" && g["refuses"] == true && g["enabled"] == true));

@@ -42,7 +42,7 @@ test("semantic mode: charts, entries, escaping, search, detail drawer and delete
     const refusals = page.locator("#system dt", { hasText: "Guard refusals" }).locator("xpath=following-sibling::dd[1]");
     assert.equal(
       await refusals.textContent(),
-      "7 numbers · 3 negation · 0 format · 1 task · 2 direction · 4 antonym · 5 entity",
+      "7 numbers · 3 negation · 0 format · 1 task · 2 direction · 4 antonym · 5 entity · 1 template",
     );
     // Recent requests: a miss names its best candidate and the guard that refused it.
     const firstRequest = await page.locator("#requests-body tr").first().textContent();

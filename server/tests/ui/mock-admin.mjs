@@ -212,7 +212,7 @@ export function buildData(mode, now = Date.now(), count = MOCK_PROMPTS.length) {
     upstream_errors: { connect: 0, timeout: 0, protocol: 0, status: empty ? 0 : 1, stream: 0 },
     guard_refusals: {
       numbers: empty ? 0 : 7, negation: empty ? 0 : 3, format: 0, task: empty ? 0 : 1,
-      direction: empty ? 0 : 2, antonym: empty ? 0 : 4, entity: empty ? 0 : 5,
+      direction: empty ? 0 : 2, antonym: empty ? 0 : 4, entity: empty ? 0 : 5, template: empty ? 0 : 1,
     },
     latency: { window: 1000, by_outcome: byOutcome },
     ttft_histogram: { bounds_ms: BOUNDS, by_outcome: by },
@@ -245,7 +245,7 @@ export function buildData(mode, now = Date.now(), count = MOCK_PROMPTS.length) {
   }
   // Shadow decisions (semantic mode only): one would-hit, one refused by a running guard with another
   // guard that is off but would refuse too, one below the threshold.
-  const guards = (refusing, off = []) => ["numbers", "negation", "format", "task", "direction", "antonym", "entity"]
+  const guards = (refusing, off = []) => ["numbers", "negation", "format", "task", "direction", "antonym", "entity", "template"]
     .map((guard) => ({ guard, enabled: !off.includes(guard), refuses: refusing.includes(guard) }));
   const shadow = semantic && !empty ? [
     { id: 3, at_ms: now - 2000, request_id: "req_s3", namespace: "support", model: "gpt-4o-mini", prompt: "Can I cancel my order before it ships?",
