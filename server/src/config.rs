@@ -271,7 +271,7 @@ pub struct ServeArgs {
     #[arg(long, env = "REPRISE_SEMANTIC_OVERLAP")]
     pub semantic_overlap: Option<bool>,
     /// Guards a semantic match must pass: a comma-separated list of numbers, negation, format,
-    /// task, direction, antonym, entity, or `none` [default: all seven].
+    /// task, direction, antonym, entity, template, or `none` [default: all eight].
     #[arg(long, env = "REPRISE_SEMANTIC_GUARDS")]
     pub semantic_guards: Option<Guards>,
     /// Export OpenTelemetry traces over OTLP/HTTP to this collector (e.g. http://127.0.0.1:4318;

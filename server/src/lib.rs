@@ -12,7 +12,8 @@
 //!    unexpired entry under the exact key, or [`semantic`] matching finds one (it embeds the final
 //!    user turn with [`embed`], searches the partition in the vector [`index`] and lets the
 //!    [`guard`]s veto candidates that differ in numbers, negation, format, task, direction, an
-//!    antonym or a name); `Follow` when an identical miss is in flight; else `Miss`.
+//!    antonym, a name or one slot of a shared frame; with a judge, [`verify`] decides between
+//!    serving, judging and going upstream); `Follow` when an identical miss is in flight; else `Miss`.
 //! 5. [`replay`] on a hit: renders the entry's [`entry::Replay`] (its answer, pre-serialized) as a
 //!    body or a paced SSE stream, or follows the identical miss in flight.
 //! 6. [`forward`] on a miss: sends the request upstream over a pooled connection, waits for the first

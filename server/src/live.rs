@@ -45,7 +45,7 @@ pub struct LiveSettings {
     #[schema(required = true, value_type = BTreeMap<String, String>)]
     pub namespace_modes: BTreeMap<String, CacheMode>,
     /// Guards a semantic match must pass: a comma-separated list of numbers, negation, format,
-    /// task, direction, antonym, entity, or `none`.
+    /// task, direction, antonym, entity, template, or `none`.
     #[schema(required = true, value_type = String)]
     pub semantic_guards: Guards,
     /// TTL of new entries when the request does not set one.
