@@ -19,12 +19,6 @@ async fn admin_get(gw: &Gateway, path: &str) -> reqwest::Response {
         .expect("send")
 }
 
-async fn admin_json(gw: &Gateway, path: &str) -> Value {
-    let response = admin_get(gw, path).await;
-    assert_eq!(response.status(), 200, "{path}");
-    response.json().await.expect("json")
-}
-
 async fn admin_send(
     gw: &Gateway,
     method: reqwest::Method,

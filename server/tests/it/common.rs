@@ -251,6 +251,18 @@ pub fn whole_entries(
 }
 
 /// `gw`'s `/metrics` text (with the harness's admin token).
+/// `GET` of an admin route with the test token: a 200, read as JSON.
+pub async fn admin_json(gw: &Gateway, path: &str) -> Value {
+    let response = client()
+        .get(gw.url(path))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .expect("admin request");
+    assert_eq!(response.status(), 200, "{path}");
+    response.json().await.expect("json")
+}
+
 pub async fn metrics(gw: &Gateway) -> String {
     client()
         .get(gw.url("/metrics"))

@@ -474,15 +474,7 @@ async fn admin_requests_needs_the_token_and_lists_phases() {
     // The stream's record is written when its delivery ends, just after the body.
     let mut records = Value::Null;
     for _ in 0..50 {
-        records = client()
-            .get(gw.url("/admin/requests?limit=10"))
-            .bearer_auth("admin-secret")
-            .send()
-            .await
-            .expect("send")
-            .json()
-            .await
-            .expect("json");
+        records = admin_json(&gw, "/admin/requests?limit=10").await;
         if records["data"].as_array().is_some_and(|d| !d.is_empty()) {
             break;
         }

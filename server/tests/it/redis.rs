@@ -713,15 +713,7 @@ async fn a_full_redis_refuses_writes_only_reads_go_on_and_healthz_says_so() {
     assert_eq!(h["store"]["status"], "degraded", "{h}");
     assert_eq!(h["store"]["reads"], true, "{h}");
     assert!(h["store"]["failures"].as_u64().unwrap_or(0) >= 3, "{h}");
-    let stats: Value = client()
-        .get(gw.url("/admin/stats"))
-        .bearer_auth("admin-secret")
-        .send()
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("json");
+    let stats: Value = admin_json(&gw, "/admin/stats").await;
     assert_eq!(stats["store"]["status"], "degraded", "{stats}");
     assert_eq!(stats["store"]["degraded"]["reads"], true, "{stats}");
     let rows: u64 = redis_command(&redis, &["HLEN", "reprise:index"]);

@@ -329,15 +329,7 @@ async fn stored_responses_stay_with_their_api_key_even_when_keys_share() {
     wait_for_entries(&gw, 5).await;
 
     // A stored response's entry lives no longer than the provider keeps it (30 days).
-    let listing: Value = client()
-        .get(gw.url("/admin/entries"))
-        .bearer_auth("admin-secret")
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("json");
+    let listing: Value = admin_json(&gw, "/admin/entries").await;
     let entries = listing["data"].as_array().expect("entries");
     // Key B's misses were stored too, under key B.
     assert_eq!(entries.len(), 5, "{listing}");

@@ -623,13 +623,5 @@ async fn with_overlap_a_paraphrase_beats_a_slow_upstream_and_a_fast_miss_keeps_i
 }
 
 async fn admin_stats(gw: &Gateway) -> Value {
-    client()
-        .get(gw.url("/admin/stats"))
-        .bearer_auth("admin-secret")
-        .send()
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("json")
+    admin_json(gw, "/admin/stats").await
 }

@@ -232,6 +232,8 @@ async fn sync_same_is_served_verified_and_remembered_different_is_refused_for_go
         Some("different")
     );
     assert_eq!(calls(&log), 2);
+    // The miss stored its own answer: once the writer has it, the same prompt is an exact hit.
+    wait_for_entries(&gw, 2).await;
     let again = ask(&gw, wrong).await;
     assert_eq!(
         outcome(&again),
@@ -248,15 +250,7 @@ async fn sync_same_is_served_verified_and_remembered_different_is_refused_for_go
     // Upstream: the wrong pair's miss and the far one's.
     assert_eq!(upstream_calls(&sim) - upstream_before, 2);
 
-    let stats: Value = client()
-        .get(gw.url("/admin/stats"))
-        .bearer_auth("admin-secret")
-        .send()
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("json");
+    let stats: Value = admin_json(&gw, "/admin/stats").await;
     let judge = &stats["judge"];
     assert_eq!(
         (
@@ -336,7 +330,9 @@ async fn async_verdicts_serve_the_next_request_and_add_no_wait_to_the_miss() {
     );
     // The verdict lands in the background.
     for _ in 0..300 {
-        if gw.state.verifier.judge.counts.calls() == 1 {
+        // The call is counted before its verdict is written: wait for the approval itself.
+        if gw.state.verifier.judge.counts.calls() == 1 && gw.state.feedback.counts().approvals == 1
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -451,15 +447,7 @@ async fn shadow_mode_judges_in_the_background_and_records_the_verdict_next_to_th
     assert!(shadow.ends_with("; verify=queued"), "{shadow}");
     let mut verdict = Value::Null;
     for _ in 0..300 {
-        let page: Value = client()
-            .get(gw.url("/admin/shadow"))
-            .bearer_auth("admin-secret")
-            .send()
-            .await
-            .expect("shadow list")
-            .json()
-            .await
-            .expect("json");
+        let page: Value = admin_json(&gw, "/admin/shadow").await;
         verdict = page["data"][0]["verdict"].clone();
         if verdict == "same" {
             break;
