@@ -284,6 +284,7 @@ impl AppState {
             .map(|s| s.index.clone() as Arc<dyn VectorIndex>);
         let feedback = Arc::new(open_feedback(&config.data_dir.join("feedback"))?);
         let requests = Arc::new(RequestLog::new(config.request_log_size));
+        requests.stats.register(feedback.observations.collector());
         if let Some(s) = &semantic {
             s.embedder.observe_batches(requests.stats.embed_observer());
             s.embedder
@@ -301,6 +302,9 @@ impl AppState {
             other => StartError::Upstream(other.to_string()),
         })?;
         let verifier = Arc::new(verify::Verifier::new(&config).map_err(StartError::Upstream)?);
+        for collector in verifier.judge.counts.collectors() {
+            requests.stats.register(collector);
+        }
         let live = Arc::new(live::CurrentSettings::new(config.live.clone()));
         let shutdown = CancellationToken::new();
         let replica = replica::follow(

@@ -354,7 +354,6 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     };
     let mut text = state.requests.stats.render_prometheus(&gauges);
     text.push_str(&state.feedback.render_prometheus());
-    text.push_str(&state.verifier.render_prometheus(&state.feedback));
     if let Some(otel) = &state.otel {
         text.push_str(&otel.counters.render_prometheus());
     }

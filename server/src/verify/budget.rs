@@ -134,6 +134,9 @@ pub struct Observations {
     /// entry id → its newest [`Observation`]s.
     entries: sled::Tree,
     counts: Mutex<BTreeMap<String, Vec<Counts>>>,
+    /// `reprise_error_budget_observations{verdict}`: all namespaces together (a client may name
+    /// any namespace, so it is no label).
+    observed: prometheus::IntGaugeVec,
 }
 
 fn bin(similarity: f32) -> usize {
@@ -183,11 +186,30 @@ impl Observations {
                 *slot = c;
             }
         }
+        let observed = prometheus::IntGaugeVec::new(
+            prometheus::Opts::new(
+                "reprise_error_budget_observations",
+                "Verdicts on near matches (judge and operators) the error budget counts.",
+            ),
+            &["verdict"],
+        )
+        .unwrap_or_else(|err| panic!("invalid metric definition: {err}"));
+        let (n, wrong) = counts.values().flatten().fold((0, 0), |(n, w), c| {
+            (n + i64::from(c.n), w + i64::from(c.wrong))
+        });
+        observed.with_label_values(&["right"]).set(n - wrong);
+        observed.with_label_values(&["wrong"]).set(wrong);
         Ok(Self {
             namespaces,
             entries: db.open_tree("entry_observations")?,
             counts: Mutex::new(counts),
+            observed,
         })
+    }
+
+    /// The `reprise_error_budget_observations` gauge, for the gateway's registry.
+    pub fn collector(&self) -> Box<dyn prometheus::core::Collector> {
+        Box::new(self.observed.clone())
     }
 
     /// Records a verdict on `entry` met at `similarity`.
@@ -209,6 +231,9 @@ impl Observations {
             bins[b].wrong += u32::from(wrong);
             bins[b]
         };
+        self.observed
+            .with_label_values(&[if wrong { "wrong" } else { "right" }])
+            .inc();
         let observation = Observation {
             similarity,
             wrong,

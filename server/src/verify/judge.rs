@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue};
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts};
 use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
@@ -90,14 +91,6 @@ impl Unsure {
             Unsure::NotConfigured => "not_configured",
         }
     }
-
-    /// Whether the judge was asked at all.
-    fn asked(self) -> bool {
-        !matches!(
-            self,
-            Unsure::OverBudget | Unsure::TooLong | Unsure::NotConfigured
-        )
-    }
 }
 
 /// What the judge is shown: texts of one partition only.
@@ -130,62 +123,104 @@ pub struct Judged {
     pub completion_tokens: u64,
 }
 
-/// Calls by outcome, tokens and latency (`/admin/stats`, `reprise_judge_*`).
-#[derive(Default)]
+/// Calls by outcome, tokens and latency: the `reprise_judge_*` metrics themselves (registered
+/// with the gateway's [`crate::stats::Stats`]), read back for `/admin/stats`.
 pub struct JudgeCounts {
-    pub same: AtomicU64,
-    pub different: AtomicU64,
-    pub unsure: AtomicU64,
+    /// Calls that reached the judge, by verdict.
+    calls: IntCounterVec,
+    /// Near matches not judged (and not served), by reason: over_budget, too_long, dropped.
+    skipped: IntCounterVec,
+    tokens: IntCounterVec,
+    duration: Histogram,
+    /// Pairs waiting for a background verdict.
+    pub(super) queue_depth: IntGauge,
+    /// Of the `unsure` calls, those that timed out and those that failed (`/admin/stats` only).
     pub timeouts: AtomicU64,
     pub failures: AtomicU64,
-    pub over_budget: AtomicU64,
-    pub too_long: AtomicU64,
-    pub prompt_tokens: AtomicU64,
-    pub completion_tokens: AtomicU64,
     /// The newest call latencies, for p50/p99.
     latencies: Mutex<std::collections::VecDeque<f64>>,
-    /// Cumulative buckets of `reprise_judge_duration_seconds` (upper bounds in [`BUCKETS_S`]).
-    buckets: [AtomicU64; BUCKETS_S.len()],
-    duration_sum_us: AtomicU64,
 }
 
 /// Histogram buckets of judge call latency, in seconds.
-pub const BUCKETS_S: [f64; 10] = [0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const BUCKETS_S: [f64; 10] = [0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 const LATENCIES_KEPT: usize = 2048;
 
+/// Metric constructors only fail on invalid names or labels, which are constants here.
+fn unreachable_metric<T>(err: prometheus::Error) -> T {
+    panic!("invalid metric definition: {err}")
+}
+
+fn counter_vec(name: &str, help: &str, label: &str, values: &[&str]) -> IntCounterVec {
+    let vec =
+        IntCounterVec::new(Opts::new(name, help), &[label]).unwrap_or_else(unreachable_metric);
+    // Every series from the start: a dashboard's rate of a series that appears late is wrong.
+    for value in values {
+        vec.with_label_values(&[value]);
+    }
+    vec
+}
+
+impl Default for JudgeCounts {
+    fn default() -> Self {
+        Self {
+            calls: counter_vec(
+                "reprise_judge_calls_total",
+                "Judge calls on near matches, by verdict.",
+                "verdict",
+                &["same", "different", "unsure"],
+            ),
+            skipped: counter_vec(
+                "reprise_judge_skipped_total",
+                "Near matches not judged (and not served), by reason.",
+                "reason",
+                &["over_budget", "too_long", "dropped"],
+            ),
+            tokens: counter_vec(
+                "reprise_judge_tokens_total",
+                "Tokens the judge calls cost.",
+                "kind",
+                &["prompt", "completion"],
+            ),
+            duration: Histogram::with_opts(
+                HistogramOpts::new("reprise_judge_duration_seconds", "Judge call latency.")
+                    .buckets(BUCKETS_S.to_vec()),
+            )
+            .unwrap_or_else(unreachable_metric),
+            queue_depth: IntGauge::new(
+                "reprise_judge_queue_depth",
+                "Pairs waiting for a background verdict.",
+            )
+            .unwrap_or_else(unreachable_metric),
+            timeouts: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            latencies: Mutex::default(),
+        }
+    }
+}
+
 impl JudgeCounts {
     fn record(&self, judged: &Judged) {
-        let counter = match judged.verdict {
-            Verdict::Same => &self.same,
-            Verdict::Different => &self.different,
-            Verdict::Unsure(Unsure::OverBudget) => &self.over_budget,
-            Verdict::Unsure(Unsure::TooLong) => &self.too_long,
-            Verdict::Unsure(_) => &self.unsure,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
         match judged.verdict {
-            Verdict::Unsure(Unsure::Timeout) => self.timeouts.fetch_add(1, Ordering::Relaxed),
-            Verdict::Unsure(Unsure::Failed) => self.failures.fetch_add(1, Ordering::Relaxed),
-            _ => 0,
-        };
-        if let Verdict::Unsure(why) = judged.verdict {
-            if !why.asked() {
-                return;
+            Verdict::Unsure(Unsure::OverBudget) => return self.skip("over_budget"),
+            Verdict::Unsure(Unsure::TooLong) => return self.skip("too_long"),
+            Verdict::Unsure(Unsure::NotConfigured) => return,
+            Verdict::Unsure(Unsure::Timeout) => {
+                self.timeouts.fetch_add(1, Ordering::Relaxed);
             }
-        }
-        self.prompt_tokens
-            .fetch_add(judged.prompt_tokens, Ordering::Relaxed);
-        self.completion_tokens
-            .fetch_add(judged.completion_tokens, Ordering::Relaxed);
-        let seconds = judged.ms / 1000.0;
-        for (bound, bucket) in BUCKETS_S.iter().zip(&self.buckets) {
-            if seconds <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
+            Verdict::Unsure(Unsure::Failed) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
             }
+            _ => {}
         }
-        self.duration_sum_us
-            .fetch_add((judged.ms * 1000.0) as u64, Ordering::Relaxed);
+        self.calls.with_label_values(&[judged.verdict.name()]).inc();
+        self.tokens
+            .with_label_values(&["prompt"])
+            .inc_by(judged.prompt_tokens);
+        self.tokens
+            .with_label_values(&["completion"])
+            .inc_by(judged.completion_tokens);
+        self.duration.observe(judged.ms / 1000.0);
         let mut kept = self.latencies.lock().unwrap_or_else(|e| e.into_inner());
         if kept.len() == LATENCIES_KEPT {
             kept.pop_front();
@@ -193,11 +228,30 @@ impl JudgeCounts {
         kept.push_back(judged.ms);
     }
 
+    /// Counts a near match that was not judged, by reason.
+    pub(super) fn skip(&self, reason: &str) {
+        self.skipped.with_label_values(&[reason]).inc();
+    }
+
+    /// Calls that reached the judge with this verdict (`same`, `different`, `unsure`).
+    pub fn verdicts(&self, verdict: &str) -> u64 {
+        self.calls.with_label_values(&[verdict]).get()
+    }
+
     /// Calls that reached the judge.
     pub fn calls(&self) -> u64 {
-        self.same.load(Ordering::Relaxed)
-            + self.different.load(Ordering::Relaxed)
-            + self.unsure.load(Ordering::Relaxed)
+        ["same", "different", "unsure"]
+            .into_iter()
+            .map(|v| self.verdicts(v))
+            .sum()
+    }
+
+    pub fn skipped(&self, reason: &str) -> u64 {
+        self.skipped.with_label_values(&[reason]).get()
+    }
+
+    pub fn tokens(&self, kind: &str) -> u64 {
+        self.tokens.with_label_values(&[kind]).get()
     }
 
     /// p50 and p99 of the newest calls' latency, in ms.
@@ -215,18 +269,15 @@ impl JudgeCounts {
         )
     }
 
-    /// The `reprise_judge_duration_seconds` buckets (cumulative), their count and sum.
-    pub fn histogram(&self) -> (Vec<(f64, u64)>, u64, f64) {
-        let buckets = BUCKETS_S
-            .iter()
-            .zip(&self.buckets)
-            .map(|(b, c)| (*b, c.load(Ordering::Relaxed)))
-            .collect();
-        (
-            buckets,
-            self.calls(),
-            self.duration_sum_us.load(Ordering::Relaxed) as f64 / 1e6,
-        )
+    /// The metrics, for the gateway's registry.
+    pub fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.calls.clone()),
+            Box::new(self.skipped.clone()),
+            Box::new(self.tokens.clone()),
+            Box::new(self.duration.clone()),
+            Box::new(self.queue_depth.clone()),
+        ]
     }
 }
 

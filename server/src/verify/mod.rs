@@ -75,9 +75,9 @@ pub struct Verifier {
     queue: Mutex<Option<mpsc::Sender<Job>>>,
     capacity: usize,
     max_concurrency: usize,
-    /// Pairs sent to the background queue, and those dropped because it was full.
+    /// Pairs sent to the background queue (those dropped because it was full are counted with
+    /// the judge's skipped candidates).
     pub queued: AtomicU64,
-    pub dropped: AtomicU64,
 }
 
 impl Verifier {
@@ -99,17 +99,7 @@ impl Verifier {
             capacity: config.judge_queue,
             max_concurrency: config.judge_max_concurrency,
             queued: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
         })
-    }
-
-    /// Pairs waiting in the background queue.
-    pub fn queue_depth(&self) -> usize {
-        self.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map_or(0, |tx| self.capacity - tx.capacity())
     }
 
     /// Queues a background judgement; false when the queue is full. The worker starts with the
@@ -135,8 +125,12 @@ impl Verifier {
             tx
         });
         let sent = tx.try_send(job).is_ok();
-        let counter = if sent { &self.queued } else { &self.dropped };
-        counter.fetch_add(1, Ordering::Relaxed);
+        if sent {
+            self.queued.fetch_add(1, Ordering::Relaxed);
+            self.judge.counts.queue_depth.inc();
+        } else {
+            self.judge.counts.skip("dropped");
+        }
         sent
     }
 }
@@ -159,6 +153,7 @@ async fn work(
                 None => break,
             },
         };
+        verifier.judge.counts.queue_depth.dec();
         let Ok(slot) = slots.clone().acquire_owned().await else {
             break;
         };
@@ -459,91 +454,21 @@ impl Verifier {
         let (p50_ms, p99_ms) = c.latency();
         JudgeStats {
             calls: c.calls(),
-            same: get(&c.same),
-            different: get(&c.different),
-            unsure: get(&c.unsure),
+            same: c.verdicts("same"),
+            different: c.verdicts("different"),
+            unsure: c.verdicts("unsure"),
             timeouts: get(&c.timeouts),
             failures: get(&c.failures),
-            over_budget: get(&c.over_budget),
-            too_long: get(&c.too_long),
+            over_budget: c.skipped("over_budget"),
+            too_long: c.skipped("too_long"),
             queued: get(&self.queued),
-            dropped: get(&self.dropped),
-            queue_depth: self.queue_depth() as u64,
-            prompt_tokens: get(&c.prompt_tokens),
-            completion_tokens: get(&c.completion_tokens),
+            dropped: c.skipped("dropped"),
+            queue_depth: c.queue_depth.get().max(0) as u64,
+            prompt_tokens: c.tokens("prompt"),
+            completion_tokens: c.tokens("completion"),
             p50_ms,
             p99_ms,
             namespaces: feedback.observations.summary(),
         }
-    }
-
-    /// `reprise_judge_*`, appended to `/metrics`.
-    pub fn render_prometheus(&self, feedback: &Feedback) -> String {
-        use std::fmt::Write;
-        let s = self.stats(feedback);
-        let mut out = String::new();
-        let _ = writeln!(out, "# HELP reprise_judge_calls_total Judge calls on near matches, by verdict.\n# TYPE reprise_judge_calls_total counter");
-        for (verdict, n) in [
-            ("same", s.same),
-            ("different", s.different),
-            ("unsure", s.unsure),
-        ] {
-            let _ = writeln!(
-                out,
-                "reprise_judge_calls_total{{verdict=\"{verdict}\"}} {n}"
-            );
-        }
-        let _ = writeln!(out, "# HELP reprise_judge_skipped_total Near matches not judged (and not served), by reason.\n# TYPE reprise_judge_skipped_total counter");
-        for (reason, n) in [
-            ("over_budget", s.over_budget),
-            ("too_long", s.too_long),
-            ("dropped", s.dropped),
-        ] {
-            let _ = writeln!(
-                out,
-                "reprise_judge_skipped_total{{reason=\"{reason}\"}} {n}"
-            );
-        }
-        let _ = writeln!(out, "# HELP reprise_judge_tokens_total Tokens the judge calls cost.\n# TYPE reprise_judge_tokens_total counter");
-        let _ = writeln!(
-            out,
-            "reprise_judge_tokens_total{{kind=\"prompt\"}} {}",
-            s.prompt_tokens
-        );
-        let _ = writeln!(
-            out,
-            "reprise_judge_tokens_total{{kind=\"completion\"}} {}",
-            s.completion_tokens
-        );
-        let _ = writeln!(out, "# HELP reprise_judge_queue_depth Pairs waiting for a background verdict.\n# TYPE reprise_judge_queue_depth gauge\nreprise_judge_queue_depth {}", s.queue_depth);
-        let (buckets, count, sum) = self.judge.counts.histogram();
-        let _ = writeln!(out, "# HELP reprise_judge_duration_seconds Judge call latency.\n# TYPE reprise_judge_duration_seconds histogram");
-        for (bound, n) in buckets {
-            let _ = writeln!(
-                out,
-                "reprise_judge_duration_seconds_bucket{{le=\"{bound}\"}} {n}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "reprise_judge_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
-        );
-        let _ = writeln!(out, "reprise_judge_duration_seconds_sum {sum}\nreprise_judge_duration_seconds_count {count}");
-        // All namespaces together: a client may name any namespace, so it is no label.
-        let (n, wrong) = s
-            .namespaces
-            .iter()
-            .fold((0, 0), |(n, w), ns| (n + ns.observations, w + ns.wrong));
-        let _ = writeln!(out, "# HELP reprise_error_budget_observations Verdicts on near matches (judge and operators) the error budget counts.\n# TYPE reprise_error_budget_observations gauge");
-        let _ = writeln!(
-            out,
-            "reprise_error_budget_observations{{verdict=\"right\"}} {}",
-            n - wrong
-        );
-        let _ = writeln!(
-            out,
-            "reprise_error_budget_observations{{verdict=\"wrong\"}} {wrong}"
-        );
-        out
     }
 }

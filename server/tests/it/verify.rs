@@ -272,6 +272,11 @@ async fn sync_same_is_served_verified_and_remembered_different_is_refused_for_go
         text.contains("reprise_judge_duration_seconds_count 2"),
         "{text}"
     );
+    assert!(
+        text.contains("reprise_error_budget_observations{verdict=\"wrong\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("reprise_judge_queue_depth 0"), "{text}");
 }
 
 #[tokio::test]
