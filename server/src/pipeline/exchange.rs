@@ -36,6 +36,8 @@ pub struct Exchange {
     pub threshold: f32,
     /// The prompt's feedback key, hashed once and only when a path needs it.
     prompt_key: OnceLock<PromptKey>,
+    /// The namespace's verify settings, resolved once and only when semantic matching runs.
+    verify_plan: OnceLock<crate::verify::settings::VerifyPlan>,
     /// What the lookup found on its way to a miss, reported in the miss's headers and record.
     pub misses: MissNotes,
     /// The prompt's embedding, stored with the answer for semantic matching.
@@ -169,6 +171,7 @@ impl Exchange {
             tenant,
             keys,
             prompt_key: OnceLock::new(),
+            verify_plan: OnceLock::new(),
             misses: MissNotes::default(),
             vector: None,
         })
@@ -183,6 +186,12 @@ impl Exchange {
         *self
             .prompt_key
             .get_or_init(|| PromptKey::of(&self.keys.prompt))
+    }
+
+    /// The verify settings of this request's namespace.
+    pub fn verify_plan(&self) -> &crate::verify::settings::VerifyPlan {
+        self.verify_plan
+            .get_or_init(|| self.settings.verify_for(self.policy.namespace.as_deref()))
     }
 
     /// What an entry stored from this request says about it.

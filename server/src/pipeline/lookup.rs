@@ -270,7 +270,7 @@ fn query(ex: &Exchange, plan: Plan) -> Query {
 /// The lowest similarity a candidate is looked for at: with a judge, its floor (the verify stage
 /// decides between it and the threshold); a client's own stricter threshold is never lowered.
 fn search_threshold(ex: &Exchange) -> f32 {
-    let plan = ex.settings.verify_for(ex.policy.namespace.as_deref());
+    let plan = ex.verify_plan();
     if plan.judges() && ex.policy.threshold.is_none() {
         plan.floor.min(ex.threshold)
     } else {

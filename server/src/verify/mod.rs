@@ -189,7 +189,7 @@ pub(crate) async fn check(
     entry: &Entry,
     similarity: f32,
 ) -> Check {
-    let plan = ex.settings.verify_for(ex.policy.namespace.as_deref());
+    let plan = ex.verify_plan().clone();
     if !plan.judges() {
         return if similarity >= ex.threshold {
             Check::Serve(None)
@@ -278,7 +278,7 @@ pub(crate) fn shadow(
     similarity: f32,
     decision: &mut crate::shadow::ShadowDecision,
 ) {
-    let mut plan = ex.settings.verify_for(ex.policy.namespace.as_deref());
+    let mut plan = ex.verify_plan().clone();
     let refused = decision.guards.iter().any(|g| g.enabled && g.refuses);
     if !plan.judges() || refused || similarity < plan.floor {
         return;
