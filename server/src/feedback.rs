@@ -339,13 +339,7 @@ impl Feedback {
         Some(decode_f32(&bytes))
     }
 
-    /// The entry an operator approved for this prompt in this partition, with the similarity
-    /// it was judged at.
-    pub fn approved(&self, partition: &PartitionKey, prompt: &PromptKey) -> Option<(EntryId, f32)> {
-        self.approval(partition, prompt)
-            .map(|a| (EntryId(a.entry), a.similarity))
-    }
-
+    /// The approval an operator (or the judge) gave this prompt in this partition.
     fn approval(&self, partition: &PartitionKey, prompt: &PromptKey) -> Option<Approval> {
         if self.approvals.is_empty() {
             return None;
@@ -638,6 +632,15 @@ mod tests {
         }
     }
 
+    fn approved(
+        f: &Feedback,
+        partition: &PartitionKey,
+        prompt: &PromptKey,
+    ) -> Option<(EntryId, f32)> {
+        f.approval(partition, prompt)
+            .map(|a| (EntryId(a.entry), a.similarity))
+    }
+
     fn judge(f: &Feedback, id: &str, verdict: Verdict) -> Result<VerdictRecord, GatewayError> {
         f.judge(&FeedbackRequest {
             request_id: id.to_owned(),
@@ -696,11 +699,19 @@ mod tests {
         );
         judge(&f, "req_s", Verdict::Right).expect("judged");
         assert_eq!(
-            f.approved(&PartitionKey([7; 32]), &PromptKey::of("Reset my password")),
+            approved(
+                &f,
+                &PartitionKey([7; 32]),
+                &PromptKey::of("Reset my password")
+            ),
             Some((EntryId(3), 0.91))
         );
         assert_eq!(
-            f.approved(&PartitionKey([8; 32]), &PromptKey::of("reset my password")),
+            approved(
+                &f,
+                &PartitionKey([8; 32]),
+                &PromptKey::of("reset my password")
+            ),
             None
         );
 
@@ -711,7 +722,11 @@ mod tests {
         );
         judge(&f, "req_w", Verdict::Wrong).expect("judged");
         assert_eq!(
-            f.approved(&PartitionKey([7; 32]), &PromptKey::of("reset my password")),
+            approved(
+                &f,
+                &PartitionKey([7; 32]),
+                &PromptKey::of("reset my password")
+            ),
             None
         );
 
