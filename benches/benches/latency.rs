@@ -185,7 +185,7 @@ fn startup() {
             body: serde_json::json!({"choices": [{"message": {"content": "answer"}, "finish_reason": "stop"}]}),
             usage: None,
             phases: Phases::default(),
-            created_at_ms: reprise_server::record::unix_ms(),
+            created_at_ms: reprise_server::timing::unix_ms(),
             ttl_ms: 86_400_000,
             hit_count: 0,
             last_hit_ms: 0,

@@ -16,8 +16,8 @@ use crate::embed::{EmbedError, Embedder, Queued};
 use crate::entry::{Entry, EntryId};
 use crate::index::VectorIndex;
 use crate::ingress::Route;
-use crate::record::unix_ms;
 use crate::store::Store;
+use crate::timing::unix_ms;
 
 /// How often the thread looks again while the embedder is busy.
 const BUSY_POLL: Duration = Duration::from_millis(5);

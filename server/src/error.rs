@@ -250,6 +250,27 @@ impl IntoResponse for GatewayError {
     }
 }
 
+/// The error a request body yields when the client sent nothing for the body timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("the client sent no part of the request body for {timeout_ms} ms")]
+pub(crate) struct BodyTimeout {
+    pub timeout_ms: u64,
+}
+
+impl BodyTimeout {
+    /// The body timeout behind `err`, however deeply the body's consumer wrapped it.
+    pub(crate) fn in_chain<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a Self> {
+        let mut source = Some(err);
+        while let Some(e) = source {
+            if let Some(stalled) = e.downcast_ref::<Self>() {
+                return Some(stalled);
+            }
+            source = e.source();
+        }
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,8 +27,8 @@ use utoipa::ToSchema;
 use crate::entry::EntryId;
 use crate::error::GatewayError;
 use crate::key::PartitionKey;
-use crate::record::unix_ms;
 use crate::shadow::ShadowLog;
+use crate::timing::unix_ms;
 use crate::verify::budget::{Observations, Source};
 
 /// How many recent requests can still receive feedback.

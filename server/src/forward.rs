@@ -25,11 +25,11 @@ use crate::config::{Config, Secret};
 use crate::downstream::{Delivered, Delivery, Source};
 use crate::error::GatewayError;
 use crate::ingress::Ingress;
+use crate::outcome::{CacheOutcome, Completion};
 use crate::pipeline::Exchange;
-use crate::record::{
-    set_cache_outcome, set_request_id, unix_ms, CacheOutcome, Completion, Nearest, RecordMeta,
-};
+use crate::record::{set_cache_outcome, set_request_id, Nearest, RecordMeta};
 use crate::sse::{classify, EventKind, SseFramer};
+use crate::timing::unix_ms;
 use crate::timing::PhaseClock;
 use crate::AppState;
 
@@ -398,7 +398,7 @@ pub(crate) async fn relay(
     started: Result<Started, GatewayError>,
     recorder: Option<Recorder>,
 ) -> Response {
-    let meta = ex.record(CacheOutcome::for_miss(&ex.policy));
+    let meta = ex.record(ex.policy.miss_outcome());
     let Exchange {
         id: request_id,
         ingress: Ingress { mut clock, .. },
@@ -907,7 +907,7 @@ pub(crate) async fn passthrough(
     if has_body {
         let seen = stalled.clone();
         let stream = futures_util::TryStreamExt::inspect_err(body.into_data_stream(), move |err| {
-            if let Some(timeout) = crate::serve::BodyTimeout::in_chain(err) {
+            if let Some(timeout) = crate::error::BodyTimeout::in_chain(err) {
                 let _ = seen.set(timeout.timeout_ms);
             }
         });

@@ -133,7 +133,7 @@ pub async fn read_limited(
     axum::body::to_bytes(body, limit).await.map_err(|err| {
         if is_length_limit(&err) {
             GatewayError::PayloadTooLarge { limit }
-        } else if let Some(stalled) = crate::serve::BodyTimeout::in_chain(&err) {
+        } else if let Some(stalled) = crate::error::BodyTimeout::in_chain(&err) {
             GatewayError::RequestTimeout {
                 timeout_ms: stalled.timeout_ms,
             }

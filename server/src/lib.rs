@@ -51,6 +51,7 @@ pub mod ingress;
 pub mod key;
 pub mod live;
 pub(crate) mod otel;
+pub mod outcome;
 pub(crate) mod pipeline;
 pub mod policy;
 pub mod record;
@@ -285,6 +286,9 @@ impl AppState {
         let feedback = Arc::new(open_feedback(&config.data_dir.join("feedback"))?);
         let requests = Arc::new(RequestLog::new(config.request_log_size));
         requests.stats.register(feedback.observations.collector());
+        requests
+            .stats
+            .declare_skip_reasons(&semantic::FallbackReason::ALL.map(|r| r.name()));
         if let Some(s) = &semantic {
             s.embedder.observe_batches(requests.stats.embed_observer());
             s.embedder

@@ -21,7 +21,8 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::record::{Completion, RequestRecord};
+use crate::outcome::Completion;
+use crate::record::RequestRecord;
 use crate::timing::PhaseClock;
 
 /// The wait after a first failed export; each failure in a row doubles it, up to [`BACKOFF_MAX`].

@@ -7,6 +7,7 @@
 use axum::http::HeaderMap;
 
 use crate::error::GatewayError;
+use crate::outcome::CacheOutcome;
 
 /// `x-reprise-cache-mode`, `cache_mode` and the values of `namespace_modes`: written on the wire,
 /// in the config file and in flags as `on`, `off`, `read-only`, `write-only`, `exact-only` or `shadow`.
@@ -183,6 +184,19 @@ pub struct Policy {
     pub threshold: Option<f32>,
     /// Shadow mode: search semantically and record what would be served, serve exact hits only.
     pub shadow: bool,
+}
+
+impl Policy {
+    /// The outcome of a request that goes upstream under this policy.
+    pub fn miss_outcome(&self) -> CacheOutcome {
+        if self.refresh {
+            CacheOutcome::Refresh
+        } else if !self.lookup && !self.store {
+            CacheOutcome::Bypass
+        } else {
+            CacheOutcome::Miss
+        }
+    }
 }
 
 /// The configured defaults a request's headers apply to.
@@ -383,22 +397,19 @@ mod tests {
         let p = policy(&[]).expect("ok");
         assert!(p.lookup && p.store && p.semantic && !p.refresh);
         assert_eq!(p.ttl_s, 604_800);
-        assert_eq!(crate::record::CacheOutcome::for_miss(&p).as_str(), "miss");
+        assert_eq!(p.miss_outcome().as_str(), "miss");
     }
 
     #[test]
     fn cache_control_directives() {
         let p = policy(&[("cache-control", "no-cache")]).expect("ok");
         assert!(!p.lookup && p.store && p.refresh);
-        assert_eq!(
-            crate::record::CacheOutcome::for_miss(&p).as_str(),
-            "refresh"
-        );
+        assert_eq!(p.miss_outcome().as_str(), "refresh");
         let p = policy(&[("cache-control", "no-store, max-age=30")]).expect("ok");
         assert!(p.lookup && !p.store);
         assert_eq!(p.max_age_s, Some(30));
         let p = policy(&[("cache-control", "no-cache, no-store")]).expect("ok");
-        assert_eq!(crate::record::CacheOutcome::for_miss(&p).as_str(), "bypass");
+        assert_eq!(p.miss_outcome().as_str(), "bypass");
         assert!(policy(&[("cache-control", "max-age=soon")]).is_err());
         assert!(policy(&[("cache-control", "private")]).is_ok());
     }
@@ -457,14 +468,11 @@ mod tests {
     #[test]
     fn reprise_headers_and_their_errors() {
         let p = policy(&[("x-reprise-cache-mode", "off")]).expect("ok");
-        assert_eq!(crate::record::CacheOutcome::for_miss(&p).as_str(), "bypass");
+        assert_eq!(p.miss_outcome().as_str(), "bypass");
         let p = policy(&[("x-reprise-cache-mode", "read-only")]).expect("ok");
         assert!(p.lookup && !p.store);
         let p = policy(&[("x-reprise-cache-mode", "write-only")]).expect("ok");
-        assert_eq!(
-            crate::record::CacheOutcome::for_miss(&p).as_str(),
-            "refresh"
-        );
+        assert_eq!(p.miss_outcome().as_str(), "refresh");
         let p = policy(&[("x-reprise-cache-mode", "exact-only")]).expect("ok");
         assert!(p.lookup && p.store && !p.semantic);
         let p = policy(&[

@@ -1,14 +1,14 @@
 //! The last stage of every request: what happened and how long each phase took, kept in a bounded
-//! in-memory log that `GET /admin/requests` reads; the cache outcome ([`CacheOutcome`], one spelling
-//! on the wire, in stats, metrics and the client); and the `x-reprise-*` response headers that
-//! name a request, its outcome and what the lookup found.
+//! in-memory log that `GET /admin/requests` reads; and the `x-reprise-*` response headers that name
+//! a request, its outcome ([`CacheOutcome`], from the ground floor's `outcome.rs`) and what the
+//! lookup found.
 //!
 //! Records carry no prompt, no response and no credential: only the route, model, outcome and timings.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -17,110 +17,9 @@ use serde::{Deserialize, Serialize};
 use crate::entry::EntryId;
 use crate::error::GatewayError;
 use crate::guard::Guard;
-use crate::policy::Policy;
+use crate::outcome::{CacheOutcome, Completion};
 use crate::stats::Stats;
-use crate::timing::{PhaseClock, Phases};
-
-/// What the cache did with a request: the value of `x-reprise-cache`, of a record's `cache`, of the
-/// metrics' `cache` label and of every per-outcome breakdown, spelled the same everywhere.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    utoipa::ToSchema,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum CacheOutcome {
-    /// Served from the entry stored under the request's exact key.
-    Hit,
-    /// Served from the entry of a similar prompt that every guard let through.
-    SemanticHit,
-    /// Waited for an identical miss already in flight and served its answer.
-    Coalesced,
-    /// Went upstream; a clean answer is stored.
-    Miss,
-    /// `Cache-Control: no-cache`: went upstream without looking, and the answer replaces the entry.
-    Refresh,
-    /// Neither looked up nor stored (`no-cache, no-store`, or cache mode `off`).
-    Bypass,
-    /// A route that is never cached (pass-through); no `x-reprise-cache` header is sent.
-    Pass,
-}
-
-impl CacheOutcome {
-    pub const ALL: [Self; 7] = [
-        Self::Hit,
-        Self::SemanticHit,
-        Self::Coalesced,
-        Self::Miss,
-        Self::Refresh,
-        Self::Bypass,
-        Self::Pass,
-    ];
-
-    /// The outcomes latency is broken down by (those that return an answer through the cache).
-    pub const SERVED: [Self; 4] = [Self::Miss, Self::Hit, Self::SemanticHit, Self::Coalesced];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Hit => "hit",
-            Self::SemanticHit => "semantic-hit",
-            Self::Coalesced => "coalesced",
-            Self::Miss => "miss",
-            Self::Refresh => "refresh",
-            Self::Bypass => "bypass",
-            Self::Pass => "pass",
-        }
-    }
-
-    /// The outcome of a request that goes upstream under `policy`.
-    pub fn for_miss(policy: &Policy) -> Self {
-        if policy.refresh {
-            Self::Refresh
-        } else if !policy.lookup && !policy.store {
-            Self::Bypass
-        } else {
-            Self::Miss
-        }
-    }
-}
-
-impl std::fmt::Display for CacheOutcome {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for CacheOutcome {
-    type Err = ();
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL.into_iter().find(|o| o.as_str() == s).ok_or(())
-    }
-}
-
-/// How a request ended, from the client's point of view.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Completion {
-    /// The whole response reached the client.
-    Complete,
-    /// The gateway answered with an error of its own (bad input, upstream unreachable, timeout).
-    GatewayError,
-    /// The upstream answered with a non-2xx status, relayed as it was.
-    UpstreamError,
-    /// The upstream stream failed after it started (cut, malformed, idle timeout, error event).
-    StreamFailed,
-    /// The client went away before the response was delivered.
-    ClientDisconnected,
-}
+use crate::timing::{unix_ms, PhaseClock, Phases};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct RequestRecord {
@@ -212,26 +111,6 @@ impl RequestLog {
         let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
         records.iter().rev().take(limit).cloned().collect()
     }
-}
-
-/// Unix time in milliseconds: every timestamp the gateway keeps (entry creation and expiry, ages,
-/// records) reads this one clock.
-///
-/// It is the system time at the first call plus tokio's clock since then. In a running gateway
-/// tokio's clock is the monotonic one, so an entry's age never jumps when the system clock is set;
-/// in a test that pauses and advances tokio's time (`tokio::time::pause`), TTLs and `max-age`
-/// follow it, so expiry is tested without waiting for it.
-pub fn unix_ms() -> u64 {
-    static BASE: std::sync::OnceLock<(u64, tokio::time::Instant)> = std::sync::OnceLock::new();
-    let (unix, at) = *BASE.get_or_init(|| {
-        let unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        (unix, tokio::time::Instant::now())
-    });
-    let since = tokio::time::Instant::now().saturating_duration_since(at);
-    unix.saturating_add(since.as_millis() as u64)
 }
 
 /// What the record of a request needs besides its clock.

@@ -23,12 +23,12 @@ use crate::downstream::{Delivered, Delivery, Source};
 use crate::entry::{HitEvent, HitKind, Replay};
 use crate::error::GatewayError;
 use crate::ingress::Route;
+use crate::outcome::{CacheOutcome, Completion};
 use crate::pipeline::lookup::{Found, How};
 use crate::pipeline::Exchange;
 use crate::policy::Pacing;
-use crate::record::{
-    set_cache_outcome, set_header, set_request_id, unix_ms, CacheOutcome, Completion, Served,
-};
+use crate::record::{set_cache_outcome, set_header, set_request_id, Served};
+use crate::timing::unix_ms;
 use crate::timing::PhaseClock;
 use crate::AppState;
 
@@ -48,11 +48,11 @@ impl Fresh {
             // Never written into a Responses API hit, which keeps the stored response's ids.
             Route::Responses => "resp_",
         };
-        let seed = blake3::hash(&crate::record::unix_ms().to_le_bytes());
+        let seed = blake3::hash(&crate::timing::unix_ms().to_le_bytes());
         let nonce: u64 = rand_u64() ^ u64::from_le_bytes(first8(seed.as_bytes()));
         Self {
             id: format!("{prefix}reprise{nonce:016x}"),
-            created: crate::record::unix_ms() / 1000,
+            created: crate::timing::unix_ms() / 1000,
         }
     }
 }

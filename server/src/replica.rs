@@ -20,10 +20,10 @@ use utoipa::ToSchema;
 use crate::feedback::{Encounter, Feedback, Shared, SharedVerdict};
 use crate::index::VectorIndex;
 use crate::live::{ConfigPatch, CurrentSettings, LiveSettings};
-use crate::record::unix_ms;
 use crate::semantic::Semantic;
 use crate::store::feed::{Cursor, FeedError};
 use crate::store::{Change, Store};
+use crate::timing::unix_ms;
 
 /// Longest block of one feed read: also how long shutdown may wait for the follower.
 const READ_WAIT: Duration = Duration::from_secs(1);

@@ -18,8 +18,8 @@ use crate::embed::{EmbedConfig, EmbedError, Embedder};
 use crate::entry::{Entry, EntryId};
 use crate::guard::{Guard, Guards, Literals};
 use crate::index::{HnswIndex, IndexConfig, VectorIndex};
-use crate::record::unix_ms;
 use crate::store::Store;
+use crate::timing::unix_ms;
 
 /// How many neighbours a lookup considers: the best may be a tombstone the index has not seen yet.
 const CANDIDATES: usize = 4;
@@ -120,6 +120,17 @@ pub struct Fallbacks {
     pub overload: u64,
     pub deadline: u64,
     pub failed: u64,
+}
+
+impl Fallbacks {
+    /// By reason, as `/metrics` labels them.
+    pub fn counts(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            (FallbackReason::Overload.name(), self.overload),
+            (FallbackReason::Deadline.name(), self.deadline),
+            (FallbackReason::Failed.name(), self.failed),
+        ]
+    }
 }
 
 /// At most one overload warning per this many milliseconds: under load every miss would log one.

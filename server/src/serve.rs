@@ -59,7 +59,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::config::Config;
-use crate::error::GatewayError;
+use crate::error::{BodyTimeout, GatewayError};
 use crate::stats::Stats;
 
 /// Longest request target accepted (hyper's own limit is 64 KiB, answered with an empty 414).
@@ -208,27 +208,6 @@ impl ConnMetrics {
 /// Metric constructors only fail on invalid names, which are constants here.
 fn invalid_metric<T>(err: prometheus::Error) -> T {
     panic!("invalid metric definition: {err}")
-}
-
-/// The error a request body yields when the client sent nothing for the body timeout.
-#[derive(Debug, thiserror::Error)]
-#[error("the client sent no part of the request body for {timeout_ms} ms")]
-pub(crate) struct BodyTimeout {
-    pub timeout_ms: u64,
-}
-
-impl BodyTimeout {
-    /// The body timeout behind `err`, however deeply the body's consumer wrapped it.
-    pub(crate) fn in_chain<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a Self> {
-        let mut source = Some(err);
-        while let Some(e) = source {
-            if let Some(stalled) = e.downcast_ref::<Self>() {
-                return Some(stalled);
-            }
-            source = e.source();
-        }
-        None
-    }
 }
 
 /// Serves `router` on `listener` until `shutdown` is cancelled, then stops accepting, asks every

@@ -245,7 +245,7 @@ pub(crate) fn record(
     }
     let decision = ShadowDecision {
         id: 0,
-        at_ms: crate::record::unix_ms(),
+        at_ms: crate::timing::unix_ms(),
         request_id: ex.id.clone(),
         namespace: ex.policy.namespace.clone(),
         model: ex.ingress.model.clone(),

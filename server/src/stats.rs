@@ -18,7 +18,9 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::guard::Guard;
-use crate::record::{unix_ms, CacheOutcome, Completion, RequestRecord};
+use crate::outcome::{CacheOutcome, Completion};
+use crate::record::RequestRecord;
+use crate::timing::unix_ms;
 use crate::timing::{percentile, Phases};
 
 /// Upper bounds (ms) of the TTFT histogram buckets; one more bucket counts what lies above.
@@ -324,12 +326,17 @@ impl Stats {
             }
         }
         stats.register(Box::new(stats.replica_waits.clone()));
-        // Every reason from the start: a dashboard's rate of a series that appears late is wrong.
-        for reason in crate::semantic::FallbackReason::ALL {
-            stats.semantic_skipped.with_label_values(&[reason.name()]);
-        }
         stats.register(Box::new(stats.semantic_skipped.clone()));
         stats
+    }
+
+    /// Creates the `reprise_semantic_skipped_total` series of every reason the semantic stage
+    /// names (its owner passes them, so this floor does not import it): a dashboard's rate of a
+    /// series that appears late is wrong.
+    pub fn declare_skip_reasons(&self, reasons: &[&'static str]) {
+        for reason in reasons {
+            self.semantic_skipped.with_label_values(&[reason]);
+        }
     }
 
     /// Adds metrics kept elsewhere (the connection counters of [`crate::serve`]).
@@ -497,23 +504,14 @@ impl Stats {
         // Under the counts lock, so two scrapes at once cannot both add the same difference.
         {
             let _catching_up = lock(&self.counts);
-            let f = now.embed_fallbacks;
-            for (kind, count) in [
-                ("failed", now.store_errors.failed),
-                ("skipped", now.store_errors.skipped),
-                ("timed_out", now.store_errors.timed_out),
-            ] {
+            for &(kind, count) in &now.store_errors {
                 let counter = self.store_errors.with_label_values(&[kind]);
                 let seen = counter.get();
                 if count > seen {
                     counter.inc_by(count - seen);
                 }
             }
-            for (reason, count) in [
-                ("overload", f.overload),
-                ("deadline", f.deadline),
-                ("failed", f.failed),
-            ] {
+            for &(reason, count) in &now.embed_fallbacks {
                 let counter = self.embed_fallbacks.with_label_values(&[reason]);
                 let seen = counter.get();
                 if count > seen {
@@ -616,8 +614,11 @@ pub struct Gauges {
     pub store_bytes: u64,
     pub index_vectors: u64,
     pub index_tombstones: u64,
-    pub embed_fallbacks: crate::semantic::Fallbacks,
-    pub store_errors: crate::store::StoreErrors,
+    /// Semantic lookups that fell back to exact matching, by reason (`overload`, `deadline`,
+    /// `failed`), as the embedder's owner counts them.
+    pub embed_fallbacks: Vec<(&'static str, u64)>,
+    /// Store operations that did not reach the store, by kind (`failed`, `skipped`, `timed_out`).
+    pub store_errors: Vec<(&'static str, u64)>,
     pub store_degraded: bool,
     pub feed_behind_ms: u64,
 }

@@ -222,6 +222,17 @@ pub struct StoreErrors {
     pub timed_out: u64,
 }
 
+impl StoreErrors {
+    /// By kind, as `/metrics` labels them.
+    pub fn counts(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("failed", self.failed),
+            ("skipped", self.skipped),
+            ("timed_out", self.timed_out),
+        ]
+    }
+}
+
 /// Storage of cache entries. Blocking: call it on blocking threads, never inside a handler's poll.
 pub trait Store: Send + Sync + 'static {
     fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError>;

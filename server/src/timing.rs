@@ -12,10 +12,30 @@
 //! - `total`: request arrival until the last byte left (or until the timing was rendered, for the
 //!   copies sent with the response itself).
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+
+/// Unix time in milliseconds: every timestamp the gateway keeps (entry creation and expiry, ages,
+/// records) reads this one clock.
+///
+/// It is the system time at the first call plus tokio's clock since then. In a running gateway
+/// tokio's clock is the monotonic one, so an entry's age never jumps when the system clock is set;
+/// in a test that pauses and advances tokio's time (`tokio::time::pause`), TTLs and `max-age`
+/// follow it, so expiry is tested without waiting for it.
+pub fn unix_ms() -> u64 {
+    static BASE: std::sync::OnceLock<(u64, tokio::time::Instant)> = std::sync::OnceLock::new();
+    let (unix, at) = *BASE.get_or_init(|| {
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        (unix, tokio::time::Instant::now())
+    });
+    let since = tokio::time::Instant::now().saturating_duration_since(at);
+    unix.saturating_add(since.as_millis() as u64)
+}
 
 /// Instants recorded while a request passes through. Phases are derived from these, never stored twice.
 #[derive(Debug, Clone)]

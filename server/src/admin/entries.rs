@@ -17,8 +17,8 @@ use super::AdminJson;
 use crate::entry::{Entry, EntryId, HitEvent};
 use crate::error::GatewayError;
 use crate::index::VectorIndex;
-use crate::record::unix_ms;
 use crate::store::Store;
+use crate::timing::unix_ms;
 use crate::timing::Phases;
 use crate::AppState;
 

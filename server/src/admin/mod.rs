@@ -343,9 +343,9 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
         embed_fallbacks: state
             .semantic
             .as_ref()
-            .map(|s| s.fallbacks())
+            .map(|s| s.fallbacks().counts())
             .unwrap_or_default(),
-        store_errors: state.cache.store_errors(),
+        store_errors: state.cache.store_errors().counts(),
         store_degraded: state.cache.store.degraded().is_some(),
         feed_behind_ms: state
             .replica

@@ -19,7 +19,7 @@ use crate::error::GatewayError;
 use crate::index::VectorIndex;
 use crate::ingress::Route;
 use crate::key::{KeyInput, Keys, Tenant};
-use crate::record::unix_ms;
+use crate::timing::unix_ms;
 use crate::timing::Phases;
 use crate::AppState;
 

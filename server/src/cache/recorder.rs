@@ -17,7 +17,7 @@ use super::Cache;
 use crate::entry::{Entry, EntryId, Replay, RequestSummary, StoredEvent};
 use crate::ingress::Route;
 use crate::key::Keys;
-use crate::record::unix_ms;
+use crate::timing::unix_ms;
 use crate::timing::Phases;
 
 /// Everything needed to turn a clean miss into an entry.

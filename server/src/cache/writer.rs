@@ -16,8 +16,8 @@ use crate::backfill::Backfill;
 use crate::entry::{Entry, EntryId, HitEvent, StoredEvent, HIT_HISTORY};
 use crate::index::VectorIndex;
 use crate::key::CacheKey;
-use crate::record::unix_ms;
 use crate::store::{ClaimToken, Store};
+use crate::timing::unix_ms;
 
 pub(super) enum WriteOp {
     Put(Box<Entry>),

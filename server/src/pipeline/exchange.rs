@@ -13,9 +13,11 @@ use crate::feedback::PromptKey;
 use crate::ingress::{Ingress, Route};
 use crate::key::{KeyInput, Keys, Tenant};
 use crate::live::LiveSettings;
+use crate::outcome::CacheOutcome;
 use crate::policy::{self, Policy};
-use crate::record::{set_header, unix_ms, CacheOutcome, Nearest, RecordMeta};
+use crate::record::{set_header, Nearest, RecordMeta};
 use crate::shadow::ShadowDecision;
+use crate::timing::unix_ms;
 use crate::AppState;
 
 /// One request on its way through the pipeline.

@@ -21,8 +21,9 @@ use crate::entry::{EntryId, HitKind, Replay};
 use crate::feedback::{self, Encounter, Met};
 use crate::guard::Guards;
 use crate::ingress::Route;
-use crate::record::{unix_ms, CacheOutcome};
+use crate::outcome::CacheOutcome;
 use crate::semantic::{self, Query, Semantic};
+use crate::timing::unix_ms;
 use crate::AppState;
 
 /// What the lookup decided for a request.

@@ -284,7 +284,7 @@ impl RedisStore {
         self.with(|c| {
             ::redis::cmd("SET")
                 .arg(format!("reprise:probe:{}", self.replica))
-                .arg(crate::record::unix_ms())
+                .arg(crate::timing::unix_ms())
                 .arg("PX")
                 .arg(60_000)
                 .query::<()>(c)
@@ -361,7 +361,7 @@ impl RedisStore {
 
     /// The ids of the entries not yet expired, in order.
     fn live_ids(&self) -> Result<Vec<EntryId>, StoreError> {
-        let now = crate::record::unix_ms();
+        let now = crate::timing::unix_ms();
         Ok(self
             .rows()?
             .into_iter()
@@ -519,7 +519,7 @@ impl RedisStore {
     /// Counts the entries and their encoded size from the registry, pruning the rows of expired
     /// entries (Redis dropped their keys itself). Oldest first: with their key rows.
     fn count(&self) -> Result<Vec<(EntryId, Row)>, StoreError> {
-        let now = crate::record::unix_ms();
+        let now = crate::timing::unix_ms();
         let (expired, live): (Vec<_>, Vec<_>) = self
             .rows()?
             .into_iter()

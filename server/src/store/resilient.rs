@@ -159,7 +159,7 @@ impl ResilientStore {
             None => {
                 state.degraded = Some(Degraded {
                     reason: why.to_string(),
-                    since_ms: crate::record::unix_ms(),
+                    since_ms: crate::timing::unix_ms(),
                     failures: 1,
                     reads: false,
                 });
@@ -281,7 +281,7 @@ impl ResilientStore {
         state.writes_retry_at = None;
         if let Some(d) = state.degraded.take() {
             info!(
-                down_ms = crate::record::unix_ms().saturating_sub(d.since_ms),
+                down_ms = crate::timing::unix_ms().saturating_sub(d.since_ms),
                 refused = d.failures,
                 "cache store recovered: caching again"
             );
@@ -389,7 +389,7 @@ impl ResilientStore {
             None => {
                 state.degraded = Some(Degraded {
                     reason: why.to_string(),
-                    since_ms: crate::record::unix_ms(),
+                    since_ms: crate::timing::unix_ms(),
                     failures: 1,
                     reads: true,
                 });
@@ -405,7 +405,7 @@ impl ResilientStore {
         if state.degraded.as_ref().is_some_and(|d| d.reads) {
             if let Some(d) = state.degraded.take() {
                 info!(
-                    refused_ms = crate::record::unix_ms().saturating_sub(d.since_ms),
+                    refused_ms = crate::timing::unix_ms().saturating_sub(d.since_ms),
                     skipped = d.failures,
                     "the cache store accepts writes again: caching again"
                 );

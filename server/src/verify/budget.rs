@@ -32,7 +32,7 @@ use statrs::distribution::{Beta, ContinuousCDF};
 use utoipa::ToSchema;
 
 use crate::entry::EntryId;
-use crate::record::unix_ms;
+use crate::timing::unix_ms;
 
 /// Similarity bins of the namespace histograms: 0.005 wide.
 const BINS: usize = 200;

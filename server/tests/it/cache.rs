@@ -632,7 +632,7 @@ async fn an_answer_over_max_entry_bytes_is_relayed_whole_and_not_stored() {
     assert!(
         records
             .iter()
-            .filter(|r| r.cache == reprise_server::record::CacheOutcome::Miss)
+            .filter(|r| r.cache == reprise_server::outcome::CacheOutcome::Miss)
             .all(|r| r.store_skipped.as_deref() == Some("too_large")),
         "{records:?}"
     );

@@ -212,7 +212,7 @@ fn the_store_keeps_its_contract_on_a_redis_cluster() {
     store.refresh_counts().expect("count");
     assert_eq!(store.len(), before + 30);
     let evicted = store
-        .sweep(reprise_server::record::unix_ms(), before + 20, u64::MAX)
+        .sweep(reprise_server::timing::unix_ms(), before + 20, u64::MAX)
         .expect("sweep")
         .1;
     assert_eq!(evicted, 10);

@@ -165,7 +165,7 @@ pub(crate) fn entry(n: u64, ttl_ms: u64) -> Entry {
             total_ms: 150.0,
             ..Phases::default()
         },
-        created_at_ms: reprise_server::record::unix_ms(),
+        created_at_ms: reprise_server::timing::unix_ms(),
         ttl_ms,
         hit_count: 0,
         last_hit_ms: 0,
@@ -272,7 +272,7 @@ pub(crate) fn round_trips(store: &dyn Store) {
     // Over the entry cap, a sweep evicts down to it.
     store.put(entry(4, hour)).expect("put");
     let (_, evicted) = store
-        .sweep(reprise_server::record::unix_ms(), 1, u64::MAX)
+        .sweep(reprise_server::timing::unix_ms(), 1, u64::MAX)
         .expect("sweep");
     assert_eq!(evicted, 1);
     assert_eq!(store.len(), 1);
@@ -303,7 +303,7 @@ fn eviction_over_a_cap_is_least_recently_used_across_replicas() {
     };
     let (a, b) = (redis.store(), redis.store());
     let hour = 3_600_000;
-    let now = reprise_server::record::unix_ms();
+    let now = reprise_server::timing::unix_ms();
     let mut ids = Vec::new();
     for n in 1..=4 {
         // Stored a second apart, oldest first.
