@@ -14,7 +14,7 @@ use reprise_server::entry::{Entry, EntryId, Replay, RequestSummary};
 use reprise_server::ingress::Route;
 use reprise_server::key::{CacheKey, PartitionKey};
 use reprise_server::policy::Pacing;
-use reprise_server::replay::{self, Fresh};
+use reprise_server::render::{self as replay, Fresh};
 use reprise_server::store::{SledStore, Store};
 use reprise_server::timing::{PhaseClock, Phases};
 use serde_json::{json, Value};

@@ -280,7 +280,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::embed::{EmbedConfig, EmbedModel};
-    use crate::AppState;
+    use crate::state::AppState;
 
     /// A fake model whose vectors depend only on a text's letters and digits (so `What is X?` and
     /// `what is x` are the same question), and that blocks while its gate is closed: the test decides

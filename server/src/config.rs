@@ -15,7 +15,6 @@ use clap::error::{ContextKind, ErrorKind};
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
-use crate::cache::CacheSettings;
 use crate::guard::Guards;
 use crate::live::LiveSettings;
 use crate::policy::{CacheMode, Pacing};
@@ -449,30 +448,23 @@ impl Default for Config {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("invalid config file {}: {}", path.display(), parse_message(source))]
-    Parse {
-        path: PathBuf,
-        source: Box<toml::de::Error>,
-    },
-    #[error("invalid value for `{field}`: {reason}")]
-    Invalid { field: &'static str, reason: String },
+/// Settings of the cache that do not change per request.
+#[derive(Debug, Clone)]
+pub struct CacheSettings {
+    pub share_across_keys: bool,
+    /// Store answers that stopped at `max_tokens` (`finish_reason: "length"`).
+    pub cache_length_finish: bool,
+    /// Keep reading a stream whose client went away, so the answer can still be cached.
+    pub complete_on_disconnect: bool,
+    pub disconnect_budget_ms: u64,
+    pub max_entries: usize,
+    pub max_bytes: u64,
+    /// Largest answer recorded; a larger one is relayed and not stored.
+    pub max_entry_bytes: usize,
+    pub sweep_interval_ms: u64,
 }
 
-/// A TOML error at its line; one raised for the file as a whole (an unknown key, next to the
-/// flattened live settings) has no line, and its message alone names the key.
-fn parse_message(error: &toml::de::Error) -> String {
-    match error.span() {
-        Some(span) if span.is_empty() && span.start == 0 => error.message().to_owned(),
-        _ => error.to_string(),
-    }
-}
+pub use crate::error::ConfigError;
 
 impl Config {
     /// Layers the sources in order (defaults, file, environment and flags) and validates the result.

@@ -7,6 +7,8 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use std::path::PathBuf;
+
 use serde_json::json;
 
 #[derive(Debug, thiserror::Error)]
@@ -247,6 +249,32 @@ impl IntoResponse for GatewayError {
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
+    }
+}
+
+/// A setting that cannot be read or is invalid, named for the operator who set it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {}: {}", path.display(), parse_message(source))]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("invalid value for `{field}`: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+/// A TOML error at its line; one raised for the file as a whole (an unknown key, next to the
+/// flattened live settings) has no line, and its message alone names the key.
+fn parse_message(error: &toml::de::Error) -> String {
+    match error.span() {
+        Some(span) if span.is_empty() && span.start == 0 => error.message().to_owned(),
+        _ => error.to_string(),
     }
 }
 

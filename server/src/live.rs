@@ -15,7 +15,7 @@ use std::sync::{Arc, RwLock};
 use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::ToSchema;
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::error::GatewayError;
 use crate::guard::Guards;
 use crate::policy::{CacheMode, Defaults, Pacing, MAX_TTL_S};

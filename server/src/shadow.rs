@@ -219,55 +219,6 @@ impl ShadowLog {
     }
 }
 
-/// Judges and records the candidate a shadowed request met; the decision, for its header. A
-/// failure to record is logged, never the client's problem.
-pub(crate) fn record(
-    state: &crate::AppState,
-    ex: &crate::pipeline::Exchange,
-    candidate: &Entry,
-    similarity: f32,
-) -> Option<ShadowDecision> {
-    let (keys, threshold, prompt) = (&ex.keys, ex.threshold, &ex.prompt_key());
-    let guards = ex.settings.semantic_guards;
-    let (mut would, mut verdicts) =
-        ShadowDecision::judge(&keys.prompt, candidate, similarity, threshold, guards);
-    // Feedback refuses like a guard: a vetoed pair, or a similarity under the entry's own
-    // threshold, would not be served either.
-    if !state.feedback.allows(candidate.id, prompt, similarity) {
-        verdicts.push(GuardVerdict {
-            guard: "feedback".to_owned(),
-            enabled: true,
-            refuses: true,
-        });
-        if would == Would::Hit {
-            would = Would::Refuse;
-        }
-    }
-    let decision = ShadowDecision {
-        id: 0,
-        at_ms: crate::timing::unix_ms(),
-        request_id: ex.id.clone(),
-        namespace: ex.policy.namespace.clone(),
-        model: ex.ingress.model.clone(),
-        // Heads only: 10,000 decisions must not keep 10,000 long prompts.
-        prompt: crate::feedback::preview(&keys.prompt),
-        would,
-        entry: candidate.id.to_string(),
-        entry_prompt: crate::feedback::preview(&candidate.summary.prompt),
-        similarity,
-        threshold,
-        guards: verdicts,
-        verdict: None,
-    };
-    match state.feedback.shadow.record(decision) {
-        Ok(d) => Some(d),
-        Err(err) => {
-            tracing::warn!(error = %err, "recording a shadow decision failed");
-            None
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

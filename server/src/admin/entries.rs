@@ -17,10 +17,10 @@ use super::AdminJson;
 use crate::entry::{Entry, EntryId, HitEvent};
 use crate::error::GatewayError;
 use crate::index::VectorIndex;
+use crate::state::AppState;
 use crate::store::Store;
 use crate::timing::unix_ms;
 use crate::timing::Phases;
-use crate::AppState;
 
 const DEFAULT_LIMIT: usize = 20;
 const MAX_LIMIT: usize = 200;

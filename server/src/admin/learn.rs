@@ -11,7 +11,7 @@ use super::AdminJson;
 use crate::error::GatewayError;
 use crate::feedback::{FeedbackRequest, VerdictRecord};
 use crate::shadow::{ShadowDecision, ShadowFilter, Would};
-use crate::AppState;
+use crate::state::AppState;
 
 const DEFAULT_LIMIT: usize = 50;
 const MAX_LIMIT: usize = 1000;

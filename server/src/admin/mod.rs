@@ -26,11 +26,11 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 use crate::error::GatewayError;
 use crate::live::{ConfigPatch, LiveSettings};
 use crate::record::RequestRecord;
+use crate::state::AppState;
 use crate::stats::{
     latency_by_outcome, Gauges, GuardRefusals, OutcomeLatency, Rates, RequestCounts, Timeline,
     TtftHistogram, TtftSaved, UpstreamErrors,
 };
-use crate::AppState;
 
 /// The dashboard: one self-contained page, no external assets (many deployments are offline).
 const DASHBOARD: &str = include_str!("../../assets/dashboard.html");

@@ -19,9 +19,9 @@ use crate::error::GatewayError;
 use crate::index::VectorIndex;
 use crate::ingress::Route;
 use crate::key::{KeyInput, Keys, Tenant};
+use crate::state::AppState;
 use crate::timing::unix_ms;
 use crate::timing::Phases;
-use crate::AppState;
 
 use crate::policy::MAX_TTL_S;
 

@@ -30,21 +30,7 @@ use alias::Aliases;
 use flight::Flights;
 use writer::{Budget, Writer};
 
-/// Settings of the cache that do not change per request.
-#[derive(Debug, Clone)]
-pub struct CacheSettings {
-    pub share_across_keys: bool,
-    /// Store answers that stopped at `max_tokens` (`finish_reason: "length"`).
-    pub cache_length_finish: bool,
-    /// Keep reading a stream whose client went away, so the answer can still be cached.
-    pub complete_on_disconnect: bool,
-    pub disconnect_budget_ms: u64,
-    pub max_entries: usize,
-    pub max_bytes: u64,
-    /// Largest answer recorded; a larger one is relayed and not stored.
-    pub max_entry_bytes: usize,
-    pub sweep_interval_ms: u64,
-}
+pub use crate::config::CacheSettings;
 
 /// A poisoned lock still guards consistent data here (every critical section is a plain update).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

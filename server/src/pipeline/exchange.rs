@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use axum::http::HeaderMap;
 
-use crate::entry::{EntryId, RequestSummary};
+use crate::entry::{EntryId, HitKind, Replay, RequestSummary};
 use crate::error::GatewayError;
 use crate::feedback::PromptKey;
 use crate::ingress::{Ingress, Route};
@@ -17,11 +17,11 @@ use crate::outcome::CacheOutcome;
 use crate::policy::{self, Policy};
 use crate::record::{set_header, Nearest, RecordMeta};
 use crate::shadow::ShadowDecision;
+use crate::state::AppState;
 use crate::timing::unix_ms;
-use crate::AppState;
 
 /// One request on its way through the pipeline.
-pub struct Exchange {
+pub(crate) struct Exchange {
     /// `x-reprise-request-id`, the key of the request's record.
     pub id: String,
     pub ingress: Ingress,
@@ -50,7 +50,7 @@ pub struct Exchange {
 
 /// What a miss reports about the lookup that preceded it.
 #[derive(Default)]
-pub struct MissNotes {
+pub(crate) struct MissNotes {
     /// The best semantic candidate, and the guard that refused it.
     pub nearest: Nearest,
     /// What semantic matching would have served, in shadow mode.
@@ -65,7 +65,7 @@ pub struct MissNotes {
 impl MissNotes {
     /// Adds the `x-reprise-nearest`, `-guard`, `-shadow`, `-vetoed` and `-semantic` headers to a
     /// miss's response.
-    pub fn annotate(&self, headers: &mut HeaderMap) {
+    pub(crate) fn annotate(&self, headers: &mut HeaderMap) {
         if let Some(nearest) = self.nearest.similarity {
             // What the best candidate scored, so thresholds can be tuned from real traffic.
             set_header(headers, "x-reprise-nearest", format!("{nearest:.4}"));
@@ -126,7 +126,11 @@ fn responses_rules(ingress: &Ingress, policy: &mut Policy) -> bool {
 impl Exchange {
     /// The policy and key stages: reads the cache controls against the live defaults, and builds the
     /// partition, the exact key and the prompt. Fails on a control or a keyed field that is invalid.
-    pub fn new(state: &AppState, ingress: Ingress, id: String) -> Result<Self, GatewayError> {
+    pub(crate) fn new(
+        state: &AppState,
+        ingress: Ingress,
+        id: String,
+    ) -> Result<Self, GatewayError> {
         let settings = state.live.current();
         let mut policy =
             policy::from_headers(&ingress.headers, &settings.defaults_for(&ingress.headers))?;
@@ -179,25 +183,25 @@ impl Exchange {
         })
     }
 
-    pub fn route(&self) -> Route {
+    pub(crate) fn route(&self) -> Route {
         self.ingress.route
     }
 
     /// The prompt's key for operators' verdicts.
-    pub fn prompt_key(&self) -> PromptKey {
+    pub(crate) fn prompt_key(&self) -> PromptKey {
         *self
             .prompt_key
             .get_or_init(|| PromptKey::of(&self.keys.prompt))
     }
 
     /// The verify settings of this request's namespace.
-    pub fn verify_plan(&self) -> &crate::verify::settings::VerifyPlan {
+    pub(crate) fn verify_plan(&self) -> &crate::verify::settings::VerifyPlan {
         self.verify_plan
             .get_or_init(|| self.settings.verify_for(self.policy.namespace.as_deref()))
     }
 
     /// What an entry stored from this request says about it.
-    pub fn summary(&self) -> RequestSummary {
+    pub(crate) fn summary(&self) -> RequestSummary {
         RequestSummary {
             route: self.route().name().to_owned(),
             model: self.ingress.model.clone(),
@@ -209,7 +213,7 @@ impl Exchange {
     }
 
     /// The start of this request's record, as `cache`.
-    pub fn record(&self, cache: CacheOutcome) -> RecordMeta {
+    pub(crate) fn record(&self, cache: CacheOutcome) -> RecordMeta {
         RecordMeta {
             id: self.id.clone(),
             started_at_ms: unix_ms()
@@ -224,6 +228,51 @@ impl Exchange {
             error: None,
             store_skipped: None,
             trace: self.trace.clone(),
+        }
+    }
+}
+
+/// An entry found for a request, and how.
+pub(crate) struct Found {
+    pub entry: Arc<Replay>,
+    pub age_s: u64,
+    pub how: How,
+    /// How a semantic hit was verified (`x-reprise-verified`), when it was.
+    pub verified: Option<crate::verify::Verified>,
+    /// The judge's verdict on this request, when one was asked (`x-reprise-verify`).
+    pub verdict: Option<String>,
+}
+
+/// How a request came to be served from an entry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum How {
+    Exact,
+    Similar(f32),
+    /// An identical miss in flight landed.
+    Coalesced,
+}
+
+impl How {
+    pub(crate) fn outcome(self) -> CacheOutcome {
+        match self {
+            Self::Exact => CacheOutcome::Hit,
+            Self::Similar(_) => CacheOutcome::SemanticHit,
+            Self::Coalesced => CacheOutcome::Coalesced,
+        }
+    }
+
+    pub(crate) fn kind(self) -> HitKind {
+        match self {
+            Self::Exact => HitKind::Hit,
+            Self::Similar(_) => HitKind::SemanticHit,
+            Self::Coalesced => HitKind::Coalesced,
+        }
+    }
+
+    pub(crate) fn similarity(self) -> Option<f32> {
+        match self {
+            Self::Similar(s) => Some(s),
+            Self::Exact | Self::Coalesced => None,
         }
     }
 }

@@ -14,17 +14,18 @@ use std::time::Instant;
 
 use tokio::task::JoinHandle;
 
+use super::exchange::{Found, How};
 use super::Exchange;
 use crate::cache::remote::{self, Across};
 use crate::cache::{Flight, Join};
-use crate::entry::{EntryId, HitKind, Replay};
+use crate::entry::{Entry, EntryId, Replay};
 use crate::feedback::{self, Encounter, Met};
 use crate::guard::Guards;
 use crate::ingress::Route;
-use crate::outcome::CacheOutcome;
 use crate::semantic::{self, Query, Semantic};
+use crate::shadow;
+use crate::state::AppState;
 use crate::timing::unix_ms;
-use crate::AppState;
 
 /// What the lookup decided for a request.
 pub(crate) enum Decision {
@@ -38,51 +39,6 @@ pub(crate) enum Decision {
         flight: Option<Arc<Flight>>,
         search: Option<PendingSearch>,
     },
-}
-
-/// An entry found for a request, and how.
-pub struct Found {
-    pub entry: Arc<Replay>,
-    pub age_s: u64,
-    pub how: How,
-    /// How a semantic hit was verified (`x-reprise-verified`), when it was.
-    pub verified: Option<crate::verify::Verified>,
-    /// The judge's verdict on this request, when one was asked (`x-reprise-verify`).
-    pub verdict: Option<String>,
-}
-
-/// How a request came to be served from an entry.
-#[derive(Debug, Clone, Copy)]
-pub enum How {
-    Exact,
-    Similar(f32),
-    /// An identical miss in flight landed.
-    Coalesced,
-}
-
-impl How {
-    pub fn outcome(self) -> CacheOutcome {
-        match self {
-            Self::Exact => CacheOutcome::Hit,
-            Self::Similar(_) => CacheOutcome::SemanticHit,
-            Self::Coalesced => CacheOutcome::Coalesced,
-        }
-    }
-
-    pub fn kind(self) -> HitKind {
-        match self {
-            Self::Exact => HitKind::Hit,
-            Self::Similar(_) => HitKind::SemanticHit,
-            Self::Coalesced => HitKind::Coalesced,
-        }
-    }
-
-    pub fn similarity(self) -> Option<f32> {
-        match self {
-            Self::Similar(s) => Some(s),
-            Self::Exact | Self::Coalesced => None,
-        }
-    }
 }
 
 /// What the semantic stage produced: the prompt's vector (to store with the answer) and, when it
@@ -367,9 +323,9 @@ pub(crate) async fn apply_search(
     }
     if shadow {
         if let Some((entry, similarity)) = outcome.hit.take() {
-            let mut decision = crate::shadow::record(state, ex, &entry, similarity);
+            let mut decision = record_shadow(state, ex, &entry, similarity);
             if let Some(decision) = &mut decision {
-                crate::verify::shadow(state, ex, &entry, similarity, decision);
+                super::verify::shadow(state, ex, &entry, similarity, decision);
             }
             ex.misses.shadowed = decision;
             note(state, ex, Met::Shadow, entry.id, Some(similarity));
@@ -389,9 +345,9 @@ pub(crate) async fn apply_search(
         state.requests.stats.guard_refused(guard);
     }
     let (entry, similarity) = outcome.hit?;
-    let verified = match crate::verify::check(state, ex, &entry, similarity).await {
-        crate::verify::Check::Serve(verified) => verified,
-        crate::verify::Check::Refuse => return None,
+    let verified = match super::verify::check(state, ex, &entry, similarity).await {
+        super::verify::Check::Serve(verified) => verified,
+        super::verify::Check::Refuse => return None,
     };
     if ex.policy.store {
         state
@@ -451,4 +407,53 @@ fn note(state: &AppState, ex: &Exchange, met: Met, entry: EntryId, similarity: O
             namespace: ex.policy.namespace.clone(),
         },
     );
+}
+
+/// Judges and records the candidate a shadowed request met; the decision, for its header. A
+/// failure to record is logged, never the client's problem.
+fn record_shadow(
+    state: &AppState,
+    ex: &Exchange,
+    candidate: &Entry,
+    similarity: f32,
+) -> Option<shadow::ShadowDecision> {
+    let (keys, threshold, prompt) = (&ex.keys, ex.threshold, &ex.prompt_key());
+    let guards = ex.settings.semantic_guards;
+    let (mut would, mut verdicts) =
+        shadow::ShadowDecision::judge(&keys.prompt, candidate, similarity, threshold, guards);
+    // Feedback refuses like a guard: a vetoed pair, or a similarity under the entry's own
+    // threshold, would not be served either.
+    if !state.feedback.allows(candidate.id, prompt, similarity) {
+        verdicts.push(shadow::GuardVerdict {
+            guard: "feedback".to_owned(),
+            enabled: true,
+            refuses: true,
+        });
+        if would == shadow::Would::Hit {
+            would = shadow::Would::Refuse;
+        }
+    }
+    let decision = shadow::ShadowDecision {
+        id: 0,
+        at_ms: crate::timing::unix_ms(),
+        request_id: ex.id.clone(),
+        namespace: ex.policy.namespace.clone(),
+        model: ex.ingress.model.clone(),
+        // Heads only: 10,000 decisions must not keep 10,000 long prompts.
+        prompt: crate::feedback::preview(&keys.prompt),
+        would,
+        entry: candidate.id.to_string(),
+        entry_prompt: crate::feedback::preview(&candidate.summary.prompt),
+        similarity,
+        threshold,
+        guards: verdicts,
+        verdict: None,
+    };
+    match state.feedback.shadow.record(decision) {
+        Ok(d) => Some(d),
+        Err(err) => {
+            tracing::warn!(error = %err, "recording a shadow decision failed");
+            None
+        }
+    }
 }

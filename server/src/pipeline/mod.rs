@@ -3,7 +3,10 @@
 //! replay on a hit or forward on a miss; downstream and record run as the response is delivered.
 
 pub(crate) mod exchange;
+pub(crate) mod forward;
 pub(crate) mod lookup;
+pub(crate) mod replay;
+pub(crate) mod verify;
 
 use std::time::Instant;
 
@@ -16,7 +19,7 @@ pub(crate) use lookup::Decision;
 use crate::cache::{Flight, Recorder};
 use crate::ingress::{self, Route};
 use crate::record::error_response;
-use crate::{forward, replay, AppState};
+use crate::state::AppState;
 use lookup::PendingSearch;
 
 /// Runs one request on a cacheable route through the pipeline.

@@ -143,8 +143,8 @@ pub const DEFAULT_MAX_WRONG: f64 = 0.01;
 pub const MAX_JUDGE_TIMEOUT_MS: u64 = 600_000;
 
 /// Refuses a value out of its range, naming the field.
-pub fn check(field: &'static str, plan: &VerifyPlan) -> Result<(), crate::config::ConfigError> {
-    let invalid = |reason: String| Err(crate::config::ConfigError::Invalid { field, reason });
+pub fn check(field: &'static str, plan: &VerifyPlan) -> Result<(), crate::error::ConfigError> {
+    let invalid = |reason: String| Err(crate::error::ConfigError::Invalid { field, reason });
     if !(0.0..=1.0).contains(&plan.floor) {
         return invalid(format!(
             "verify_floor {} is not a similarity between 0 and 1",

@@ -1,5 +1,5 @@
-//! Replay, the stage that serves an entry: a hit (or a follower of an identical miss in flight)
-//! gets a copy of the stored answer with a fresh `id`/`created` (a Responses API answer keeps its
+//! How an entry's answer is rendered for the client: a hit (or a follower of an identical miss in
+//! flight) gets a copy of the stored answer with a fresh `id`/`created` (a Responses API answer keeps its
 //! original ids: see [`crate::key::responses`]), as a body or an SSE stream paced as asked. Both shapes are stored (see [`crate::cache::cacheable`]), so nothing is re-derived here.
 //!
 //! A hit renders from the entry's [`Replay`]: its events and body are stored serialized, with
@@ -10,27 +10,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use reprise_migrations::replay::Identity;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
-use crate::cache::{Flight, FlightEnd};
-use crate::downstream::{Delivered, Delivery, Source};
-use crate::entry::{HitEvent, HitKind, Replay};
-use crate::error::GatewayError;
+use crate::downstream::Source;
+use crate::entry::Replay;
 use crate::ingress::Route;
-use crate::outcome::{CacheOutcome, Completion};
-use crate::pipeline::lookup::{Found, How};
-use crate::pipeline::Exchange;
 use crate::policy::Pacing;
-use crate::record::{set_cache_outcome, set_header, set_request_id, Served};
-use crate::timing::unix_ms;
 use crate::timing::PhaseClock;
-use crate::AppState;
 
 /// The identity a replayed response carries instead of the original's.
 #[derive(Debug, Clone)]
@@ -288,7 +277,7 @@ fn stream_end(replay: &Replay) -> &'static [u8] {
 
 /// A Responses API event as a coalesced follower receives it: named by its type, as the leader
 /// received it (ids included, see [`reprise_migrations::replay`]).
-fn render_named(event: &Value) -> Bytes {
+pub(crate) fn render_named(event: &Value) -> Bytes {
     let kind = event
         .get("type")
         .and_then(Value::as_str)
@@ -325,237 +314,6 @@ fn offset_duration(offset_ms: f64) -> Duration {
         return Duration::ZERO;
     }
     Duration::try_from_secs_f64(offset_ms / 1000.0).map_or(MAX_OFFSET, |d| d.min(MAX_OFFSET))
-}
-
-/// Serves an entry: a hit, or a follower once its leader's answer landed.
-pub fn serve(state: &AppState, ex: &Exchange, found: Found) -> Response {
-    let Found {
-        entry,
-        age_s,
-        how,
-        verified,
-        verdict,
-    } = found;
-    let (stream, include_usage, pacing) = (ex.stream, ex.include_usage, ex.policy.pacing);
-    let outcome = how.outcome();
-    let similarity = how.similarity();
-    let fresh = Fresh::new(ex.route());
-    let mut clock: PhaseClock = ex.ingress.clock.clone();
-    let mut meta = ex.record(outcome);
-    let log = state.requests.clone();
-    let (id, ttft_cost_ms) = (entry.id(), entry.ttft_cost_ms());
-    let (source, content_type) = render(entry, &fresh, stream, include_usage, pacing, &mut clock);
-    let phases = clock.phases(Instant::now());
-    // A coalesced request waited for the upstream like its leader: it claims no saving.
-    let saved = ttft_cost_ms
-        .filter(|_| !matches!(how, How::Coalesced))
-        .map(|cost| (cost - phases.ttft_ms.unwrap_or(0.0)).max(0.0));
-    meta.served = Some(Served {
-        entry: id,
-        similarity,
-        ttft_saved_ms: saved,
-    });
-    state.cache.note_hit(
-        id,
-        HitEvent {
-            at_ms: unix_ms(),
-            kind: how.kind(),
-            similarity,
-            request_id: ex.id.clone(),
-            ttft_ms: phases.ttft_ms,
-            ttft_saved_ms: saved,
-        },
-    );
-    let delivery = Delivery::new(source, move |how| {
-        let completion = match how {
-            Delivered::Complete(at) => {
-                clock.delivered = Some(at);
-                Completion::Complete
-            }
-            _ => Completion::ClientDisconnected,
-        };
-        meta.finish(&log, 200, completion, &clock);
-    });
-    let mut response = Response::new(delivery.into_body());
-    *response.status_mut() = StatusCode::OK;
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    if stream {
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    } else {
-        set_header(headers, "server-timing", phases.server_timing());
-    }
-    set_cache_outcome(headers, outcome);
-    set_request_id(headers, &ex.id);
-    set_header(headers, "x-reprise-entry", id.to_string());
-    set_header(headers, "age", age_s.to_string());
-    if let Some(saved) = saved {
-        set_header(headers, "x-reprise-ttft-saved-ms", format!("{saved:.1}"));
-    }
-    if let Some(similarity) = similarity {
-        set_header(headers, "x-reprise-similarity", format!("{similarity:.4}"));
-    }
-    if let Some(verified) = verified {
-        set_header(headers, "x-reprise-verified", verified.name().to_owned());
-    }
-    if let Some(verdict) = verdict {
-        set_header(headers, "x-reprise-verify", verdict);
-    }
-    if let Some(ms) = phases.judge_ms {
-        // A streamed hit carries no Server-Timing header: the judge's wait is said here too.
-        set_header(headers, "x-reprise-judge-ms", format!("{ms:.1}"));
-    }
-    response
-}
-
-const SSE: &str = "text/event-stream; charset=utf-8";
-
-/// Follows the leader of an identical miss. Streaming followers of a streaming leader get its
-/// chunks as they arrive; the others get the stored answer once it lands. `None` when the leader's
-/// answer could not be cached before anything was sent to this client: it then goes upstream itself.
-pub async fn follow(state: &AppState, ex: &Exchange, flight: &Arc<Flight>) -> Option<Response> {
-    let coalesced = |entry| Found {
-        entry,
-        age_s: 0,
-        how: How::Coalesced,
-        verified: None,
-        verdict: None,
-    };
-    if !(ex.stream && flight.leader_streams) {
-        return match flight.end().await {
-            FlightEnd::Stored(entry) => Some(serve(state, ex, coalesced(entry))),
-            FlightEnd::Uncacheable | FlightEnd::Relayed => None,
-        };
-    }
-    let first = flight.next(0).await;
-    // Joined a flight whose answer went over `max_entry_bytes` and let its start go: nothing was
-    // sent yet, so this request goes upstream itself.
-    if first.lagged {
-        return None;
-    }
-    if first.chunks.is_empty() {
-        match &first.end {
-            Some(FlightEnd::Uncacheable | FlightEnd::Relayed) => return None,
-            // The flight ended before any chunk: the leader was served an entry instead (a semantic
-            // hit found while its upstream request was in flight).
-            Some(FlightEnd::Stored(entry)) => {
-                return Some(serve(state, ex, coalesced(entry.clone())))
-            }
-            None => {}
-        }
-    }
-    let fresh = Fresh::new(ex.route());
-    let include_usage = ex.include_usage;
-    let named = ex.route() == Route::Responses;
-    let (tx, rx) = mpsc::channel::<Bytes>(64);
-    let mut clock = ex.ingress.clock.clone();
-    let mut meta = ex.record(CacheOutcome::Coalesced);
-    let log = state.requests.clone();
-    let cache = state.cache.clone();
-    let flight = flight.clone();
-    let (delivered_tx, delivered_rx) = tokio::sync::oneshot::channel::<Delivered>();
-    state.tasks.spawn(async move {
-        let mut update = first;
-        let mut seen = 0;
-        let completion = loop {
-            seen += update.chunks.len();
-            if update.lagged {
-                let err = GatewayError::UpstreamProtocol {
-                    reason: "the stream broke off",
-                    detail: "this client fell behind the coalesced leader's stream, which is too large to keep".into(),
-                };
-                let _ = tx.send(err.sse_event()).await;
-                break Completion::StreamFailed;
-            }
-            for event in &update.chunks {
-                let Some(chunk) = crate::cache::tape::chunk_of(event) else {
-                    continue;
-                };
-                let chunk = &chunk;
-                let now = Instant::now();
-                let tokens = if named {
-                    reprise_migrations::replay::named_event_tokens(chunk)
-                } else {
-                    crate::sse::chunk_tokens(chunk)
-                };
-                clock.tokens(now, tokens);
-                if clock.first_token.is_none() {
-                    clock.first_token = Some(now);
-                }
-                let rendered = if named {
-                    Some(render_named(chunk))
-                } else {
-                    render_chunk(chunk, &fresh, include_usage)
-                };
-                if let Some(bytes) = rendered {
-                    if tx.send(bytes).await.is_err() {
-                        break;
-                    }
-                }
-            }
-            match update.end {
-                Some(FlightEnd::Stored(entry)) => {
-                    // A follower that joined mid-flight saved only part of the prefill: no claim.
-                    meta.served = Some(Served {
-                        entry: entry.id(),
-                        similarity: None,
-                        ttft_saved_ms: None,
-                    });
-                    cache.note_hit(
-                        entry.id(),
-                        HitEvent {
-                            at_ms: unix_ms(),
-                            kind: HitKind::Coalesced,
-                            similarity: None,
-                            request_id: meta.id.clone(),
-                            ttft_ms: clock.phases(Instant::now()).ttft_ms,
-                            ttft_saved_ms: None,
-                        },
-                    );
-                    let mut tail = clock.phases(Instant::now()).sse_comment().to_vec();
-                    tail.extend_from_slice(if named { b"\n" } else { b"data: [DONE]\n\n" });
-                    let _ = tx.send(Bytes::from(tail)).await;
-                    break Completion::Complete;
-                }
-                Some(FlightEnd::Relayed) => {
-                    // The leader's answer was complete but too large to store: nothing served it.
-                    meta.store_skipped = Some("too_large");
-                    let mut tail = clock.phases(Instant::now()).sse_comment().to_vec();
-                    tail.extend_from_slice(if named { b"\n" } else { b"data: [DONE]\n\n" });
-                    let _ = tx.send(Bytes::from(tail)).await;
-                    break Completion::Complete;
-                }
-                Some(FlightEnd::Uncacheable) => {
-                    let err = GatewayError::UpstreamProtocol {
-                        reason: "the stream broke off",
-                        detail: "the coalesced leader's stream failed".into(),
-                    };
-                    let _ = tx.send(err.sse_event()).await;
-                    break Completion::StreamFailed;
-                }
-                None => update = flight.next(seen).await,
-            }
-        };
-        drop(tx);
-        let completion = match delivered_rx.await {
-            Ok(Delivered::Complete(at)) => {
-                clock.delivered = Some(at);
-                completion
-            }
-            _ => Completion::ClientDisconnected,
-        };
-        meta.finish(&log, 200, completion, &clock);
-    });
-    let delivery = Delivery::new(Source::Channel(rx), move |how| {
-        let _ = delivered_tx.send(how);
-    });
-    let mut response = Response::new(delivery.into_body());
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(SSE));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    set_cache_outcome(headers, CacheOutcome::Coalesced);
-    set_request_id(headers, &ex.id);
-    Some(response)
 }
 
 #[cfg(test)]
