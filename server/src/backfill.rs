@@ -16,6 +16,7 @@ use crate::embed::{EmbedError, Embedder, Queued};
 use crate::entry::{Entry, EntryId};
 use crate::index::VectorIndex;
 use crate::ingress::Route;
+use crate::lock::lock;
 use crate::store::Store;
 use crate::timing::unix_ms;
 
@@ -123,10 +124,6 @@ impl Drop for Backfill {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 struct Worker {

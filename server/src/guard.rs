@@ -18,6 +18,9 @@ mod direction;
 mod entity;
 mod request;
 mod template;
+mod text;
+
+use text::{date_word, words, RELATIVE_DAYS, WEEKDAYS};
 
 /// One literal check, as named in configuration (`semantic_guards`) and in `x-reprise-guard`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -497,43 +500,6 @@ impl Literals {
     }
 }
 
-/// Lowercase words: letters, digits, apostrophes (typographic ones folded to `'`), `-` between
-/// letters ("twenty-five"), and `.`, `,`, `/`, `:`, `-` between digits ("2.5", "1,000",
-/// "05/03/2024", "10:30"), so a number and its separators stay one literal.
-fn words(text: &str) -> Vec<String> {
-    let chars: Vec<char> = text.chars().collect();
-    let mut words = Vec::new();
-    let mut word = String::new();
-    for (i, &c) in chars.iter().enumerate() {
-        let prev = i.checked_sub(1).map(|p| chars[p]);
-        let next = chars.get(i + 1).copied();
-        let joins = match c {
-            '.' | ',' | '/' | ':' => {
-                prev.is_some_and(|p| p.is_ascii_digit()) && next.is_some_and(|n| n.is_ascii_digit())
-            }
-            '-' => {
-                let both = |f: fn(&char) -> bool| {
-                    prev.as_ref().is_some_and(f) && next.as_ref().is_some_and(f)
-                };
-                both(char::is_ascii_digit) || both(|c| c.is_alphabetic())
-            }
-            _ => false,
-        };
-        // Checked first: U+02BC is a letter to Unicode, but typed as an apostrophe ("donʼt").
-        if matches!(c, '\'' | '\u{2019}' | '\u{2018}' | '\u{02BC}') {
-            word.push('\'');
-        } else if c.is_alphanumeric() || joins {
-            word.extend(c.to_lowercase());
-        } else if !word.is_empty() {
-            words.push(std::mem::take(&mut word));
-        }
-    }
-    if !word.is_empty() {
-        words.push(word);
-    }
-    words
-}
-
 /// The numbers inside a word, with their separators: "1,000" → 1000 (a comma before exactly
 /// three digits groups thousands), "1,5" → 1,5 (a decimal comma), "3pm" → 3, "05/03/2024" and
 /// "10:30" whole, "2-bedroom" → 2.
@@ -740,84 +706,6 @@ fn compound_number(word: &str) -> Option<String> {
         other => number_word(other).filter(|u| (2..=9).contains(u))?,
     };
     Some((tens + unit).to_string())
-}
-
-const WEEKDAYS: [&str; 7] = [
-    "monday",
-    "tuesday",
-    "wednesday",
-    "thursday",
-    "friday",
-    "saturday",
-    "sunday",
-];
-/// "may" is left out: it is mostly a verb. "march" stays: as a verb it is rare in questions.
-const MONTHS: [&str; 11] = [
-    "january",
-    "february",
-    "march",
-    "april",
-    "june",
-    "july",
-    "august",
-    "september",
-    "october",
-    "november",
-    "december",
-];
-/// Days relative to now, and the other named parts of the calendar and the clock: "on weekdays" is
-/// not "at weekends", "at noon" not "at midnight".
-const RELATIVE_DAYS: [&str; 8] = [
-    "today",
-    "tomorrow",
-    "yesterday",
-    "tonight",
-    "weekday",
-    "weekend",
-    "noon",
-    "midnight",
-];
-
-/// A weekday, month or relative day, plurals folded ("sundays" → sunday). A weekday also matches
-/// with one letter left out or two neighbours swapped ("mondys", "firday", "wendesday"), since
-/// users type fast; not with a letter changed, which would make "sundry" a Sunday.
-fn date_word(word: &str) -> Option<&'static str> {
-    let singular = word.strip_suffix('s').unwrap_or(word);
-    let exact = WEEKDAYS
-        .iter()
-        .chain(&MONTHS)
-        .chain(&RELATIVE_DAYS)
-        .find(|d| **d == word || **d == singular);
-    if let Some(d) = exact {
-        // Tonight is part of today: "open tonight?" asks of today.
-        return Some(if *d == "tonight" { "today" } else { d });
-    }
-    WEEKDAYS
-        .iter()
-        .find(|d| [word, singular].iter().any(|w| is_slip_of(w, d)))
-        .copied()
-}
-
-/// `typed` is `word` with one letter left out, or with two neighbouring letters swapped.
-fn is_slip_of(typed: &str, word: &str) -> bool {
-    let (t, w) = (typed.as_bytes(), word.as_bytes());
-    if t.len() + 1 == w.len() {
-        return (0..w.len()).any(|skip| {
-            w.iter()
-                .enumerate()
-                .filter(|(i, _)| *i != skip)
-                .map(|(_, b)| b)
-                .eq(t.iter())
-        });
-    }
-    if t.len() == w.len() {
-        let differ: Vec<usize> = (0..t.len()).filter(|i| t[*i] != w[*i]).collect();
-        return differ.len() == 2
-            && differ[1] == differ[0] + 1
-            && t[differ[0]] == w[differ[1]]
-            && t[differ[1]] == w[differ[0]];
-    }
-    false
 }
 
 /// A compound made with a negative determiner: "non-members" are those who are not members,

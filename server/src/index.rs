@@ -30,13 +30,15 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{BufWriter, Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use hnsw_rs::api::AnnT;
 use hnsw_rs::hnsw::Hnsw;
 use hnsw_rs::hnswio::HnswIo;
 use hnsw_rs::prelude::Distance;
 use serde::{Deserialize, Serialize};
+
+use crate::lock::lock;
 
 /// An indexed vector's id: the store's `EntryId.0`.
 pub type VectorId = u64;
@@ -367,10 +369,6 @@ fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
 }
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 fn new_graph(config: &IndexConfig, capacity: usize) -> Graph {
     Hnsw::new(
         config.max_connections,

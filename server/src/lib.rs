@@ -49,6 +49,7 @@ pub mod index;
 pub mod ingress;
 pub mod key;
 pub mod live;
+pub(crate) mod lock;
 pub(crate) mod otel;
 pub mod outcome;
 pub(crate) mod pipeline;

@@ -538,10 +538,10 @@ mod tests {
             assert_eq!(now.verify_for(Some("legal")).max_wrong, Some(0.005));
             assert_eq!(now.verify_for(Some("chat")).max_wrong, None);
         }
-        let err = crate::admin::parse_json::<ConfigPatch>(br#"{"max_wrong": "some"}"#)
+        let err = crate::admin::json::parse_json::<ConfigPatch>(br#"{"max_wrong": "some"}"#)
             .expect_err("not a budget");
         assert_eq!(err.body()["error"]["param"], "max_wrong");
-        let err = crate::admin::parse_json::<ConfigPatch>(br#"{"verify": "maybe"}"#)
+        let err = crate::admin::json::parse_json::<ConfigPatch>(br#"{"verify": "maybe"}"#)
             .expect_err("not a kind");
         assert_eq!(err.body()["error"]["param"], "verify");
     }
@@ -604,7 +604,8 @@ mod tests {
             ),
             (r#"{"listen": "x"}"#, "listen", "unknown field"),
         ] {
-            let err = crate::admin::parse_json::<ConfigPatch>(body.as_bytes()).expect_err(field);
+            let err =
+                crate::admin::json::parse_json::<ConfigPatch>(body.as_bytes()).expect_err(field);
             let body = err.body();
             assert_eq!(body["error"]["param"], field, "{body}");
             assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");

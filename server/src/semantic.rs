@@ -18,6 +18,7 @@ use crate::embed::{EmbedConfig, EmbedError, Embedder};
 use crate::entry::{Entry, EntryId};
 use crate::guard::{Guard, Guards, Literals};
 use crate::index::{HnswIndex, IndexConfig, VectorIndex};
+use crate::lock::lock;
 use crate::store::Store;
 use crate::timing::unix_ms;
 
@@ -431,10 +432,6 @@ impl Semantic {
             tracing::warn!(error = %err, dir = %self.index_dir.display(), "saving the vector index failed");
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Rebuilds the graph when tombstones pile up, and saves it every `save_every`, until stopped.

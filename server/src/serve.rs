@@ -36,7 +36,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -60,6 +60,7 @@ use tower::ServiceExt;
 
 use crate::config::Config;
 use crate::error::{BodyTimeout, GatewayError};
+use crate::lock::lock;
 use crate::stats::Stats;
 
 /// Longest request target accepted (hyper's own limit is 64 KiB, answered with an empty 414).
@@ -1418,10 +1419,6 @@ impl HttpBody for TrackedBody {
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::guard::Guard;
+use crate::lock::lock;
 use crate::outcome::{CacheOutcome, Completion};
 use crate::record::RequestRecord;
 use crate::timing::unix_ms;
@@ -129,10 +130,6 @@ fn phase_values(p: &Phases) -> [(&'static str, Option<f64>); 8] {
         ("decode", p.decode_ms),
         ("downstream", p.downstream_ms),
     ]
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Default for Stats {

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use super::AdminJson;
+use super::json::AdminJson;
 use crate::entry::{Entry, EntryId, HitEvent};
 use crate::error::GatewayError;
 use crate::index::VectorIndex;

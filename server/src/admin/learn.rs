@@ -7,7 +7,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::AdminJson;
+use super::json::AdminJson;
 use crate::error::GatewayError;
 use crate::feedback::{FeedbackRequest, VerdictRecord};
 use crate::shadow::{ShadowDecision, ShadowFilter, Would};

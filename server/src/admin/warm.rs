@@ -158,7 +158,7 @@ struct Rules {
 }
 
 fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
-    let item: WarmItem = super::from_value(value)?;
+    let item: WarmItem = super::json::from_value(value)?;
     let WarmItem {
         model,
         prompt,
@@ -292,7 +292,8 @@ pub(crate) async fn warm(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json");
     let json_lines = is_json_lines(content_type);
-    let raw = crate::ingress::read_limited(body, &parts.headers, super::ADMIN_MAX_BODY).await?;
+    let raw =
+        crate::ingress::read_limited(body, &parts.headers, super::json::ADMIN_MAX_BODY).await?;
     let rules = Rules {
         share_across_keys: state.cache.settings.share_across_keys,
         default_ttl_s: state.live.current().default_ttl_s,

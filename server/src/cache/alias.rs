@@ -4,9 +4,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-use super::lock;
 use crate::entry::EntryId;
 use crate::key::CacheKey;
+use crate::lock::lock;
 
 /// How many paraphrases [`Aliases`] remembers.
 const ALIASES: usize = 10_000;

@@ -9,10 +9,10 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use super::lock;
 use super::tape::{Pushed, Read, Tape};
 use crate::entry::Replay;
 use crate::key::CacheKey;
+use crate::lock::lock;
 
 /// How a flight ended.
 #[derive(Clone)]

@@ -13,7 +13,7 @@ pub mod responses;
 pub mod tape;
 pub mod writer;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use flight::{Flight, FlightEnd, FlightUpdate, Join};
@@ -31,11 +31,6 @@ use flight::Flights;
 use writer::{Budget, Writer};
 
 pub use crate::config::CacheSettings;
-
-/// A poisoned lock still guards consistent data here (every critical section is a plain update).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 pub struct Cache {
     /// The store, for blocking threads only (the writer, admin work in `spawn_blocking`): async

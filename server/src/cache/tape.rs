@@ -17,7 +17,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::lock;
+use crate::lock::lock;
 
 /// What a follower still reading an over-cap tape may lag behind by: a client that reads at all
 /// stays well inside it, and it bounds what an unstored flight holds.

@@ -11,11 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::lock;
 use crate::backfill::Backfill;
 use crate::entry::{Entry, EntryId, HitEvent, StoredEvent, HIT_HISTORY};
 use crate::index::VectorIndex;
 use crate::key::CacheKey;
+use crate::lock::lock;
 use crate::store::{ClaimToken, Store};
 use crate::timing::unix_ms;
 

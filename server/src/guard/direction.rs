@@ -358,7 +358,7 @@ mod tests {
     use super::*;
 
     fn tokens(text: &str) -> Vec<String> {
-        super::super::words(text)
+        super::super::text::words(text)
     }
 
     #[test]

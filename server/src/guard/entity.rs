@@ -77,7 +77,8 @@ pub(super) fn other_names(query: &BTreeSet<String>, candidate: &BTreeSet<String>
         return false;
     }
     let slip = |a: &str, b: &str| {
-        a.len().min(b.len()) >= 5 && (super::is_slip_of(a, b) || super::is_slip_of(b, a))
+        a.len().min(b.len()) >= 5
+            && (super::text::is_slip_of(a, b) || super::text::is_slip_of(b, a))
     };
     let unmatched = |mine: &[String], theirs: &[String]| {
         mine.iter().any(|m| !theirs.iter().any(|t| slip(m, t)))
@@ -117,7 +118,7 @@ pub(super) fn names(text: &str) -> BTreeSet<String> {
                     .unwrap_or(token)
                     .to_lowercase();
                 // Weekdays and months are capitalized too, and are the numbers guard's business.
-                if super::date_word(&word).is_none() {
+                if super::text::date_word(&word).is_none() {
                     names.insert(canonical(&word));
                 }
             }

@@ -302,7 +302,7 @@ impl Asks {
         let mut asks = Asks::default();
         // Each sentence (or line) can open with its own instruction: "Here is my essay. Proofread it."
         for sentence in text.split(['.', '?', '!', ';', ':', '\n']) {
-            asks.read(&super::words(sentence));
+            asks.read(&super::text::words(sentence));
         }
         asks
     }

@@ -16,7 +16,8 @@
 
 use std::ops::Range;
 
-use super::{entity, is_slip_of, Literals};
+use super::text::is_slip_of;
+use super::{entity, Literals};
 
 /// One place where two aligned prompts differ: the query's words there and the candidate's.
 pub(super) type Change = (Range<usize>, Range<usize>);

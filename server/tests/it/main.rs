@@ -17,6 +17,7 @@ mod disk;
 mod feed;
 mod fuzz;
 mod gateway;
+mod layers;
 mod learn;
 mod otel;
 mod process;
