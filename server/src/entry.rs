@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::key::{CacheKey, PartitionKey};
+use crate::outcome::CacheOutcome;
 use crate::timing::Phases;
 use reprise_migrations::replay::{self as record, Record};
 
@@ -103,6 +104,18 @@ pub enum HitKind {
     #[serde(alias = "semantic_hit")]
     SemanticHit,
     Coalesced,
+}
+
+impl HitKind {
+    /// The outcome a hit of this kind is served as: the one mapping between the two, so a hit's
+    /// history and its `x-reprise-cache` always agree.
+    pub fn outcome(self) -> CacheOutcome {
+        match self {
+            Self::Hit => CacheOutcome::Hit,
+            Self::SemanticHit => CacheOutcome::SemanticHit,
+            Self::Coalesced => CacheOutcome::Coalesced,
+        }
+    }
 }
 
 /// One request served from an entry.
@@ -351,6 +364,17 @@ impl Replay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hit_is_spelled_in_its_history_as_its_outcome_and_old_spellings_still_read() {
+        for kind in [HitKind::Hit, HitKind::SemanticHit, HitKind::Coalesced] {
+            let stored = serde_json::to_value(kind).expect("serialize");
+            assert_eq!(stored, kind.outcome().as_str(), "{kind:?}");
+            assert_eq!(serde_json::from_value::<HitKind>(stored).ok(), Some(kind));
+        }
+        let old: HitKind = serde_json::from_str("\"semantic_hit\"").expect("old spelling");
+        assert_eq!(old.outcome(), CacheOutcome::SemanticHit);
+    }
 
     #[test]
     fn the_cold_half_and_the_replay_give_back_the_whole_entry() {

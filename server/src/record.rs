@@ -7,13 +7,17 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
 
+use crate::downstream::{Delivered, Delivery, Source};
 use crate::entry::EntryId;
 use crate::error::GatewayError;
 use crate::guard::Guard;
@@ -177,6 +181,107 @@ impl RecordMeta {
             trace.end(&record, clock);
         }
         log.push(record);
+    }
+}
+
+/// The one end of every response path that sends a body: the body goes to the client through
+/// [`Finisher::body`] (or [`Finisher::channel`] for one a task feeds), and the request's record is
+/// written once, when the client took the last byte or left, with the completion that follows from
+/// how delivery ended. A response the gateway refuses before any body is recorded by
+/// [`RecordMeta::finish`] directly.
+pub(crate) struct Finisher {
+    log: Arc<RequestLog>,
+    /// What the record says besides its completion and clock; a path may still fill it in (a
+    /// stream's `store_skipped` is known only at its end).
+    pub(crate) meta: RecordMeta,
+    status: u16,
+    /// The body is the upstream's own, relayed as it arrives (a pass-through): the moment the
+    /// client took its last byte is also when the upstream's last byte arrived.
+    relayed: bool,
+}
+
+impl Finisher {
+    pub(crate) fn new(log: Arc<RequestLog>, meta: RecordMeta, status: u16) -> Self {
+        Self {
+            log,
+            meta,
+            status,
+            relayed: false,
+        }
+    }
+
+    /// Marks the body as the upstream's own stream, relayed as it arrives.
+    pub(crate) fn relayed(mut self) -> Self {
+        self.relayed = true;
+        self
+    }
+
+    /// The body of `source`; the request is recorded when its delivery ends: `done` when the client
+    /// took it whole, `broken` when the source failed on the way, a disconnect when it was dropped.
+    pub(crate) fn body(
+        self,
+        source: Source,
+        mut clock: PhaseClock,
+        done: Completion,
+        broken: Completion,
+    ) -> Body {
+        Delivery::new(source, move |how| {
+            let completion = self.settle(Some(how), done, broken, &mut clock);
+            self.write(completion, &clock);
+        })
+        .into_body()
+    }
+
+    /// The body of a channel a task feeds (a stream pump, a follower), and the receiver of how its
+    /// delivery ended, which the task hands to [`Finisher::after`] once it sent the last chunk.
+    pub(crate) fn channel(rx: mpsc::Receiver<Bytes>) -> (Body, oneshot::Receiver<Delivered>) {
+        let (tx, delivered) = oneshot::channel();
+        let delivery = Delivery::new(Source::Channel(rx), move |how| {
+            let _ = tx.send(how);
+        });
+        (delivery.into_body(), delivered)
+    }
+
+    /// Records the request once the channel's body ended: `done` when the client took it whole;
+    /// a client that left, or one that took nothing within `wait`, is a disconnect.
+    pub(crate) async fn after(
+        self,
+        delivered: oneshot::Receiver<Delivered>,
+        wait: Option<Duration>,
+        mut clock: PhaseClock,
+        done: Completion,
+    ) {
+        let how = match wait {
+            Some(wait) => tokio::time::timeout(wait, delivered).await.ok(),
+            None => Some(delivered.await),
+        }
+        .and_then(Result::ok);
+        let completion = self.settle(how, done, Completion::ClientDisconnected, &mut clock);
+        self.write(completion, &clock);
+    }
+
+    fn settle(
+        &self,
+        how: Option<Delivered>,
+        done: Completion,
+        broken: Completion,
+        clock: &mut PhaseClock,
+    ) -> Completion {
+        match how {
+            Some(Delivered::Complete(at)) => {
+                clock.delivered = Some(at);
+                if self.relayed {
+                    clock.last_upstream_byte = Some(at);
+                }
+                done
+            }
+            Some(Delivered::Failed) => broken,
+            Some(Delivered::Dropped) | None => Completion::ClientDisconnected,
+        }
+    }
+
+    fn write(self, completion: Completion, clock: &PhaseClock) {
+        self.meta.finish(&self.log, self.status, completion, clock);
     }
 }
 

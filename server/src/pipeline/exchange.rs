@@ -254,11 +254,7 @@ pub(crate) enum How {
 
 impl How {
     pub(crate) fn outcome(self) -> CacheOutcome {
-        match self {
-            Self::Exact => CacheOutcome::Hit,
-            Self::Similar(_) => CacheOutcome::SemanticHit,
-            Self::Coalesced => CacheOutcome::Coalesced,
-        }
+        self.kind().outcome()
     }
 
     pub(crate) fn kind(self) -> HitKind {

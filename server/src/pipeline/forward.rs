@@ -16,16 +16,16 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::timeout_at;
 
 use crate::cache::Recorder;
-use crate::downstream::{Delivered, Delivery, Source};
+use crate::downstream::Source;
 use crate::error::GatewayError;
 use crate::ingress::Ingress;
 use crate::outcome::{CacheOutcome, Completion};
 use crate::pipeline::Exchange;
-use crate::record::{set_cache_outcome, set_request_id, Nearest, RecordMeta};
+use crate::record::{set_cache_outcome, set_request_id, Finisher, Nearest, RecordMeta};
 use crate::sse::{classify, EventKind, SseFramer};
 use crate::state::AppState;
 use crate::timing::unix_ms;
@@ -324,18 +324,13 @@ async fn relay_whole(
     } else {
         Completion::UpstreamError
     };
-    let log = state.requests.clone();
-    let delivery = Delivery::new(Source::Once(Some(Bytes::from(body))), move |how| {
-        let completion = match how {
-            Delivered::Complete(at) => {
-                clock.delivered = Some(at);
-                completion
-            }
-            Delivered::Failed | Delivered::Dropped => Completion::ClientDisconnected,
-        };
-        meta.finish(&log, status.as_u16(), completion, &clock);
-    });
-    let mut out = Response::new(delivery.into_body());
+    let body = Finisher::new(state.requests.clone(), meta, status.as_u16()).body(
+        Source::Once(Some(Bytes::from(body))),
+        clock,
+        completion,
+        Completion::ClientDisconnected,
+    );
+    let mut out = Response::new(body);
     *out.status_mut() = status;
     *out.headers_mut() = headers;
     out
@@ -354,7 +349,7 @@ fn set_store_skipped(headers: &mut HeaderMap, reason: &str) {
 /// a tracked task, so the client's first byte leaves as soon as the upstream's first event arrives.
 fn relay_stream(
     state: &AppState,
-    mut meta: RecordMeta,
+    meta: RecordMeta,
     clock: PhaseClock,
     stream: Stream,
     request_id: String,
@@ -368,7 +363,7 @@ fn relay_stream(
         first_events,
     } = stream;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    let (delivered_tx, delivered_rx) = oneshot::channel::<Delivered>();
+    let (body, delivered) = Finisher::channel(rx);
     let keep_reading = recorder
         .as_ref()
         .is_some_and(|r| r.cache.settings.complete_on_disconnect);
@@ -391,22 +386,22 @@ fn relay_stream(
         disconnect_budget,
         gone_at: None,
     };
-    let log = state.requests.clone();
     let meta_cache = meta.cache;
+    let idle_timeout = state.upstream.idle_timeout;
+    let mut finisher = Finisher::new(state.requests.clone(), meta, status.as_u16());
     state.tasks.spawn(async move {
-        let (clock, completion, store_skipped) =
-            pump.run(first_events, upstream, delivered_rx).await;
-        meta.store_skipped = store_skipped;
-        meta.finish(&log, status.as_u16(), completion, &clock);
+        let (clock, completion, store_skipped) = pump.run(first_events, upstream).await;
+        finisher.meta.store_skipped = store_skipped;
+        // A client that took nothing for the idle timeout after the last chunk has gone.
+        finisher
+            .after(delivered, Some(idle_timeout), clock, completion)
+            .await;
     });
 
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     set_request_id(&mut headers, &request_id);
     set_cache_outcome(&mut headers, meta_cache);
-    let delivery = Delivery::new(Source::Channel(rx), move |how| {
-        let _ = delivered_tx.send(how);
-    });
-    let mut out = Response::new(delivery.into_body());
+    let mut out = Response::new(body);
     *out.status_mut() = status;
     *out.headers_mut() = headers;
     out
@@ -447,7 +442,6 @@ impl Pump {
         mut self,
         first_events: Vec<Bytes>,
         mut upstream: futures_util::stream::BoxStream<'static, Result<Bytes, reqwest::Error>>,
-        delivered: oneshot::Receiver<Delivered>,
     ) -> (PhaseClock, Completion, Option<&'static str>) {
         let mut more = self.handle(first_events).await;
         while more {
@@ -514,20 +508,8 @@ impl Pump {
         } else {
             Completion::Complete
         };
-        let Self {
-            mut clock,
-            tx,
-            idle_timeout,
-            ..
-        } = self;
+        let Self { clock, tx, .. } = self;
         drop(tx);
-        let completion = match tokio::time::timeout(idle_timeout, delivered).await {
-            Ok(Ok(Delivered::Complete(at))) => {
-                clock.delivered = Some(at);
-                completion
-            }
-            _ => Completion::ClientDisconnected,
-        };
         if let Some(first) = clock.first_token {
             tracing::debug!(ttft_ms = ?clock.upstream_sent.map(|s| first - s), "stream relayed");
         }
@@ -695,27 +677,20 @@ pub(crate) async fn passthrough(
     let status = response.status();
     let mut headers = relayed_headers(response.headers());
     set_request_id(&mut headers, &request_id);
-    let log = state.requests.clone();
-    let delivery = Delivery::new(
-        Source::Upstream(response.bytes_stream().boxed()),
-        move |how| {
-            let completion = match how {
-                Delivered::Complete(at) => {
-                    clock.delivered = Some(at);
-                    clock.last_upstream_byte = Some(at);
-                    if status.is_success() {
-                        Completion::Complete
-                    } else {
-                        Completion::UpstreamError
-                    }
-                }
-                Delivered::Failed => Completion::StreamFailed,
-                Delivered::Dropped => Completion::ClientDisconnected,
-            };
-            meta.finish(&log, status.as_u16(), completion, &clock);
-        },
-    );
-    let mut out = Response::new(delivery.into_body());
+    let done = if status.is_success() {
+        Completion::Complete
+    } else {
+        Completion::UpstreamError
+    };
+    let body = Finisher::new(state.requests.clone(), meta, status.as_u16())
+        .relayed()
+        .body(
+            Source::Upstream(response.bytes_stream().boxed()),
+            clock,
+            done,
+            Completion::StreamFailed,
+        );
+    let mut out = Response::new(body);
     *out.status_mut() = status;
     *out.headers_mut() = headers;
     out
@@ -739,8 +714,6 @@ mod tests {
         let upstream = futures_util::stream::repeat_with(move || Ok(chunk.clone())).boxed();
         let (tx, rx) = mpsc::channel(1);
         drop(rx);
-        let (delivered_tx, delivered) = oneshot::channel();
-        drop(delivered_tx);
         let pump = Pump {
             clock: PhaseClock::start(Instant::now()),
             framer: SseFramer::new(),
@@ -761,7 +734,7 @@ mod tests {
             clippy::disallowed_methods,
             reason = "the test runs the pump on its own task to bound how long it may take"
         )]
-        let running = tokio::spawn(pump.run(Vec::new(), upstream, delivered));
+        let running = tokio::spawn(pump.run(Vec::new(), upstream));
         let (_, completion, _) = tokio::time::timeout(Duration::from_secs(10), running)
             .await
             .expect("the pump stopped reading after its disconnect budget")

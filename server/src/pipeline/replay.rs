@@ -11,14 +11,13 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use crate::cache::{Flight, FlightEnd};
-use crate::downstream::{Delivered, Delivery, Source};
 use crate::entry::{HitEvent, HitKind};
 use crate::error::GatewayError;
 use crate::ingress::Route;
 use crate::outcome::{CacheOutcome, Completion};
 use crate::pipeline::exchange::{Found, How};
 use crate::pipeline::Exchange;
-use crate::record::{set_cache_outcome, set_header, set_request_id, Served};
+use crate::record::{set_cache_outcome, set_header, set_request_id, Finisher, Served};
 use crate::render::{render, render_chunk, render_named, Fresh};
 use crate::state::AppState;
 use crate::timing::unix_ms;
@@ -39,7 +38,6 @@ pub(crate) fn serve(state: &AppState, ex: &Exchange, found: Found) -> Response {
     let fresh = Fresh::new(ex.route());
     let mut clock: PhaseClock = ex.ingress.clock.clone();
     let mut meta = ex.record(outcome);
-    let log = state.requests.clone();
     let (id, ttft_cost_ms) = (entry.id(), entry.ttft_cost_ms());
     let (source, content_type) = render(entry, &fresh, stream, include_usage, pacing, &mut clock);
     let phases = clock.phases(Instant::now());
@@ -63,17 +61,13 @@ pub(crate) fn serve(state: &AppState, ex: &Exchange, found: Found) -> Response {
             ttft_saved_ms: saved,
         },
     );
-    let delivery = Delivery::new(source, move |how| {
-        let completion = match how {
-            Delivered::Complete(at) => {
-                clock.delivered = Some(at);
-                Completion::Complete
-            }
-            _ => Completion::ClientDisconnected,
-        };
-        meta.finish(&log, 200, completion, &clock);
-    });
-    let mut response = Response::new(delivery.into_body());
+    let body = Finisher::new(state.requests.clone(), meta, 200).body(
+        source,
+        clock,
+        Completion::Complete,
+        Completion::ClientDisconnected,
+    );
+    let mut response = Response::new(body);
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -150,11 +144,14 @@ pub(crate) async fn follow(
     let named = ex.route() == Route::Responses;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let mut clock = ex.ingress.clock.clone();
-    let mut meta = ex.record(CacheOutcome::Coalesced);
-    let log = state.requests.clone();
+    let mut finisher = Finisher::new(
+        state.requests.clone(),
+        ex.record(CacheOutcome::Coalesced),
+        200,
+    );
     let cache = state.cache.clone();
     let flight = flight.clone();
-    let (delivered_tx, delivered_rx) = tokio::sync::oneshot::channel::<Delivered>();
+    let (body, delivered) = Finisher::channel(rx);
     state.tasks.spawn(async move {
         let mut update = first;
         let mut seen = 0;
@@ -197,7 +194,7 @@ pub(crate) async fn follow(
             match update.end {
                 Some(FlightEnd::Stored(entry)) => {
                     // A follower that joined mid-flight saved only part of the prefill: no claim.
-                    meta.served = Some(Served {
+                    finisher.meta.served = Some(Served {
                         entry: entry.id(),
                         similarity: None,
                         ttft_saved_ms: None,
@@ -208,7 +205,7 @@ pub(crate) async fn follow(
                             at_ms: unix_ms(),
                             kind: HitKind::Coalesced,
                             similarity: None,
-                            request_id: meta.id.clone(),
+                            request_id: finisher.meta.id.clone(),
                             ttft_ms: clock.phases(Instant::now()).ttft_ms,
                             ttft_saved_ms: None,
                         },
@@ -220,7 +217,7 @@ pub(crate) async fn follow(
                 }
                 Some(FlightEnd::Relayed) => {
                     // The leader's answer was complete but too large to store: nothing served it.
-                    meta.store_skipped = Some("too_large");
+                    finisher.meta.store_skipped = Some("too_large");
                     let mut tail = clock.phases(Instant::now()).sse_comment().to_vec();
                     tail.extend_from_slice(if named { b"\n" } else { b"data: [DONE]\n\n" });
                     let _ = tx.send(Bytes::from(tail)).await;
@@ -238,19 +235,9 @@ pub(crate) async fn follow(
             }
         };
         drop(tx);
-        let completion = match delivered_rx.await {
-            Ok(Delivered::Complete(at)) => {
-                clock.delivered = Some(at);
-                completion
-            }
-            _ => Completion::ClientDisconnected,
-        };
-        meta.finish(&log, 200, completion, &clock);
+        finisher.after(delivered, None, clock, completion).await;
     });
-    let delivery = Delivery::new(Source::Channel(rx), move |how| {
-        let _ = delivered_tx.send(how);
-    });
-    let mut response = Response::new(delivery.into_body());
+    let mut response = Response::new(body);
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(SSE));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
