@@ -1,8 +1,10 @@
 //! Typed async client for the gateway's admin REST API (`/admin/*` and `/metrics`).
 //!
-//! The types mirror the admin API contract field for field. Responses are decoded leniently: unknown
-//! fields are ignored (a newer gateway may add some) and everything the contract allows to be `null`
-//! is an `Option`. Every call is also available untyped through [`AdminClient::call_json`] and byte
+//! The types follow the admin API contract field for field; those the gateway and the client share
+//! (outcomes, phases, request records, the stats counts) are the wire contract's (`reprise-wire`).
+//! Responses are decoded leniently: unknown fields are ignored (a newer gateway may add some),
+//! everything the contract allows to be `null` is an `Option`, and an outcome this client does not
+//! know is kept as the gateway spelled it. Every call is also available untyped through [`AdminClient::call_json`] and byte
 //! for byte through [`AdminClient::call_raw`] (what `reprise-client --json` prints), so nothing the
 //! gateway sends is lost to the typed view.
 //! This module only speaks HTTP; it renders nothing (see `admin_cli` for tables).
@@ -148,6 +150,18 @@ pub fn admin_root(url: &str) -> Result<Url, AdminError> {
 // Contract types: GET /admin/stats
 // ---------------------------------------------------------------------------------------------
 
+// The parts the gateway and the client share are the wire contract's (`reprise-wire`): decoded
+// leniently there, so an older or newer gateway's body still reads.
+pub use reprise_wire::{CacheOutcome, Completion, Lenient};
+pub use reprise_wire::{
+    GuardRefusals, OutcomeLatency, Phases, Rates, RequestCounts, Summary, Timeline, TimelineBucket,
+    TtftHistogram, TtftSaved, UpstreamErrors,
+};
+
+/// One recent request from `GET /admin/requests` (no prompt, no response, no credential); an
+/// outcome or completion this client does not know is kept as the gateway spelled it.
+pub type RequestRecord = reprise_wire::LenientRecord;
+
 /// `GET /admin/stats`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
@@ -192,41 +206,6 @@ pub struct IndexStats {
     pub rebuilding: bool,
 }
 
-/// Request counts by `x-reprise-cache` outcome since start.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RequestCounts {
-    pub total: u64,
-    pub hit: u64,
-    #[serde(rename = "semantic-hit")]
-    pub semantic_hit: u64,
-    pub miss: u64,
-    pub coalesced: u64,
-    pub bypass: u64,
-    pub refresh: u64,
-    pub pass: u64,
-    pub errors: u64,
-}
-
-/// Shares (0..=1) of cacheable requests; `hit` = exact + semantic + coalesced.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Rates {
-    pub hit: f64,
-    pub exact_hit: f64,
-    #[serde(rename = "semantic-hit")]
-    pub semantic_hit: f64,
-    pub coalesced: f64,
-    pub miss: f64,
-    pub bypass: f64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TtftSaved {
-    pub total: f64,
-    /// `None` before the first hit.
-    pub per_hit: Option<f64>,
-    pub hits: u64,
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EmbeddingStats {
     pub fallbacks: u64,
@@ -235,17 +214,6 @@ pub struct EmbeddingStats {
     pub mean_batch_size: Option<f64>,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct UpstreamErrors {
-    pub connect: u64,
-    pub timeout: u64,
-    /// Answers that were not valid HTTP; absent from gateways older than this field.
-    #[serde(default)]
-    pub protocol: u64,
-    pub status: u64,
-    pub stream: u64,
 }
 
 /// Verdicts received through `POST /admin/feedback`.
@@ -290,85 +258,12 @@ pub struct NamespaceBudget {
     pub wrong_rate: Option<f64>,
 }
 
-/// Wrong answers a guard kept from being served, by guard.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct GuardRefusals {
-    pub numbers: u64,
-    pub negation: u64,
-    /// The six below are absent from gateways that predate them.
-    #[serde(default)]
-    pub direction: u64,
-    #[serde(default)]
-    pub antonym: u64,
-    #[serde(default)]
-    pub task: u64,
-    #[serde(default)]
-    pub format: u64,
-    #[serde(default)]
-    pub entity: u64,
-    #[serde(default)]
-    pub template: u64,
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Latency {
     /// How many recent requests the percentiles cover.
     pub window: u64,
     /// Only outcomes seen in the window (`hit`, `semantic-hit`, `coalesced`, `miss`).
     pub by_outcome: BTreeMap<String, OutcomeLatency>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OutcomeLatency {
-    pub count: u64,
-    pub phases: PhaseLatencies,
-}
-
-/// Percentiles per phase; a phase with no samples (e.g. `embed_ms` of exact hits) is `None`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct PhaseLatencies {
-    pub ingress_ms: Option<Percentiles>,
-    pub lookup_ms: Option<Percentiles>,
-    pub embed_ms: Option<Percentiles>,
-    pub search_ms: Option<Percentiles>,
-    pub upstream_send_ms: Option<Percentiles>,
-    pub ttft_ms: Option<Percentiles>,
-    pub decode_ms: Option<Percentiles>,
-    pub downstream_ms: Option<Percentiles>,
-    pub total_ms: Option<Percentiles>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Percentiles {
-    pub p50: f64,
-    pub p90: f64,
-    pub p99: f64,
-    pub mean: f64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TtftHistogram {
-    /// Upper bounds in ms; each outcome has one count per bound plus a last one for larger values.
-    pub bounds_ms: Vec<f64>,
-    pub by_outcome: BTreeMap<String, Vec<u64>>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Timeline {
-    pub bucket_s: u64,
-    /// Oldest first; buckets without traffic may be missing.
-    pub buckets: Vec<TimelineBucket>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TimelineBucket {
-    pub start_ms: u64,
-    pub hit: u64,
-    #[serde(rename = "semantic-hit")]
-    pub semantic_hit: u64,
-    pub miss: u64,
-    pub coalesced: u64,
-    pub bypass: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -462,8 +357,6 @@ pub struct HitEvent {
     pub ttft_ms: Option<f64>,
     pub ttft_saved_ms: Option<f64>,
 }
-
-pub use crate::phases::Phases;
 
 /// One page of `GET /admin/entries`, newest first (or by similarity for a search).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -835,38 +728,6 @@ pub struct FeedbackPage {
     pub data: Vec<VerdictRecord>,
     pub has_more: bool,
     pub next_cursor: Option<String>,
-}
-
-/// One recent request from `GET /admin/requests` (no prompt, no response, no credential).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RequestRecord {
-    pub id: String,
-    pub started_at_ms: u64,
-    pub method: String,
-    pub route: String,
-    pub model: Option<String>,
-    pub stream: bool,
-    pub status: u16,
-    /// The `x-reprise-cache` value: hit, semantic-hit, miss, coalesced, bypass, refresh, pass.
-    pub cache: String,
-    /// complete, gateway_error, upstream_error, stream_failed, client_disconnected.
-    pub completion: String,
-    pub phases: Phases,
-    #[serde(default)]
-    pub entry: Option<String>,
-    #[serde(default)]
-    pub similarity: Option<f64>,
-    /// On a miss: the best semantic candidate's similarity.
-    #[serde(default)]
-    pub nearest: Option<f64>,
-    /// On a miss: the literal guard that refused that candidate (`numbers`, `negation`).
-    #[serde(default)]
-    pub guard: Option<String>,
-    /// On a miss: why semantic matching was skipped (`overload`, `deadline`, `failed`).
-    #[serde(default)]
-    pub semantic_skipped: Option<String>,
-    #[serde(default)]
-    pub ttft_saved_ms: Option<f64>,
 }
 
 /// `GET /admin/requests`, newest first.
@@ -1379,6 +1240,22 @@ pub fn truncate_chars(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A newer gateway: an outcome this client does not know, and a record without phases or
+    /// completion, still decode (and print as the gateway spelled them).
+    #[test]
+    fn requests_of_a_newer_gateway_decode() {
+        let body = br#"{"object":"list","data":[
+            {"id":"req_1","route":"chat.completions","status":200,"cache":"prefetched"},
+            {"id":"req_2","cache":"miss","completion":"complete","phases":{"total_ms":3.5}}]}"#;
+        let page: RequestsPage = decode(body, "requests").expect("lenient decode");
+        assert_eq!(page.data[0].cache, "prefetched");
+        assert_eq!(page.data[0].cache.known(), None);
+        assert_eq!(page.data[0].phases, Phases::default());
+        assert!(page.data[1].cache.is(&CacheOutcome::Miss));
+        assert!(page.data[1].completion.is(&Completion::Complete));
+        assert_eq!(page.data[1].phases.total_ms, 3.5);
+    }
 
     #[test]
     fn admin_root_strips_trailing_slash_and_v1() {

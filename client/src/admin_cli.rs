@@ -14,10 +14,11 @@ use comfy_table::{presets, CellAlignment, Table};
 use serde_json::value::RawValue;
 
 use crate::admin::{
-    decode, truncate_chars, AdminCall, AdminClient, AdminError, ConfigPatch, EntryDeleted,
-    EntryDetail, EntryPage, EntrySummary, FeedbackPage, FeedbackRequest, Flush, InvalidateRequest,
-    Invalidation, ListQuery, LiveConfig, Percentiles, Phases, RequestsPage, ShadowPage,
-    ShadowQuery, Stats, VerdictRecord, WarmFormat, WarmResult, DEFAULT_URL, TOKEN_ENV, URL_ENV,
+    decode, truncate_chars, AdminCall, AdminClient, AdminError, Completion, ConfigPatch,
+    EntryDeleted, EntryDetail, EntryPage, EntrySummary, FeedbackPage, FeedbackRequest, Flush,
+    InvalidateRequest, Invalidation, ListQuery, LiveConfig, Phases, RequestsPage, ShadowPage,
+    ShadowQuery, Stats, Summary, VerdictRecord, WarmFormat, WarmResult, DEFAULT_URL, TOKEN_ENV,
+    URL_ENV,
 };
 
 /// How to reach the gateway and how to print; accepted before or after a nested subcommand.
@@ -983,13 +984,14 @@ pub fn render_stats(stats: &Stats) -> String {
         let Some(entry) = stats.latency.by_outcome.get(&outcome) else {
             continue;
         };
-        let pick = |p: Option<Percentiles>, f: fn(&Percentiles) -> f64| {
+        let pick = |p: Option<Summary>, f: fn(&Summary) -> f64| {
             p.as_ref()
                 .map(f)
                 .map(fmt_ms)
                 .unwrap_or_else(|| "-".to_owned())
         };
-        let (ttft, total) = (entry.phases.ttft_ms, entry.phases.total_ms);
+        let phase = |name: &str| entry.phases.get(name).copied().flatten();
+        let (ttft, total) = (phase("ttft_ms"), phase("total_ms"));
         latency.add_row(vec![
             outcome_label(&outcome),
             entry.count.to_string(),
@@ -1180,15 +1182,13 @@ fn phases_table(phases: &Phases) -> Table {
         ("ttft", phases.ttft_ms),
         ("decode", phases.decode_ms),
         ("downstream", phases.downstream_ms),
-        ("total", phases.total_ms),
+        ("total", Some(phases.total_ms)),
     ] {
         if let Some(ms) = value {
             rows.push((name, fmt_ms(ms)));
         }
     }
-    let mut tokens = phases
-        .tokens
-        .map_or_else(|| "-".to_owned(), |t| t.to_string());
+    let mut tokens = phases.tokens.to_string();
     if let Some(completion) = phases.completion_tokens {
         tokens.push_str(&format!(" ({completion} completion tokens reported)"));
     }
@@ -1456,12 +1456,13 @@ pub fn render_requests(page: &RequestsPage, now_ms: u64) -> String {
                 format!("{} (nearest {nearest:.3}, {guard} guard)", record.cache)
             }
             (None, Some(nearest), None) => format!("{} (nearest {nearest:.3})", record.cache),
-            (None, None, _) => record.cache.clone(),
+            (None, None, _) => record.cache.to_string(),
         };
-        let status = if record.completion == "complete" {
+        let status = if record.completion.is(&Completion::Complete) {
             record.status.to_string()
         } else {
-            format!("{} {}", record.status, record.completion.replace('_', " "))
+            let completion = record.completion.to_string();
+            format!("{} {}", record.status, completion.replace('_', " "))
         };
         requests.add_row(vec![
             record.id.clone(),
@@ -1476,7 +1477,7 @@ pub fn render_requests(page: &RequestsPage, now_ms: u64) -> String {
             status,
             cache,
             fmt_opt_ms(record.phases.ttft_ms),
-            fmt_opt_ms(record.phases.total_ms),
+            fmt_opt_ms(Some(record.phases.total_ms)),
             fmt_opt_ms(record.ttft_saved_ms),
             record.entry.clone().unwrap_or_else(|| "-".to_owned()),
         ]);
