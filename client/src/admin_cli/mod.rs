@@ -1609,7 +1609,7 @@ mod tests {
 
     #[test]
     fn stats_render_counts_rates_savings_and_latency() {
-        let stats: Stats = fixture(include_str!("../tests/fixtures/stats.json"));
+        let stats: Stats = fixture(include_str!("../../tests/fixtures/stats.json"));
         let text = render_stats(&stats);
         for expected in [
             "Reprise 0.1.0, semantic mode, up 2m 3s",
@@ -1656,7 +1656,7 @@ mod tests {
 
     #[test]
     fn stats_render_exact_only_without_traffic() {
-        let stats: Stats = fixture(include_str!("../tests/fixtures/stats_exact_only.json"));
+        let stats: Stats = fixture(include_str!("../../tests/fixtures/stats_exact_only.json"));
         assert!(stats.index.is_none());
         let text = render_stats(&stats);
         assert!(text.contains("exact-only mode"), "{text}");
@@ -1667,7 +1667,7 @@ mod tests {
 
     #[test]
     fn entries_render_ages_hits_and_truncated_prompts() {
-        let page: EntryPage = fixture(include_str!("../tests/fixtures/entries_page.json"));
+        let page: EntryPage = fixture(include_str!("../../tests/fixtures/entries_page.json"));
         let text = render_entries(&page, NOW);
         assert!(text.contains("e_00000000002a"), "{text}");
         assert!(text.contains("3m 12s"), "{text}");
@@ -1692,7 +1692,7 @@ mod tests {
 
     #[test]
     fn search_results_show_similarity() {
-        let page: EntryPage = fixture(include_str!("../tests/fixtures/entries_search.json"));
+        let page: EntryPage = fixture(include_str!("../../tests/fixtures/entries_search.json"));
         assert_eq!(page.data[0].similarity, Some(0.93));
         let text = render_entries(&page, NOW);
         assert!(text.contains("SIMILARITY"), "{text}");
@@ -1702,7 +1702,7 @@ mod tests {
 
     #[test]
     fn entry_detail_renders_answer_phases_and_history() {
-        let entry: EntryDetail = fixture(include_str!("../tests/fixtures/entry_detail.json"));
+        let entry: EntryDetail = fixture(include_str!("../../tests/fixtures/entry_detail.json"));
         assert_eq!(entry.summary.id, "e_00000000002a");
         assert_eq!(entry.hit_history.len(), 2);
         let text = render_entry(&entry, NOW);
@@ -1730,10 +1730,10 @@ mod tests {
 
     #[test]
     fn small_results_render_one_line() {
-        let deleted: EntryDeleted = fixture(include_str!("../tests/fixtures/entry_deleted.json"));
+        let deleted: EntryDeleted = fixture(include_str!("../../tests/fixtures/entry_deleted.json"));
         assert_eq!(render_deleted(&deleted), "deleted e_00000000002a");
         let invalidation: Invalidation =
-            fixture(include_str!("../tests/fixtures/invalidation.json"));
+            fixture(include_str!("../../tests/fixtures/invalidation.json"));
         assert_eq!(
             render_invalidation(&invalidation),
             "deleted 3 of 3 matching entries\n"
@@ -1748,12 +1748,12 @@ mod tests {
             render_invalidation(&dry),
             "dry run: 1 entry match; nothing deleted\n"
         );
-        let flush: Flush = fixture(include_str!("../tests/fixtures/flush.json"));
+        let flush: Flush = fixture(include_str!("../../tests/fixtures/flush.json"));
         assert_eq!(
             render_flush(&flush),
             "flushed the cache: 12 entries deleted\n"
         );
-        let warm: WarmResult = fixture(include_str!("../tests/fixtures/warm_result.json"));
+        let warm: WarmResult = fixture(include_str!("../../tests/fixtures/warm_result.json"));
         let text = render_warm(&warm);
         assert!(text.starts_with("warmed 2 entries\n"), "{text}");
         assert!(
@@ -1764,7 +1764,7 @@ mod tests {
 
     #[test]
     fn config_renders_every_setting() {
-        let config: LiveConfig = fixture(include_str!("../tests/fixtures/config.json"));
+        let config: LiveConfig = fixture(include_str!("../../tests/fixtures/config.json"));
         let text = render_config(&config);
         for expected in [
             "similarity_threshold",
@@ -1781,7 +1781,7 @@ mod tests {
 
     #[test]
     fn requests_render_outcome_and_timings() {
-        let page: RequestsPage = fixture(include_str!("../tests/fixtures/requests.json"));
+        let page: RequestsPage = fixture(include_str!("../../tests/fixtures/requests.json"));
         let text = render_requests(&page, NOW);
         for expected in [
             "req_a1b2c3d4_2",
