@@ -4,12 +4,12 @@
 //! The simulated upstream is its own crate, `reprise-sim`.
 //!
 //! The crate talks to a gateway only over HTTP and never links the server, so it can measure any
-//! OpenAI-compatible endpoint the same way, and the admin client is checked against the admin API
-//! contract rather than against the server's own types.
+//! OpenAI-compatible endpoint the same way. The types both sides share (outcomes, phases, request
+//! records, the stats counts) come from the small `reprise-wire` crate, which decodes leniently so
+//! the client reads an older or newer gateway.
 
 pub mod admin;
 pub mod admin_cli;
 pub mod bench;
 pub mod delay;
 pub mod eval;
-pub mod phases;

@@ -22,8 +22,8 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::outcome::Completion;
-use crate::record::RequestRecord;
 use crate::timing::PhaseClock;
+use reprise_wire::RequestRecord;
 
 /// The wait after a first failed export; each failure in a row doubles it, up to [`BACKOFF_MAX`].
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);

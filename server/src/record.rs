@@ -14,7 +14,6 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::downstream::{Delivered, Delivery, Source};
@@ -23,48 +22,10 @@ use crate::error::GatewayError;
 use crate::guard::Guard;
 use crate::outcome::{CacheOutcome, Completion};
 use crate::stats::Stats;
-use crate::timing::{unix_ms, PhaseClock, Phases};
+use crate::timing::{unix_ms, PhaseClock};
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
-pub struct RequestRecord {
-    pub id: String,
-    /// Unix time in milliseconds when the request arrived.
-    pub started_at_ms: u64,
-    pub method: String,
-    pub route: String,
-    pub model: Option<String>,
-    pub stream: bool,
-    pub status: u16,
-    /// Cache outcome as sent in `x-reprise-cache` (`pass` for routes that are never cached).
-    pub cache: CacheOutcome,
-    pub completion: Completion,
-    pub phases: Phases,
-    /// The entry that served a hit (or a coalesced request).
-    #[serde(default)]
-    pub entry: Option<String>,
-    /// Similarity of a semantic hit.
-    #[serde(default)]
-    pub similarity: Option<f32>,
-    /// On a miss: similarity of the best semantic candidate (`x-reprise-nearest`).
-    #[serde(default)]
-    pub nearest: Option<f32>,
-    /// On a miss: the literal guard that refused the best candidate (`x-reprise-guard`).
-    #[serde(default)]
-    pub guard: Option<String>,
-    /// Why semantic matching was skipped (`overload`, `deadline`, `failed`), as in
-    /// `x-reprise-semantic: skipped; reason=…`.
-    #[serde(default)]
-    pub semantic_skipped: Option<String>,
-    /// Network and prefill time of the stored miss, less this hit's TTFT.
-    #[serde(default)]
-    pub ttft_saved_ms: Option<f64>,
-    /// The `code` of the gateway's own error response, when it answered with one.
-    #[serde(default)]
-    pub error: Option<String>,
-    /// Why a clean answer was not stored: `too_large` (over `max_entry_bytes`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub store_skipped: Option<String>,
-}
+/// The record itself is the wire contract's (`GET /admin/requests`), shared with the client.
+pub use reprise_wire::RequestRecord;
 
 /// A bounded ring of recent requests (the oldest is dropped when full), and the counters every
 /// finished request adds to.
@@ -320,6 +281,7 @@ pub fn error_response(err: GatewayError, request_id: &str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::timing::Phases;
 
     fn record(id: &str) -> RequestRecord {
         RequestRecord {

@@ -14,15 +14,20 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
 };
-use serde::Serialize;
-use utoipa::ToSchema;
+
+/// The bodies `/admin/stats` is built from are the wire contract's, shared with the client.
+pub(crate) use reprise_wire::{
+    GuardRefusals, Overlap, Rates, RequestCounts, Timeline, TimelineBucket, TtftHistogram,
+    TtftSaved, UpstreamErrors,
+};
+pub(crate) use reprise_wire::{OutcomeLatency, Summary};
 
 use crate::guard::Guard;
 use crate::lock::lock;
 use crate::outcome::{CacheOutcome, Completion};
-use crate::record::RequestRecord;
 use crate::timing::unix_ms;
 use crate::timing::{percentile, Phases};
+use reprise_wire::RequestRecord;
 
 /// Upper bounds (ms) of the TTFT histogram buckets; one more bucket counts what lies above.
 pub(crate) const TTFT_BOUNDS_MS: [f64; 13] = [
@@ -85,18 +90,6 @@ struct Counts {
     /// last counts the rest).
     ttft_buckets: BTreeMap<CacheOutcome, [u64; TTFT_BOUNDS_MS.len() + 1]>,
     timeline: VecDeque<TimelineBucket>,
-}
-
-/// Requests by outcome within one timeline bucket.
-#[derive(Debug, Clone, Default, Serialize, ToSchema)]
-pub struct TimelineBucket {
-    pub start_ms: u64,
-    pub hit: u64,
-    #[serde(rename = "semantic-hit")]
-    pub semantic_hit: u64,
-    pub miss: u64,
-    pub coalesced: u64,
-    pub bypass: u64,
 }
 
 /// Which upstream failure a finished request shows, if any.
@@ -620,117 +613,6 @@ pub struct Gauges {
     pub feed_behind_ms: u64,
 }
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct RequestCounts {
-    pub total: u64,
-    pub hit: u64,
-    #[serde(rename = "semantic-hit")]
-    pub semantic_hit: u64,
-    pub miss: u64,
-    pub coalesced: u64,
-    pub bypass: u64,
-    pub refresh: u64,
-    /// Routes that are never cached (passthrough).
-    pub pass: u64,
-    /// Requests that ended in an error (gateway or upstream), not counting client disconnects.
-    pub errors: u64,
-}
-
-/// Shares of the cacheable requests (hit, semantic hit, coalesced, miss, bypass, refresh).
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Rates {
-    /// Exact, semantic and coalesced hits together.
-    pub hit: f64,
-    pub exact_hit: f64,
-    #[serde(rename = "semantic-hit")]
-    pub semantic_hit: f64,
-    pub coalesced: f64,
-    pub miss: f64,
-    /// Bypassed or refreshed on the client's request.
-    pub bypass: f64,
-}
-
-impl Rates {
-    pub fn of(c: &RequestCounts) -> Self {
-        let cacheable = c.hit + c.semantic_hit + c.coalesced + c.miss + c.bypass + c.refresh;
-        let share = |n: u64| {
-            if cacheable == 0 {
-                0.0
-            } else {
-                n as f64 / cacheable as f64
-            }
-        };
-        Self {
-            hit: share(c.hit + c.semantic_hit + c.coalesced),
-            exact_hit: share(c.hit),
-            semantic_hit: share(c.semantic_hit),
-            coalesced: share(c.coalesced),
-            miss: share(c.miss),
-            bypass: share(c.bypass + c.refresh),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct TtftSaved {
-    /// Milliseconds of upstream network and prefill that hits did not wait for.
-    pub total: f64,
-    pub per_hit: Option<f64>,
-    /// Hits counted (those whose entry recorded its miss's TTFT).
-    pub hits: u64,
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct UpstreamErrors {
-    /// No connection: refused, DNS, TLS.
-    pub connect: u64,
-    pub timeout: u64,
-    /// Answers that were not valid HTTP (malformed head, closed before complete).
-    pub protocol: u64,
-    /// Non-2xx answers relayed as they were.
-    pub status: u64,
-    /// Streams that failed after they started.
-    pub stream: u64,
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct TtftHistogram {
-    pub bounds_ms: Vec<f64>,
-    /// Per outcome, one count per bound (TTFT at or below it, above the previous) and one more for
-    /// what lies above the last bound.
-    pub by_outcome: BTreeMap<String, Vec<u64>>,
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Timeline {
-    pub bucket_s: u64,
-    /// Oldest first; buckets without traffic may be absent.
-    pub buckets: Vec<TimelineBucket>,
-}
-
-/// Semantic lookups that a guard left without a match, by the first guard that refused:
-/// wrong answers that were not served.
-#[derive(Debug, Clone, Default, Serialize, ToSchema)]
-pub struct GuardRefusals {
-    pub numbers: u64,
-    pub negation: u64,
-    pub format: u64,
-    pub task: u64,
-    pub direction: u64,
-    pub antonym: u64,
-    pub entity: u64,
-    pub template: u64,
-}
-
-/// Misses raced against their semantic search (`semantic_overlap`), by which finished first.
-#[derive(Debug, Clone, Default, Serialize, ToSchema)]
-pub struct Overlap {
-    /// A semantic hit was found before the upstream's first byte: served, the upstream request cancelled.
-    pub semantic_first: u64,
-    /// The upstream's first byte came first: its answer was relayed.
-    pub upstream_first: u64,
-}
-
 /// Everything the counters know, for `/admin/stats`.
 #[derive(Debug, Clone)]
 pub struct Totals {
@@ -744,33 +626,14 @@ pub struct Totals {
     pub timeline: Timeline,
 }
 
-/// p50/p90/p99 and the mean of one phase.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub(crate) struct Summary {
-    pub p50: f64,
-    pub p90: f64,
-    pub p99: f64,
-    pub mean: f64,
-}
-
-impl Summary {
-    pub(crate) fn of(samples: &[f64]) -> Option<Self> {
-        Some(Self {
-            p50: percentile(samples, 0.50)?,
-            p90: percentile(samples, 0.90)?,
-            p99: percentile(samples, 0.99)?,
-            mean: samples.iter().sum::<f64>() / samples.len() as f64,
-        })
-    }
-}
-
-/// Phase summaries of one outcome over the window.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub(crate) struct OutcomeLatency {
-    pub count: usize,
-    /// Keyed by phase (`ingress_ms` … `total_ms`); `null` when no request of the window had it.
-    #[schema(value_type = BTreeMap<String, Summary>)]
-    pub phases: BTreeMap<String, Option<Summary>>,
+/// p50/p90/p99 and the mean of `samples`; `None` for no samples.
+fn summary(samples: &[f64]) -> Option<Summary> {
+    Some(Summary {
+        p50: percentile(samples, 0.50)?,
+        p90: percentile(samples, 0.90)?,
+        p99: percentile(samples, 0.99)?,
+        mean: samples.iter().sum::<f64>() / samples.len() as f64,
+    })
 }
 
 /// Per-outcome phase percentiles of the complete requests among `records`.
@@ -797,10 +660,10 @@ pub(crate) fn latency_by_outcome(records: &[RequestRecord]) -> BTreeMap<String, 
         }
         let mut phases: BTreeMap<String, Option<Summary>> = columns
             .into_iter()
-            .map(|(name, samples)| (format!("{name}_ms"), Summary::of(&samples)))
+            .map(|(name, samples)| (format!("{name}_ms"), summary(&samples)))
             .collect();
         let totals: Vec<f64> = mine.iter().map(|p| p.total_ms).collect();
-        phases.insert("total_ms".to_owned(), Summary::of(&totals));
+        phases.insert("total_ms".to_owned(), summary(&totals));
         out.insert(
             outcome.as_str().to_owned(),
             OutcomeLatency {

@@ -14,8 +14,8 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
-use serde::{Deserialize, Serialize};
+/// The phases of one request and their text forms are the wire contract's, shared with the client.
+pub use reprise_wire::Phases;
 
 /// Unix time in milliseconds: every timestamp the gateway keeps (entry creation and expiry, ages,
 /// records) reads this one clock.
@@ -141,66 +141,6 @@ impl PhaseClock {
             itl_p99_ms: percentile(&gaps, 0.99),
             tokens_per_s,
         }
-    }
-}
-
-/// The phases of one request, in milliseconds. Absent phases did not happen (e.g. no upstream on a hit).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
-pub struct Phases {
-    pub ingress_ms: Option<f64>,
-    /// Cache policy, key and exact lookup (absent on routes that are not cached).
-    #[serde(default)]
-    pub lookup_ms: Option<f64>,
-    /// Embedding the final user turn with the local model (semantic matching).
-    #[serde(default)]
-    pub embed_ms: Option<f64>,
-    /// Searching the request's partition in the vector index.
-    #[serde(default)]
-    pub search_ms: Option<f64>,
-    /// Waiting for the judge's verdict on a near match (`verify = judge`, sync).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub judge_ms: Option<f64>,
-    pub upstream_send_ms: Option<f64>,
-    pub ttft_ms: Option<f64>,
-    pub decode_ms: Option<f64>,
-    pub downstream_ms: Option<f64>,
-    pub total_ms: f64,
-    /// Content-bearing chunks seen (about one token each on OpenAI-style streams).
-    pub tokens: u64,
-    /// `usage.completion_tokens` as the upstream reported it, when it did.
-    pub completion_tokens: Option<u64>,
-    pub itl_p50_ms: Option<f64>,
-    pub itl_p99_ms: Option<f64>,
-    pub tokens_per_s: Option<f64>,
-}
-
-impl Phases {
-    /// A standard `Server-Timing` header value (`name;dur=ms`), phases that happened only.
-    pub fn server_timing(&self) -> String {
-        let mut parts = Vec::new();
-        for (name, value) in [
-            ("ingress", self.ingress_ms),
-            ("lookup", self.lookup_ms),
-            ("embed", self.embed_ms),
-            ("search", self.search_ms),
-            ("judge", self.judge_ms),
-            ("upstream_send", self.upstream_send_ms),
-            ("ttft", self.ttft_ms),
-            ("decode", self.decode_ms),
-            ("downstream", self.downstream_ms),
-            ("total", Some(self.total_ms)),
-        ] {
-            if let Some(ms) = value {
-                parts.push(format!("{name};dur={ms:.3}"));
-            }
-        }
-        parts.join(", ")
-    }
-
-    /// The SSE comment line placed just before `data: [DONE]`; SSE clients ignore comments.
-    pub fn sse_comment(&self) -> Bytes {
-        let json = serde_json::to_string(self).unwrap_or_else(|_| "{}".to_owned());
-        Bytes::from(format!(": reprise-timing {json}\n"))
     }
 }
 

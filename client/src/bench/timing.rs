@@ -1,64 +1,19 @@
 //! Reading the gateway's own phase timing from a response: the `: reprise-timing {json}` comment a
 //! stream carries before `data: [DONE]`, or the `Server-Timing` header of a non-streamed answer.
 //!
-//! The client mirrors the gateway's phase names (`server/src/timing.rs`) without linking the
-//! server, so it can read any gateway version that sends them and ignore what it does not know.
+//! Both are parsed by the wire contract's [`Phases`] (`reprise-wire`), which reads any gateway
+//! version that sends them and ignores what it does not know; this file adds what the bench makes
+//! of them: the gateway's share, the stacked-bar segments and the means.
 
-pub use crate::phases::Phases;
+pub use reprise_wire::Phases;
 use serde::Serialize;
 
-/// The comment's prefix, as the gateway writes it.
-const COMMENT: &[u8] = b": reprise-timing ";
-
-impl Phases {
-    /// Parses one SSE line if it is the timing comment (`None` for any other line).
-    pub fn from_sse_line(line: &[u8]) -> Option<Self> {
-        let json = line.strip_prefix(COMMENT)?;
-        serde_json::from_slice(json.trim_ascii()).ok()
-    }
-
-    /// Parses a `Server-Timing` value (`name;dur=ms, ...`); unknown names and parameters are
-    /// ignored, so do entries without a duration.
-    pub fn from_server_timing(value: &str) -> Option<Self> {
-        let mut phases = Self::default();
-        let mut any = false;
-        for entry in value.split(',') {
-            let mut parts = entry.split(';').map(str::trim);
-            let name = parts.next().unwrap_or("");
-            let dur = parts
-                .filter_map(|p| p.strip_prefix("dur="))
-                .find_map(|d| d.trim_matches('"').parse::<f64>().ok());
-            let Some(dur) = dur else { continue };
-            let slot = match name {
-                "ingress" => &mut phases.ingress_ms,
-                "lookup" => &mut phases.lookup_ms,
-                "embed" => &mut phases.embed_ms,
-                "search" => &mut phases.search_ms,
-                "upstream_send" => &mut phases.upstream_send_ms,
-                "ttft" => &mut phases.ttft_ms,
-                "decode" => &mut phases.decode_ms,
-                "downstream" => &mut phases.downstream_ms,
-                "total" => &mut phases.total_ms,
-                _ => continue,
-            };
-            *slot = Some(dur);
-            any = true;
-        }
-        any.then_some(phases)
-    }
-
-    /// The gateway's own work before anything goes upstream: ingress, lookup, embed and search.
-    pub fn gateway_ms(&self) -> f64 {
-        [
-            self.ingress_ms,
-            self.lookup_ms,
-            self.embed_ms,
-            self.search_ms,
-        ]
+/// The gateway's own work before anything goes upstream: ingress, lookup, embed and search.
+pub fn gateway_ms(p: &Phases) -> f64 {
+    [p.ingress_ms, p.lookup_ms, p.embed_ms, p.search_ms]
         .iter()
         .flatten()
         .sum()
-    }
 }
 
 /// A segment of the per-phase stacked bar: its label, and its value in a set of phases.
@@ -66,10 +21,7 @@ pub type Segment = (&'static str, fn(&Phases) -> f64);
 
 /// The segments of the per-phase stacked bar, in drawing order.
 pub const SEGMENTS: &[Segment] = &[
-    (
-        "gateway (ingress, lookup, embed, search)",
-        Phases::gateway_ms,
-    ),
+    ("gateway (ingress, lookup, embed, search)", gateway_ms),
     ("upstream send", |p| p.upstream_send_ms.unwrap_or(0.0)),
     ("ttft (prefill, or replay start on a hit)", replay_or_ttft),
     ("decode", |p| p.decode_ms.unwrap_or(0.0)),
@@ -83,7 +35,7 @@ fn replay_or_ttft(p: &Phases) -> f64 {
     let ttft = p.ttft_ms.unwrap_or(0.0);
     match p.upstream_send_ms {
         Some(_) => ttft,
-        None => (ttft - p.gateway_ms() + p.ingress_ms.unwrap_or(0.0)).max(0.0),
+        None => (ttft - gateway_ms(p) + p.ingress_ms.unwrap_or(0.0)).max(0.0),
     }
 }
 
@@ -128,7 +80,7 @@ impl PhaseMeans {
                 ttft_ms: m[5],
                 decode_ms: m[6],
                 downstream_ms: m[7],
-                total_ms: m[8],
+                total_ms: m[8].unwrap_or(0.0),
                 ..Phases::default()
             },
             segments: segments.into_iter().map(|s| s / n as f64).collect(),
@@ -153,7 +105,7 @@ fn fields(p: &Phases) -> [Option<f64>; 9] {
         p.ttft_ms,
         p.decode_ms,
         p.downstream_ms,
-        p.total_ms,
+        Some(p.total_ms),
     ]
 }
 
@@ -168,8 +120,8 @@ mod tests {
         assert_eq!(p.ingress_ms, Some(0.1));
         assert_eq!(p.ttft_ms, Some(50.5));
         assert_eq!(p.decode_ms, None);
-        assert_eq!(p.total_ms, Some(60.0));
-        assert!((p.gateway_ms() - 0.3).abs() < 1e-9);
+        assert_eq!(p.total_ms, 60.0);
+        assert!((gateway_ms(&p) - 0.3).abs() < 1e-9);
         assert_eq!(Phases::from_sse_line(b"data: {}"), None);
         assert_eq!(Phases::from_sse_line(b": reprise-timing not json"), None);
     }
@@ -183,7 +135,7 @@ mod tests {
         assert_eq!(p.ingress_ms, Some(0.05));
         assert_eq!(p.embed_ms, Some(9.5));
         assert_eq!(p.ttft_ms, Some(401.25));
-        assert_eq!(p.total_ms, Some(950.0));
+        assert_eq!(p.total_ms, 950.0);
         assert_eq!(p.lookup_ms, None);
         assert_eq!(Phases::from_server_timing("cache;desc=hit"), None);
     }
@@ -193,12 +145,12 @@ mod tests {
         let a = Phases {
             upstream_send_ms: Some(2.0),
             ttft_ms: Some(100.0),
-            total_ms: Some(110.0),
+            total_ms: 110.0,
             ..Phases::default()
         };
         let b = Phases {
             ttft_ms: Some(0.5),
-            total_ms: Some(1.0),
+            total_ms: 1.0,
             ..Phases::default()
         };
         let m = PhaseMeans::of([&a, &b]).expect("means");
@@ -217,7 +169,7 @@ mod tests {
             embed_ms: Some(8.0),
             search_ms: Some(0.5),
             ttft_ms: Some(9.0),
-            total_ms: Some(9.2),
+            total_ms: 9.2,
             ..Phases::default()
         };
         let m = PhaseMeans::of([&hit]).expect("means");

@@ -1,0 +1,129 @@
+//! The contract types of `GET /admin/stats` and `GET /admin/requests`: the body around the counts,
+//! and the counts, phases and records themselves, which are the wire contract's (`reprise-wire`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+// The parts the gateway and the client share are the wire contract's (`reprise-wire`): decoded
+// leniently there, so an older or newer gateway's body still reads.
+pub use reprise_wire::{CacheOutcome, Completion, Lenient};
+pub use reprise_wire::{
+    GuardRefusals, OutcomeLatency, Phases, Rates, RequestCounts, Summary, Timeline, TimelineBucket,
+    TtftHistogram, TtftSaved, UpstreamErrors,
+};
+
+/// One recent request from `GET /admin/requests` (no prompt, no response, no credential); an
+/// outcome or completion this client does not know is kept as the gateway spelled it.
+pub type RequestRecord = reprise_wire::LenientRecord;
+
+/// `GET /admin/stats`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    pub object: String,
+    pub version: String,
+    pub uptime_s: f64,
+    /// `semantic` or `exact-only`.
+    pub mode: String,
+    pub store: StoreStats,
+    /// `None` in exact-only mode.
+    pub index: Option<IndexStats>,
+    pub requests: RequestCounts,
+    pub rates: Rates,
+    pub ttft_saved_ms: TtftSaved,
+    pub embedding: Option<EmbeddingStats>,
+    pub upstream_errors: UpstreamErrors,
+    /// Semantic lookups a literal guard left without a match, by the first guard that refused
+    /// (absent from older gateways, read as zeros).
+    #[serde(default)]
+    pub guard_refusals: GuardRefusals,
+    /// Operators' verdicts (absent from gateways that predate feedback).
+    #[serde(default)]
+    pub feedback: Option<FeedbackCounts>,
+    /// The judge of near matches (absent from gateways that predate `verify`).
+    #[serde(default)]
+    pub judge: Option<JudgeStats>,
+    pub latency: Latency,
+    pub ttft_histogram: TtftHistogram,
+    pub timeline: Timeline,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoreStats {
+    pub entries: u64,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IndexStats {
+    pub vectors: u64,
+    pub tombstones: u64,
+    pub rebuilding: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbeddingStats {
+    pub fallbacks: u64,
+    pub batches: u64,
+    pub texts: u64,
+    pub mean_batch_size: Option<f64>,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+}
+
+/// Verdicts received through `POST /admin/feedback`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FeedbackCounts {
+    pub right: u64,
+    pub wrong: u64,
+    pub vetoes: u64,
+    pub approvals: u64,
+}
+
+/// The judge's work (`verify = judge`) and the error budget's evidence per namespace.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JudgeStats {
+    /// Calls that reached the judge, by verdict.
+    pub calls: u64,
+    pub same: u64,
+    pub different: u64,
+    pub unsure: u64,
+    pub timeouts: u64,
+    pub failures: u64,
+    /// Near matches not judged (and not served): rate budget spent, prompt too long.
+    pub over_budget: u64,
+    pub too_long: u64,
+    /// Background mode: queued, dropped (queue full), waiting now.
+    pub queued: u64,
+    pub dropped: u64,
+    pub queue_depth: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub namespaces: Vec<NamespaceBudget>,
+}
+
+/// Verdicts observed in one namespace (`""`: requests without one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NamespaceBudget {
+    pub namespace: String,
+    pub observations: u64,
+    pub wrong: u64,
+    pub wrong_rate: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    /// How many recent requests the percentiles cover.
+    pub window: u64,
+    /// Only outcomes seen in the window (`hit`, `semantic-hit`, `coalesced`, `miss`).
+    pub by_outcome: BTreeMap<String, OutcomeLatency>,
+}
+
+/// `GET /admin/requests`, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestsPage {
+    pub object: String,
+    pub data: Vec<RequestRecord>,
+}
