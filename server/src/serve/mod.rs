@@ -9,7 +9,8 @@
 //!   from accept until the first request's header block, and from a HEADERS frame's arrival until
 //!   its END_HEADERS, open streams or not (a block in progress blocks the whole connection);
 //! - the keep-alive timeout, how long a connection may sit idle between requests;
-//! - the body timeout, inside the request body ([`BodyTimeout`] becomes an OpenAI-shaped 408);
+//! - the body timeout, inside the request body ([`BodyTimeout`](crate::error::BodyTimeout)
+//!   becomes an OpenAI-shaped 408);
 //! - the send timeout, how long a write may wait for room in the client's socket (a client that
 //!   stopped reading). Closing the connection drops its response bodies, and a streaming miss's
 //!   pump then sees its client gone and drops the upstream request (or reads on within the
@@ -29,46 +30,42 @@
 //! head back from hyper until it is whole. A refused head is replaced by a stand-in request that
 //! hyper answers, in order after the requests before it, with the refusal and `connection: close`;
 //! what the client sends after it is read and dropped. HTTP/2 connections have no heads to check.
+//!
+//! The head checks and the framing they follow are in `heads.rs`; the socket and body wrappers that
+//! feed them and time the client are in `io.rs`.
+
+mod heads;
+mod io;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::future::Future;
-use std::io;
-use std::pin::Pin;
+use std::io::ErrorKind;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::Router;
-use bytes::Bytes;
 use http::{header, HeaderValue};
-use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::config::Config;
-use crate::error::{BodyTimeout, GatewayError};
+use crate::error::GatewayError;
 use crate::lock::lock;
 use crate::stats::Stats;
+use heads::{Messages, Plan, MAX_HEADER_FIELDS};
+use io::{TimedBody, TrackedBody, WatchedIo};
 
-/// Longest request target accepted (hyper's own limit is 64 KiB, answered with an empty 414).
-pub(crate) const MAX_URI_BYTES: usize = 16 * 1024;
-/// Longest request head accepted (hyper's own limit is about 400 KB, answered with an empty 431).
-pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// Most header fields accepted; hyper is given twice as many so that this check always answers.
-pub(crate) const MAX_HEADER_FIELDS: usize = 100;
 /// Descriptors kept for everything but sockets: the store, the model, the runtime, the logs.
 const RESERVED_FDS: u64 = 128;
 /// The derived connection cap never goes below this, whatever the open-file limit.
@@ -80,9 +77,6 @@ const MIN_IDLE_TO_RECLAIM: Duration = Duration::from_millis(500);
 const EMFILE_RECLAIM: usize = 16;
 /// At most one warning per this interval for the connection limit and for accept errors.
 const WARN_EVERY: Duration = Duration::from_secs(10);
-/// A head arriving in more reads than this (each ending a line) is refused: a trickle, not a client.
-const MAX_HEAD_PARSES: u32 = 4 * MAX_HEADER_FIELDS as u32;
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The client-side limits, resolved once at start.
 #[derive(Debug, Clone, Copy)]
@@ -385,10 +379,10 @@ impl Pool {
 
     /// Accept errors other than a client giving up (descriptors or memory exhausted) repeat at
     /// once while the listener stays readable: log them rate-limited and pause briefly.
-    async fn accept_failed(&self, err: io::Error) {
+    async fn accept_failed(&self, err: std::io::Error) {
         if matches!(
             err.kind(),
-            io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+            ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
         ) {
             return;
         }
@@ -472,19 +466,11 @@ struct TrackState {
     head_started: Option<Instant>,
     /// No request has been served yet.
     fresh: bool,
-    /// Where the client's byte stream is, message by message (HTTP/1.1).
-    framing: Framing,
-    /// The client spoke the HTTP/2 preface: frames, not heads, follow.
-    h2: Option<H2Frames>,
-    /// The incomplete head so far, held back from hyper until it is checked.
-    head: Vec<u8>,
-    head_parses: u32,
-    /// HTTP/1.1 heads handed to hyper, and requests hyper began: hyper answers them in order, so
+    /// The client's byte stream, followed to find and check each head.
+    messages: Messages,
+    /// Requests hyper began, counted against [`Messages::heads`]: hyper answers heads in order, so
     /// the n-th head is the n-th request.
-    heads: u64,
     begun: u64,
-    /// The n-th request is a refused head's stand-in, answered with this error.
-    refusal: Option<(u64, GatewayError)>,
     /// Since when a write to the client has been waiting for room in its socket.
     write_blocked: Option<Instant>,
 }
@@ -496,28 +482,11 @@ impl TrackState {
             since: Instant::now(),
             head_started: None,
             fresh: true,
-            framing: Framing::Head,
-            h2: None,
-            head: Vec::new(),
-            head_parses: 0,
-            heads: 0,
+            messages: Messages::new(),
             begun: 0,
-            refusal: None,
             write_blocked: None,
         }
     }
-}
-
-/// What the HTTP/1.1 byte stream carries next. Heads are delimited by the body framing hyper uses
-/// (RFC 9112 section 6), so every head is found and checked, however requests are pipelined.
-enum Framing {
-    /// A head, or nothing yet.
-    Head,
-    /// This many bytes of a Content-Length body.
-    Body(u64),
-    Chunked(Chunked),
-    /// A chunked body hyper will refuse (it then ends the connection): nothing more is looked at.
-    Blind,
 }
 
 impl Track {
@@ -528,10 +497,10 @@ impl Track {
             s.open += 1;
             s.begun += 1;
             let begun = s.begun;
-            match s.refusal.take() {
+            match s.messages.refusal.take() {
                 Some((n, err)) if n == begun => Some(err),
                 other => {
-                    s.refusal = other;
+                    s.messages.refusal = other;
                     None
                 }
             }
@@ -546,7 +515,7 @@ impl Track {
     fn spare(&self) -> Option<(Spare, Instant)> {
         let s = lock(&self.state);
         // A complete head hyper has not begun yet is a request.
-        if s.open > 0 || s.heads > s.begun {
+        if s.open > 0 || s.messages.heads > s.begun {
             return None;
         }
         Some(match s.head_started {
@@ -577,7 +546,7 @@ impl Track {
         if let Some(at) = s.write_blocked {
             consider(at + limits.send_timeout, "send_timeout");
         }
-        if s.h2.is_some() {
+        if s.messages.h2() {
             // A header block blocks the whole connection (RFC 9113 section 6.10), busy or not.
             if let Some(at) = s.head_started {
                 consider(at + limits.header_timeout, "header_timeout");
@@ -595,327 +564,12 @@ impl Track {
         due
     }
 
-    /// Looks at bytes just read, before hyper does: follows the messages, times and checks each
-    /// head, and says which of the bytes hyper gets now.
+    /// Looks at bytes just read, before hyper does (see [`Messages::read`]).
     fn on_read(&self, bytes: &[u8]) -> Plan {
         let now = Instant::now();
         let mut guard = lock(&self.state);
         let s = &mut *guard;
-        let mut plan = Plan {
-            before: None,
-            pass: bytes.len(),
-            refused: false,
-        };
-        if let Some(frames) = &mut s.h2 {
-            frames.read(bytes, now, &mut s.head_started);
-            return plan;
-        }
-        let mut i = 0;
-        while i < bytes.len() {
-            let rest = &bytes[i..];
-            match &mut s.framing {
-                Framing::Blind => break,
-                Framing::Body(left) => {
-                    let n = usize::try_from(*left).unwrap_or(usize::MAX).min(rest.len());
-                    *left -= n as u64;
-                    i += n;
-                    if *left == 0 {
-                        s.framing = Framing::Head;
-                    }
-                }
-                Framing::Chunked(chunked) => match chunked.read(rest) {
-                    Chunk::More => break,
-                    Chunk::Done(n) => {
-                        i += n;
-                        s.framing = Framing::Head;
-                    }
-                    Chunk::Invalid => s.framing = Framing::Blind,
-                },
-                Framing::Head => {
-                    if s.head_started.is_none() {
-                        s.head_started = Some(now);
-                    }
-                    match s.read_head(rest) {
-                        Head::Incomplete => {
-                            plan.pass = i;
-                            break;
-                        }
-                        Head::Preface { held } => {
-                            let mut frames = H2Frames::default();
-                            let used = H2_PREFACE.len() - held.as_ref().map_or(0, Vec::len);
-                            s.head_started = None;
-                            frames.read(&rest[used..], now, &mut s.head_started);
-                            s.h2 = Some(frames);
-                            plan.before = held;
-                            break;
-                        }
-                        Head::Complete { used, held, body } => {
-                            // Only the first head of a read can have begun in an earlier one.
-                            plan.before = held;
-                            i += used;
-                            s.heads += 1;
-                            s.head_started = None;
-                            s.head_parses = 0;
-                            s.framing = match body {
-                                None => Framing::Chunked(Chunked::default()),
-                                Some(0) => Framing::Head,
-                                Some(n) => Framing::Body(n),
-                            };
-                        }
-                        Head::Reject(err) => {
-                            s.heads += 1;
-                            s.refusal = Some((s.heads, err));
-                            s.framing = Framing::Blind;
-                            plan.pass = i;
-                            plan.refused = true;
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-        plan
-    }
-}
-
-/// What the socket wrapper hands hyper of the bytes just read.
-struct Plan {
-    /// Bytes first: the start of a head held back over earlier reads, complete now.
-    before: Option<Vec<u8>>,
-    /// How many of the bytes read hyper gets; the rest are an incomplete head, held back until it
-    /// is checked, or a refused head, dropped.
-    pass: usize,
-    /// A head was refused: hyper gets a stand-in request instead, and nothing after it.
-    refused: bool,
-}
-
-enum Head {
-    Incomplete,
-    /// The HTTP/2 preface, with the part of it held back from earlier reads.
-    Preface {
-        held: Option<Vec<u8>>,
-    },
-    /// The head ends `used` bytes into this read; `held` is its start from earlier reads.
-    Complete {
-        used: usize,
-        held: Option<Vec<u8>>,
-        body: Option<u64>,
-    },
-    Reject(GatewayError),
-}
-
-impl TrackState {
-    /// Reads `fresh`, which starts in a head (or in the bytes before one): a head read at once is
-    /// parsed in place; an incomplete one is copied aside until it is whole.
-    fn read_head(&mut self, fresh: &[u8]) -> Head {
-        let prior = self.head.len();
-        let room = (MAX_HEAD_BYTES + 1).saturating_sub(prior);
-        let fresh_kept = &fresh[..fresh.len().min(room)];
-        if prior > 0 {
-            self.head.extend_from_slice(fresh_kept);
-        }
-        // The HTTP/2 preface can only open a connection.
-        if self.heads == 0 && prior < H2_PREFACE.len() {
-            let seen = if prior > 0 { &self.head[..] } else { fresh };
-            let start = &seen[..seen.len().min(H2_PREFACE.len())];
-            if H2_PREFACE.starts_with(start) {
-                if start.len() == H2_PREFACE.len() {
-                    let mut held = std::mem::take(&mut self.head);
-                    held.truncate(prior);
-                    return Head::Preface {
-                        held: (prior > 0).then_some(held),
-                    };
-                }
-                if prior == 0 {
-                    self.head.extend_from_slice(fresh_kept);
-                }
-                return Head::Incomplete;
-            }
-        }
-        let whole = if prior > 0 { &self.head[..] } else { fresh };
-        // Parse again only when a line ended or a limit may be crossed: a head trickling in one
-        // byte per read must not cost a parse per byte. (A head starting in this read is parsed at
-        // once, without scanning what follows it: pipelined requests.)
-        let trickle = prior > 0 && !fresh_kept.contains(&b'\n');
-        let verdict = if trickle && whole.len() <= MAX_URI_BYTES + 64 {
-            Check::Partial
-        } else {
-            self.head_parses += 1;
-            if self.head_parses > MAX_HEAD_PARSES {
-                Check::Reject(too_large())
-            } else {
-                check_head(whole)
-            }
-        };
-        match verdict {
-            Check::Partial => {
-                if prior == 0 {
-                    self.head.extend_from_slice(fresh_kept);
-                }
-                Head::Incomplete
-            }
-            Check::Complete { head, body } => {
-                let mut held = std::mem::take(&mut self.head);
-                held.truncate(prior);
-                Head::Complete {
-                    used: head.saturating_sub(prior),
-                    held: (prior > 0).then_some(held),
-                    body,
-                }
-            }
-            Check::Reject(err) => {
-                self.head = Vec::new();
-                Head::Reject(err)
-            }
-        }
-    }
-}
-
-/// A chunked request body, followed byte by byte as hyper decodes it (its `ChunkedState`), to
-/// find where the next head starts. The size line is parsed by httparse.
-#[derive(Default)]
-struct Chunked {
-    state: ChunkState,
-    /// The chunk-size line so far.
-    line: Vec<u8>,
-}
-
-#[derive(Default, Clone, Copy)]
-enum ChunkState {
-    #[default]
-    Size,
-    Data(u64),
-    DataCr,
-    DataLf,
-    /// After the last chunk: a trailer line, or the final CRLF.
-    EndCr,
-    EndLf,
-    Trailer,
-    TrailerLf,
-}
-
-enum Chunk {
-    More,
-    /// The body ends this many bytes into the read.
-    Done(usize),
-    Invalid,
-}
-
-/// hyper's limit on chunk extensions, plus room for the size itself.
-const MAX_CHUNK_LINE: usize = 16 * 1024 + 64;
-
-impl Chunked {
-    fn read(&mut self, bytes: &[u8]) -> Chunk {
-        let mut i = 0;
-        while i < bytes.len() {
-            let b = bytes[i];
-            self.state = match self.state {
-                ChunkState::Data(left) => {
-                    let n = usize::try_from(left)
-                        .unwrap_or(usize::MAX)
-                        .min(bytes.len() - i);
-                    i += n;
-                    match left - n as u64 {
-                        0 => ChunkState::DataCr,
-                        left => ChunkState::Data(left),
-                    }
-                }
-                ChunkState::Size => {
-                    i += 1;
-                    if self.line.len() >= MAX_CHUNK_LINE {
-                        return Chunk::Invalid;
-                    }
-                    self.line.push(b);
-                    if b != b'\n' {
-                        continue;
-                    }
-                    let parsed = httparse::parse_chunk_size(&self.line);
-                    self.line.clear();
-                    match parsed {
-                        Ok(httparse::Status::Complete((_, 0))) => ChunkState::EndCr,
-                        Ok(httparse::Status::Complete((_, size))) => ChunkState::Data(size),
-                        _ => return Chunk::Invalid,
-                    }
-                }
-                state => {
-                    i += 1;
-                    match (state, b) {
-                        (ChunkState::DataCr, b'\r') => ChunkState::DataLf,
-                        (ChunkState::DataLf, b'\n') => ChunkState::Size,
-                        (ChunkState::EndCr, b'\r') => ChunkState::EndLf,
-                        (ChunkState::Trailer, b'\r') => ChunkState::TrailerLf,
-                        (ChunkState::EndCr | ChunkState::Trailer, _) => ChunkState::Trailer,
-                        (ChunkState::TrailerLf, b'\n') => ChunkState::EndCr,
-                        (ChunkState::EndLf, b'\n') => return Chunk::Done(i),
-                        _ => return Chunk::Invalid,
-                    }
-                }
-            };
-        }
-        Chunk::More
-    }
-}
-
-/// HTTP/2 frames, followed only to see when a request's header block is arriving: from the first
-/// byte of a HEADERS frame until the end of the frame that carries END_HEADERS.
-#[derive(Default)]
-struct H2Frames {
-    /// The frame header so far.
-    header: [u8; 9],
-    have: usize,
-    /// Payload bytes of the current frame still to come.
-    left: u32,
-    /// The current frame is HEADERS or CONTINUATION.
-    header_frame: bool,
-    /// A header block without END_HEADERS yet: CONTINUATION frames are owed.
-    in_block: bool,
-}
-
-impl H2Frames {
-    const HEADERS: u8 = 0x1;
-    const CONTINUATION: u8 = 0x9;
-    const END_HEADERS: u8 = 0x4;
-
-    fn in_head(&self) -> bool {
-        self.in_block || (self.header_frame && self.left > 0)
-    }
-
-    /// Follows `bytes`; keeps `head_started` set while a header block is arriving, restarted when
-    /// one ends and another begins within the read.
-    fn read(&mut self, bytes: &[u8], now: Instant, head_started: &mut Option<Instant>) {
-        let was_in_head = self.in_head();
-        let mut ended = false;
-        let mut i = 0;
-        while i < bytes.len() {
-            if self.left > 0 {
-                let n = usize::try_from(self.left)
-                    .unwrap_or(usize::MAX)
-                    .min(bytes.len() - i);
-                i += n;
-                self.left -= n as u32;
-                ended |= self.left == 0 && self.header_frame && !self.in_block;
-                continue;
-            }
-            self.header[self.have] = bytes[i];
-            self.have += 1;
-            i += 1;
-            if self.have < self.header.len() {
-                continue;
-            }
-            self.have = 0;
-            let [l0, l1, l2, kind, flags, ..] = self.header;
-            self.left = u32::from_be_bytes([0, l0, l1, l2]);
-            self.header_frame = kind == Self::HEADERS || kind == Self::CONTINUATION;
-            self.in_block = self.header_frame && flags & Self::END_HEADERS == 0;
-            ended |= self.left == 0 && self.header_frame && !self.in_block;
-        }
-        if self.in_head() {
-            if !was_in_head || ended {
-                *head_started = Some(now);
-            }
-        } else {
-            *head_started = None;
-        }
+        s.messages.read(bytes, now, &mut s.head_started)
     }
 }
 
@@ -936,7 +590,7 @@ impl Drop for InFlight {
                 s.fresh = false;
                 // An HTTP/1.1 head that began while the request was answered (pipelined, or a
                 // refused head lingering) is timed from now: hyper reads it only now.
-                if s.h2.is_none() && s.head_started.is_some() {
+                if !s.messages.h2() && s.head_started.is_some() {
                     s.head_started = Some(now);
                 }
             }
@@ -948,116 +602,6 @@ impl Drop for InFlight {
     }
 }
 
-enum Check {
-    Partial,
-    /// The head's length, and its body's when known (`None`: chunked).
-    Complete {
-        head: usize,
-        body: Option<u64>,
-    },
-    Reject(GatewayError),
-}
-
-/// The checks hyper makes on a request head, with lower limits, so that hyper never refuses a
-/// head these accepted.
-fn check_head(head: &[u8]) -> Check {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADER_FIELDS];
-    let mut request = httparse::Request::new(&mut fields);
-    match request.parse(head) {
-        Ok(httparse::Status::Complete(len)) => {
-            if request.path.is_some_and(|p| p.len() > MAX_URI_BYTES) {
-                return Check::Reject(GatewayError::UriTooLong {
-                    limit: MAX_URI_BYTES,
-                });
-            }
-            if len > MAX_HEAD_BYTES {
-                return Check::Reject(too_large());
-            }
-            match body_length(&request) {
-                Err(why) => Check::Reject(malformed(why)),
-                Ok(body) => Check::Complete { head: len, body },
-            }
-        }
-        Ok(httparse::Status::Partial) => {
-            let request_line_done = head.contains(&b'\n');
-            let uri_too_long = match request.path {
-                Some(path) => path.len() > MAX_URI_BYTES,
-                None => !request_line_done && head.len() > MAX_URI_BYTES + 64,
-            };
-            if uri_too_long {
-                Check::Reject(GatewayError::UriTooLong {
-                    limit: MAX_URI_BYTES,
-                })
-            } else if head.len() > MAX_HEAD_BYTES {
-                Check::Reject(too_large())
-            } else {
-                Check::Partial
-            }
-        }
-        Err(httparse::Error::TooManyHeaders) => Check::Reject(too_large()),
-        Err(err) => Check::Reject(malformed(&err.to_string())),
-    }
-}
-
-/// The body's length (`None`: chunked), or what hyper would refuse after httparse accepted the
-/// head: the target, and the body framing.
-fn body_length(request: &httparse::Request<'_, '_>) -> Result<Option<u64>, &'static str> {
-    if request
-        .path
-        .is_some_and(|p| p.parse::<http::Uri>().is_err())
-    {
-        return Err("invalid request target");
-    }
-    let http11 = request.version == Some(1);
-    let mut chunked = None;
-    let mut length: Option<u64> = None;
-    for field in request.headers.iter() {
-        if field.name.eq_ignore_ascii_case("transfer-encoding") {
-            if !http11 {
-                return Err("Transfer-Encoding is not allowed in HTTP/1.0");
-            }
-            let last = field.value.rsplit(|b| *b == b',').next().unwrap_or(b"");
-            chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if field.name.eq_ignore_ascii_case("content-length") && chunked.is_none() {
-            let parsed = std::str::from_utf8(field.value)
-                .ok()
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse::<u64>().ok());
-            match (parsed, length) {
-                (None, _) => return Err("invalid Content-Length"),
-                (Some(new), Some(old)) if new != old => {
-                    return Err("conflicting Content-Length headers")
-                }
-                (Some(new), _) => length = Some(new),
-            }
-        }
-    }
-    match chunked {
-        Some(false) => Err("Transfer-Encoding must end with chunked"),
-        Some(true) => Ok(None),
-        None => Ok(Some(length.unwrap_or(0))),
-    }
-}
-
-fn malformed(why: &str) -> GatewayError {
-    GatewayError::InvalidRequest {
-        message: format!("The request is not valid HTTP/1.1: {why}."),
-        param: None,
-        code: "malformed_request",
-    }
-}
-
-fn too_large() -> GatewayError {
-    GatewayError::HeadersTooLarge {
-        max_fields: MAX_HEADER_FIELDS,
-        max_bytes: MAX_HEAD_BYTES,
-    }
-}
-
-/// The request hyper is given in place of a refused head: it is answered with the refusal (see
-/// [`Track::begin_request`]), after every request before it, and hyper then closes.
-const STAND_IN: &[u8] = b"GET / HTTP/1.1\r\nhost: reprise\r\nconnection: close\r\n\r\n";
-
 /// Serves one connection until it ends, times out, is reclaimed, or is dropped with the pool.
 async fn serve_connection(
     stream: TcpStream,
@@ -1067,15 +611,7 @@ async fn serve_connection(
     shutdown: CancellationToken,
     builder: auto::Builder<TokioExecutor>,
 ) {
-    let io = TokioIo::new(WatchedIo {
-        inner: stream,
-        track: track.clone(),
-        out: Bytes::new(),
-        refused: false,
-        client_done: false,
-        shut: false,
-        write_blocked: false,
-    });
+    let io = TokioIo::new(WatchedIo::new(stream, track.clone()));
     let service = hyper::service::service_fn({
         let track = track.clone();
         move |request: hyper::Request<Incoming>| {
@@ -1092,26 +628,15 @@ async fn serve_connection(
                         response
                     }
                     None => {
-                        let request = request.map(|body| {
-                            Body::new(TimedBody {
-                                inner: body,
-                                timeout,
-                                sleep: None,
-                                stale: false,
-                                flight: Some(flight.clone()),
-                                timed_out: false,
-                            })
-                        });
+                        let request = request
+                            .map(|body| Body::new(TimedBody::new(body, timeout, flight.clone())));
                         match router.oneshot(request).await {
                             Ok(response) => response,
                             Err(never) => match never {},
                         }
                     }
                 };
-                Ok::<_, Infallible>(response.map(|body| TrackedBody {
-                    inner: body,
-                    flight: Some(flight),
-                }))
+                Ok::<_, Infallible>(response.map(|body| TrackedBody::new(body, flight)))
             }
         }
     });
@@ -1176,351 +701,9 @@ async fn sleep_until(due: Option<(Instant, &'static str)>) {
     }
 }
 
-/// The client's socket, watched: reads feed the connection's [`Track`], which holds back
-/// incomplete heads and replaces a refused one; stalled writes are timed.
-struct WatchedIo {
-    inner: TcpStream,
-    track: Arc<Track>,
-    /// Bytes for hyper before any more are read: a head held back until complete, or the stand-in.
-    out: Bytes,
-    /// A head was refused: what the client sends next is read and dropped.
-    refused: bool,
-    /// The client closed its side (seen while refused).
-    client_done: bool,
-    shut: bool,
-    /// The last write found the socket full.
-    write_blocked: bool,
-}
-
-impl WatchedIo {
-    /// Reads and drops what the client sends, until it closes its side: closing with unread bytes
-    /// would reset the connection and could destroy the reply in flight. A bounded number of reads
-    /// per poll, so a client that keeps sending cannot hog a worker; the header timeout ends the
-    /// connection if it never stops.
-    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut scratch = [0u8; 2048];
-        for _ in 0..16 {
-            if self.client_done {
-                return Poll::Ready(Ok(()));
-            }
-            let mut sink = ReadBuf::new(&mut scratch);
-            ready!(Pin::new(&mut self.inner).poll_read(cx, &mut sink))?;
-            self.client_done = sink.filled().is_empty();
-        }
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    }
-
-    /// Notes whether a write found the socket full: the send timeout runs from then until a write
-    /// makes progress.
-    fn note_write<T>(&mut self, polled: &Poll<T>) {
-        let blocked = polled.is_pending();
-        if blocked != self.write_blocked {
-            self.write_blocked = blocked;
-            lock(&self.track.state).write_blocked = blocked.then(Instant::now);
-        }
-    }
-}
-
-impl AsyncRead for WatchedIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if buf.remaining() == 0 {
-            return Poll::Ready(Ok(()));
-        }
-        loop {
-            if !this.out.is_empty() {
-                let n = this.out.len().min(buf.remaining());
-                buf.put_slice(&this.out.split_to(n));
-                return Poll::Ready(Ok(()));
-            }
-            if this.refused {
-                // Never end-of-file: hyper would drop the stand-in's answer (an HTTP/1.1
-                // connection closes at once on end-of-file mid-request).
-                ready!(this.poll_drain(cx))?;
-                return Poll::Pending;
-            }
-            let before = buf.filled().len();
-            ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
-            let fresh = &buf.filled()[before..];
-            if fresh.is_empty() {
-                return Poll::Ready(Ok(()));
-            }
-            let plan = this.track.on_read(fresh);
-            let stand_in: &[u8] = if plan.refused {
-                this.refused = true;
-                this.track.pool.metrics.closed("bad_request");
-                STAND_IN
-            } else {
-                &[]
-            };
-            match plan.before {
-                None => {
-                    buf.set_filled(before + plan.pass);
-                    this.out = Bytes::from_static(stand_in);
-                }
-                Some(mut held) => {
-                    held.extend_from_slice(&fresh[..plan.pass]);
-                    held.extend_from_slice(stand_in);
-                    buf.set_filled(before);
-                    this.out = Bytes::from(held);
-                }
-            }
-            if buf.filled().len() > before {
-                return Poll::Ready(Ok(()));
-            }
-            // Everything read is held back or dropped: read on (or hand hyper `out`).
-        }
-    }
-}
-
-impl AsyncWrite for WatchedIo {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
-        this.note_write(&polled);
-        polled
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-        this.note_write(&polled);
-        polled
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    /// After a refusal's answer, half-closes and then waits for the client to close (see
-    /// [`WatchedIo::poll_drain`]), bounded by the header timeout.
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if !this.shut {
-            ready!(Pin::new(&mut this.inner).poll_shutdown(cx))?;
-            this.shut = true;
-        }
-        if this.refused {
-            ready!(this.poll_drain(cx))?;
-        }
-        Poll::Ready(Ok(()))
-    }
-}
-
-/// The client's request body, failing with [`BodyTimeout`] when no part of it arrives for the
-/// body timeout. The timer runs only while the body is read, and restarts with every frame.
-struct TimedBody {
-    inner: Incoming,
-    timeout: Duration,
-    /// Made on the first wait only: most bodies arrive whole and never need a timer.
-    sleep: Option<Pin<Box<Sleep>>>,
-    /// A frame arrived since the timer was set: restart it before the next wait.
-    stale: bool,
-    flight: Option<Arc<InFlight>>,
-    timed_out: bool,
-}
-
-impl HttpBody for TimedBody {
-    type Data = Bytes;
-    type Error = axum::BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.get_mut();
-        if this.timed_out {
-            return Poll::Ready(None);
-        }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                this.stale = true;
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(err))) => {
-                this.flight = None;
-                Poll::Ready(Some(Err(err.into())))
-            }
-            Poll::Ready(None) => {
-                this.flight = None;
-                Poll::Ready(None)
-            }
-            Poll::Pending => {
-                let deadline = Instant::now() + this.timeout;
-                let sleep = this
-                    .sleep
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-                if std::mem::take(&mut this.stale) {
-                    sleep.as_mut().reset(deadline);
-                }
-                ready!(sleep.as_mut().poll(cx));
-                this.timed_out = true;
-                if let Some(flight) = &this.flight {
-                    flight.track.pool.metrics.closed("body_timeout");
-                }
-                let timeout_ms = u64::try_from(this.timeout.as_millis()).unwrap_or(u64::MAX);
-                Poll::Ready(Some(Err(Box::new(BodyTimeout { timeout_ms }))))
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.timed_out || self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// The response body, holding its request in flight until the last frame is taken.
-struct TrackedBody {
-    inner: Body,
-    flight: Option<Arc<InFlight>>,
-}
-
-impl HttpBody for TrackedBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.get_mut();
-        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
-        if !matches!(frame, Some(Ok(_))) {
-            this.flight = None;
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn verdict(head: &[u8]) -> Result<bool, u16> {
-        match check_head(head) {
-            Check::Partial => Ok(false),
-            Check::Complete { .. } => Ok(true),
-            Check::Reject(err) => Err(err.status().as_u16()),
-        }
-    }
-
-    #[test]
-    fn heads_are_checked_like_hyper_with_lower_limits() {
-        assert_eq!(
-            verdict(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"),
-            Ok(true)
-        );
-        assert_eq!(verdict(b"\r\nGET / HTTP/1.1\r\n\r\n"), Ok(true));
-        assert_eq!(verdict(b"POST /v1/chat HTTP/1.1\r\nHost: x\r\n"), Ok(false));
-        assert_eq!(verdict(b"GARBAGE\r\n\r\n"), Err(400));
-        assert_eq!(verdict(b"GET / HTTP/1.1\r\nbad header\r\n\r\n"), Err(400));
-        assert_eq!(verdict(b"GET / HTTP/9.9\r\n\r\n"), Err(400));
-        let conflicting = b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n";
-        assert_eq!(verdict(conflicting), Err(400));
-        assert_eq!(
-            verdict(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n"),
-            Err(400)
-        );
-        assert_eq!(
-            verdict(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
-            Ok(true)
-        );
-        let long = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(MAX_URI_BYTES));
-        assert_eq!(verdict(long.as_bytes()), Err(414));
-        let unfinished = format!("GET /{}", "a".repeat(MAX_URI_BYTES + 100));
-        assert_eq!(verdict(unfinished.as_bytes()), Err(414));
-        let many: String = (0..=MAX_HEADER_FIELDS)
-            .map(|i| format!("x-{i}: 1\r\n"))
-            .collect();
-        assert_eq!(
-            verdict(format!("GET / HTTP/1.1\r\n{many}\r\n").as_bytes()),
-            Err(431)
-        );
-        let big = format!("GET / HTTP/1.1\r\nx: {}\r\n", "b".repeat(MAX_HEAD_BYTES));
-        assert_eq!(verdict(big.as_bytes()), Err(431));
-    }
-
-    /// Feeds `body` to a chunked framing in pieces of `step` bytes; where it ended, if it did.
-    fn chunked_end(body: &[u8], step: usize) -> Result<Option<usize>, ()> {
-        let mut chunked = Chunked::default();
-        let mut at = 0;
-        for piece in body.chunks(step) {
-            match chunked.read(piece) {
-                Chunk::More => at += piece.len(),
-                Chunk::Done(n) => return Ok(Some(at + n)),
-                Chunk::Invalid => return Err(()),
-            }
-        }
-        Ok(None)
-    }
-
-    #[test]
-    fn chunked_bodies_end_where_hyper_ends_them() {
-        let body = b"5;ext=1\r\nhello\r\n3\r\nabc\r\n0\r\nx-trailer: t\r\n\r\nGET / HTTP/1.1";
-        let end = body.len() - b"GET / HTTP/1.1".len();
-        for step in [1, 2, 7, body.len()] {
-            assert_eq!(chunked_end(body, step), Ok(Some(end)), "step {step}");
-        }
-        assert_eq!(chunked_end(b"0\r\n\r\n", 1), Ok(Some(5)));
-        assert_eq!(chunked_end(b"a\r\n0123456789\r\n", 3), Ok(None));
-        assert_eq!(chunked_end(b"zz\r\n", 1), Err(()));
-        assert_eq!(chunked_end(b"3\r\nabcXY", 1), Err(()));
-    }
-
-    #[test]
-    fn h2_header_blocks_are_timed_until_end_headers() {
-        let frame = |kind: u8, flags: u8, payload: &[u8]| {
-            let mut f = vec![0, 0, payload.len() as u8, kind, flags, 0, 0, 0, 1];
-            f.extend_from_slice(payload);
-            f
-        };
-        let now = Instant::now();
-        let mut frames = H2Frames::default();
-        let mut started = None;
-        // SETTINGS, then HEADERS without END_HEADERS: a block is open.
-        let mut bytes = frame(0x4, 0, &[]);
-        bytes.extend(frame(0x1, 0x1, &[0x82]));
-        frames.read(&bytes, now, &mut started);
-        assert_eq!(started, Some(now));
-        // Its CONTINUATION, with END_HEADERS, arrives in two pieces.
-        let continuation = frame(0x9, 0x4, &[0x86, 0x84]);
-        frames.read(&continuation[..4], now, &mut started);
-        assert_eq!(started, Some(now));
-        frames.read(&continuation[4..], now, &mut started);
-        assert_eq!(started, None);
-        // DATA frames are not heads, even cut short.
-        frames.read(&frame(0x0, 0, b"abc")[..10], now, &mut started);
-        assert_eq!(started, None);
-    }
 
     #[test]
     fn derived_cap_leaves_room_for_upstream_sockets() {
