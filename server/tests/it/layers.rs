@@ -60,7 +60,7 @@ const FLOORS: &[(&str, u8)] = &[
     // 7. The pipeline wing: the stages that take an `Exchange`.
     ("pipeline/", 7),
     // 8. Wiring and operator routes: the router, connections, admin.
-    ("serve.rs", 8),
+    ("serve/", 8),
     ("admin/", 8),
     ("lib.rs", 8),
     ("main.rs", 8),
