@@ -50,11 +50,10 @@ use std::sync::Arc;
 use ::redis::{Cmd, Commands, RedisError, Value};
 use tracing::debug;
 
+use super::codec::{decode, decode_replay, encode_cold, encode_replay};
 use super::connect::{Conn, Connector, Timeouts};
 use super::feed::{Change, Feed, RedisFeed};
-use super::{
-    decode, decode_replay, encode_cold, encode_replay, Claim, ClaimToken, Store, StoreError,
-};
+use super::{Claim, ClaimToken, Store, StoreError};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
