@@ -124,8 +124,11 @@ impl StoreErrors {
     }
 }
 
-/// Storage of cache entries. Blocking: call it on blocking threads, never inside a handler's poll.
-pub trait Store: Send + Sync + 'static {
+/// Storage of cache entries: what the request path, the writer and admin read and write. Blocking
+/// (see the module doc). The entries half keeps the name `Store` because it is what nearly every
+/// caller names; its upkeep ([`Upkeep`]) is a supertrait, so an `Arc<dyn Store>` reaches both, and
+/// a shared store's [`Coordination`] is reached through [`Store::coordination`].
+pub trait Store: Upkeep {
     fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError>;
     /// The entry the exact-key index names for `key`.
     fn get_by_key(&self, key: &CacheKey) -> Result<Option<Entry>, StoreError>;
@@ -163,6 +166,24 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Sum of the stored (encoded) entry sizes, O(1).
     fn bytes(&self) -> u64;
+    /// Single flight across replicas, when replicas share this store; `None` for a store no other
+    /// process shares (sled), whose callers act as if every claim were granted ([`Claim::Local`])
+    /// and none were held: [`claim`] and the other helpers below do that.
+    fn coordination(&self) -> Option<&dyn Coordination> {
+        None
+    }
+    /// The change feed, when replicas share this store: what they change is published there (the
+    /// store publishes its own puts and deletes), and what others change is read from it. Reached
+    /// like [`Store::coordination`], beside it rather than in it: [`ResilientStore`] hands out
+    /// Redis's feed as it is, while its claims pass its degraded-mode guard.
+    fn feed(&self) -> Option<&dyn Feed> {
+        None
+    }
+}
+
+/// Keeping a store within its caps and healthy: what the cache's writer thread and admin call, never
+/// the request path. Blocking (see the module doc).
+pub trait Upkeep: Send + Sync + 'static {
     /// Deletes entries expired at `now_ms`, then evicts by approximate LRU while over `max_entries`
     /// or `max_bytes`. Also deletes entries that reads found corrupt. Returns (expired, evicted).
     fn sweep(
@@ -190,11 +211,6 @@ pub trait Store: Send + Sync + 'static {
     fn errors(&self) -> StoreErrors {
         StoreErrors::default()
     }
-    /// The change feed, when replicas share this store: what they change is published there (the
-    /// store publishes its own puts and deletes), and what others change is read from it.
-    fn feed(&self) -> Option<&dyn Feed> {
-        None
-    }
     /// Tries to bring a degraded store back (blocking, rate-limited); true when it is healthy.
     fn recover(&self) -> bool {
         true
@@ -204,28 +220,53 @@ pub trait Store: Send + Sync + 'static {
     fn enforce_disk_budget(&self, _max_bytes: u64) -> bool {
         false
     }
+}
+
+/// What replicas sharing one store agree through it: who asks the upstream for a key (single flight
+/// across replicas, see [`Claim`]). Reached through [`Store::coordination`] only, so a store no
+/// other process shares implements none of it. Blocking (see the module doc).
+pub trait Coordination: Send + Sync {
     /// Claims the right to ask the upstream for `key`, for `ttl_ms` unless renewed (single flight
-    /// across replicas, see [`Claim`]). A store no other process shares grants [`Claim::Local`].
-    fn claim(&self, _key: &CacheKey, _ttl_ms: u64) -> Result<Claim, StoreError> {
-        Ok(Claim::Local)
-    }
+    /// across replicas, see [`Claim`]).
+    fn claim(&self, key: &CacheKey, ttl_ms: u64) -> Result<Claim, StoreError>;
     /// Extends a held claim to `ttl_ms` from now; false when `token` no longer holds it.
-    fn renew(
-        &self,
-        _key: &CacheKey,
-        _token: &ClaimToken,
-        _ttl_ms: u64,
-    ) -> Result<bool, StoreError> {
-        Ok(false)
-    }
+    fn renew(&self, key: &CacheKey, token: &ClaimToken, ttl_ms: u64) -> Result<bool, StoreError>;
     /// Gives up a claim if `token` still holds it; true if it did.
-    fn release(&self, _key: &CacheKey, _token: &ClaimToken) -> Result<bool, StoreError> {
-        Ok(false)
-    }
+    fn release(&self, key: &CacheKey, token: &ClaimToken) -> Result<bool, StoreError>;
     /// Whether any replica holds a claim on `key`.
-    fn claimed(&self, _key: &CacheKey) -> Result<bool, StoreError> {
-        Ok(false)
-    }
+    fn claimed(&self, key: &CacheKey) -> Result<bool, StoreError>;
+}
+
+/// [`Coordination::claim`] on `store`'s coordination; a store no other process shares grants
+/// every claim locally.
+pub fn claim(store: &dyn Store, key: &CacheKey, ttl_ms: u64) -> Result<Claim, StoreError> {
+    store
+        .coordination()
+        .map_or(Ok(Claim::Local), |c| c.claim(key, ttl_ms))
+}
+
+/// [`Coordination::renew`]; false on a store no other process shares (no claim to renew).
+pub fn renew(
+    store: &dyn Store,
+    key: &CacheKey,
+    token: &ClaimToken,
+    ttl_ms: u64,
+) -> Result<bool, StoreError> {
+    store
+        .coordination()
+        .map_or(Ok(false), |c| c.renew(key, token, ttl_ms))
+}
+
+/// [`Coordination::release`]; false on a store no other process shares.
+pub fn release(store: &dyn Store, key: &CacheKey, token: &ClaimToken) -> Result<bool, StoreError> {
+    store
+        .coordination()
+        .map_or(Ok(false), |c| c.release(key, token))
+}
+
+/// [`Coordination::claimed`]; false on a store no other process shares (nobody else to hold one).
+pub fn claimed(store: &dyn Store, key: &CacheKey) -> Result<bool, StoreError> {
+    store.coordination().map_or(Ok(false), |c| c.claimed(key))
 }
 
 /// The most the store's files may take before they are rebuilt for a cap of `max_bytes`: sled

@@ -53,7 +53,7 @@ use tracing::debug;
 use super::codec::{decode, decode_replay, encode_cold, encode_replay};
 use super::connect::{Conn, Connector, Timeouts};
 use super::feed::{Change, Feed, RedisFeed};
-use super::{Claim, ClaimToken, Store, StoreError};
+use super::{Claim, ClaimToken, Coordination, Store, StoreError, Upkeep};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
@@ -583,6 +583,14 @@ fn superseded(rows: &[(EntryId, Row)]) -> Vec<(EntryId, String)> {
 }
 
 impl Store for RedisStore {
+    fn coordination(&self) -> Option<&dyn Coordination> {
+        Some(self)
+    }
+
+    fn feed(&self) -> Option<&dyn Feed> {
+        Some(&self.feed)
+    }
+
     fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
         self.read_entry(id)
     }
@@ -735,7 +743,9 @@ impl Store for RedisStore {
     fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
+}
 
+impl Upkeep for RedisStore {
     /// Redis expires entries itself (`PXAT`), so `expired` is always 0. Over a cap, the least
     /// recently used entries go first (stored or last hit, on any replica; the hit bookkeeping
     /// reaches Redis in the writer's batches). The recount behind it reads the whole registry (and prunes
@@ -811,11 +821,9 @@ impl Store for RedisStore {
         self.publish(Change::Clear);
         Ok(n)
     }
+}
 
-    fn feed(&self) -> Option<&dyn Feed> {
-        Some(&self.feed)
-    }
-
+impl Coordination for RedisStore {
     fn claim(&self, key: &CacheKey, ttl_ms: u64) -> Result<Claim, StoreError> {
         let n = self.claims.fetch_add(1, Ordering::Relaxed);
         let token = format!("{}-{n}", self.replica);

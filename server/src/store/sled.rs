@@ -54,7 +54,7 @@ use super::codec::{
     Resolved, TxResult, FORMAT_JSON, FORMAT_REPLAY,
 };
 use super::ledger::{Ledger, Slot};
-use super::{compact, salvage, MigrationError, Store, StoreError, SCHEMA_VERSION};
+use super::{compact, salvage, MigrationError, Store, StoreError, Upkeep, SCHEMA_VERSION};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
@@ -806,7 +806,9 @@ impl Store for SledStore {
     fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
+}
 
+impl Upkeep for SledStore {
     fn sweep(
         &self,
         now_ms: u64,
