@@ -1,12 +1,74 @@
-//! The sled store's in-memory ledger: the id, key, expiry, recency and size of every entry, built
-//! by one scan at open. It makes `len`/`bytes` O(1) and lets `sweep` find expired entries and
-//! sample eviction candidates without reading payloads from disk. It must not touch sled: the
-//! store keeps it in step with what it writes, under the lock every write takes.
+//! The bookkeeping both stores keep alike (what a hit records, the order they evict in, shedding
+//! down to the caps), and the sled store's in-memory ledger: the id, key, expiry, recency and size
+//! of every entry, built by one scan at open. The ledger makes `len`/`bytes` O(1) and lets `sweep`
+//! find expired entries and sample eviction candidates without reading payloads from disk. It must
+//! not touch a backend: the stores call it, and the sled store keeps the ledger in step with what
+//! it writes, under the lock every write takes.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use crate::entry::Entry;
+use super::StoreError;
+use crate::entry::{Entry, HitEvent};
 use crate::key::CacheKey;
+
+/// Records hits on an entry (see [`Store::touch`]) through `update`, the store's rewrite of the
+/// entry's cold half under its own rules for concurrent writers: adds `hits` to its count, the
+/// `recent` ones to its bounded history, and moves its last hit forward. Nothing is read or
+/// written when there is nothing to record; a missing entry is not an error (it may have been
+/// evicted).
+///
+/// [`Store::touch`]: super::Store::touch
+pub(super) fn touch(
+    hits: u64,
+    recent: &[HitEvent],
+    update: impl FnOnce(&mut dyn FnMut(&mut Entry) -> bool) -> Result<bool, StoreError>,
+) -> Result<(), StoreError> {
+    if hits == 0 && recent.is_empty() {
+        return Ok(());
+    }
+    update(&mut |entry| {
+        entry.record_hits(hits, recent);
+        true
+    })?;
+    Ok(())
+}
+
+/// An entry's last use, what both stores evict by: stored, or its latest hit on any replica.
+pub(super) fn recency_ms(created_at_ms: u64, last_hit_ms: u64) -> u64 {
+    last_hit_ms.max(created_at_ms)
+}
+
+/// The order both stores evict in, smallest first: least recently used, ties to the older id (so
+/// a small store, where every entry is compared, evicts exactly as a Redis-backed one does).
+pub(super) fn lru_order(recency_ms: u64, id: u64) -> (u64, u64) {
+    (recency_ms, id)
+}
+
+/// What a store holds while it chooses what to evict: both stores shed entries until it fits
+/// within both caps.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Held {
+    pub(super) len: usize,
+    pub(super) bytes: u64,
+}
+
+impl Held {
+    pub(super) fn over(self, max_entries: usize, max_bytes: u64) -> bool {
+        self.len > max_entries || self.bytes > max_bytes
+    }
+
+    /// One entry of `size` bytes less.
+    pub(super) fn shed(&mut self, size: u64) {
+        self.len = self.len.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(size);
+    }
+
+    /// One entry of `size` bytes more (one about to be written).
+    pub(super) fn add(&mut self, size: u64) {
+        self.len = self.len.saturating_add(1);
+        self.bytes = self.bytes.saturating_add(size);
+    }
+}
 
 /// Entries compared per eviction: Redis-style approximate LRU, close to exact LRU at a fixed cost.
 const EVICTION_SAMPLE: usize = 16;
@@ -29,7 +91,7 @@ impl Slot {
             id: entry.id.0,
             key: entry.key,
             expires_at_ms: entry.expires_at_ms(),
-            recency_ms: entry.last_hit_ms.max(entry.created_at_ms),
+            recency_ms: recency_ms(entry.created_at_ms, entry.last_hit_ms),
             size: size as u64,
         }
     }
@@ -115,27 +177,27 @@ impl Ledger {
         limit: usize,
     ) -> Vec<u64> {
         let mut chosen: HashSet<usize> = HashSet::new();
-        let (mut len, mut bytes) = (self.slots.len(), self.bytes);
+        let mut held = Held {
+            len: self.slots.len(),
+            bytes: self.bytes,
+        };
         let mut kept = None;
         if let Some((slot, replaces)) = incoming {
             if let Some(&index) = replaces.and_then(|id| self.position.get(&id)) {
-                len -= 1;
-                bytes = bytes.saturating_sub(self.slots[index].size);
+                held.shed(self.slots[index].size);
                 kept = Some(index);
             }
-            len += 1;
-            bytes = bytes.saturating_add(slot.size);
+            held.add(slot.size);
         }
         // The replaced slot stands in `chosen` so that no sample picks it, and is left out below.
         chosen.extend(kept);
         let taken = usize::from(kept.is_some());
-        while (len > max_entries || bytes > max_bytes) && chosen.len() - taken < limit {
+        while held.over(max_entries, max_bytes) && chosen.len() - taken < limit {
             let Some(index) = self.oldest_of_sample(&chosen) else {
                 break;
             };
             chosen.insert(index);
-            len -= 1;
-            bytes = bytes.saturating_sub(self.slots[index].size);
+            held.shed(self.slots[index].size);
         }
         chosen
             .into_iter()
@@ -148,7 +210,7 @@ impl Ledger {
     /// that few remain, which makes small stores exact LRU). Ties go to the older id.
     fn oldest_of_sample(&mut self, chosen: &HashSet<usize>) -> Option<usize> {
         let n = self.slots.len();
-        let age = |slots: &[Slot], i: usize| (slots[i].recency_ms, slots[i].id);
+        let age = |slots: &[Slot], i: usize| lru_order(slots[i].recency_ms, slots[i].id);
         if n.saturating_sub(chosen.len()) <= EVICTION_SAMPLE {
             return (0..n)
                 .filter(|i| !chosen.contains(i))
@@ -184,5 +246,40 @@ impl Ledger {
         self.rng ^= self.rng << 25;
         self.rng ^= self.rng >> 27;
         self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn touch_with_nothing_to_record_writes_nothing() {
+        let mut called = false;
+        touch(0, &[], |_| {
+            called = true;
+            Ok(true)
+        })
+        .expect("touch");
+        assert!(!called, "no rewrite for no hits");
+        // A gone entry (the rewrite finds nothing) is not an error.
+        touch(1, &[], |_| Ok(false)).expect("touch of a gone entry");
+    }
+
+    #[test]
+    fn held_is_over_either_cap_and_sheds_to_within_both() {
+        let mut held = Held { len: 3, bytes: 30 };
+        assert!(held.over(2, 100), "over the entry cap");
+        assert!(held.over(10, 20), "over the byte cap");
+        assert!(!held.over(3, 30), "at both caps is within them");
+        held.shed(15);
+        assert_eq!((held.len, held.bytes), (2, 15));
+        held.add(5);
+        assert_eq!((held.len, held.bytes), (3, 20));
+        // The older of two entries used at the same time goes first.
+        assert!(lru_order(5, 1) < lru_order(5, 2));
+        assert!(lru_order(4, 9) < lru_order(5, 1));
+        assert_eq!(recency_ms(10, 0), 10, "never hit: its creation");
+        assert_eq!(recency_ms(10, 20), 20);
     }
 }

@@ -53,7 +53,7 @@ use super::codec::{
     decode, decode_replay, encode_cold, encode_replay, payload, remove_value, resolve, write_value,
     Resolved, TxResult, FORMAT_JSON, FORMAT_REPLAY,
 };
-use super::ledger::{Ledger, Slot};
+use super::ledger::{self, recency_ms, Ledger, Slot};
 use super::{compact, salvage, MigrationError, Store, StoreError, Upkeep, SCHEMA_VERSION};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
@@ -765,14 +765,7 @@ impl Store for SledStore {
     }
 
     fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError> {
-        if hits == 0 && recent.is_empty() {
-            return Ok(());
-        }
-        self.update(id, |entry| {
-            entry.record_hits(hits, recent);
-            true
-        })?;
-        Ok(())
+        ledger::touch(hits, recent, |record| self.update(id, record))
     }
 
     fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
@@ -998,7 +991,7 @@ fn load_ledger(trees: &Trees<'_>, exact: &sled::Tree) -> Result<Ledger, StoreErr
             id: head.id.0,
             key: head.key,
             expires_at_ms: head.created_at_ms.saturating_add(head.ttl_ms),
-            recency_ms: head.last_hit_ms.max(head.created_at_ms),
+            recency_ms: recency_ms(head.created_at_ms, head.last_hit_ms),
             size: cold_len as u64 + replay_len,
         });
     }
