@@ -1,10 +1,35 @@
-//! The store's contract: the [`Store`] trait every backend implements, its errors, the disk budget
-//! the sled store keeps, and the family's public names. It must hold no backend's code: sled lives
-//! in [`sled`](self::sled) (with its chunk codec in `codec.rs` and its in-memory ledger in
-//! `ledger.rs`), Redis in `redis.rs`, the degraded-mode wrapper in `resilient.rs`.
+//! The store's contract: the traits every backend implements, their errors, the disk budget the
+//! sled store keeps, and the family's public names. It must hold no backend's code: sled lives in
+//! `sled.rs` (its encodings in `codec.rs`, its in-memory ledger, and the bookkeeping both stores
+//! share, in `ledger.rs`), Redis in `redis.rs` (with `feed.rs`, `claim.rs`, `connect.rs`), the
+//! degraded-mode wrapper in `resilient.rs`.
 //!
 //! A store holds payloads and the exact-key index only (the vector index lives elsewhere). It must
 //! never hand out a corrupt or half-written entry.
+//!
+//! # Three concerns
+//! - [`Store`]: entries and listing (get, replay, put, delete, touch, set_vector, list, counts).
+//!   It keeps the name because it is what callers name: `Arc<dyn Store>` is the handle passed
+//!   around, and the other halves are reached from it, so no call site names a second trait.
+//! - [`Upkeep`]: sweep, flush, caps, clear, health and recovery, the disk budget: the writer
+//!   thread's and admin's. A supertrait of [`Store`], so a `dyn Store` reaches it without an
+//!   import; code that calls it on a concrete store (`SledStore` in tests) imports `Upkeep`.
+//! - [`Coordination`]: single-flight claims across replicas, reached through
+//!   [`Store::coordination`], which only a shared store (Redis) answers; [`claim`], [`renew`],
+//!   [`release`] and [`claimed`] give the answer of a store no other process shares. The change
+//!   feed is reached the same way, by [`Store::feed`].
+//!
+//! # Blocking, and never on an async worker
+//! Every method of these traits is blocking: a sled read may wait on the disk, a Redis call is a
+//! network round trip. No store call may run on an async worker (with two workers, one slow Redis
+//! round trip on each stalls every request of the process, `/healthz` included). The async half is
+//! [`offload`]: the request path (exact and alias lookups, replays by id, approved hits,
+//! cross-replica claims) reaches the store only through [`Offload`] (`Cache::read`), which runs
+//! each call on tokio's blocking pool, at most [`offload::MAX_CALLS`] (16) at once, and gives it up
+//! after [`offload::CALL_DEADLINE`] (200 ms) as a miss. Everything else calls the store from
+//! threads of its own (the cache's writer thread, the backfill, the feed follower) or inside
+//! `spawn_blocking` (admin routes, semantic search). Only `len`, `bytes`, `errors` and `degraded`,
+//! which read counters and never wait on I/O, are called from async code directly.
 
 use std::path::PathBuf;
 
