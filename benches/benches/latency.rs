@@ -17,7 +17,7 @@ use reprise_server::entry::{Entry, EntryId, RequestSummary};
 use reprise_server::index::{HnswIndex, VectorIndex};
 use reprise_server::key::{CacheKey, PartitionKey};
 use reprise_server::semantic::{Semantic, Status};
-use reprise_server::store::{SledStore, Store, Upkeep};
+use reprise_server::store::{SledStore, Store};
 use reprise_server::timing::{percentile, Phases};
 
 const DIM: usize = 384;

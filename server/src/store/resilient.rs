@@ -55,7 +55,7 @@ pub struct ResilientStore {
     /// degraded (`reprise_store_errors_total`).
     failed: AtomicU64,
     skipped: AtomicU64,
-    /// The caps given to [`Store::set_caps`], given again to every reopened sled store.
+    /// The caps given to [`Upkeep::set_caps`], given again to every reopened sled store.
     caps: Mutex<Option<(usize, u64)>>,
 }
 

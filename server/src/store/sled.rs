@@ -85,7 +85,7 @@ pub struct SledStore {
     bytes: AtomicU64,
     /// Added to sled's id generator (see [`ID_FLOOR_KEY`]).
     id_floor: u64,
-    /// The caps every write holds (see [`Store::set_caps`]); unlimited until set.
+    /// The caps every write holds (see [`Upkeep::set_caps`]); unlimited until set.
     max_entries: AtomicUsize,
     max_bytes: AtomicU64,
 }
