@@ -373,12 +373,17 @@ pub(crate) async fn patch_config(
     let patch: ConfigPatch = from_value(body.clone())?;
     let applied = state.live.apply(patch)?;
     // Every replica sharing the store applies the same patch, in the order they were accepted.
-    if let Some(feed) = state.cache.store.feed() {
-        let change = crate::store::Change::Config(body);
-        if let Err(e) = feed.publish(&change) {
-            tracing::error!(error = %e, "a config change could not be shared: it applies to this replica only");
+    // Publishing is a Redis round trip: on a blocking thread, never on an async worker.
+    let store = state.cache.store.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Some(feed) = store.feed() {
+            let change = crate::store::Change::Config(body);
+            if let Err(e) = feed.publish(&change) {
+                tracing::error!(error = %e, "a config change could not be shared: it applies to this replica only");
+            }
         }
-    }
+    })
+    .await;
     Ok(Json(applied.as_ref().clone()))
 }
 

@@ -104,7 +104,7 @@ pub async fn lead(
         // Every store call runs off the async workers; one that does not answer in time is a
         // store failure, and so a claim won (fail-open).
         let claimed = cache
-            .read(move |store| store.claim(&key, CLAIM_TTL_MS))
+            .read(move |store| crate::store::claim(store, &key, CLAIM_TTL_MS))
             .await
             .unwrap_or(Err(crate::store::StoreError::Unavailable));
         match claimed {
@@ -152,7 +152,7 @@ async fn answer(
         // A store error (or a call past its deadline) reads as no claim: fail open.
         let key = *key;
         let held = cache
-            .read(move |store| store.claimed(&key).unwrap_or(false))
+            .read(move |store| crate::store::claimed(store, &key).unwrap_or(false))
             .await
             .unwrap_or(false);
         if !held || Instant::now() >= deadline {
@@ -181,7 +181,7 @@ fn keep(
                 () = tokio::time::sleep(RENEW_EVERY) => {
                     let token = token.clone();
                     let renewed = cache
-                        .read(move |store| store.renew(&key, &token, CLAIM_TTL_MS).unwrap_or(false))
+                        .read(move |store| crate::store::renew(store, &key, &token, CLAIM_TTL_MS).unwrap_or(false))
                         .await
                         .unwrap_or(false);
                     if !renewed {
@@ -195,7 +195,7 @@ fn keep(
         match end {
             FlightEnd::Stored(_) => cache.writer.send(WriteOp::Release(key, token)),
             FlightEnd::Uncacheable | FlightEnd::Relayed => {
-                let _ = cache.read(move |store| store.release(&key, &token)).await;
+                let _ = cache.read(move |store| crate::store::release(store, &key, &token)).await;
             }
         }
     });

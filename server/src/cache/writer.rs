@@ -205,7 +205,7 @@ fn writer_loop(
             }
             Ok(WriteOp::Release(key, token)) => {
                 // A claim left held lapses at its expiry: waiting replicas are late, not wrong.
-                if let Err(err) = store.release(&key, &token) {
+                if let Err(err) = crate::store::release(store.as_ref(), &key, &token) {
                     tracing::debug!(error = %err, "releasing a single-flight claim failed");
                 }
             }

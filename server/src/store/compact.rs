@@ -14,7 +14,8 @@ use std::path::Path;
 
 use tracing::{info, warn};
 
-use super::{open_db, StoreError, ID_FLOOR_KEY};
+use super::sled::{open_db, ID_FLOOR_KEY};
+use super::StoreError;
 use reprise_migrations::layout;
 
 const STAGING: &str = "rebuild.tmp";
@@ -114,7 +115,7 @@ fn copy_into(old: &sled::Db, staging: &Path) -> Result<(), StoreError> {
         }
     }
     let meta = new.open_tree(layout::META)?;
-    let floor = super::id_floor(&old.open_tree(layout::META)?)?;
+    let floor = super::sled::id_floor(&old.open_tree(layout::META)?)?;
     let next = floor.saturating_add(old.generate_id()?).saturating_add(1);
     meta.insert(ID_FLOOR_KEY, &next.to_be_bytes()[..])?;
     new.flush()?;

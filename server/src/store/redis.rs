@@ -50,11 +50,11 @@ use std::sync::Arc;
 use ::redis::{Cmd, Commands, RedisError, Value};
 use tracing::debug;
 
+use super::codec::{decode, decode_replay, encode_cold, encode_replay};
 use super::connect::{Conn, Connector, Timeouts};
 use super::feed::{Change, Feed, RedisFeed};
-use super::{
-    decode, decode_replay, encode_cold, encode_replay, Claim, ClaimToken, Store, StoreError,
-};
+use super::ledger::{self, lru_order, recency_ms, Held};
+use super::{Claim, ClaimToken, Coordination, Store, StoreError, Upkeep};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
@@ -584,6 +584,14 @@ fn superseded(rows: &[(EntryId, Row)]) -> Vec<(EntryId, String)> {
 }
 
 impl Store for RedisStore {
+    fn coordination(&self) -> Option<&dyn Coordination> {
+        Some(self)
+    }
+
+    fn feed(&self) -> Option<&dyn Feed> {
+        Some(&self.feed)
+    }
+
     fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
         self.read_entry(id)
     }
@@ -636,7 +644,7 @@ impl Store for RedisStore {
             },
             size,
             key_hex: entry.key.to_hex(),
-            used_ms: entry.created_at_ms.max(entry.last_hit_ms),
+            used_ms: recency_ms(entry.created_at_ms, entry.last_hit_ms),
         };
         self.with(|c| {
             ::redis::pipe()
@@ -687,14 +695,7 @@ impl Store for RedisStore {
     }
 
     fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError> {
-        if hits == 0 && recent.is_empty() {
-            return Ok(());
-        }
-        self.update(id, |entry| {
-            entry.record_hits(hits, recent);
-            true
-        })?;
-        Ok(())
+        ledger::touch(hits, recent, |record| self.update(id, record))
     }
 
     fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
@@ -736,7 +737,9 @@ impl Store for RedisStore {
     fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
+}
 
+impl Upkeep for RedisStore {
     /// Redis expires entries itself (`PXAT`), so `expired` is always 0. Over a cap, the least
     /// recently used entries go first (stored or last hit, on any replica; the hit bookkeeping
     /// reaches Redis in the writer's batches). The recount behind it reads the whole registry (and prunes
@@ -766,22 +769,24 @@ impl Store for RedisStore {
             );
             self.remove(&superseded)?;
         }
-        let mut len = live.len();
-        let mut bytes: u64 = live.iter().map(|(_, row)| row.size).sum();
-        // Least recently used first, across replicas: every replica's hits move `used_ms`.
-        live.sort_by_key(|(id, row)| (row.used_ms, *id));
+        let mut held = Held {
+            len: live.len(),
+            bytes: live.iter().map(|(_, row)| row.size).sum(),
+        };
+        // Least recently used first, across replicas: every replica's hits move `used_ms`. Every
+        // row is at hand, so the order is exact where sled's ledger samples.
+        live.sort_by_key(|(id, row)| lru_order(row.used_ms, id.0));
         let mut victims = Vec::new();
         for (id, row) in &live {
-            if len <= max_entries && bytes <= max_bytes {
+            if !held.over(max_entries, max_bytes) {
                 break;
             }
             victims.push((*id, exact_key_of_hex(&row.key_hex)));
-            len -= 1;
-            bytes = bytes.saturating_sub(row.size);
+            held.shed(row.size);
         }
         let evicted = self.remove(&victims)?;
-        self.len.store(len, Ordering::Relaxed);
-        self.bytes.store(bytes, Ordering::Relaxed);
+        self.len.store(held.len, Ordering::Relaxed);
+        self.bytes.store(held.bytes, Ordering::Relaxed);
         Ok((0, evicted))
     }
 
@@ -812,11 +817,9 @@ impl Store for RedisStore {
         self.publish(Change::Clear);
         Ok(n)
     }
+}
 
-    fn feed(&self) -> Option<&dyn Feed> {
-        Some(&self.feed)
-    }
-
+impl Coordination for RedisStore {
     fn claim(&self, key: &CacheKey, ttl_ms: u64) -> Result<Claim, StoreError> {
         let n = self.claims.fetch_add(1, Ordering::Relaxed);
         let token = format!("{}-{n}", self.replica);

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use super::{Claim, ClaimToken, RedisStore, SledStore, Store, StoreError};
+use super::{Claim, ClaimToken, Coordination, RedisStore, SledStore, Store, StoreError, Upkeep};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
@@ -55,7 +55,7 @@ pub struct ResilientStore {
     /// degraded (`reprise_store_errors_total`).
     failed: AtomicU64,
     skipped: AtomicU64,
-    /// The caps given to [`Store::set_caps`], given again to every reopened sled store.
+    /// The caps given to [`Upkeep::set_caps`], given again to every reopened sled store.
     caps: Mutex<Option<(usize, u64)>>,
 }
 
@@ -447,6 +447,17 @@ fn refused() -> StoreError {
 }
 
 impl Store for ResilientStore {
+    /// A shared (Redis) store's claims, through the degraded-mode guard; none over sled.
+    fn coordination(&self) -> Option<&dyn Coordination> {
+        self.redis.as_ref().map(|_| self as &dyn Coordination)
+    }
+
+    /// Redis's feed as it is, not behind the degraded-mode guard (as before the contract was
+    /// split): its users handle its failures themselves.
+    fn feed(&self) -> Option<&dyn super::Feed> {
+        self.redis.as_ref().map(|r| r.feed() as &dyn super::Feed)
+    }
+
     fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
         self.with(|| Ok(None), |s| s.get(id))
     }
@@ -504,7 +515,9 @@ impl Store for ResilientStore {
             None => self.current().map_or(0, |s| s.bytes()),
         }
     }
+}
 
+impl Upkeep for ResilientStore {
     fn sweep(
         &self,
         now_ms: u64,
@@ -542,10 +555,6 @@ impl Store for ResilientStore {
         }
     }
 
-    fn feed(&self) -> Option<&dyn super::Feed> {
-        self.redis.as_ref().map(|r| r.feed() as &dyn super::Feed)
-    }
-
     fn recover(&self) -> bool {
         ResilientStore::recover(self)
     }
@@ -553,22 +562,26 @@ impl Store for ResilientStore {
     fn enforce_disk_budget(&self, max_bytes: u64) -> bool {
         ResilientStore::enforce_disk_budget(self, max_bytes)
     }
+}
 
+/// Only a Redis-backed store hands this out ([`Store::coordination`]); each call passes the
+/// degraded-mode guard as the entries' calls do.
+impl Coordination for ResilientStore {
     /// Degraded, every claim is granted locally: the request goes upstream (fail-open).
     fn claim(&self, key: &CacheKey, ttl_ms: u64) -> Result<Claim, StoreError> {
-        self.write(|| Ok(Claim::Local), |s| s.claim(key, ttl_ms))
+        self.write(|| Ok(Claim::Local), |s| super::claim(s, key, ttl_ms))
     }
 
     fn renew(&self, key: &CacheKey, token: &ClaimToken, ttl_ms: u64) -> Result<bool, StoreError> {
-        self.write(|| Ok(false), |s| s.renew(key, token, ttl_ms))
+        self.write(|| Ok(false), |s| super::renew(s, key, token, ttl_ms))
     }
 
     fn release(&self, key: &CacheKey, token: &ClaimToken) -> Result<bool, StoreError> {
-        self.with(|| Ok(false), |s| s.release(key, token))
+        self.with(|| Ok(false), |s| super::release(s, key, token))
     }
 
     /// Degraded, no claim is seen: a waiting request stops waiting and goes upstream.
     fn claimed(&self, key: &CacheKey) -> Result<bool, StoreError> {
-        self.with(|| Ok(false), |s| s.claimed(key))
+        self.with(|| Ok(false), |s| super::claimed(s, key))
     }
 }

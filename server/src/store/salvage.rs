@@ -22,7 +22,8 @@ use std::path::Path;
 
 use tracing::{info, warn};
 
-use super::{open_db, StoreError, ID_FLOOR_KEY, SCHEMA_VERSION};
+use super::sled::{open_db, ID_FLOOR_KEY};
+use super::{StoreError, SCHEMA_VERSION};
 use reprise_migrations::layout;
 
 /// Where the damaged files are copied to be opened: sled writes to a log it recovers.
@@ -45,7 +46,7 @@ pub(super) fn salvage_into(dir: &Path, aside: &Path) -> Result<Salvaged, StoreEr
     let result = attempts(dir, aside, &source);
     let _ = std::fs::remove_dir_all(&source);
     if result.is_err() {
-        super::clear_sled_files(dir);
+        super::sled::clear_sled_files(dir);
     }
     result
 }
@@ -65,7 +66,7 @@ fn attempts(dir: &Path, aside: &Path, source: &Path) -> Result<Salvaged, StoreEr
                 continue;
             }
         };
-        super::clear_sled_files(dir);
+        super::sled::clear_sled_files(dir);
         return copy_readable(&old, dir);
     }
     Err(last.unwrap_or(StoreError::CorruptStore {
@@ -149,12 +150,12 @@ fn copy_readable(old: &sled::Db, dir: &Path) -> Result<Salvaged, StoreError> {
         };
         copy_tree(&from, &to, &mut salvaged)?;
     }
-    let floor = super::id_floor(&meta).unwrap_or(0);
+    let floor = super::sled::id_floor(&meta).unwrap_or(0);
     let given = old.generate_id().unwrap_or(0);
     let highest = new
         .open_tree(layout::ENTRIES)?
         .last()?
-        .and_then(|(k, _)| super::parse_id(&k))
+        .and_then(|(k, _)| super::sled::parse_id(&k))
         .unwrap_or(0);
     // Ids are never reused: past the generator, and past every entry kept, whichever is higher.
     let next = floor

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use reprise_server::store::{Change, Feed, RedisStore, Store};
+use reprise_server::store::{Change, Feed, RedisStore, Store, Upkeep};
 
 use crate::common::*;
 use crate::redis::{ask, entry, flush, on_redis_url, redis_server_binary, round_trips};

@@ -26,6 +26,7 @@ mod responses;
 mod router;
 mod semantic;
 mod slow_store;
+mod store_contract;
 mod tenants;
 mod upstream;
 mod verify;

@@ -15,7 +15,9 @@ use reprise_server::entry::{
     Entry, EntryId, HitEvent, HitKind, Replay, RequestSummary, StoredEvent,
 };
 use reprise_server::key::{CacheKey, PartitionKey};
-use reprise_server::store::{Claim, ClaimToken, RedisStore, SledStore, Store};
+use reprise_server::store::{
+    Claim, ClaimToken, Coordination, RedisStore, SledStore, Store, Upkeep,
+};
 use reprise_server::timing::Phases;
 use serde_json::{json, Value};
 
@@ -780,7 +782,12 @@ async fn a_gateway_started_while_redis_is_down_serves_and_caches_once_it_is_up()
 fn a_claim_is_renewed_and_released_only_by_its_holder() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sled = SledStore::open(dir.path()).expect("sled");
-    assert_eq!(sled.claim(&key(1), 1_000).expect("claim"), Claim::Local);
+    // A store no other process shares has no claims to coordinate: every claim is granted here.
+    assert!(sled.coordination().is_none());
+    assert_eq!(
+        reprise_server::store::claim(&sled, &key(1), 1_000).expect("claim"),
+        Claim::Local
+    );
     let Some(redis) = RedisServer::start() else {
         return;
     };

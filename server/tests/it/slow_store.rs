@@ -10,7 +10,7 @@ use std::time::Duration;
 use reprise_client::delay::DelayProxy;
 use reprise_server::entry::{Entry, EntryId, HitEvent, Replay};
 use reprise_server::key::CacheKey;
-use reprise_server::store::{SledStore, Store, StoreError};
+use reprise_server::store::{SledStore, Store, StoreError, Upkeep};
 use reprise_server::AppState;
 
 use crate::common::*;
@@ -37,45 +37,60 @@ impl Store for SlowReads {
         self.wait();
         self.inner.get(id)
     }
+
     fn get_by_key(&self, key: &CacheKey) -> Result<Option<Entry>, StoreError> {
         self.wait();
         self.inner.get_by_key(key)
     }
+
     fn replay_by_key(&self, key: &CacheKey) -> Result<Option<Replay>, StoreError> {
         self.wait();
         self.inner.replay_by_key(key)
     }
+
     fn replay(&self, id: EntryId) -> Result<Option<Replay>, StoreError> {
         self.wait();
         self.inner.replay(id)
     }
+
     fn put(&self, entry: Entry) -> Result<EntryId, StoreError> {
         self.inner.put(entry)
     }
+
     fn delete(&self, id: EntryId) -> Result<bool, StoreError> {
         self.inner.delete(id)
     }
+
     fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError> {
         self.inner.touch(id, hits, recent)
     }
+
     fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
         self.inner.set_vector(id, vector)
     }
+
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
         self.inner.list_newest(before, limit)
     }
+
     fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
         self.inner.list(after, limit)
     }
+
     fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
         self.inner.ids()
     }
+
     fn len(&self) -> usize {
         self.inner.len()
     }
+
     fn bytes(&self) -> u64 {
         self.inner.bytes()
     }
+}
+
+impl Upkeep for SlowReads {
     fn sweep(
         &self,
         now_ms: u64,
@@ -84,9 +99,11 @@ impl Store for SlowReads {
     ) -> Result<(usize, usize), StoreError> {
         self.inner.sweep(now_ms, max_entries, max_bytes)
     }
+
     fn flush(&self) -> Result<(), StoreError> {
         self.inner.flush()
     }
+
     fn clear(&self) -> Result<usize, StoreError> {
         self.inner.clear()
     }

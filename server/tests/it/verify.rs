@@ -16,7 +16,7 @@ use reprise_server::config::{Config, Secret};
 use reprise_server::embed::{EmbedConfig, EmbedModel, Embedder};
 use reprise_server::entry::{Entry, EntryId, HitEvent, Replay};
 use reprise_server::key::CacheKey;
-use reprise_server::store::{Store, StoreError};
+use reprise_server::store::{Store, StoreError, Upkeep};
 use reprise_server::verify::settings::{VerifyKind, VerifyMode};
 use reprise_server::AppState;
 use serde_json::{json, Value};
@@ -475,39 +475,53 @@ impl Store for BlindExact {
     fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
         self.0.get(id)
     }
+
     fn get_by_key(&self, _: &CacheKey) -> Result<Option<Entry>, StoreError> {
         Ok(None)
     }
+
     fn replay_by_key(&self, _: &CacheKey) -> Result<Option<Replay>, StoreError> {
         Ok(None)
     }
+
     fn put(&self, entry: Entry) -> Result<EntryId, StoreError> {
         self.0.put(entry)
     }
+
     fn delete(&self, id: EntryId) -> Result<bool, StoreError> {
         self.0.delete(id)
     }
+
     fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError> {
         self.0.touch(id, hits, recent)
     }
+
     fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
         self.0.set_vector(id, vector)
     }
+
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
         self.0.list_newest(before, limit)
     }
+
     fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
         self.0.list(after, limit)
     }
+
     fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
         self.0.ids()
     }
+
     fn len(&self) -> usize {
         self.0.len()
     }
+
     fn bytes(&self) -> u64 {
         self.0.bytes()
     }
+}
+
+impl Upkeep for BlindExact {
     fn sweep(
         &self,
         now_ms: u64,
@@ -516,9 +530,11 @@ impl Store for BlindExact {
     ) -> Result<(usize, usize), StoreError> {
         self.0.sweep(now_ms, max_entries, max_bytes)
     }
+
     fn flush(&self) -> Result<(), StoreError> {
         self.0.flush()
     }
+
     fn clear(&self) -> Result<usize, StoreError> {
         self.0.clear()
     }

@@ -1,8 +1,7 @@
-//! Durable storage of cache entries (sled by default), behind the small [`Store`] trait.
-//!
-//! It holds payloads and the exact-key index only (the vector index lives elsewhere). It must never
-//! hand out a corrupt or half-written entry, and must never hold its writer lock for more than one
-//! small batch of sled writes: every put and delete shares that lock with eviction.
+//! The embedded store (the default): one sled database in the data directory, its open, recovery
+//! and salvage of a damaged directory, and the [`Store`] methods over it. It must never hand out a
+//! corrupt or half-written entry, and must never hold its writer lock for more than one small batch
+//! of sled writes: every put and delete shares that lock with eviction.
 //!
 //! On disk (schema version 3, laid out by `reprise-migrations`):
 //! - `entries`: entry id as u64 big-endian (so iteration is in id order) -> the entry's encoded
@@ -15,17 +14,14 @@
 //! - `exact`: 32-byte [`CacheKey`] -> entry id as u64 big-endian;
 //! - `meta`: `schema_version` -> u32 big-endian.
 //!
-//! An encoded cold half is `[format tag = 1][blake3 of the payload: 32 bytes][payload]`, the
-//! payload being the serde_json of the [`Entry`] without `events` and `body`; an encoded replay is
-//! `[tag = 3][blake3 of the record: 32][record]` (`reprise_migrations::replay`). A value longer than
-//! [`CHUNK`] is kept in its chunk tree, and its own tree holds `[tag = 2][blake3 of the encoded
-//! value: 32][its length: u64 BE][chunk count: u32 BE]`. An exact hit reads the replay alone and
-//! decodes no JSON; hit bookkeeping and the backfill rewrite the cold half alone. No value handed to sled is longer than [`CHUNK`]: sled 0.34 writes a page above a
-//! quarter of its segment as a file under `blobs/` that it does not reliably delete, and a leaf page
-//! holds about 20 values, so small values keep every page inline, where `--max-bytes` governs it.
-//! An entry's two halves, their chunks and its index row are written and removed in one sled transaction, which
-//! sled recovers atomically after a crash, so no index row can name a missing entry unless the
-//! entry was found corrupt and dropped; readers treat such a row as absent and remove it.
+//! The encodings are `codec.rs`'s. An exact hit reads the replay alone and decodes no JSON; hit
+//! bookkeeping and the backfill rewrite the cold half alone. No value handed to sled is longer than
+//! [`CHUNK`]: sled 0.34 writes a page above a quarter of its segment as a file under `blobs/` that
+//! it does not reliably delete, and a leaf page holds about 20 values, so small values keep every
+//! page inline, where `--max-bytes` governs it. An entry's two halves, their chunks and its index
+//! row are written and removed in one sled transaction, which sled recovers atomically after a
+//! crash, so no index row can name a missing entry unless the entry was found corrupt and dropped;
+//! readers treat such a row as absent and remove it.
 //!
 //! At open, a data directory whose `blobs/` holds files (written by an older version, or left
 //! behind by sled) is rebuilt: every tree is copied into a fresh database beside it, which then
@@ -33,11 +29,15 @@
 //! the next open. While serving, the same rebuild runs when sled's files outgrow
 //! [`disk_budget`] (see [`ResilientStore::enforce_disk_budget`]).
 //!
-//! Beside sled, an in-memory ledger holds the id, key, expiry, recency and size of every entry,
-//! built by one scan at open. It makes `len`/`bytes` O(1) and lets `sweep` find expired entries and
-//! sample eviction candidates without reading payloads from disk.
+//! Beside sled, the in-memory [`Ledger`] (`ledger.rs`) mirrors every entry's id, key, expiry,
+//! recency and size, built by one scan at open.
+//!
+//! [`CHUNK`]: super::CHUNK
+//! [`compact`]: super::compact
+//! [`disk_budget`]: super::disk_budget
+//! [`ResilientStore::enforce_disk_budget`]: super::ResilientStore::enforce_disk_budget
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -45,323 +45,27 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use serde::Deserialize;
-use sled::transaction::{ConflictableTransactionResult, TransactionError};
+use sled::transaction::TransactionError;
 use sled::Transactional;
 use tracing::{debug, error, info, warn};
 
+use super::codec::{
+    decode, decode_replay, encode_cold, encode_replay, payload, remove_value, resolve, write_value,
+    Resolved, TxResult, FORMAT_JSON, FORMAT_REPLAY,
+};
+use super::ledger::{self, recency_ms, Ledger, Slot};
+use super::{compact, salvage, MigrationError, Store, StoreError, Upkeep, SCHEMA_VERSION};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
 
 use reprise_migrations::layout;
-pub use reprise_migrations::MigrationError;
-
-mod claim;
-mod compact;
-pub mod connect;
-pub mod feed;
-pub mod offload;
-mod redis;
-mod resilient;
-mod salvage;
-#[cfg(test)]
-pub(crate) mod stalled;
-
-pub use self::redis::{default_replica as redis_default_replica, RedisStore};
-pub use claim::{Claim, ClaimToken};
-pub use feed::{Change, Feed};
-pub use offload::Offload;
-pub use resilient::{Degraded, ResilientStore};
 
 /// `meta` key of the number added to sled's id generator (u64 BE, absent = 0): a rebuilt database
 /// starts its generator at zero, and entry ids must never be reused.
-const ID_FLOOR_KEY: &str = "id_floor";
+pub(super) const ID_FLOOR_KEY: &str = "id_floor";
 
-/// The data-directory schema version this build reads and writes.
-pub const SCHEMA_VERSION: u32 = reprise_migrations::CURRENT;
-
-/// Format tag of an encoded entry: serde_json payload with a blake3 checksum.
-const FORMAT_JSON: u8 = 1;
-const HEADER_LEN: usize = 1 + blake3::OUT_LEN;
-/// Longest value handed to sled; a longer encoded entry is split into chunks of this size.
-pub const CHUNK: usize = 4096;
-/// Tag of the record that stands for a chunked value.
-const FORMAT_CHUNKED: u8 = 2;
-/// Format tag of an encoded replay: a binary replay record with a blake3 checksum.
-const FORMAT_REPLAY: u8 = 3;
-const CHUNKED_RECORD_LEN: usize = 1 + blake3::OUT_LEN + 8 + 4;
-/// Reads of a chunked entry retried when a writer replaced it mid-read.
-const READ_ATTEMPTS: usize = 3;
-/// Entries compared per eviction: Redis-style approximate LRU, close to exact LRU at a fixed cost.
-const EVICTION_SAMPLE: usize = 16;
 /// Entries removed per locked step of `sweep`, so that puts wait at most one small batch.
 const SWEEP_BATCH: usize = 64;
-
-/// Our transactions never abort on their own; they only fail on storage errors.
-type TxResult<T> = ConflictableTransactionResult<T, Infallible>;
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("store: {0}")]
-    Sled(#[from] sled::Error),
-    #[error("entry {id} is corrupt: {reason}")]
-    Corrupt { id: EntryId, reason: String },
-    #[error(transparent)]
-    Migration(#[from] MigrationError),
-    #[error("cannot create data directory {}: {source}", path.display())]
-    CreateDir {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("cannot encode entry: {0}")]
-    Encode(#[from] serde_json::Error),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        source: std::io::Error,
-    },
-    #[error("data directory {} exists and is not a directory", path.display())]
-    NotADirectory { path: PathBuf },
-    #[error("data directory {} is not writable: {source}", path.display())]
-    Unwritable {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(
-        "data directory {} is locked by another process (is another Reprise running on it?)",
-        path.display()
-    )]
-    Locked { path: PathBuf },
-    #[error("no space left on the disk of data directory {}: {source}", path.display())]
-    Full {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("the cache store in {} is corrupt: {reason}", path.display())]
-    CorruptStore { path: PathBuf, reason: String },
-    #[error("the cache store is unavailable (degraded) and not caching")]
-    Unavailable,
-    /// An entry larger than the whole `--max-bytes` cap: relayed, never stored.
-    #[error("entry of {size} bytes is larger than the store's cap of {max_bytes} bytes")]
-    TooLarge { size: u64, max_bytes: u64 },
-    /// A Redis command failed (unreachable, timed out, refused): never names the URL.
-    #[error("redis: {0}")]
-    Redis(String),
-    /// Redis answered, and refuses writes (`OOM` when full under `noeviction`, `READONLY`,
-    /// `MISCONF`, `NOREPLICAS`): reads still work.
-    #[error("redis refuses writes: {0}")]
-    RedisRefusesWrites(String),
-}
-
-impl StoreError {
-    /// Gives an error from opening the store in `dir` a cause a reader can act on.
-    fn classify(self, dir: &Path) -> Self {
-        use std::io::ErrorKind;
-        let path = dir.to_owned();
-        let sled_error = match &self {
-            Self::Sled(e) | Self::Migration(MigrationError::Sled(e)) => e,
-            Self::Migration(MigrationError::BadVersion { .. }) => {
-                return Self::CorruptStore {
-                    path,
-                    reason: self.to_string(),
-                }
-            }
-            Self::Io { source, .. } if source.kind() == ErrorKind::StorageFull => {
-                return Self::Full {
-                    path,
-                    source: std::io::Error::new(source.kind(), source.to_string()),
-                }
-            }
-            _ => return self,
-        };
-        if is_lock_error(sled_error) {
-            return Self::Locked { path };
-        }
-        match sled_error {
-            sled::Error::Io(e) => match e.kind() {
-                ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => Self::Unwritable {
-                    path,
-                    source: std::io::Error::new(e.kind(), e.to_string()),
-                },
-                ErrorKind::WouldBlock => Self::Locked { path },
-                ErrorKind::StorageFull | ErrorKind::QuotaExceeded => Self::Full {
-                    path,
-                    source: std::io::Error::new(e.kind(), e.to_string()),
-                },
-                ErrorKind::NotADirectory => Self::NotADirectory { path },
-                ErrorKind::InvalidData | ErrorKind::UnexpectedEof => Self::CorruptStore {
-                    path,
-                    reason: e.to_string(),
-                },
-                _ => self,
-            },
-            sled::Error::Corruption { .. }
-            | sled::Error::ReportableBug(_)
-            | sled::Error::Unsupported(_) => Self::CorruptStore {
-                path,
-                reason: sled_error.to_string(),
-            },
-            sled::Error::CollectionNotFound(_) => self,
-        }
-    }
-
-    /// True when the store's files cannot be read as a store: moving them aside may help, unlike
-    /// a permission, a lock, a full disk or a newer schema.
-    pub fn is_corrupt(&self) -> bool {
-        matches!(self, Self::CorruptStore { .. })
-    }
-}
-
-/// Store operations that did not reach the store, since start: `failed` (an I/O error, a Redis
-/// timeout or refusal), `skipped` (not tried while the store was degraded: each is a lookup
-/// that missed or a write that was dropped) and `timed_out` (a call from the request path given
-/// up at its deadline, see [`offload`]: a lookup that missed).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct StoreErrors {
-    pub failed: u64,
-    pub skipped: u64,
-    pub timed_out: u64,
-}
-
-impl StoreErrors {
-    /// By kind, as `/metrics` labels them.
-    pub fn counts(&self) -> Vec<(&'static str, u64)> {
-        vec![
-            ("failed", self.failed),
-            ("skipped", self.skipped),
-            ("timed_out", self.timed_out),
-        ]
-    }
-}
-
-/// Storage of cache entries. Blocking: call it on blocking threads, never inside a handler's poll.
-pub trait Store: Send + Sync + 'static {
-    fn get(&self, id: EntryId) -> Result<Option<Entry>, StoreError>;
-    /// The entry the exact-key index names for `key`.
-    fn get_by_key(&self, key: &CacheKey) -> Result<Option<Entry>, StoreError>;
-    /// The hot read, for exact hits: the [`Replay`] of the entry the exact-key index names for
-    /// `key`, read without the rest of the entry and without decoding JSON.
-    fn replay_by_key(&self, key: &CacheKey) -> Result<Option<Replay>, StoreError>;
-    /// The [`Replay`] of entry `id`, for a hit that found its entry by id (semantic matching, an
-    /// alias): the same read as an exact hit's, where the store keeps replays apart. The default
-    /// builds it from the whole entry.
-    fn replay(&self, id: EntryId) -> Result<Option<Replay>, StoreError> {
-        Ok(self.get(id)?.map(|entry| Replay::of(&entry)))
-    }
-    /// Assigns `entry.id` (the incoming id is ignored) and writes the entry and its exact-key index
-    /// row atomically, replacing (and deleting) any older entry with the same key. Returns the id.
-    fn put(&self, entry: Entry) -> Result<EntryId, StoreError>;
-    /// Removes the entry and its index row atomically; false if there was no such entry.
-    fn delete(&self, id: EntryId) -> Result<bool, StoreError>;
-    /// Records hits: adds `hits` to `hit_count`, the `recent` ones (the latest of them) to the
-    /// bounded `hit_history`, and moves `last_hit_ms` forward (never back). Meant for off the request path; a missing entry is not an error (it
-    /// may have been evicted).
-    fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError>;
-    /// Gives an entry stored without a vector its vector (the backfill). False, and nothing
-    /// written, when the entry is gone or already has one.
-    fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError>;
-    /// Entries newest first, with ids below `before` (exclusive), at most `limit`: admin listing.
-    fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError>;
-    /// Entries in id order after `after` (exclusive), at most `limit`: for paginated admin listing.
-    fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError>;
-    /// Every stored entry id, without decoding the entries.
-    fn ids(&self) -> Result<Vec<EntryId>, StoreError>;
-    /// Number of entries, O(1).
-    fn len(&self) -> usize;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Sum of the stored (encoded) entry sizes, O(1).
-    fn bytes(&self) -> u64;
-    /// Deletes entries expired at `now_ms`, then evicts by approximate LRU while over `max_entries`
-    /// or `max_bytes`. Also deletes entries that reads found corrupt. Returns (expired, evicted).
-    fn sweep(
-        &self,
-        now_ms: u64,
-        max_entries: usize,
-        max_bytes: u64,
-    ) -> Result<(usize, usize), StoreError>;
-    /// Makes every write so far durable.
-    fn flush(&self) -> Result<(), StoreError>;
-    /// Caps the store holds at every write from now on: a put (or a rewrite that grows an entry)
-    /// first evicts, by the same approximate LRU as `sweep`, what it needs to stay within both,
-    /// and an entry larger than `max_bytes` alone is refused ([`StoreError::TooLarge`]). Evicts
-    /// down to the caps at once. A store without it leaves the caps to `sweep`.
-    fn set_caps(&self, _max_entries: usize, _max_bytes: u64) -> Result<(), StoreError> {
-        Ok(())
-    }
-    /// Removes every entry; returns how many there were.
-    fn clear(&self) -> Result<usize, StoreError>;
-    /// Why the store is not caching (its disk failed), if it is not.
-    fn degraded(&self) -> Option<Degraded> {
-        None
-    }
-    /// Operations that failed or were skipped since start (see [`StoreErrors`]).
-    fn errors(&self) -> StoreErrors {
-        StoreErrors::default()
-    }
-    /// The change feed, when replicas share this store: what they change is published there (the
-    /// store publishes its own puts and deletes), and what others change is read from it.
-    fn feed(&self) -> Option<&dyn Feed> {
-        None
-    }
-    /// Tries to bring a degraded store back (blocking, rate-limited); true when it is healthy.
-    fn recover(&self) -> bool {
-        true
-    }
-    /// Rebuilds the store when its files take more than [`disk_budget`]`(max_bytes)`; true if
-    /// it did. Blocking; called by the cache's writer thread after a sweep.
-    fn enforce_disk_budget(&self, _max_bytes: u64) -> bool {
-        false
-    }
-    /// Claims the right to ask the upstream for `key`, for `ttl_ms` unless renewed (single flight
-    /// across replicas, see [`Claim`]). A store no other process shares grants [`Claim::Local`].
-    fn claim(&self, _key: &CacheKey, _ttl_ms: u64) -> Result<Claim, StoreError> {
-        Ok(Claim::Local)
-    }
-    /// Extends a held claim to `ttl_ms` from now; false when `token` no longer holds it.
-    fn renew(
-        &self,
-        _key: &CacheKey,
-        _token: &ClaimToken,
-        _ttl_ms: u64,
-    ) -> Result<bool, StoreError> {
-        Ok(false)
-    }
-    /// Gives up a claim if `token` still holds it; true if it did.
-    fn release(&self, _key: &CacheKey, _token: &ClaimToken) -> Result<bool, StoreError> {
-        Ok(false)
-    }
-    /// Whether any replica holds a claim on `key`.
-    fn claimed(&self, _key: &CacheKey) -> Result<bool, StoreError> {
-        Ok(false)
-    }
-}
-
-/// The most the store's files may take before they are rebuilt for a cap of `max_bytes`: sled
-/// cleans a log segment only once less than half of it is live and only in its flusher's spare
-/// time, so under a steady stream of long answers its file grew to 20x the live data and more.
-/// A rebuild copies the live data (at most `max_bytes`) into a fresh file, so the data dir stays
-/// within `disk_budget(max_bytes) + max_bytes` plus a few segments.
-pub fn disk_budget(max_bytes: u64) -> u64 {
-    max_bytes.saturating_mul(3).saturating_add(32 << 20)
-}
-
-/// What a rebuild's fresh copy of the live entries (at most `max_bytes`) takes beside the old
-/// files until they go: sled rewrites each leaf as it fills, so the copy takes about 2.5x the live
-/// bytes plus a few segments (measured: 1.7 MB live -> 5.2 MB, 4.6 MB -> 11.4 MB).
-pub fn rebuild_allowance(max_bytes: u64) -> u64 {
-    max_bytes.saturating_mul(3).saturating_add(4 << 20)
-}
-
-/// The most the data directory (every file in it, as `du` counts them, the vector index aside)
-/// takes for a cap of `max_bytes`, at every moment: what the README states. The writer checks the
-/// budget after every put, so the old files pass it by one answer's writes (and what sled still
-/// buffers) at most, 4 MiB here, before a rebuild writes its copy beside them.
-pub fn disk_bound(max_bytes: u64) -> u64 {
-    disk_budget(max_bytes)
-        .saturating_add(rebuild_allowance(max_bytes))
-        .saturating_add(4 << 20)
-}
 
 /// The embedded store: one sled database in the data directory.
 pub struct SledStore {
@@ -381,13 +85,13 @@ pub struct SledStore {
     bytes: AtomicU64,
     /// Added to sled's id generator (see [`ID_FLOOR_KEY`]).
     id_floor: u64,
-    /// The caps every write holds (see [`Store::set_caps`]); unlimited until set.
+    /// The caps every write holds (see [`Upkeep::set_caps`]); unlimited until set.
     max_entries: AtomicUsize,
     max_bytes: AtomicU64,
 }
 
 /// The id floor recorded in `meta`.
-fn id_floor(meta: &sled::Tree) -> Result<u64, StoreError> {
+pub(super) fn id_floor(meta: &sled::Tree) -> Result<u64, StoreError> {
     Ok(meta
         .get(ID_FLOOR_KEY)?
         .as_deref()
@@ -405,7 +109,7 @@ pub(crate) fn is_lock_error(e: &sled::Error) -> bool {
 /// Opens the sled database, waiting briefly for the lock: sled releases a closed database's file lock
 /// from its background flusher, a moment after the last handle is dropped (a restart in the same
 /// process, or a supervisor restarting the gateway at once, would otherwise fail).
-fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
+pub(super) fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         match sled::Config::new()
@@ -1061,14 +765,7 @@ impl Store for SledStore {
     }
 
     fn touch(&self, id: EntryId, hits: u64, recent: &[HitEvent]) -> Result<(), StoreError> {
-        if hits == 0 && recent.is_empty() {
-            return Ok(());
-        }
-        self.update(id, |entry| {
-            entry.record_hits(hits, recent);
-            true
-        })?;
-        Ok(())
+        ledger::touch(hits, recent, |record| self.update(id, record))
     }
 
     fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
@@ -1102,7 +799,9 @@ impl Store for SledStore {
     fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
+}
 
+impl Upkeep for SledStore {
     fn sweep(
         &self,
         now_ms: u64,
@@ -1203,226 +902,8 @@ fn storage_error(e: TransactionError<Infallible>) -> StoreError {
     }
 }
 
-fn parse_id(raw: &[u8]) -> Option<u64> {
+pub(super) fn parse_id(raw: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(raw.try_into().ok()?))
-}
-
-/// Key of chunk `n` of entry `id`: chunks of one entry are contiguous and in order.
-fn chunk_key(id: u64, n: u32) -> [u8; 12] {
-    let mut key = [0u8; 12];
-    key[..8].copy_from_slice(&id.to_be_bytes());
-    key[8..].copy_from_slice(&n.to_be_bytes());
-    key
-}
-
-/// The `entries` record of a chunked entry.
-struct ChunkedRecord {
-    hash: [u8; blake3::OUT_LEN],
-    len: u64,
-    count: u32,
-}
-
-impl ChunkedRecord {
-    fn of(value: &[u8]) -> Self {
-        Self {
-            hash: *blake3::hash(value).as_bytes(),
-            len: value.len() as u64,
-            count: value.len().div_ceil(CHUNK) as u32,
-        }
-    }
-
-    fn parse(raw: &[u8]) -> Option<Self> {
-        if raw.len() != CHUNKED_RECORD_LEN || raw[0] != FORMAT_CHUNKED {
-            return None;
-        }
-        let (hash, rest) = raw[1..].split_at(blake3::OUT_LEN);
-        let (len, count) = rest.split_at(8);
-        Some(Self {
-            hash: hash.try_into().ok()?,
-            len: u64::from_be_bytes(len.try_into().ok()?),
-            count: u32::from_be_bytes(count.try_into().ok()?),
-        })
-    }
-
-    fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(CHUNKED_RECORD_LEN);
-        out.push(FORMAT_CHUNKED);
-        out.extend_from_slice(&self.hash);
-        out.extend_from_slice(&self.len.to_be_bytes());
-        out.extend_from_slice(&self.count.to_be_bytes());
-        out
-    }
-}
-
-/// Writes encoded entry `value` as entry `id`: in `entries` when it fits in [`CHUNK`] bytes, else
-/// as chunks plus a record. The caller removes any older value of `id` first.
-fn write_value(
-    entries: &sled::transaction::TransactionalTree,
-    chunks: &sled::transaction::TransactionalTree,
-    id: u64,
-    value: &[u8],
-) -> TxResult<()> {
-    let id_bytes = id.to_be_bytes();
-    if value.len() <= CHUNK {
-        entries.insert(&id_bytes[..], value)?;
-        return Ok(());
-    }
-    for (n, piece) in value.chunks(CHUNK).enumerate() {
-        chunks.insert(&chunk_key(id, n as u32)[..], piece)?;
-    }
-    entries.insert(&id_bytes[..], ChunkedRecord::of(value).to_bytes())?;
-    Ok(())
-}
-
-/// Removes entry `id` and its chunks; false when there was no such entry.
-fn remove_value(
-    entries: &sled::transaction::TransactionalTree,
-    chunks: &sled::transaction::TransactionalTree,
-    id: u64,
-) -> TxResult<bool> {
-    let Some(old) = entries.remove(&id.to_be_bytes()[..])? else {
-        return Ok(false);
-    };
-    if let Some(record) = ChunkedRecord::parse(&old) {
-        for n in 0..record.count {
-            chunks.remove(&chunk_key(id, n)[..])?;
-        }
-    }
-    Ok(true)
-}
-
-/// What an `entries` (or `replays`) record stands for.
-enum Resolved {
-    /// The encoded value, and whether its checksum was checked already (joined from chunks).
-    Value(Vec<u8>, bool),
-    /// Deleted while it was being read.
-    Gone,
-    /// Its chunks are missing or do not match its record.
-    Corrupt(String),
-}
-
-/// Joins and checks the chunks of a chunked record; an inline record is its own value. A writer
-/// may replace the entry between reading the record and reading its chunks, so a mismatch counts
-/// as corruption only when the record is still the one that was read.
-fn resolve(
-    entries: &sled::Tree,
-    chunks: &sled::Tree,
-    id: u64,
-    mut raw: sled::IVec,
-) -> Result<Resolved, StoreError> {
-    for _ in 0..READ_ATTEMPTS {
-        let Some(record) = ChunkedRecord::parse(&raw) else {
-            return Ok(Resolved::Value(raw.to_vec(), false));
-        };
-        let why = match join_chunks(chunks, id, &record)? {
-            Ok(value) => return Ok(Resolved::Value(value, true)),
-            Err(why) => why,
-        };
-        match entries.get(id.to_be_bytes())? {
-            None => return Ok(Resolved::Gone),
-            Some(now) if now == raw => return Ok(Resolved::Corrupt(why)),
-            Some(now) => raw = now,
-        }
-    }
-    // Rewritten on every attempt: busy, not corrupt.
-    Ok(Resolved::Gone)
-}
-
-/// The chunks of `record`, joined, or why they do not add up to it.
-fn join_chunks(
-    chunks: &sled::Tree,
-    id: u64,
-    record: &ChunkedRecord,
-) -> Result<Result<Vec<u8>, String>, StoreError> {
-    let Ok(len) = usize::try_from(record.len) else {
-        return Ok(Err(format!("chunked length {} too large", record.len)));
-    };
-    let mut value = Vec::with_capacity(len.min(1 << 30));
-    let mut n = 0u32;
-    for item in chunks.range(chunk_key(id, 0)..=chunk_key(id, u32::MAX)) {
-        let (key, piece) = item?;
-        if key[..] != chunk_key(id, n)[..] {
-            return Ok(Err(format!("chunk {n} missing")));
-        }
-        value.extend_from_slice(&piece);
-        n += 1;
-    }
-    if n != record.count || value.len() != len {
-        return Ok(Err(format!(
-            "{n} chunks of {} bytes, the record says {} of {len}",
-            value.len(),
-            record.count
-        )));
-    }
-    if blake3::hash(&value).as_bytes() != &record.hash {
-        return Ok(Err("chunk checksum mismatch".to_owned()));
-    }
-    Ok(Ok(value))
-}
-
-/// `[tag][blake3 of the payload][payload]`.
-fn tagged(tag: u8, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.push(tag);
-    out.extend_from_slice(blake3::hash(payload).as_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
-/// The encoded cold half of an entry.
-fn encode_cold(entry: &Entry) -> Result<Vec<u8>, StoreError> {
-    Ok(tagged(FORMAT_JSON, &entry.cold_json()?))
-}
-
-fn encode_replay(replay: &Replay) -> Vec<u8> {
-    tagged(FORMAT_REPLAY, &replay.encode())
-}
-
-/// The payload of an encoded value with format `tag`, its checksum verified unless `checked`
-/// already (a chunked value's record holds the checksum of the whole, verified when joined).
-fn payload(id: EntryId, raw: &[u8], tag: u8, checked: bool) -> Result<&[u8], StoreError> {
-    let corrupt = |reason: &str| StoreError::Corrupt {
-        id,
-        reason: reason.to_owned(),
-    };
-    if raw.len() < HEADER_LEN {
-        return Err(corrupt("shorter than its header"));
-    }
-    let (header, payload) = raw.split_at(HEADER_LEN);
-    if header[0] != tag {
-        return Err(corrupt(&format!("unknown format tag {}", header[0])));
-    }
-    if !checked && blake3::hash(payload).as_bytes() != &header[1..] {
-        return Err(corrupt("checksum mismatch"));
-    }
-    Ok(payload)
-}
-
-fn decode_replay(id: EntryId, raw: &[u8], checked: bool) -> Result<Replay, StoreError> {
-    let corrupt = |reason: String| StoreError::Corrupt { id, reason };
-    let replay = Replay::decode(payload(id, raw, FORMAT_REPLAY, checked)?).map_err(corrupt)?;
-    if replay.id() != id {
-        return Err(corrupt(format!("replay names entry {}", replay.id())));
-    }
-    Ok(replay)
-}
-
-/// The cold half of an entry (its `events` and `body` empty).
-fn decode(id: EntryId, raw: &[u8], checked: bool) -> Result<Entry, StoreError> {
-    let entry: Entry =
-        serde_json::from_slice(payload(id, raw, FORMAT_JSON, checked)?).map_err(|e| {
-            StoreError::Corrupt {
-                id,
-                reason: e.to_string(),
-            }
-        })?;
-    if entry.id != id {
-        return Err(StoreError::Corrupt {
-            id,
-            reason: format!("payload names entry {}", entry.id),
-        });
-    }
-    Ok(entry)
 }
 
 /// The fields the ledger needs, parsed without building the events and body.
@@ -1510,7 +991,7 @@ fn load_ledger(trees: &Trees<'_>, exact: &sled::Tree) -> Result<Ledger, StoreErr
             id: head.id.0,
             key: head.key,
             expires_at_ms: head.created_at_ms.saturating_add(head.ttl_ms),
-            recency_ms: head.last_hit_ms.max(head.created_at_ms),
+            recency_ms: recency_ms(head.created_at_ms, head.last_hit_ms),
             size: cold_len as u64 + replay_len,
         });
     }
@@ -1557,177 +1038,6 @@ fn load_ledger(trees: &Trees<'_>, exact: &sled::Tree) -> Result<Ledger, StoreErr
     Ok(ledger)
 }
 
-/// What the store needs to know about one entry without reading it.
-#[derive(Debug, Clone, Copy)]
-struct Slot {
-    id: u64,
-    key: CacheKey,
-    expires_at_ms: u64,
-    /// max(last_hit_ms, created_at_ms): the LRU age.
-    recency_ms: u64,
-    /// Encoded size on disk.
-    size: u64,
-}
-
-impl Slot {
-    fn new(entry: &Entry, size: usize) -> Self {
-        Self {
-            id: entry.id.0,
-            key: entry.key,
-            expires_at_ms: entry.expires_at_ms(),
-            recency_ms: entry.last_hit_ms.max(entry.created_at_ms),
-            size: size as u64,
-        }
-    }
-}
-
-/// In-memory mirror of the `entries` tree. A dense vector so eviction can sample uniformly, an id
-/// map into it, and an expiry-ordered set so expired entries are found without a scan.
-struct Ledger {
-    slots: Vec<Slot>,
-    position: HashMap<u64, usize>,
-    by_expiry: BTreeSet<(u64, u64)>,
-    bytes: u64,
-    rng: u64,
-}
-
-impl Ledger {
-    fn new() -> Self {
-        // Any nonzero seed will do: sampling needs spread, not unpredictability.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        Self {
-            slots: Vec::new(),
-            position: HashMap::new(),
-            by_expiry: BTreeSet::new(),
-            bytes: 0,
-            rng: nanos | 1,
-        }
-    }
-
-    fn get(&self, id: u64) -> Option<&Slot> {
-        self.position.get(&id).map(|&i| &self.slots[i])
-    }
-
-    /// Inserts or replaces the slot of `slot.id`.
-    fn insert(&mut self, slot: Slot) {
-        self.remove(slot.id);
-        self.position.insert(slot.id, self.slots.len());
-        self.by_expiry.insert((slot.expires_at_ms, slot.id));
-        self.bytes = self.bytes.saturating_add(slot.size);
-        self.slots.push(slot);
-    }
-
-    fn remove(&mut self, id: u64) -> Option<Slot> {
-        let index = self.position.remove(&id)?;
-        let slot = self.slots.swap_remove(index);
-        if let Some(moved) = self.slots.get(index) {
-            self.position.insert(moved.id, index);
-        }
-        self.by_expiry.remove(&(slot.expires_at_ms, id));
-        self.bytes = self.bytes.saturating_sub(slot.size);
-        Some(slot)
-    }
-
-    /// Up to `limit` ids expired at `now_ms`, soonest-expired first.
-    fn expired(&self, now_ms: u64, limit: usize) -> Vec<u64> {
-        self.by_expiry
-            .iter()
-            .take_while(|(expires_at, _)| *expires_at <= now_ms)
-            .take(limit)
-            .map(|&(_, id)| id)
-            .collect()
-    }
-
-    /// Up to `limit` ids to evict so that the store fits `max_entries` and `max_bytes`, each the
-    /// least recently used of a sample of the entries not already chosen.
-    fn eviction_victims(&mut self, max_entries: usize, max_bytes: u64, limit: usize) -> Vec<u64> {
-        self.victims_for(max_entries, max_bytes, None, limit)
-    }
-
-    /// Ids to evict so that the store fits `max_entries` and `max_bytes` once `incoming` is
-    /// written: `(slot, id it replaces)`, the replaced entry's own slot neither counted nor chosen.
-    fn victims_for(
-        &mut self,
-        max_entries: usize,
-        max_bytes: u64,
-        incoming: Option<(Slot, Option<u64>)>,
-        limit: usize,
-    ) -> Vec<u64> {
-        let mut chosen: HashSet<usize> = HashSet::new();
-        let (mut len, mut bytes) = (self.slots.len(), self.bytes);
-        let mut kept = None;
-        if let Some((slot, replaces)) = incoming {
-            if let Some(&index) = replaces.and_then(|id| self.position.get(&id)) {
-                len -= 1;
-                bytes = bytes.saturating_sub(self.slots[index].size);
-                kept = Some(index);
-            }
-            len += 1;
-            bytes = bytes.saturating_add(slot.size);
-        }
-        // The replaced slot stands in `chosen` so that no sample picks it, and is left out below.
-        chosen.extend(kept);
-        let taken = usize::from(kept.is_some());
-        while (len > max_entries || bytes > max_bytes) && chosen.len() - taken < limit {
-            let Some(index) = self.oldest_of_sample(&chosen) else {
-                break;
-            };
-            chosen.insert(index);
-            len -= 1;
-            bytes = bytes.saturating_sub(self.slots[index].size);
-        }
-        chosen
-            .into_iter()
-            .filter(|i| Some(*i) != kept)
-            .map(|i| self.slots[i].id)
-            .collect()
-    }
-
-    /// The least recent of [`EVICTION_SAMPLE`] distinct slots outside `chosen` (all of them when
-    /// that few remain, which makes small stores exact LRU). Ties go to the older id.
-    fn oldest_of_sample(&mut self, chosen: &HashSet<usize>) -> Option<usize> {
-        let n = self.slots.len();
-        let age = |slots: &[Slot], i: usize| (slots[i].recency_ms, slots[i].id);
-        if n.saturating_sub(chosen.len()) <= EVICTION_SAMPLE {
-            return (0..n)
-                .filter(|i| !chosen.contains(i))
-                .min_by_key(|&i| age(&self.slots, i));
-        }
-        let mut sample: HashSet<usize> = HashSet::with_capacity(EVICTION_SAMPLE);
-        // Random draws first; the rare shortfall (draws landing on chosen or repeated slots) is
-        // topped up by walking on from a random slot, so the sample is always full.
-        for _ in 0..EVICTION_SAMPLE * 4 {
-            let i = (self.next_random() % n as u64) as usize;
-            if !chosen.contains(&i) {
-                sample.insert(i);
-                if sample.len() == EVICTION_SAMPLE {
-                    break;
-                }
-            }
-        }
-        let start = (self.next_random() % n as u64) as usize;
-        for i in (0..n).map(|k| (start + k) % n) {
-            if sample.len() == EVICTION_SAMPLE {
-                break;
-            }
-            if !chosen.contains(&i) {
-                sample.insert(i);
-            }
-        }
-        sample.into_iter().min_by_key(|&i| age(&self.slots, i))
-    }
-
-    /// xorshift64*: fast and dependency-free; statistical quality is ample for sampling.
-    fn next_random(&mut self) -> u64 {
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
 /// Test only: the bytes the files under `dir` take on disk, as `du` counts them, while they may be
 /// moved or deleted meanwhile (a rebuild): a file or folder that goes while it is counted counts
 /// as nothing. Shared by the store's and the writer's disk-bound tests.
@@ -1747,8 +1057,63 @@ pub(crate) fn disk_usage_racy(dir: &Path) -> u64 {
         .sum()
 }
 
+impl StoreError {
+    /// Gives an error from opening the store in `dir` a cause a reader can act on.
+    pub(super) fn classify(self, dir: &Path) -> Self {
+        use std::io::ErrorKind;
+        let path = dir.to_owned();
+        let sled_error = match &self {
+            Self::Sled(e) | Self::Migration(MigrationError::Sled(e)) => e,
+            Self::Migration(MigrationError::BadVersion { .. }) => {
+                return Self::CorruptStore {
+                    path,
+                    reason: self.to_string(),
+                }
+            }
+            Self::Io { source, .. } if source.kind() == ErrorKind::StorageFull => {
+                return Self::Full {
+                    path,
+                    source: std::io::Error::new(source.kind(), source.to_string()),
+                }
+            }
+            _ => return self,
+        };
+        if is_lock_error(sled_error) {
+            return Self::Locked { path };
+        }
+        match sled_error {
+            sled::Error::Io(e) => match e.kind() {
+                ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => Self::Unwritable {
+                    path,
+                    source: std::io::Error::new(e.kind(), e.to_string()),
+                },
+                ErrorKind::WouldBlock => Self::Locked { path },
+                ErrorKind::StorageFull | ErrorKind::QuotaExceeded => Self::Full {
+                    path,
+                    source: std::io::Error::new(e.kind(), e.to_string()),
+                },
+                ErrorKind::NotADirectory => Self::NotADirectory { path },
+                ErrorKind::InvalidData | ErrorKind::UnexpectedEof => Self::CorruptStore {
+                    path,
+                    reason: e.to_string(),
+                },
+                _ => self,
+            },
+            sled::Error::Corruption { .. }
+            | sled::Error::ReportableBug(_)
+            | sled::Error::Unsupported(_) => Self::CorruptStore {
+                path,
+                reason: sled_error.to_string(),
+            },
+            sled::Error::CollectionNotFound(_) => self,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::codec::{chunk_key, tagged, ChunkedRecord, CHUNK};
+    use super::super::{disk_bound, disk_budget, rebuild_allowance, ResilientStore};
     use super::*;
     use crate::entry::{RequestSummary, StoredEvent, HIT_HISTORY};
     use crate::key::PartitionKey;
