@@ -100,4 +100,4 @@ if [ "${valkey_major:-0}" -lt 8 ]; then
   exit 1
 fi
 "$valkey" --version
-REPRISE_TEST_REDIS_BINARY="$valkey" cargo test -p reprise-server --test it -- redis:: feed:: cluster::
+REPRISE_TEST_REDIS_BINARY="$valkey" cargo test -p reprise-server --test it -- redis:: feed:: cluster:: store_contract::

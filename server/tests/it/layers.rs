@@ -32,7 +32,6 @@ const FLOORS: &[(&str, u8)] = &[
     ("key/", 2),
     ("entry.rs", 2),
     // 3. Storage, index, embedding, guards: import nothing above floor 2.
-    ("store.rs", 3),
     ("store/", 3),
     ("index.rs", 3),
     ("embed.rs", 3),
@@ -242,13 +241,18 @@ impl<'ast> Visit<'ast> for Reader<'_> {
     }
 
     fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        // `use ::name` is another crate, whatever this module's children are called.
+        if item.leading_colon.is_some() {
+            return;
+        }
         let reexport = !matches!(item.vis, syn::Visibility::Inherited);
         self.use_tree(&mut Vec::new(), &item.tree, reexport);
     }
 
     fn visit_path(&mut self, path: &'ast syn::Path) {
         let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
-        if segments.len() > 1 {
+        // `::sled::Error` names the crate even inside `store/`, which has a child called `sled`.
+        if segments.len() > 1 && path.leading_colon.is_none() {
             if let Some(abs) = self.absolute(&segments) {
                 self.named.push(Named {
                     path: abs,
@@ -422,6 +426,17 @@ fn imports_run_down_the_floors_of_server_src() {
         graph.files.len()
     );
     assert!(UPWARD.len() <= 8, "more than eight upward imports listed");
+    // A floor that names no file any more is a stale line of the map.
+    for (prefix, _) in FLOORS {
+        assert!(
+            graph
+                .files
+                .iter()
+                .any(|f| f == prefix || (prefix.ends_with('/') && f.starts_with(prefix)))
+                || *prefix == "main.rs",
+            "FLOORS names {prefix}, which is no longer in server/src"
+        );
+    }
     let mut problems = Vec::new();
     let mut upward_seen = BTreeSet::new();
     for (from, targets) in &graph.edges {
