@@ -282,7 +282,7 @@ impl Entry {
 
 /// What an exact hit reads of an entry: its identity, expiry and saving, and the answer's events and
 /// body pre-serialized, with holes for what each hit renews (see `reprise_migrations::replay`).
-/// Read without decoding any JSON; rendered by [`crate::replay`].
+/// Read without decoding any JSON; rendered by [`crate::render`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Replay {
     pub(crate) record: Record,

@@ -14,7 +14,7 @@
 //! Vetoes, entry thresholds, approvals, verdicts and shadow decisions are kept in their own sled
 //! database in the data dir (`feedback/`), so they survive restarts; what a request was served is
 //! kept in memory for the most recent requests only. This module decides nothing about serving by
-//! itself: the lookup asks [`Feedback::allows`] and [`Feedback::approved`].
+//! itself: the lookup asks [`Feedback::allows`] and [`approved_hit`].
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;

@@ -106,7 +106,7 @@ pub enum Tenant {
 /// The headers a client may carry its API key in, in the order their values are hashed:
 /// `Authorization` (OpenAI's SDKs, and some Anthropic clients as a bearer token), `api-key`
 /// (Azure OpenAI's SDKs) and `x-api-key` (Anthropic's SDKs, Claude Code, LangChain's
-/// `ChatAnthropic`). [`crate::forward`] replaces each of them with `--upstream-api-key`.
+/// `ChatAnthropic`). [`crate::upstream`] replaces each of them with `--upstream-api-key`.
 pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "api-key", "x-api-key"];
 
 /// Domain of the hash of a request that carries several different credentials.

@@ -14,24 +14,33 @@
 //!    [`guard`]s veto candidates that differ in numbers, negation, format, task, direction, an
 //!    antonym, a name or one slot of a shared frame; with a judge, [`verify`] decides between
 //!    serving, judging and going upstream); `Follow` when an identical miss is in flight; else `Miss`.
-//! 5. [`replay`] on a hit: renders the entry's [`entry::Replay`] (its answer, pre-serialized) as a
-//!    body or a paced SSE stream, or follows the identical miss in flight.
-//! 6. [`forward`] on a miss: sends the request upstream over a pooled connection, waits for the first
-//!    event within the first-byte deadline, then relays the body or the event stream (framed by
-//!    [`sse`]) while timing tokens and feeding the [`cache::Recorder`]. With `semantic_overlap`, the
-//!    semantic search of stage 4 runs during this wait, and a hit found first is served instead.
+//! 5. `pipeline::replay` on a hit: renders the entry's [`entry::Replay`] (its answer,
+//!    pre-serialized) with [`render`] as a body or a paced SSE stream, or follows the identical miss
+//!    in flight.
+//! 6. `pipeline::forward` on a miss: sends the request upstream over the [`upstream`] client's
+//!    pooled connections, waits for the first event within the first-byte deadline, then relays the
+//!    body or the event stream (framed by [`sse`]) while timing tokens and feeding the
+//!    [`cache::Recorder`]. With `semantic_overlap`, the semantic search of stage 4 runs during this
+//!    wait, and a hit found first is served instead.
 //! 7. [`downstream`]: hands the bytes to the client and notes when the last one was taken.
-//! 8. [`record`]: the request's phases and its [`record::CacheOutcome`] go to the recent-requests
-//!    log and the [`stats`]; a clean miss's answer goes to the store through the cache's writer
-//!    thread, off the request path; one stored without a vector (its embedding was refused or late)
-//!    is embedded later by the [`backfill`], when the model is idle. With tracing on, the request's
-//!    spans (one per phase) go to the [`otel`] exporter, which sends them from its own thread.
+//! 8. [`record`]: every response body goes through its `Finisher`, which writes the request's
+//!    phases and its [`outcome::CacheOutcome`] to the recent-requests log and the stats once the
+//!    client took the last byte or left; a clean miss's answer goes to the store through the
+//!    cache's writer thread, off the request path; one stored without a vector (its embedding was
+//!    refused or late) is embedded later by the `backfill`, when the model is idle. With tracing
+//!    on, the request's spans (one per phase) go to the `otel` exporter, which sends them from its
+//!    own thread.
+//!
+//! The modules are built in floors that import downward only (ARCHITECTURE.md, "Floors", checked by
+//! `server/tests/it/layers.rs`): small shared names at the bottom, the pipeline's stages near the
+//! top, the router here.
 //!
 //! Around them: [`config`] (layered settings), [`error`] (the one error enum and its OpenAI-shaped
 //! responses), [`admin`] (authenticated operator routes), [`shadow`] and [`feedback`] (what
 //! semantic matching would have served in shadow mode, and operators' verdicts that veto or approve
 //! matches; the lookup consults them), [`serve`] (connections: timeouts, the connection cap, refused
-//! request heads), and [`app`]/[`run`] here.
+//! request heads), [`state`] (the shared `AppState` and how it is assembled at start), and
+//! [`app`]/[`run`] here.
 
 #![warn(unreachable_pub)]
 

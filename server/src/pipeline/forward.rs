@@ -63,7 +63,7 @@ pub(crate) struct Outgoing {
 }
 
 /// Builds the upstream request of a parsed JSON request: its raw body, unchanged, and the client's
-/// headers as [`Upstream::outgoing_headers`] passes them on.
+/// headers as [`crate::upstream::Upstream::outgoing_headers`] passes them on.
 pub(crate) fn prepare(state: &AppState, ex: &Exchange) -> Outgoing {
     let ingress = &ex.ingress;
     let upstream = &state.upstream;
