@@ -62,15 +62,7 @@ pub(crate) async fn check(
         Decision::Judge(why) => why,
     };
     tracing::debug!(entry = %entry.id, similarity, why = why.name(), "judging a near match");
-    let encounter = Encounter {
-        met: Met::NearMiss,
-        entry: entry.id,
-        partition: ex.keys.partition,
-        prompt: ex.prompt_key(),
-        preview: crate::feedback::preview(&ex.keys.prompt),
-        similarity: Some(similarity),
-        namespace: ex.policy.namespace.clone(),
-    };
+    let encounter = encounter(ex, entry, similarity, Met::NearMiss);
     let pair = pair(ex, entry);
     let Some(target) = target(state, ex, &plan) else {
         ex.misses.verify = Some(Verdict::Unsure(Unsure::NotConfigured).header());
@@ -141,15 +133,7 @@ pub(crate) fn shadow(
             let job = Job {
                 target,
                 pair: pair(ex, entry),
-                encounter: Encounter {
-                    met: Met::Shadow,
-                    entry: entry.id,
-                    partition: ex.keys.partition,
-                    prompt: ex.prompt_key(),
-                    preview: crate::feedback::preview(&ex.keys.prompt),
-                    similarity: Some(similarity),
-                    namespace: ex.policy.namespace.clone(),
-                },
+                encounter: encounter(ex, entry, similarity, Met::Shadow),
                 shadow: Some(decision.id),
             };
             if !state
@@ -260,5 +244,19 @@ fn text_of(message: &Value) -> String {
             .collect::<Vec<_>>()
             .join("\n"),
         _ => message.to_string(),
+    }
+}
+
+/// What a verdict on `entry` for this request is kept as: the pair, its similarity, and how the
+/// request met the entry.
+fn encounter(ex: &Exchange, entry: &Entry, similarity: f32, met: Met) -> Encounter {
+    Encounter {
+        met,
+        entry: entry.id,
+        partition: ex.keys.partition,
+        prompt: ex.prompt_key(),
+        preview: crate::feedback::preview(&ex.keys.prompt),
+        similarity: Some(similarity),
+        namespace: ex.policy.namespace.clone(),
     }
 }
