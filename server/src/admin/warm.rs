@@ -239,7 +239,7 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
         };
         Tenant::Key(*blake3::hash(key.trim().as_bytes()).as_bytes())
     };
-    let keys = crate::key::build(&KeyInput {
+    let keys = crate::api::keys(&KeyInput {
         route,
         body: &body,
         tenant,

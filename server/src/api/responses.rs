@@ -1,7 +1,7 @@
-//! Keys of the Responses API (`POST /v1/responses`), and what such a request says about caching
-//! before it is sent: whether the provider will store the response (then a hit must serve the
-//! stored response's own ids, so the entry is kept per API key and no longer than the provider
-//! keeps it), and whether it must never be cached at all.
+//! The Responses API adapter (`POST /v1/responses`): its keys, and what such a request says about
+//! caching before it is sent: whether the provider will store the response (then a hit must serve
+//! the stored response's own ids, so the entry is kept per API key and no longer than the provider
+//! keeps it), and whether it must never be cached at all. Nothing here reads the cache or the store.
 //!
 //! ## What goes into the keys
 //!
@@ -27,9 +27,61 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{final_turn, model_field, normalize_text, unreadable};
-use super::{FieldHasher, Ignored, Turn};
+use super::Api;
 use crate::error::GatewayError;
+use crate::ingress::Route;
+use crate::key::{final_turn, hash_fields, model_field, normalize_text, unreadable};
+use crate::key::{FieldHasher, Ignored, Turn};
+use crate::policy::Policy;
+
+/// `POST /v1/responses`.
+pub struct Responses;
+
+impl Api for Responses {
+    fn route(&self) -> Route {
+        Route::Responses
+    }
+
+    fn turn(
+        &self,
+        body: &Map<String, Value>,
+        partition: &mut FieldHasher,
+    ) -> Result<Turn, GatewayError> {
+        keys(body, partition)
+    }
+
+    fn rules(&self, body: &Map<String, Value>, policy: &mut Policy) -> bool {
+        rules(body, policy)
+    }
+}
+
+/// How long a provider keeps a stored response (OpenAI: 30 days): an entry that serves a stored
+/// response's ids must not outlive it, or a hit would hand out ids that no longer resolve.
+pub(crate) const STORED_RESPONSE_RETENTION_S: u64 = 30 * 24 * 3600;
+
+/// The Responses API's own cache rules, applied to the policy; returns whether the entry may be
+/// shared across API keys. A `background` or `conversation` request is neither looked up nor
+/// stored. A response the provider stores is served on a hit with its original ids (so that
+/// `previous_response_id` and `GET /v1/responses/{id}` keep working upstream): those ids belong to
+/// the API key's organization, so such entries are never shared across keys, and live no longer
+/// than the provider keeps the response. Nor are those of requests that name a previous response
+/// or a stored prompt, which belong to one organization as well.
+fn rules(body: &Map<String, Value>, policy: &mut Policy) -> bool {
+    if let Some(why) = never_cached(body) {
+        tracing::debug!(why, "a Responses API request that is never cached");
+        policy.lookup = false;
+        policy.store = false;
+        policy.refresh = false;
+        return true;
+    }
+    if stored_upstream(body) {
+        policy.ttl_s = policy.ttl_s.min(STORED_RESPONSE_RETENTION_S);
+        return false;
+    }
+    // A previous response or a stored prompt belongs to one organization too: the provider would
+    // refuse another key's request for it, so a hit must not answer that key either.
+    !refers_to_stored_state(body)
+}
 
 /// The known fields of `POST /responses`.
 #[derive(Deserialize)]
@@ -66,13 +118,13 @@ struct ResponseFields {
 }
 
 /// Whether the provider stores the response: `store` defaults to true on the Responses API.
-pub fn stored_upstream(body: &Map<String, Value>) -> bool {
+fn stored_upstream(body: &Map<String, Value>) -> bool {
     body.get("store").and_then(Value::as_bool) != Some(false)
 }
 
 /// Whether the request names state the provider keeps per organization: a `previous_response_id`
 /// or a stored `prompt` (template).
-pub fn refers_to_stored_state(body: &Map<String, Value>) -> bool {
+fn refers_to_stored_state(body: &Map<String, Value>) -> bool {
     ["previous_response_id", "prompt"]
         .iter()
         .any(|field| body.get(*field).is_some_and(|v| !v.is_null()))
@@ -81,7 +133,7 @@ pub fn refers_to_stored_state(body: &Map<String, Value>) -> bool {
 /// Why a request must never be looked up or stored, if it must not: `background` runs it later
 /// (the answer is a `queued` placeholder), and a `conversation` is server-side state the provider
 /// appends each turn to, which a hit would not do.
-pub fn never_cached(body: &Map<String, Value>) -> Option<&'static str> {
+fn never_cached(body: &Map<String, Value>) -> Option<&'static str> {
     if body.get("background").and_then(Value::as_bool) == Some(true) {
         return Some("background");
     }
@@ -91,10 +143,8 @@ pub fn never_cached(body: &Map<String, Value>) -> Option<&'static str> {
     None
 }
 
-pub(super) fn keys(
-    body: &Map<String, Value>,
-    partition: &mut FieldHasher,
-) -> Result<Turn, GatewayError> {
+/// The Responses API keys (the rules are this module's documentation).
+fn keys(body: &Map<String, Value>, partition: &mut FieldHasher) -> Result<Turn, GatewayError> {
     let fields = ResponseFields::deserialize(body).map_err(unreadable)?;
     // No `..`: a new field must be placed either in the key or among the ignored ones.
     let ResponseFields {
@@ -278,12 +328,12 @@ fn text_of(turn: &Map<String, Value>) -> String {
 mod tests {
     use serde_json::json;
 
-    use super::super::{build, KeyInput, Keys, Tenant};
     use crate::ingress::Route;
+    use crate::key::{KeyInput, Keys, Tenant};
 
     fn keys(body: serde_json::Value) -> Keys {
         let body = body.as_object().expect("object").clone();
-        build(&KeyInput {
+        super::super::keys(&KeyInput {
             route: Route::Responses,
             body: &body,
             tenant: Tenant::Shared,
