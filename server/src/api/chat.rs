@@ -1,13 +1,17 @@
 //! The chat completions adapter (`POST /v1/chat/completions`): its keys (every answer-changing
-//! field and every message but the final user turn in the partition). Nothing here reads the cache
-//! or the store: it only says what a request is.
+//! field and every message but the final user turn in the partition), its answers (the `choices`
+//! rules and shapes it shares with legacy completions, in `choices.rs`), its fresh ids and how it
+//! is warmed. Nothing here reads the cache or the store: it only says what a request and an
+//! answer are.
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
-use super::Api;
+use super::choices::{assemble_choices, check_choices, rechunk_choices};
+use super::{Api, Uncacheable, Warm};
+use crate::entry::StoredEvent;
 use crate::error::GatewayError;
 use crate::ingress::Route;
 use crate::key::{final_turn, hash_fields, model_field, normalize_text, unreadable};
@@ -27,6 +31,51 @@ impl Api for Chat {
         partition: &mut FieldHasher,
     ) -> Result<Turn, GatewayError> {
         keys(body, partition)
+    }
+
+    fn check(&self, body: &Value, allow_length: bool) -> Result<(), Uncacheable> {
+        check_choices(body, allow_length)
+    }
+
+    fn assemble_events(&self, events: &mut dyn Iterator<Item = &Value>) -> Value {
+        assemble_choices(events, true)
+    }
+
+    fn rechunk(&self, body: &Value, decode_ms: f64) -> Vec<StoredEvent> {
+        rechunk_choices(body, decode_ms, true)
+    }
+
+    fn id_prefix(&self) -> &'static str {
+        "chatcmpl-"
+    }
+
+    fn warm(&self) -> Option<&dyn Warm> {
+        Some(self)
+    }
+}
+
+impl Warm for Chat {
+    fn prompt(&self, prompt: String) -> Map<String, Value> {
+        Map::from_iter([(
+            "messages".to_owned(),
+            json!([{"role": "user", "content": prompt}]),
+        )])
+    }
+
+    fn messages(&self, messages: Vec<Value>) -> Result<Map<String, Value>, GatewayError> {
+        Ok(Map::from_iter([(
+            "messages".to_owned(),
+            Value::Array(messages),
+        )]))
+    }
+
+    fn answer(&self, model: String, response: String, now_s: u64) -> Value {
+        json!({
+            "id": format!("chatcmpl-warm-{now_s}"), "object": "chat.completion", "created": now_s,
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": response, "refusal": null},
+                         "logprobs": null, "finish_reason": "stop"}],
+        })
     }
 }
 

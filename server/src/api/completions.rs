@@ -1,13 +1,16 @@
 //! The legacy completions adapter (`POST /v1/completions`): its keys (the `prompt` taken byte for
-//! byte, since a completion model continues the text exactly as written). Nothing here reads the
+//! byte, since a completion model continues the text exactly as written), and its answers, which
+//! share chat's `choices` rules and shapes as `text_completion` objects. Nothing here reads the
 //! cache or the store.
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
-use super::Api;
+use super::choices::{assemble_choices, check_choices, rechunk_choices};
+use super::{Api, Uncacheable, Warm};
+use crate::entry::StoredEvent;
 use crate::error::GatewayError;
 use crate::ingress::Route;
 use crate::key::{canonical_string, hash_fields, model_field, unreadable};
@@ -27,6 +30,47 @@ impl Api for Completions {
         partition: &mut FieldHasher,
     ) -> Result<Turn, GatewayError> {
         keys(body, partition)
+    }
+
+    fn check(&self, body: &Value, allow_length: bool) -> Result<(), Uncacheable> {
+        check_choices(body, allow_length)
+    }
+
+    fn assemble_events(&self, events: &mut dyn Iterator<Item = &Value>) -> Value {
+        assemble_choices(events, false)
+    }
+
+    fn rechunk(&self, body: &Value, decode_ms: f64) -> Vec<StoredEvent> {
+        rechunk_choices(body, decode_ms, false)
+    }
+
+    fn id_prefix(&self) -> &'static str {
+        "cmpl-"
+    }
+
+    fn warm(&self) -> Option<&dyn Warm> {
+        Some(self)
+    }
+}
+
+impl Warm for Completions {
+    fn prompt(&self, prompt: String) -> Map<String, Value> {
+        Map::from_iter([("prompt".to_owned(), Value::String(prompt))])
+    }
+
+    fn messages(&self, _messages: Vec<Value>) -> Result<Map<String, Value>, GatewayError> {
+        Err(GatewayError::invalid(
+            "`messages` is for chat.completions; use `prompt` for completions.",
+            Some("messages"),
+        ))
+    }
+
+    fn answer(&self, model: String, response: String, now_s: u64) -> Value {
+        json!({
+            "id": format!("cmpl-warm-{now_s}"), "object": "text_completion", "created": now_s,
+            "model": model,
+            "choices": [{"index": 0, "text": response, "logprobs": null, "finish_reason": "stop"}],
+        })
     }
 }
 

@@ -1,12 +1,15 @@
-//! The embeddings adapter (`POST /v1/embeddings`): its keys (the `input` is only the exact part: an
-//! embedding is a pure function of its input). Nothing here reads the cache or the store.
+//! The embeddings adapter (`POST /v1/embeddings`): its keys (the `input` is only the exact part),
+//! and its rules: an embedding is a pure function of its input, so there is nothing semantic to
+//! match and no vector to store with it; it never streams, and an answer is stored when it has
+//! data. Nothing here reads the cache or the store.
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::Api;
+use super::{Api, Uncacheable};
+use crate::entry::StoredEvent;
 use crate::error::GatewayError;
 use crate::ingress::Route;
 use crate::key::{canonical_string, hash_fields, model_field, unreadable};
@@ -26,6 +29,37 @@ impl Api for Embeddings {
         partition: &mut FieldHasher,
     ) -> Result<Turn, GatewayError> {
         keys(body, partition)
+    }
+
+    fn streams(&self) -> bool {
+        false
+    }
+
+    fn semantic(&self) -> bool {
+        false
+    }
+
+    fn check(&self, body: &Value, _allow_length: bool) -> Result<(), Uncacheable> {
+        match body.get("data").and_then(Value::as_array) {
+            Some(d) if !d.is_empty() => Ok(()),
+            _ => Err(Uncacheable::NoChoices),
+        }
+    }
+
+    /// Never called for a stream (embeddings do not stream); kept to the shape the shared
+    /// assembler gave them before adapters, so nothing changes if one ever is.
+    fn assemble_events(&self, events: &mut dyn Iterator<Item = &Value>) -> Value {
+        super::choices::assemble_choices(events, false)
+    }
+
+    /// An embedding is served as a body only: there are no events to replay.
+    fn rechunk(&self, _body: &Value, _decode_ms: f64) -> Vec<StoredEvent> {
+        Vec::new()
+    }
+
+    /// Never seen: an embeddings body carries no `id` for a hit to renew.
+    fn id_prefix(&self) -> &'static str {
+        ""
     }
 }
 

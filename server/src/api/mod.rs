@@ -1,6 +1,7 @@
 //! One adapter per API: what differs between chat completions, legacy completions, embeddings and
-//! the Responses API (so far: which body fields are in the keys and what a request says about
-//! caching) lives in one file each, behind the small [`Api`] trait. Stages ask `api::of(route)`; they
+//! the Responses API (which body fields are in the keys, what is never cached, how an answer is
+//! assembled from a stream and re-chunked for a replay, which ids a hit renews, how an answer is
+//! warmed) lives in one file each, behind the small [`Api`] trait. Stages ask `api::of(route)`; they
 //! do not match on [`Route`]. This wing must not import above floor 2 (entries, keys, ingress,
 //! policy and the ground floor): the cache and the renderer below the pipeline call it.
 //!
@@ -9,16 +10,20 @@
 //! and a router line, and no stage or method body changes. The calls are a few per request, so the
 //! indirect call costs nothing that shows.
 //!
-//! What stays on [`Route`] in `ingress.rs`: its name, upstream path and the fields ingress checks,
-//! because ingress, below this floor, needs them.
+//! What stays on [`Route`] in `ingress.rs`: its name, upstream path, the fields ingress checks and
+//! the SSE framing of its stream ([`crate::ingress::Framing`]), because files below this floor need
+//! them (ingress itself, and the store rebuilding a replay record from an entry that knows its
+//! route only by name).
 
 mod adapter;
 pub mod chat;
+pub(crate) mod choices;
 pub mod completions;
 pub mod embeddings;
 pub mod responses;
 
-pub use adapter::Api;
+pub(crate) use adapter::pieces;
+pub use adapter::{Api, Uncacheable, Warm};
 
 use crate::error::GatewayError;
 use crate::ingress::Route;
@@ -34,8 +39,27 @@ pub fn of(route: Route) -> &'static dyn Api {
     }
 }
 
+/// The adapter of a route known by name (entries keep their route as a name).
+pub fn named(name: &str) -> Option<&'static dyn Api> {
+    Route::from_name(name).map(of)
+}
+
 /// Builds both keys and the prompt of a request under its route's rules ([`crate::key`]).
 pub fn keys(input: &KeyInput<'_>) -> Result<Keys, GatewayError> {
     let api = of(input.route);
     crate::key::build(input, &|body, partition| api.turn(body, partition))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_has_its_adapter_by_name() {
+        for route in Route::ALL {
+            assert_eq!(named(route.name()).map(|api| api.route()), Some(route));
+            assert_eq!(of(route).route(), route);
+        }
+        assert!(named("passthrough").is_none());
+    }
 }

@@ -139,7 +139,7 @@ impl Exchange {
         Ok(Self {
             trace,
             id,
-            stream: ingress.stream && ingress.route != Route::Embeddings,
+            stream: ingress.stream && api.streams(),
             include_usage,
             threshold: policy.threshold.unwrap_or(floor),
             ingress,
