@@ -12,11 +12,12 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, Criterion};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use reprise_server::api::keys as build;
 use reprise_server::embed::{EmbedConfig, Embedder};
 use reprise_server::guard::{Guards, Literals};
 use reprise_server::index::{HnswIndex, VectorIndex};
 use reprise_server::ingress::Route;
-use reprise_server::key::{build, KeyInput, Tenant};
+use reprise_server::key::{KeyInput, Tenant};
 use serde_json::{json, Map, Value};
 
 fn chat_body(turns: usize) -> Map<String, Value> {

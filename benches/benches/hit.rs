@@ -40,7 +40,7 @@ fn entry(i: u64, tokens: usize) -> Entry {
             prompt: "p".into(),
             stream: true,
         },
-        body: reprise_server::cache::cacheable::assemble(Route::ChatCompletions, &chunks),
+        body: reprise_server::api::of(Route::ChatCompletions).assemble(&chunks),
         events: chunks
             .into_iter()
             .enumerate()

@@ -15,7 +15,6 @@ use std::time::Duration;
 use crate::embed::{EmbedError, Embedder, Queued};
 use crate::entry::{Entry, EntryId};
 use crate::index::VectorIndex;
-use crate::ingress::Route;
 use crate::lock::lock;
 use crate::store::Store;
 use crate::timing::unix_ms;
@@ -31,7 +30,7 @@ const AFTER_REFUSAL: Duration = Duration::from_millis(25);
 /// Whether an entry is meant to carry a vector: embeddings answers and empty prompts never do.
 pub(crate) fn wants_vector(entry: &Entry) -> bool {
     entry.vector.is_none()
-        && entry.summary.route != Route::Embeddings.name()
+        && crate::api::named(&entry.summary.route).is_none_or(|api| api.semantic())
         && !entry.summary.prompt.trim().is_empty()
 }
 

@@ -291,6 +291,7 @@ pub struct Replay {
 impl Replay {
     /// The replay of an entry (at store time, or for an entry that came from the cold read).
     pub fn of(entry: &Entry) -> Self {
+        let framing = crate::ingress::Framing::of_name(&entry.summary.route);
         Self {
             record: record::build(record::Parts {
                 id: entry.id.0,
@@ -299,8 +300,8 @@ impl Replay {
                 created_at_ms: entry.created_at_ms,
                 ttl_ms: entry.ttl_ms,
                 ttft_cost_ms: entry.ttft_cost_ms(),
-                completions: entry.summary.route == crate::ingress::Route::Completions.name(),
-                named_events: entry.summary.route == crate::ingress::Route::Responses.name(),
+                completions: framing.text_completion,
+                named_events: framing.named_events,
                 events: entry
                     .events
                     .iter()

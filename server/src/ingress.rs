@@ -15,7 +15,9 @@ use serde_json::{Map, Value};
 use crate::error::GatewayError;
 use crate::timing::PhaseClock;
 
-/// The JSON routes the gateway understands (and, later, caches).
+/// The JSON routes the gateway understands (and, later, caches). What each one means for the
+/// stages is its adapter's (`crate::api::of`); kept here is what files below the adapters need: its
+/// name, its upstream path, the fields ingress checks, and how its stream is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     ChatCompletions,
@@ -26,6 +28,27 @@ pub enum Route {
 }
 
 impl Route {
+    /// Every route, for lookups by name.
+    pub const ALL: [Route; 4] = [
+        Self::ChatCompletions,
+        Self::Completions,
+        Self::Embeddings,
+        Self::Responses,
+    ];
+
+    /// The route of a [`Route::name`] (entries and operators name routes): `None` for another.
+    pub fn from_name(name: &str) -> Option<Route> {
+        Self::ALL.into_iter().find(|route| route.name() == name)
+    }
+
+    /// How this route's answers stream, which a replayed entry reproduces.
+    pub fn framing(self) -> Framing {
+        Framing {
+            text_completion: self == Self::Completions,
+            named_events: self == Self::Responses,
+        }
+    }
+
     /// Path below the upstream base URL (which already ends in `/v1`).
     pub fn upstream_path(self) -> &'static str {
         match self {
@@ -44,6 +67,27 @@ impl Route {
             Self::Embeddings => "embeddings",
             Self::Responses => "responses",
         }
+    }
+}
+
+/// How a route's answers stream, which a replay record reproduces. It sits on the route rather than
+/// in the adapters because the store, below them, rebuilds a replay record from a stored entry,
+/// which knows its route only by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Framing {
+    /// Chunks are legacy `text_completion` objects, not `chat.completion.chunk` ones.
+    pub text_completion: bool,
+    /// Events are named by their `type` (`event: …`) and the stream ends with its last event, not
+    /// `data: [DONE]` (the Responses API).
+    pub named_events: bool,
+}
+
+impl Framing {
+    /// The framing of the route named `name`; chat's (the default) for a name no route has.
+    pub fn of_name(name: &str) -> Framing {
+        Route::from_name(name)
+            .map(Route::framing)
+            .unwrap_or_default()
     }
 }
 

@@ -16,7 +16,11 @@
 //! - **Left out**, because they do not change the answer: `user`, `stream`, `stream_options`,
 //!   `metadata`, `store`, `service_tier`, `prompt_cache_key`, `safety_identifier` (legacy
 //!   completions: `user`, `stream`, `stream_options`; embeddings: `user`).
-//! - **Responses API**: see [`responses`] (the same rules over `instructions` and input items).
+//! - **Per API**: which body fields are in the partition, which are left out, and what the final
+//!   turn is are each API's own rules, in its adapter ([`crate::api`]): chat, legacy completions,
+//!   embeddings, and the Responses API (the same rules over `instructions` and input items). This
+//!   module holds what they share: the tenant, namespace and route fields, the hasher, the canonical
+//!   form and the split at the final turn.
 //! - **Exact key**: the partition plus the canonical final user turn (chat), the `prompt` (legacy
 //!   completions) or the `input` (embeddings). A chat request without any user message has an empty
 //!   final turn.
@@ -191,12 +195,18 @@ pub struct Keys {
 const PARTITION_DOMAIN: &str = "reprise.partition.v1";
 const EXACT_DOMAIN: &str = "reprise.exact.v1";
 
-/// Builds the partition key, the exact key and the prompt of one parsed request.
+/// The part of the keys each API decides: writes the body's fields into the partition and returns
+/// the final turn ([`crate::api::Api::turn`]).
+pub type TurnRule<'r> =
+    &'r dyn Fn(&Map<String, Value>, &mut FieldHasher) -> Result<Turn, GatewayError>;
+
+/// Builds the partition key, the exact key and the prompt of one parsed request, with `turn` (the
+/// route's adapter) deciding the body's part; [`crate::api::keys`] passes the right one.
 ///
 /// The rules are in this module's documentation. Fails (400, naming the field in `param`) only
 /// when a field the keys depend on has the wrong JSON type, such as `messages` that is not an
 /// array or a message without a string `role`.
-pub fn build(input: &KeyInput<'_>) -> Result<Keys, GatewayError> {
+pub fn build(input: &KeyInput<'_>, turn: TurnRule<'_>) -> Result<Keys, GatewayError> {
     let mut partition = FieldHasher::new(PARTITION_DOMAIN);
     match input.tenant {
         Tenant::Shared => partition.field("tenant.shared", b""),
@@ -206,12 +216,7 @@ pub fn build(input: &KeyInput<'_>) -> Result<Keys, GatewayError> {
         partition.field("namespace", namespace.as_bytes());
     }
     partition.field("route", input.route.name().as_bytes());
-    let turn = match input.route {
-        Route::ChatCompletions => chat(input.body, &mut partition)?,
-        Route::Completions => completions(input.body, &mut partition)?,
-        Route::Embeddings => embeddings(input.body, &mut partition)?,
-        Route::Responses => responses::keys(input.body, &mut partition)?,
-    };
+    let turn = turn(input.body, &mut partition)?;
     let partition = PartitionKey(partition.finish());
 
     // The exact key hashes the partition's digest rather than repeating its fields: one place
@@ -227,92 +232,14 @@ pub fn build(input: &KeyInput<'_>) -> Result<Keys, GatewayError> {
 }
 
 /// The part of a request that is in the exact key but not in the partition.
-struct Turn {
+pub struct Turn {
     /// Canonical JSON of the final turn; empty when there is none.
-    canonical: String,
-    prompt: String,
+    pub(crate) canonical: String,
+    pub(crate) prompt: String,
 }
 
 /// Type of the fields that are known and deliberately left out of the keys: nothing is copied.
-type Ignored = Option<IgnoredAny>;
-
-/// The known fields of `POST /chat/completions`.
-#[derive(Deserialize)]
-struct ChatFields {
-    model: Option<Value>,
-    messages: Option<Value>,
-    audio: Option<Value>,
-    frequency_penalty: Option<Value>,
-    function_call: Option<Value>,
-    functions: Option<Value>,
-    logit_bias: Option<Value>,
-    logprobs: Option<Value>,
-    max_completion_tokens: Option<Value>,
-    max_tokens: Option<Value>,
-    metadata: Ignored,
-    modalities: Option<Value>,
-    n: Option<Value>,
-    parallel_tool_calls: Option<Value>,
-    prediction: Option<Value>,
-    presence_penalty: Option<Value>,
-    prompt_cache_key: Ignored,
-    reasoning_effort: Option<Value>,
-    response_format: Option<Value>,
-    safety_identifier: Ignored,
-    seed: Option<Value>,
-    service_tier: Ignored,
-    stop: Option<Value>,
-    store: Ignored,
-    stream: Ignored,
-    stream_options: Ignored,
-    temperature: Option<Value>,
-    tool_choice: Option<Value>,
-    tools: Option<Value>,
-    top_logprobs: Option<Value>,
-    top_p: Option<Value>,
-    user: Ignored,
-    verbosity: Option<Value>,
-    web_search_options: Option<Value>,
-    #[serde(flatten)]
-    extra: BTreeMap<String, Value>,
-}
-
-/// The known fields of the legacy `POST /completions`.
-#[derive(Deserialize)]
-struct CompletionFields {
-    model: Option<Value>,
-    prompt: Option<Value>,
-    best_of: Option<Value>,
-    echo: Option<Value>,
-    frequency_penalty: Option<Value>,
-    logit_bias: Option<Value>,
-    logprobs: Option<Value>,
-    max_tokens: Option<Value>,
-    n: Option<Value>,
-    presence_penalty: Option<Value>,
-    seed: Option<Value>,
-    stop: Option<Value>,
-    stream: Ignored,
-    stream_options: Ignored,
-    suffix: Option<Value>,
-    temperature: Option<Value>,
-    top_p: Option<Value>,
-    user: Ignored,
-    #[serde(flatten)]
-    extra: BTreeMap<String, Value>,
-}
-
-/// The known fields of `POST /embeddings`.
-#[derive(Deserialize)]
-struct EmbeddingFields {
-    model: Option<Value>,
-    input: Option<Value>,
-    dimensions: Option<Value>,
-    encoding_format: Option<Value>,
-    user: Ignored,
-    #[serde(flatten)]
-    extra: BTreeMap<String, Value>,
-}
+pub(crate) type Ignored = Option<IgnoredAny>;
 
 /// Writes each named field under its own name, so the tag can never drift from the variable.
 macro_rules! hash_fields {
@@ -320,87 +247,15 @@ macro_rules! hash_fields {
         $( $hasher.json(stringify!($field), $field.as_ref()); )+
     };
 }
-
-pub mod responses;
-
-fn chat(body: &Map<String, Value>, partition: &mut FieldHasher) -> Result<Turn, GatewayError> {
-    let fields = ChatFields::deserialize(body).map_err(unreadable)?;
-    // No `..`: a new field must be placed either in the key or among the ignored ones.
-    let ChatFields {
-        model,
-        messages,
-        audio,
-        frequency_penalty,
-        function_call,
-        functions,
-        logit_bias,
-        logprobs,
-        max_completion_tokens,
-        max_tokens,
-        metadata: _metadata,
-        modalities,
-        n,
-        parallel_tool_calls,
-        prediction,
-        presence_penalty,
-        prompt_cache_key: _prompt_cache_key,
-        reasoning_effort,
-        response_format,
-        safety_identifier: _safety_identifier,
-        seed,
-        service_tier: _service_tier,
-        stop,
-        store: _store,
-        stream: _stream,
-        stream_options: _stream_options,
-        temperature,
-        tool_choice,
-        tools,
-        top_logprobs,
-        top_p,
-        user: _user,
-        verbosity,
-        web_search_options,
-        extra,
-    } = fields;
-    model_field(partition, model.as_ref())?;
-    hash_fields!(partition;
-        audio, frequency_penalty, function_call, functions, logit_bias, logprobs,
-        max_completion_tokens, max_tokens, modalities, n, parallel_tool_calls, prediction,
-        presence_penalty, reasoning_effort, response_format, seed, stop, temperature, tool_choice,
-        tools, top_logprobs, top_p, verbosity, web_search_options,
-    );
-    partition.extra(&extra);
-
-    let messages = match messages {
-        Some(Value::Array(messages)) => messages,
-        _ => {
-            return Err(GatewayError::invalid(
-                "`messages` must be a non-empty array of message objects.",
-                Some("messages"),
-            ))
-        }
-    };
-    let mut canonical = Vec::with_capacity(messages.len());
-    for (i, message) in messages.iter().enumerate() {
-        canonical.push(canonical_message(i, message)?);
-    }
-    Ok(final_turn(
-        partition,
-        ["messages.before", "messages.after"],
-        &canonical,
-        |m| m.get("role").and_then(Value::as_str) == Some("user"),
-        turn_shape,
-        turn_text,
-    ))
-}
+// The adapters in `api/` name their fields with it.
+pub(crate) use hash_fields;
 
 /// Splits canonical messages (or input items) at the last one `is_turn` accepts, the final user turn:
 /// it is the exact and semantic text, and what comes before and after it (each under its own field
 /// of `names`, so moving a message across the turn changes the partition: tool results after the
 /// turn must never be matched against other results) and the turn's shape go into the partition.
 /// Without such a turn there is nothing to match semantically: everything is context.
-fn final_turn(
+pub(crate) fn final_turn(
     partition: &mut FieldHasher,
     [before_name, after_name]: [&str; 2],
     canonical: &[Map<String, Value>],
@@ -426,91 +281,10 @@ fn final_turn(
     }
 }
 
-fn completions(
-    body: &Map<String, Value>,
+pub(crate) fn model_field(
     partition: &mut FieldHasher,
-) -> Result<Turn, GatewayError> {
-    let fields = CompletionFields::deserialize(body).map_err(unreadable)?;
-    let CompletionFields {
-        model,
-        prompt,
-        best_of,
-        echo,
-        frequency_penalty,
-        logit_bias,
-        logprobs,
-        max_tokens,
-        n,
-        presence_penalty,
-        seed,
-        stop,
-        stream: _stream,
-        stream_options: _stream_options,
-        suffix,
-        temperature,
-        top_p,
-        user: _user,
-        extra,
-    } = fields;
-    model_field(partition, model.as_ref())?;
-    hash_fields!(partition;
-        best_of, echo, frequency_penalty, logit_bias, logprobs, max_tokens, n, presence_penalty,
-        seed, stop, suffix, temperature, top_p,
-    );
-    partition.extra(&extra);
-    match prompt {
-        Some(Value::String(text)) => Ok(Turn {
-            canonical: canonical_string(&Value::String(text.clone())),
-            prompt: text,
-        }),
-        Some(prompt @ Value::Array(_)) => {
-            let canonical = canonical_string(&prompt);
-            Ok(Turn {
-                prompt: canonical.clone(),
-                canonical,
-            })
-        }
-        _ => Err(GatewayError::invalid(
-            "`prompt` must be a string or an array.",
-            Some("prompt"),
-        )),
-    }
-}
-
-fn embeddings(
-    body: &Map<String, Value>,
-    partition: &mut FieldHasher,
-) -> Result<Turn, GatewayError> {
-    let fields = EmbeddingFields::deserialize(body).map_err(unreadable)?;
-    let EmbeddingFields {
-        model,
-        input,
-        dimensions,
-        encoding_format,
-        user: _user,
-        extra,
-    } = fields;
-    model_field(partition, model.as_ref())?;
-    hash_fields!(partition; dimensions, encoding_format);
-    partition.extra(&extra);
-    match input {
-        // An embedding is a pure function of its input: there is nothing semantic to match, so
-        // the input is only the exact part.
-        Some(input @ (Value::String(_) | Value::Array(_))) => {
-            let canonical = canonical_string(&input);
-            Ok(Turn {
-                prompt: canonical.clone(),
-                canonical,
-            })
-        }
-        _ => Err(GatewayError::invalid(
-            "`input` must be a string or an array.",
-            Some("input"),
-        )),
-    }
-}
-
-fn model_field(partition: &mut FieldHasher, model: Option<&Value>) -> Result<(), GatewayError> {
+    model: Option<&Value>,
+) -> Result<(), GatewayError> {
     match model {
         Some(Value::String(model)) => {
             partition.field("model", model.as_bytes());
@@ -525,124 +299,12 @@ fn model_field(partition: &mut FieldHasher, model: Option<&Value>) -> Result<(),
 
 /// All fields are `Option<Value>` or ignored, so this cannot happen for a JSON object; it is
 /// mapped rather than unwrapped because a panic would drop the connection.
-fn unreadable(err: serde_json::Error) -> GatewayError {
+pub(crate) fn unreadable(err: serde_json::Error) -> GatewayError {
     GatewayError::invalid(format!("The request body could not be read: {err}."), None)
 }
 
-/// A message with its `null` fields dropped and its text normalized.
-fn canonical_message(i: usize, message: &Value) -> Result<Map<String, Value>, GatewayError> {
-    let Some(fields) = message.as_object() else {
-        return Err(GatewayError::invalid(
-            format!("`messages[{i}]` must be an object with a string `role`."),
-            Some(&format!("messages[{i}]")),
-        ));
-    };
-    if !fields.get("role").is_some_and(Value::is_string) {
-        return Err(GatewayError::invalid(
-            format!("`messages[{i}]` must be an object with a string `role`."),
-            Some(&format!("messages[{i}].role")),
-        ));
-    }
-    let mut out = Map::new();
-    for (name, value) in fields {
-        // SDKs send `"content": null` on tool-call messages or leave it out; both mean the same.
-        if value.is_null() {
-            continue;
-        }
-        let value = if name == "content" {
-            canonical_content(i, value)?
-        } else {
-            value.clone()
-        };
-        out.insert(name.clone(), value);
-    }
-    Ok(out)
-}
-
-fn canonical_content(i: usize, content: &Value) -> Result<Value, GatewayError> {
-    let parts = match content {
-        Value::String(text) => return Ok(Value::String(normalize_text(text))),
-        Value::Array(parts) => parts,
-        _ => {
-            return Err(GatewayError::invalid(
-                format!("`messages[{i}].content` must be a string or an array of content parts."),
-                Some(&format!("messages[{i}].content")),
-            ))
-        }
-    };
-    let mut out = Vec::with_capacity(parts.len());
-    for (j, part) in parts.iter().enumerate() {
-        let Some(part) = part.as_object() else {
-            return Err(GatewayError::invalid(
-                format!("`messages[{i}].content[{j}]` must be a content part object."),
-                Some(&format!("messages[{i}].content[{j}]")),
-            ));
-        };
-        let mut part = part.clone();
-        if part.get("type").and_then(Value::as_str) == Some("text") {
-            match part.get_mut("text") {
-                Some(Value::String(text)) => *text = normalize_text(text),
-                _ => {
-                    return Err(GatewayError::invalid(
-                        format!("`messages[{i}].content[{j}].text` must be a string."),
-                        Some(&format!("messages[{i}].content[{j}].text")),
-                    ))
-                }
-            }
-        }
-        out.push(part);
-    }
-    // SDKs and frameworks send the same text either way; only a bare text part collapses, since
-    // any extra key on the part (e.g. a cache hint) might matter upstream.
-    if let [only] = out.as_slice() {
-        if only.len() == 2 && only.get("type").and_then(Value::as_str) == Some("text") {
-            if let Some(Value::String(text)) = only.get("text") {
-                return Ok(Value::String(text.clone()));
-            }
-        }
-    }
-    Ok(Value::Array(out.into_iter().map(Value::Object).collect()))
-}
-
-/// The final user turn with its text taken out: what semantic matching must not cross.
-fn turn_shape(turn: &Map<String, Value>) -> Value {
-    let mut shape = turn.clone();
-    let text_part = || {
-        let mut part = Map::new();
-        part.insert("type".to_owned(), Value::String("text".to_owned()));
-        Value::Object(part)
-    };
-    match shape.get_mut("content") {
-        // A string is one text part, so the string and array spellings keep one shape.
-        Some(content @ Value::String(_)) => *content = Value::Array(vec![text_part()]),
-        Some(Value::Array(parts)) => {
-            for part in parts.iter_mut().filter_map(Value::as_object_mut) {
-                if part.get("type").and_then(Value::as_str) == Some("text") {
-                    part.remove("text");
-                }
-            }
-        }
-        _ => {}
-    }
-    Value::Object(shape)
-}
-
-/// The final turn's text parts, already normalized, joined with a newline.
-fn turn_text(turn: &Map<String, Value>) -> String {
-    match turn.get("content") {
-        Some(Value::String(text)) => text.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
-}
-
 /// Normalizes message text as the module documentation describes.
-fn normalize_text(text: &str) -> String {
+pub(crate) fn normalize_text(text: &str) -> String {
     let text = text.replace("\r\n", "\n").replace('\r', "\n");
     let lines: Vec<&str> = text.split('\n').map(str::trim_end).collect();
     let Some(first) = lines.iter().position(|l| !l.is_empty()) else {
@@ -658,7 +320,7 @@ fn normalize_text(text: &str) -> String {
 
 /// One blake3 hasher that only ever sees tagged, length-prefixed fields, so no two different
 /// field sequences can produce the same byte stream.
-struct FieldHasher(blake3::Hasher);
+pub struct FieldHasher(blake3::Hasher);
 
 impl FieldHasher {
     fn new(domain: &str) -> Self {
@@ -667,7 +329,7 @@ impl FieldHasher {
         hasher
     }
 
-    fn field(&mut self, name: &str, bytes: &[u8]) {
+    pub(crate) fn field(&mut self, name: &str, bytes: &[u8]) {
         self.0.update(&(name.len() as u64).to_le_bytes());
         self.0.update(name.as_bytes());
         self.0.update(&(bytes.len() as u64).to_le_bytes());
@@ -675,14 +337,14 @@ impl FieldHasher {
     }
 
     /// Absent and `null` both mean "not set" and write nothing.
-    fn json(&mut self, name: &str, value: Option<&Value>) {
+    pub(crate) fn json(&mut self, name: &str, value: Option<&Value>) {
         if let Some(value) = value.filter(|v| !v.is_null()) {
             self.field(name, canonical_string(value).as_bytes());
         }
     }
 
     /// Unknown fields, each under a name no known field can have.
-    fn extra(&mut self, extra: &BTreeMap<String, Value>) {
+    pub(crate) fn extra(&mut self, extra: &BTreeMap<String, Value>) {
         // BTreeMap iterates in byte order of the keys, independent of serde_json's features.
         for (name, value) in extra {
             self.json(&format!("extra.{name}"), Some(value));
@@ -694,7 +356,7 @@ impl FieldHasher {
     }
 }
 
-fn canonical_string(value: &Value) -> String {
+pub(crate) fn canonical_string(value: &Value) -> String {
     let mut out = String::new();
     write_canonical(value, &mut out);
     out
@@ -798,24 +460,31 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    //! The helpers are shared with the adapters' key tests (`api/`): keys are built the way the
+    //! gateway builds them, through the route's adapter.
     use super::*;
     use serde_json::json;
 
-    fn tenant(api_key: &str) -> Tenant {
+    pub(crate) fn tenant(api_key: &str) -> Tenant {
         Tenant::Key(*blake3::hash(api_key.as_bytes()).as_bytes())
     }
 
-    fn object(value: Value) -> Map<String, Value> {
+    pub(crate) fn object(value: Value) -> Map<String, Value> {
         match value {
             Value::Object(map) => map,
             other => panic!("not an object: {other}"),
         }
     }
 
-    fn keys_with(route: Route, body: Value, tenant: Tenant, namespace: Option<&str>) -> Keys {
+    pub(crate) fn keys_with(
+        route: Route,
+        body: Value,
+        tenant: Tenant,
+        namespace: Option<&str>,
+    ) -> Keys {
         let body = object(body);
-        build(&KeyInput {
+        crate::api::keys(&KeyInput {
             route,
             body: &body,
             tenant,
@@ -824,11 +493,11 @@ mod tests {
         .expect("valid request")
     }
 
-    fn chat_keys(body: Value) -> Keys {
+    pub(crate) fn chat_keys(body: Value) -> Keys {
         keys_with(Route::ChatCompletions, body, tenant("sk-a"), None)
     }
 
-    fn base() -> Value {
+    pub(crate) fn base() -> Value {
         json!({
             "model": "gpt-x",
             "messages": [
@@ -841,18 +510,18 @@ mod tests {
         })
     }
 
-    fn with(edit: impl FnOnce(&mut Value)) -> Value {
+    pub(crate) fn with(edit: impl FnOnce(&mut Value)) -> Value {
         let mut body = base();
         edit(&mut body);
         body
     }
 
     /// A chat body whose only message is one user turn with `content`.
-    fn user_says(content: Value) -> Value {
+    pub(crate) fn user_says(content: Value) -> Value {
         json!({"model": "m", "messages": [{"role": "user", "content": content}]})
     }
 
-    fn assert_same(a: &Keys, b: &Keys, what: &str) {
+    pub(crate) fn assert_same(a: &Keys, b: &Keys, what: &str) {
         assert_eq!(a.partition, b.partition, "{what}: partition");
         assert_eq!(a.exact, b.exact, "{what}: exact");
         assert_eq!(a.prompt, b.prompt, "{what}: prompt");
@@ -865,74 +534,6 @@ mod tests {
         assert_same(&a, &b, "identical");
         assert_eq!(a.prompt, "What is Rust?");
         assert_ne!(a.partition.0, a.exact.0);
-    }
-
-    #[test]
-    fn fields_that_do_not_change_the_answer_are_left_out() {
-        let a = chat_keys(base());
-        let ignored = [
-            ("user", json!("u-42")),
-            ("stream", json!(true)),
-            ("stream_options", json!({"include_usage": true})),
-            ("metadata", json!({"trace": "abc"})),
-            ("store", json!(true)),
-            ("service_tier", json!("flex")),
-            ("prompt_cache_key", json!("pck")),
-            ("safety_identifier", json!("sid")),
-        ];
-        for (field, value) in ignored {
-            let b = chat_keys(with(|b| b[field] = value));
-            assert_same(&a, &b, field);
-        }
-    }
-
-    #[test]
-    fn output_changing_chat_fields_change_the_partition() {
-        let variants: Vec<(&str, Value)> = vec![
-            ("model", with(|b| b["model"] = json!("gpt-y"))),
-            ("temperature", with(|b| b["temperature"] = json!(0.3))),
-            ("top_p", with(|b| b["top_p"] = json!(0.9))),
-            ("seed", with(|b| b["seed"] = json!(7))),
-            ("max_tokens", with(|b| b["max_tokens"] = json!(100))),
-            ("stop", with(|b| b["stop"] = json!(["\n"]))),
-            ("n", with(|b| b["n"] = json!(2))),
-            (
-                "response_format",
-                with(|b| b["response_format"] = json!({"type": "json_object"})),
-            ),
-            (
-                "tools",
-                with(|b| b["tools"] = json!([{"type": "function", "function": {"name": "f"}}])),
-            ),
-            ("tool_choice", with(|b| b["tool_choice"] = json!("none"))),
-            (
-                "logit_bias",
-                with(|b| b["logit_bias"] = json!({"50256": -100})),
-            ),
-            (
-                "system prompt",
-                with(|b| b["messages"][0]["content"] = json!("Be verbose.")),
-            ),
-            (
-                "earlier turn",
-                with(|b| b["messages"][1]["content"] = json!("Hello")),
-            ),
-            (
-                "earlier turn's name",
-                with(|b| b["messages"][1]["name"] = json!("alice")),
-            ),
-            ("unknown field", with(|b| b["x_vendor_flag"] = json!(true))),
-        ];
-        let base = chat_keys(base());
-        let mut seen = vec![base.partition];
-        for (what, body) in variants {
-            let keys = chat_keys(body);
-            assert_ne!(base.partition, keys.partition, "{what}: partition");
-            assert_ne!(base.exact, keys.exact, "{what}: exact");
-            assert_eq!(base.prompt, keys.prompt, "{what}: prompt");
-            assert!(!seen.contains(&keys.partition), "{what}: collides");
-            seen.push(keys.partition);
-        }
     }
 
     #[test]
@@ -1003,51 +604,6 @@ mod tests {
             assert_eq!(ka.partition, kb.partition, "{a:?}");
             assert_ne!(ka.exact, kb.exact, "{a:?} vs {b:?}");
         }
-    }
-
-    #[test]
-    fn system_prompt_text_is_normalized_too() {
-        let a = chat_keys(base());
-        let b = chat_keys(with(|b| {
-            b["messages"][0]["content"] = json!("\r\nBe brief.   \r\n")
-        }));
-        assert_same(&a, &b, "system whitespace");
-        let c = chat_keys(with(|b| {
-            b["messages"][0]["content"] = json!([{"type": "text", "text": "Be brief."}])
-        }));
-        assert_same(&a, &c, "system as one text part");
-    }
-
-    #[test]
-    fn one_text_part_equals_a_plain_string() {
-        let plain = chat_keys(user_says(json!("hi")));
-        let part = chat_keys(user_says(json!([{"type": "text", "text": "hi  \n"}])));
-        assert_same(&plain, &part, "single text part");
-        // A part carrying anything besides type and text is not collapsed.
-        let hinted = chat_keys(user_says(
-            json!([{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]),
-        ));
-        assert_ne!(plain.exact, hinted.exact);
-    }
-
-    #[test]
-    fn non_text_parts_stay_out_of_the_prompt_but_split_the_keys() {
-        let image = |url: &str| {
-            user_says(json!([
-                {"type": "text", "text": "What is this?"},
-                {"type": "image_url", "image_url": {"url": url}},
-                {"type": "text", "text": "  Be short. "}
-            ]))
-        };
-        let a = chat_keys(image("https://x/a.png"));
-        let b = chat_keys(image("https://x/b.png"));
-        assert_eq!(a.prompt, "What is this?\nBe short.");
-        assert_eq!(a.prompt, b.prompt);
-        assert_ne!(a.exact, b.exact);
-        // Different images must never be matched semantically against each other.
-        assert_ne!(a.partition, b.partition);
-        let text_only = chat_keys(user_says(json!("What is this?\nBe short.")));
-        assert_ne!(a.partition, text_only.partition);
     }
 
     #[test]
@@ -1171,69 +727,6 @@ mod tests {
         assert_eq!(a.prompt, "");
         assert_ne!(a.partition, b.partition);
         assert_ne!(a.exact, b.exact);
-    }
-
-    #[test]
-    fn legacy_completions_keys() {
-        let body = |edit: &dyn Fn(&mut Value)| {
-            let mut b = json!({"model": "m", "prompt": "Once upon a time", "max_tokens": 5});
-            edit(&mut b);
-            keys_with(Route::Completions, b, tenant("sk-a"), None)
-        };
-        let a = body(&|_| {});
-        assert_eq!(a.prompt, "Once upon a time");
-        for field in ["user", "stream", "stream_options"] {
-            assert_same(&a, &body(&|b| b[field] = json!({"x": 1})), field);
-        }
-        for (field, value) in [
-            ("suffix", json!("The end.")),
-            ("echo", json!(true)),
-            ("best_of", json!(3)),
-            ("temperature", json!(0)),
-            ("x_unknown", json!(1)),
-        ] {
-            assert_ne!(
-                a.partition,
-                body(&|b| b[field] = value.clone()).partition,
-                "{field}"
-            );
-        }
-        // Completion text is continued verbatim: a trailing space is a different prompt.
-        let spaced = body(&|b| b["prompt"] = json!("Once upon a time "));
-        assert_eq!(a.partition, spaced.partition);
-        assert_ne!(a.exact, spaced.exact);
-        let array = body(&|b| b["prompt"] = json!(["a", "b"]));
-        assert_eq!(array.prompt, r#"["a","b"]"#);
-        let lookalike = body(&|b| b["prompt"] = json!(r#"["a","b"]"#));
-        assert_ne!(array.exact, lookalike.exact);
-    }
-
-    #[test]
-    fn embeddings_keys() {
-        let body = |edit: &dyn Fn(&mut Value)| {
-            let mut b = json!({"model": "e", "input": "hello"});
-            edit(&mut b);
-            keys_with(Route::Embeddings, b, tenant("sk-a"), None)
-        };
-        let a = body(&|_| {});
-        assert_eq!(a.prompt, r#""hello""#);
-        assert_same(&a, &body(&|b| b["user"] = json!("u")), "user");
-        let other = body(&|b| b["input"] = json!("world"));
-        assert_eq!(a.partition, other.partition);
-        assert_ne!(a.exact, other.exact);
-        for (field, value) in [
-            ("dimensions", json!(256)),
-            ("encoding_format", json!("base64")),
-            ("x_unknown", json!(1)),
-        ] {
-            assert_ne!(
-                a.partition,
-                body(&|b| b[field] = value.clone()).partition,
-                "{field}"
-            );
-        }
-        let tokens = body(&|b| b["input"] = json!([[1, 2], [3]]));
-        assert_eq!(tokens.prompt, "[[1,2],[3]]");
     }
 
     #[test]
@@ -1367,7 +860,7 @@ mod tests {
         ];
         for (route, body, param) in cases {
             let map = object(body.clone());
-            let err = build(&KeyInput {
+            let err = crate::api::keys(&KeyInput {
                 route,
                 body: &map,
                 tenant: Tenant::Shared,

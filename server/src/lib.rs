@@ -45,6 +45,7 @@
 #![warn(unreachable_pub)]
 
 pub(crate) mod admin;
+pub mod api;
 pub(crate) mod backfill;
 pub mod cache;
 pub mod config;

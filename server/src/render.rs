@@ -1,6 +1,6 @@
 //! How an entry's answer is rendered for the client: a hit (or a follower of an identical miss in
 //! flight) gets a copy of the stored answer with a fresh `id`/`created` (a Responses API answer keeps its
-//! original ids: see [`crate::key::responses`]), as a body or an SSE stream paced as asked. Both shapes are stored (see [`crate::cache::cacheable`]), so nothing is re-derived here.
+//! original ids: see [`crate::api::responses`]), as a body or an SSE stream paced as asked. Both shapes are stored (each API's adapter in [`crate::api`] makes one from the other), so nothing is re-derived here.
 //!
 //! A hit renders from the entry's [`Replay`]: its events and body are stored serialized, with
 //! holes for the fresh identity and spans for `include_usage`, so rendering copies bytes and parses
@@ -30,13 +30,7 @@ pub struct Fresh {
 
 impl Fresh {
     pub fn new(route: Route) -> Self {
-        let prefix = match route {
-            Route::ChatCompletions => "chatcmpl-",
-            Route::Completions => "cmpl-",
-            Route::Embeddings => "",
-            // Never written into a Responses API hit, which keeps the stored response's ids.
-            Route::Responses => "resp_",
-        };
+        let prefix = crate::api::of(route).id_prefix();
         let seed = blake3::hash(&crate::timing::unix_ms().to_le_bytes());
         let nonce: u64 = rand_u64() ^ u64::from_le_bytes(first8(seed.as_bytes()));
         Self {
@@ -319,8 +313,15 @@ fn offset_duration(offset_ms: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::cacheable::tests::chunks;
-    use crate::cache::cacheable::{assemble, rechunk};
+    use crate::api::choices::tests::chunks;
+
+    fn assemble(route: Route, events: &[Value]) -> Value {
+        crate::api::of(route).assemble(events)
+    }
+
+    fn rechunk(route: Route, body: &Value, decode_ms: f64) -> Vec<StoredEvent> {
+        crate::api::of(route).rechunk(body, decode_ms)
+    }
     use crate::entry::StoredEvent;
 
     #[test]

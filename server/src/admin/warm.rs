@@ -11,7 +11,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use crate::entry::{Entry, EntryId, RequestSummary};
@@ -170,16 +170,19 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
         api_key,
         ttl_s,
     } = item;
-    let route = match route.as_deref() {
-        None | Some("chat.completions") | Some("chat") => Route::ChatCompletions,
-        Some("completions") => Route::Completions,
-        Some(other) => {
-            return Err(GatewayError::invalid(
-                format!("`route` must be chat.completions or completions, not `{other}`."),
-                Some("route"),
-            ))
-        }
+    // `chat` is short for `chat.completions`, and the default; an API warms when its adapter can
+    // make a request and an answer from text.
+    let name = match route.as_deref() {
+        None | Some("chat") => "chat.completions",
+        Some(name) => name,
     };
+    let Some((api, warm)) = crate::api::named(name).and_then(|api| Some((api, api.warm()?))) else {
+        return Err(GatewayError::invalid(
+            format!("`route` must be chat.completions or completions, not `{name}`."),
+            Some("route"),
+        ));
+    };
+    let route = api.route();
     let given = [prompt.is_some(), messages.is_some(), request.is_some()];
     if given.iter().filter(|g| **g).count() != 1 {
         return Err(GatewayError::invalid(
@@ -189,22 +192,8 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
     }
     let mut body = match (request, messages, prompt) {
         (Some(request), _, _) => request,
-        (None, Some(messages), _) => {
-            if route != Route::ChatCompletions {
-                return Err(GatewayError::invalid(
-                    "`messages` is for chat.completions; use `prompt` for completions.",
-                    Some("messages"),
-                ));
-            }
-            Map::from_iter([("messages".to_owned(), Value::Array(messages))])
-        }
-        (None, None, Some(prompt)) => match route {
-            Route::Completions => Map::from_iter([("prompt".to_owned(), Value::String(prompt))]),
-            _ => Map::from_iter([(
-                "messages".to_owned(),
-                json!([{"role": "user", "content": prompt}]),
-            )]),
-        },
+        (None, Some(messages), _) => warm.messages(messages)?,
+        (None, None, Some(prompt)) => warm.prompt(prompt),
         (None, None, None) => Map::new(),
     };
     if let Some(model) = model {
@@ -239,29 +228,16 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
         };
         Tenant::Key(*blake3::hash(key.trim().as_bytes()).as_bytes())
     };
-    let keys = crate::key::build(&KeyInput {
+    let keys = crate::api::keys(&KeyInput {
         route,
         body: &body,
         tenant,
         namespace: namespace.as_deref(),
     })?;
     let now_s = unix_ms() / 1000;
-    let answer = match route {
-        Route::Completions => json!({
-            "id": format!("cmpl-warm-{now_s}"), "object": "text_completion", "created": now_s,
-            "model": model,
-            "choices": [{"index": 0, "text": response, "logprobs": null, "finish_reason": "stop"}],
-        }),
-        _ => json!({
-            "id": format!("chatcmpl-warm-{now_s}"), "object": "chat.completion", "created": now_s,
-            "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": response, "refusal": null},
-                         "logprobs": null, "finish_reason": "stop"}],
-        }),
-    };
     let summary = RequestSummary {
         route: route.name().to_owned(),
-        model,
+        model: model.clone(),
         namespace,
         tenant: tenant.label(),
         prompt: keys.prompt.clone(),
@@ -271,7 +247,7 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
         route,
         keys,
         summary,
-        body: answer,
+        body: warm.answer(model, response, now_s),
         ttl_s,
     })
 }
@@ -334,7 +310,7 @@ pub(crate) async fn warm(
         let mut data = Vec::with_capacity(prepared.len());
         for (p, vector) in prepared.into_iter().zip(vectors) {
             let vector = vector.filter(|v| !v.is_empty() && !p.keys.prompt.trim().is_empty());
-            let events = crate::cache::cacheable::rechunk(p.route, &p.body, 0.0);
+            let events = crate::api::of(p.route).rechunk(&p.body, 0.0);
             let entry = Entry {
                 id: EntryId(0),
                 key: p.keys.exact,

@@ -1,11 +1,10 @@
 //! The cache around the upstream, one concept per file: exact lookup (here), the alias memory of
 //! paraphrases ([`alias`]), single flight for concurrent identical misses ([`flight`], and across
 //! replicas sharing a store, [`remote`]), the recorder
-//! that turns a clean miss into an entry ([`recorder`]) under the never-store rules ([`cacheable`]),
+//! that turns a clean miss into an entry ([`recorder`]) under each API's never-store rules (its adapter in [`crate::api`]),
 //! and the writer thread that does every store write off the request path ([`writer`]).
 
 pub mod alias;
-pub mod cacheable;
 pub mod flight;
 pub mod recorder;
 pub mod remote;

@@ -9,7 +9,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::cacheable;
 use super::flight::{Flight, FlightEnd};
 use super::tape::{Pushed, Tape};
 use super::writer::WriteOp;
@@ -129,7 +128,7 @@ impl Recorder {
             self.abandon();
             return None;
         };
-        let body = cacheable::assemble(self.route, chunks.iter().map(|(_, data)| data));
+        let body = crate::api::of(self.route).assemble(chunks.iter().map(|(_, data)| data));
         let events = chunks
             .into_iter()
             .map(|(offset_ms, data)| StoredEvent { offset_ms, data })
@@ -150,11 +149,8 @@ impl Recorder {
             self.abandon();
             return None;
         };
-        let events = if self.route == Route::Embeddings {
-            Vec::new()
-        } else {
-            cacheable::rechunk(self.route, &body, phases.decode_ms.unwrap_or(0.0))
-        };
+        // Both shapes are stored, so a streamed hit can be served from a non-streamed miss.
+        let events = crate::api::of(self.route).rechunk(&body, phases.decode_ms.unwrap_or(0.0));
         self.finish(body, events, None, phases);
         None
     }
@@ -168,9 +164,8 @@ impl Recorder {
         recorded: Option<Vec<(f64, Bytes)>>,
         phases: Phases,
     ) {
-        if let Err(why) =
-            cacheable::check_cacheable(self.route, &body, self.cache.settings.cache_length_finish)
-        {
+        let allow_length = self.cache.settings.cache_length_finish;
+        if let Err(why) = crate::api::of(self.route).check(&body, allow_length) {
             tracing::debug!(?why, "not caching this answer");
             return self.abandon();
         }

@@ -95,34 +95,6 @@ impl MissNotes {
     }
 }
 
-/// How long a provider keeps a stored response (OpenAI: 30 days): an entry that serves a stored
-/// response's ids must not outlive it, or a hit would hand out ids that no longer resolve.
-pub(crate) const STORED_RESPONSE_RETENTION_S: u64 = 30 * 24 * 3600;
-
-/// The Responses API's own cache rules, applied to the policy; returns whether the entry may be
-/// shared across API keys. A `background` or `conversation` request is neither looked up nor
-/// stored. A response the provider stores is served on a hit with its original ids (so that
-/// `previous_response_id` and `GET /v1/responses/{id}` keep working upstream): those ids belong to
-/// the API key's organization, so such entries are never shared across keys, and live no longer
-/// than the provider keeps the response. Nor are those of requests that name a previous response
-/// or a stored prompt, which belong to one organization as well.
-fn responses_rules(ingress: &Ingress, policy: &mut Policy) -> bool {
-    if let Some(why) = crate::key::responses::never_cached(&ingress.body) {
-        tracing::debug!(why, "a Responses API request that is never cached");
-        policy.lookup = false;
-        policy.store = false;
-        policy.refresh = false;
-        return true;
-    }
-    if crate::key::responses::stored_upstream(&ingress.body) {
-        policy.ttl_s = policy.ttl_s.min(STORED_RESPONSE_RETENTION_S);
-        return false;
-    }
-    // A previous response or a stored prompt belongs to one organization too: the provider would
-    // refuse another key's request for it, so a hit must not answer that key either.
-    !crate::key::responses::refers_to_stored_state(&ingress.body)
-}
-
 impl Exchange {
     /// The policy and key stages: reads the cache controls against the live defaults, and builds the
     /// partition, the exact key and the prompt. Fails on a control or a keyed field that is invalid.
@@ -134,12 +106,11 @@ impl Exchange {
         let settings = state.live.current();
         let mut policy =
             policy::from_headers(&ingress.headers, &settings.defaults_for(&ingress.headers))?;
-        let mut share = state.cache.settings.share_across_keys;
-        if ingress.route == Route::Responses {
-            share &= responses_rules(&ingress, &mut policy);
-        }
+        let api = crate::api::of(ingress.route);
+        // The API's own rules (the Responses API's stored responses) may keep entries per key.
+        let share = state.cache.settings.share_across_keys & api.rules(&ingress.body, &mut policy);
         let tenant = Tenant::from_headers(&ingress.headers, share);
-        let keys = crate::key::build(&KeyInput {
+        let keys = crate::api::keys(&KeyInput {
             route: ingress.route,
             body: &ingress.body,
             tenant,
@@ -168,7 +139,7 @@ impl Exchange {
         Ok(Self {
             trace,
             id,
-            stream: ingress.stream && ingress.route != Route::Embeddings,
+            stream: ingress.stream && api.streams(),
             include_usage,
             threshold: policy.threshold.unwrap_or(floor),
             ingress,

@@ -21,7 +21,6 @@ use crate::cache::{Flight, Join};
 use crate::entry::{Entry, EntryId, Replay};
 use crate::feedback::{self, Encounter, Met};
 use crate::guard::Guards;
-use crate::ingress::Route;
 use crate::semantic::{self, Query, Semantic};
 use crate::shadow;
 use crate::state::AppState;
@@ -202,7 +201,7 @@ fn semantic_plan<'a>(state: &'a AppState, ex: &Exchange) -> Option<(&'a Arc<Sema
     let semantic = state
         .semantic
         .as_ref()
-        .filter(|_| ex.route() != Route::Embeddings)?;
+        .filter(|_| crate::api::of(ex.route()).semantic())?;
     let policy = &ex.policy;
     let shadow = policy.lookup && policy.shadow;
     let search = (policy.lookup && policy.semantic) || shadow;

@@ -13,7 +13,6 @@ use tokio::sync::mpsc;
 use crate::cache::{Flight, FlightEnd};
 use crate::entry::{HitEvent, HitKind};
 use crate::error::GatewayError;
-use crate::ingress::Route;
 use crate::outcome::{CacheOutcome, Completion};
 use crate::pipeline::exchange::{Found, How};
 use crate::pipeline::Exchange;
@@ -141,7 +140,7 @@ pub(crate) async fn follow(
     }
     let fresh = Fresh::new(ex.route());
     let include_usage = ex.include_usage;
-    let named = ex.route() == Route::Responses;
+    let named = ex.route().framing().named_events;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let mut clock = ex.ingress.clock.clone();
     let mut finisher = Finisher::new(

@@ -1985,8 +1985,7 @@ mod tests {
         usage_chunk["usage"] =
             json!({"prompt_tokens": 5, "completion_tokens": words, "total_tokens": words + 5});
         chunks.push(usage_chunk);
-        let body =
-            crate::cache::cacheable::assemble(crate::ingress::Route::ChatCompletions, &chunks);
+        let body = crate::api::of(crate::ingress::Route::ChatCompletions).assemble(&chunks);
         let mut e = entry(n, 1_000, 60_000);
         e.usage = body.get("usage").cloned();
         e.body = body;

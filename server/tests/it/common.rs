@@ -220,7 +220,6 @@ pub fn whole_entries(
     store: &dyn reprise_server::store::Store,
     superseded_ok: bool,
 ) -> Vec<reprise_server::entry::Entry> {
-    use reprise_server::cache::cacheable::check_cacheable;
     use reprise_server::ingress::Route;
     let entries = store.list(None, 1_000_000).expect("list");
     for entry in &entries {
@@ -230,7 +229,7 @@ pub fn whole_entries(
             Route::ChatCompletions
         };
         assert_eq!(
-            check_cacheable(route, &entry.body, false),
+            reprise_server::api::of(route).check(&entry.body, false),
             Ok(()),
             "{entry:?}"
         );

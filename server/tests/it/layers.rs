@@ -1,7 +1,8 @@
 //! The one-way floors of `server/src`, checked: every file has a floor (ARCHITECTURE.md, "Floors"),
 //! imports run downward, the few that run upward are listed here with their reason, no import
 //! circle spans more than three files, and the wing rules hold (only the router imports the
-//! pipeline; storage, index, embedding and guards import nothing above entries and keys).
+//! pipeline; storage, index, embedding and guards import nothing above entries and keys; stages
+//! ask the route's adapter in `api/` instead of matching on `Route`).
 //!
 //! Imports are read with `syn` from the source itself: `use` items and every `crate::`, `super::`
 //! and `self::` path in code and types, outside `#[cfg(test)]`. A name a module imports and a child
@@ -29,8 +30,9 @@ const FLOORS: &[(&str, u8)] = &[
     ("ingress.rs", 2),
     ("policy.rs", 2),
     ("key.rs", 2),
-    ("key/", 2),
     ("entry.rs", 2),
+    // 3. One adapter per API: what differs between the APIs, asked by the cache and the renderer.
+    ("api/", 3),
     // 3. Storage, index, embedding, guards: import nothing above floor 2.
     ("store/", 3),
     ("index.rs", 3),
@@ -68,6 +70,11 @@ const FLOORS: &[(&str, u8)] = &[
 /// Imports allowed to run upward, each with its reason. At most eight (issue 21); one that no
 /// longer exists must leave this list too, so that it says what the tree is.
 const UPWARD: &[(&str, &str, &str)] = &[];
+
+/// The only files that may name a `Route::` path (a variant or an associated item): the adapters,
+/// the file that defines `Route`, and the router that picks a route per URL. Stages ask
+/// `api::of(route)` instead, so a new API is a new adapter, not an edit in every stage.
+const ROUTE_NAMERS: &[&str] = &["api/", "ingress.rs", "lib.rs"];
 
 /// Files whose imports may only reach floors 1 and 2 (and their own family): the storage, index,
 /// embedding and guard rooms are used by the cache and must not know it.
@@ -139,6 +146,8 @@ struct Reader<'a> {
     named: Vec<Named>,
     /// Names this module brings into scope with `use`: name → absolute path.
     scope: HashMap<String, Vec<String>>,
+    /// Paths through `Route::` (`Route::Responses`, `ingress::Route::name`) outside tests.
+    route_paths: usize,
 }
 
 impl Reader<'_> {
@@ -251,6 +260,15 @@ impl<'ast> Visit<'ast> for Reader<'_> {
 
     fn visit_path(&mut self, path: &'ast syn::Path) {
         let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+        // `Route` followed by a segment, written bare or through `ingress`: the type alone (a
+        // field's or a parameter's) is no match on the route.
+        let through_route = segments
+            .windows(2)
+            .enumerate()
+            .any(|(i, pair)| pair[0] == "Route" && (i == 0 || segments[i - 1] == "ingress"));
+        if through_route {
+            self.route_paths += 1;
+        }
         // `::sled::Error` names the crate even inside `store/`, which has a child called `sled`.
         if segments.len() > 1 && path.leading_colon.is_none() {
             if let Some(abs) = self.absolute(&segments) {
@@ -268,6 +286,8 @@ impl<'ast> Visit<'ast> for Reader<'_> {
 struct Graph {
     files: Vec<String>,
     edges: BTreeMap<String, BTreeSet<String>>,
+    /// File → how many `Route::` paths it names outside tests.
+    route_paths: BTreeMap<String, usize>,
 }
 
 fn read_graph() -> Graph {
@@ -291,6 +311,7 @@ fn read_graph() -> Graph {
     let no_children = BTreeSet::new();
     let mut named: HashMap<String, Vec<Named>> = HashMap::new();
     let mut scopes: HashMap<Vec<String>, HashMap<String, Vec<String>>> = HashMap::new();
+    let mut route_paths = BTreeMap::new();
     for file in &files {
         let text = std::fs::read_to_string(src.join(file)).expect("read source");
         let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
@@ -300,8 +321,10 @@ fn read_graph() -> Graph {
             children: children.get(&module).unwrap_or(&no_children),
             named: Vec::new(),
             scope: HashMap::new(),
+            route_paths: 0,
         };
         reader.visit_file(&ast);
+        route_paths.insert(file.clone(), reader.route_paths);
         scopes.insert(module.clone(), reader.scope);
         named.insert(file.clone(), reader.named);
     }
@@ -346,7 +369,11 @@ fn read_graph() -> Graph {
             out.insert(target);
         }
     }
-    Graph { files, edges }
+    Graph {
+        files,
+        edges,
+        route_paths,
+    }
 }
 
 /// Strongly connected components of more than one file (Tarjan).
@@ -499,6 +526,34 @@ fn imports_run_down_the_floors_of_server_src() {
         problems.is_empty(),
         "the floors of server/src are broken (ARCHITECTURE.md, \"Floors\"):\n  {}",
         problems.join("\n  ")
+    );
+}
+
+#[test]
+fn stages_ask_the_adapter_instead_of_matching_on_the_route() {
+    let graph = read_graph();
+    // The reader sees them where they must be: the router's four handlers, the adapters' lookup.
+    assert!(graph.route_paths["lib.rs"] >= 4, "{:?}", graph.route_paths);
+    assert!(
+        graph.route_paths["api/mod.rs"] >= 4,
+        "{:?}",
+        graph.route_paths
+    );
+    let stray: Vec<String> = graph
+        .route_paths
+        .iter()
+        .filter(|(file, n)| {
+            **n > 0
+                && !ROUTE_NAMERS.iter().any(|allowed| {
+                    *file == allowed || (allowed.ends_with('/') && file.starts_with(allowed))
+                })
+        })
+        .map(|(file, n)| format!("{file} ({n})"))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "`Route::` outside api/, ingress.rs and lib.rs: ask `api::of(route)` (ARCHITECTURE.md, \"Floors\"): {}",
+        stray.join(", ")
     );
 }
 

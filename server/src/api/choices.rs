@@ -1,46 +1,21 @@
-//! What may be stored, and in which shape: the never-store rules, and the two shapes of an answer
-//! made from each other (a stream assembled into the body a non-streamed request would have
-//! received, a body re-chunked into the events a streamed one would have), so either kind of hit can
-//! be served from either kind of miss without re-deriving anything on the hit path.
+//! The `choices` half of chat and legacy completions answers, which the two adapters share: the
+//! never-store rules over `choices`, and the two shapes of an answer made from each other (a
+//! stream assembled into the body a non-streamed request would have received, a body re-chunked
+//! into the events a streamed one would have), so either kind of hit can be served from either
+//! kind of miss without re-deriving anything on the hit path. It must not know more of an API
+//! than the `chat` flag says (chat objects, or legacy `text_completion` ones).
 
 use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
+use super::{pieces, Uncacheable};
 use crate::entry::StoredEvent;
-use crate::ingress::Route;
 
-/// Why an answer must not be stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Uncacheable {
-    NoFinishReason,
-    Length,
-    /// A choice stopped at the provider's content filter: an error signal, not an answer.
-    ContentFilter,
-    /// The body carries an `error` member beside its choices.
-    Error,
-    InvalidToolArguments,
-    NotJson,
-    NoChoices,
-    /// A Responses API response whose status is not `completed` (incomplete, failed, cancelled,
-    /// queued), or with an output item that did not complete.
-    NotCompleted,
-    /// A Responses API response in which the provider ran a tool with effects outside the answer
-    /// (a remote MCP call, code in a container) or waits for an approval: a hit would skip them.
-    ServerSideTool,
-}
-
-/// Checks an assembled answer against the never-store rules.
-pub fn check_cacheable(route: Route, body: &Value, allow_length: bool) -> Result<(), Uncacheable> {
-    if route == Route::Responses {
-        return super::responses::check(body);
-    }
-    if route == Route::Embeddings {
-        return match body.get("data").and_then(Value::as_array) {
-            Some(d) if !d.is_empty() => Ok(()),
-            _ => Err(Uncacheable::NoChoices),
-        };
-    }
+/// The never-store rules of an answer made of `choices` (chat and legacy completions): every
+/// choice finished (not at its token limit unless `allow_length`, not at the content filter),
+/// no `error` beside them, and tool-call arguments that are JSON.
+pub(super) fn check_choices(body: &Value, allow_length: bool) -> Result<(), Uncacheable> {
     if body.get("error").is_some_and(|e| !e.is_null()) {
         return Err(Uncacheable::Error);
     }
@@ -87,11 +62,12 @@ struct ChoiceAcc {
     finish_reason: Option<Value>,
 }
 
-/// Assembles the body a non-streamed request would have received from a stream's chunks.
-pub fn assemble<'a>(route: Route, chunks: impl IntoIterator<Item = &'a Value>) -> Value {
-    if route == Route::Responses {
-        return super::responses::assemble(chunks);
-    }
+/// Assembles the body a non-streamed request would have received from a stream's chunks: a chat
+/// completion when `chat`, else a legacy `text_completion`.
+pub(super) fn assemble_choices<'a>(
+    chunks: impl IntoIterator<Item = &'a Value>,
+    chat: bool,
+) -> Value {
     let mut choices: BTreeMap<u64, ChoiceAcc> = BTreeMap::new();
     let mut usage = Value::Null;
     let mut head = Map::new();
@@ -176,7 +152,6 @@ pub fn assemble<'a>(route: Route, chunks: impl IntoIterator<Item = &'a Value>) -
             }
         }
     }
-    let chat = route == Route::ChatCompletions;
     let choices: Vec<Value> = choices
         .into_iter()
         .map(|(index, acc)| {
@@ -218,34 +193,9 @@ pub fn assemble<'a>(route: Route, chunks: impl IntoIterator<Item = &'a Value>) -
     Value::Object(body)
 }
 
-/// Splits text into token-like pieces, each keeping the whitespace before it.
-pub(super) fn pieces(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut current = String::new();
-    let mut in_word = false;
-    for ch in text.chars() {
-        if ch.is_whitespace() && in_word {
-            out.push(std::mem::take(&mut current));
-            in_word = false;
-        }
-        if !ch.is_whitespace() {
-            in_word = true;
-        }
-        current.push(ch);
-    }
-    if !current.is_empty() {
-        out.push(current);
-    }
-    out
-}
-
-/// The chunks a streamed request would have received for a non-streamed body; offsets spread the
-/// content over the original decode time, so `recorded` pacing stays plausible.
-pub fn rechunk(route: Route, body: &Value, decode_ms: f64) -> Vec<StoredEvent> {
-    if route == Route::Responses {
-        return super::responses::rechunk(body, decode_ms);
-    }
-    let chat = route == Route::ChatCompletions;
+/// The chunks a streamed request would have received for a non-streamed body (chat chunks when
+/// `chat`, else legacy `text_completion` ones).
+pub(super) fn rechunk_choices(body: &Value, decode_ms: f64, chat: bool) -> Vec<StoredEvent> {
     let mut head = json!({
         "id": body.get("id").cloned().unwrap_or(Value::Null),
         "object": if chat { "chat.completion.chunk" } else { "text_completion" },
@@ -322,6 +272,20 @@ pub fn rechunk(route: Route, body: &Value, decode_ms: f64) -> Vec<StoredEvent> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::ingress::Route;
+
+    // The stage's view of the adapters, so the assertions read as the stages call them.
+    fn assemble(route: Route, events: &[Value]) -> Value {
+        super::super::of(route).assemble(events)
+    }
+
+    fn check_cacheable(route: Route, body: &Value, allow_length: bool) -> Result<(), Uncacheable> {
+        super::super::of(route).check(body, allow_length)
+    }
+
+    fn rechunk(route: Route, body: &Value, decode_ms: f64) -> Vec<StoredEvent> {
+        super::super::of(route).rechunk(body, decode_ms)
+    }
 
     /// A streamed chat answer: role, two content chunks, the finish, and a usage-only chunk.
     pub(crate) fn chunks() -> Vec<Value> {
@@ -414,14 +378,5 @@ pub(crate) mod tests {
             check_cacheable(Route::ChatCompletions, &body, true),
             Err(Uncacheable::Error)
         );
-    }
-
-    #[test]
-    fn pieces_keep_whitespace_with_the_next_word() {
-        assert_eq!(
-            pieces("Hello  big\nworld"),
-            vec!["Hello", "  big", "\nworld"]
-        );
-        assert_eq!(pieces(""), Vec::<String>::new());
     }
 }

@@ -1,0 +1,136 @@
+//! The trait every API adapter implements, and what the adapters share (why an answer is not
+//! stored, the word pieces a body is re-chunked into). Kept apart from `api/mod.rs`, which picks an
+//! adapter per route, so that the adapters and their lookup do not import each other; it must not
+//! name any one adapter.
+
+use serde_json::{Map, Value};
+
+use crate::entry::StoredEvent;
+use crate::error::GatewayError;
+use crate::ingress::Route;
+use crate::key::{FieldHasher, Turn};
+use crate::policy::Policy;
+
+/// Why an answer must not be stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Uncacheable {
+    NoFinishReason,
+    Length,
+    /// A choice stopped at the provider's content filter: an error signal, not an answer.
+    ContentFilter,
+    /// The body carries an `error` member beside its choices.
+    Error,
+    InvalidToolArguments,
+    NotJson,
+    NoChoices,
+    /// A Responses API response whose status is not `completed` (incomplete, failed, cancelled,
+    /// queued), or with an output item that did not complete.
+    NotCompleted,
+    /// A Responses API response in which the provider ran a tool with effects outside the answer
+    /// (a remote MCP call, code in a container) or waits for an approval: a hit would skip them.
+    ServerSideTool,
+}
+
+/// One API's rules, as the stages need them.
+pub trait Api: Sync {
+    /// The route this adapter serves.
+    fn route(&self) -> Route;
+
+    /// Keys: writes the body's answer-changing fields into the partition and returns the final
+    /// turn (the exact part and the prompt semantic matching compares). Fails (400, naming the
+    /// field) when a field the keys depend on has the wrong JSON type.
+    fn turn(
+        &self,
+        body: &Map<String, Value>,
+        partition: &mut FieldHasher,
+    ) -> Result<Turn, GatewayError>;
+
+    /// The API's own cache rules read from the request body, applied to `policy` (a request that
+    /// is never cached turns lookup and store off); returns whether its entry may be shared across
+    /// API keys when the operator shares them.
+    fn rules(&self, _body: &Map<String, Value>, _policy: &mut Policy) -> bool {
+        true
+    }
+
+    /// Whether a request asking for a stream is answered by one.
+    fn streams(&self) -> bool {
+        true
+    }
+
+    /// Whether a paraphrase may be served this API's answer (semantic matching and vectors).
+    fn semantic(&self) -> bool {
+        true
+    }
+
+    /// Checks an assembled answer against the never-store rules; `allow_length` lets an answer cut
+    /// at its token limit be stored.
+    fn check(&self, body: &Value, allow_length: bool) -> Result<(), Uncacheable>;
+
+    /// The body a non-streamed request would have received, from a stream's events. Call it as
+    /// `assemble` on `dyn Api`, which takes any iterator.
+    fn assemble_events(&self, events: &mut dyn Iterator<Item = &Value>) -> Value;
+
+    /// The events a streamed request would have received for a body; offsets spread the content
+    /// over the original decode time, so `recorded` pacing stays plausible.
+    fn rechunk(&self, body: &Value, decode_ms: f64) -> Vec<StoredEvent>;
+
+    /// The prefix of the fresh id a hit carries instead of the original's (`chatcmpl-`).
+    fn id_prefix(&self) -> &'static str;
+
+    /// How an answer is warmed from text (`POST /admin/entries`); `None` for an API that is not.
+    fn warm(&self) -> Option<&dyn Warm> {
+        None
+    }
+}
+
+impl dyn Api {
+    /// [`Api::assemble_events`] over any iterator of events.
+    pub fn assemble<'a>(&self, events: impl IntoIterator<Item = &'a Value>) -> Value {
+        self.assemble_events(&mut events.into_iter())
+    }
+}
+
+/// How a warmed item (a prompt or messages, and a response text) becomes a request and an answer.
+pub trait Warm: Sync {
+    /// The request body a warmed `prompt` stands for.
+    fn prompt(&self, prompt: String) -> Map<String, Value>;
+    /// The request body of warmed `messages`, or why this API takes none.
+    fn messages(&self, messages: Vec<Value>) -> Result<Map<String, Value>, GatewayError>;
+    /// The stored answer: `response` as this API's body, under a `warm` id.
+    fn answer(&self, model: String, response: String, now_s: u64) -> Value;
+}
+
+/// Splits text into token-like pieces, each keeping the whitespace before it.
+pub(crate) fn pieces(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let mut in_word = false;
+    for ch in text.chars() {
+        if ch.is_whitespace() && in_word {
+            out.push(std::mem::take(&mut current));
+            in_word = false;
+        }
+        if !ch.is_whitespace() {
+            in_word = true;
+        }
+        current.push(ch);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_keep_whitespace_with_the_next_word() {
+        assert_eq!(
+            pieces("Hello  big\nworld"),
+            vec!["Hello", "  big", "\nworld"]
+        );
+        assert_eq!(pieces(""), Vec::<String>::new());
+    }
+}
