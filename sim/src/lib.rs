@@ -10,7 +10,8 @@
 //! headers) so tests can prove whether and how a gateway called upstream. It is not a model and
 //! must never be mistaken for one.
 //!
-//! Faults (`x-sim-fault: NAME`, or `--fault NAME` for all requests): `status=CODE`, `hang`,
+//! Faults (`x-sim-fault: NAME`, or `--fault NAME` for all requests): `status=CODE` (`overloaded`
+//! and `rate-limit` name 529 and 429), `hang`,
 //! `cut[=N]`, `abort[=N]` (a non-streamed body breaks halfway), `malformed[=N]`, `error-event[=N]` (a `data: {"error":…}` event, then
 //! stop), `bad-tool-args`, `redirect` (a 302 to `/v1/sim/redirected`, which answers a `GET` with a
 //! complete chat answer), `content-filter` (the last choice stops with `content_filter`),
