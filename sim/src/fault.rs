@@ -3,7 +3,9 @@
 /// Where counts appear (`cut=N`), N is the number of content tokens sent before the fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
-    /// Answer with this HTTP status and an OpenAI-shaped error body: `status=503`.
+    /// Answer with this HTTP status and the route's error body (OpenAI's shape, or Anthropic's on
+    /// `/v1/messages`, typed by status): `status=503`. `overloaded` is `status=529` (Anthropic's
+    /// `overloaded_error`) and `rate-limit` is `status=429` (with `retry-after`), by those names.
     Status(u16),
     /// Never send a response head: `hang`.
     Hang,
@@ -68,6 +70,9 @@ impl Fault {
                 }
                 Ok(Self::Status(code))
             }
+            // Anthropic's two load errors, by the names its docs give them.
+            "overloaded" => Ok(Self::Status(529)),
+            "rate-limit" => Ok(Self::Status(429)),
             "hang" => Ok(Self::Hang),
             "cut" => Ok(Self::Cut(count(value)?)),
             "abort" => Ok(Self::Abort(count(value)?)),
@@ -84,7 +89,7 @@ impl Fault {
             "close-early" => Ok(Self::CloseEarly),
             "garbage-status" => Ok(Self::GarbageStatus),
             other => Err(format!(
-                "unknown fault `{other}` (expected status=CODE, hang, cut[=N], abort[=N], malformed[=N], error-event[=N], bad-tool-args, redirect, content-filter, error-frame[=N], bad-utf8[=N], stall-at-done, failed[=N], refusal, close-early, garbage-status)"
+                "unknown fault `{other}` (expected status=CODE, overloaded, rate-limit, hang, cut[=N], abort[=N], malformed[=N], error-event[=N], bad-tool-args, redirect, content-filter, error-frame[=N], bad-utf8[=N], stall-at-done, failed[=N], refusal, close-early, garbage-status)"
             )),
         }
     }
@@ -120,6 +125,8 @@ mod tests {
     #[test]
     fn parses_every_fault() {
         assert_eq!(Fault::parse("status=503"), Ok(Fault::Status(503)));
+        assert_eq!(Fault::parse("overloaded"), Ok(Fault::Status(529)));
+        assert_eq!(Fault::parse("rate-limit"), Ok(Fault::Status(429)));
         assert_eq!(Fault::parse("hang"), Ok(Fault::Hang));
         assert_eq!(Fault::parse("cut"), Ok(Fault::Cut(2)));
         assert_eq!(Fault::parse("cut=5"), Ok(Fault::Cut(5)));

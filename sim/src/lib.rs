@@ -1,7 +1,8 @@
 //! `reprise-sim`: a simulated OpenAI-compatible upstream for tests, demos and benchmarks.
 //!
 //! It answers `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models` and the
-//! Responses API (`/v1/responses`, with stored responses: see [`responses`]) with
+//! Responses API (`/v1/responses`, with stored responses: see [`responses`]) and Anthropic's
+//! Messages API (`/v1/messages`, with prompt caching echoed in `usage`: see [`messages`]) with
 //! deterministic text (a hash of the prompt picks the words), paced like a real server: a time to
 //! first token that grows with prompt length (prefill) and a fixed inter-token latency (decode),
 //! both with optional jitter. Faults can be injected globally (`--fault`) or per request with the
@@ -9,7 +10,8 @@
 //! headers) so tests can prove whether and how a gateway called upstream. It is not a model and
 //! must never be mistaken for one.
 //!
-//! Faults (`x-sim-fault: NAME`, or `--fault NAME` for all requests): `status=CODE`, `hang`,
+//! Faults (`x-sim-fault: NAME`, or `--fault NAME` for all requests): `status=CODE` (`overloaded`
+//! and `rate-limit` name 529 and 429), `hang`,
 //! `cut[=N]`, `abort[=N]` (a non-streamed body breaks halfway), `malformed[=N]`, `error-event[=N]` (a `data: {"error":…}` event, then
 //! stop), `bad-tool-args`, `redirect` (a 302 to `/v1/sim/redirected`, which answers a `GET` with a
 //! complete chat answer), `content-filter` (the last choice stops with `content_filter`),
@@ -25,6 +27,7 @@
 
 mod fault;
 pub mod judge;
+mod messages;
 mod responses;
 mod text;
 mod transport;
@@ -147,6 +150,10 @@ pub struct SimStats {
     embeddings: AtomicU64,
     models: AtomicU64,
     responses: AtomicU64,
+    messages: AtomicU64,
+    count_tokens: AtomicU64,
+    cache_creations: AtomicU64,
+    cache_reads: AtomicU64,
     last_authorization: Mutex<Option<String>>,
     last_headers: Mutex<Vec<(String, String)>>,
     judge_same: AtomicU64,
@@ -166,6 +173,18 @@ pub struct StatsSnapshot {
     /// `POST /v1/responses` requests (counted in `requests` too).
     #[serde(default)]
     pub responses: u64,
+    /// `POST /v1/messages` requests (counted in `requests` too).
+    #[serde(default)]
+    pub messages: u64,
+    /// `POST /v1/messages/count_tokens` requests (not in `requests`: nothing is generated).
+    #[serde(default)]
+    pub count_tokens: u64,
+    /// Messages requests that wrote a prompt-cache entry (`cache_creation_input_tokens` > 0).
+    #[serde(default)]
+    pub cache_creations: u64,
+    /// Messages requests that read one (`cache_read_input_tokens` > 0).
+    #[serde(default)]
+    pub cache_reads: u64,
     /// The `Authorization` header of the last request, so tests can check what a gateway forwarded.
     pub last_authorization: Option<String>,
     /// Every header of the last generation request, in order, repeated names included.
@@ -193,14 +212,19 @@ impl SimStats {
         let completions = self.completions.load(Ordering::SeqCst);
         let embeddings = self.embeddings.load(Ordering::SeqCst);
         let responses = self.responses.load(Ordering::SeqCst);
+        let messages = self.messages.load(Ordering::SeqCst);
         let (same, different, unsure) = (
             self.judge_same.load(Ordering::SeqCst),
             self.judge_different.load(Ordering::SeqCst),
             self.judge_unsure.load(Ordering::SeqCst),
         );
         StatsSnapshot {
-            requests: chat + completions + embeddings + responses,
+            requests: chat + completions + embeddings + responses + messages,
             responses,
+            messages,
+            count_tokens: self.count_tokens.load(Ordering::SeqCst),
+            cache_creations: self.cache_creations.load(Ordering::SeqCst),
+            cache_reads: self.cache_reads.load(Ordering::SeqCst),
             chat_completions: chat,
             completions,
             embeddings,
@@ -236,6 +260,10 @@ impl SimStats {
             &self.embeddings,
             &self.models,
             &self.responses,
+            &self.messages,
+            &self.count_tokens,
+            &self.cache_creations,
+            &self.cache_reads,
             &self.judge_same,
             &self.judge_different,
             &self.judge_unsure,
@@ -286,6 +314,7 @@ struct Sim {
     stats: Arc<SimStats>,
     ids: Arc<AtomicU64>,
     stored: Arc<responses::Stored>,
+    prompt_cache: Arc<messages::PromptCache>,
 }
 
 /// The simulator's router and its counters.
@@ -296,6 +325,7 @@ pub fn router(config: SimConfig) -> (Router, Arc<SimStats>) {
         stats: stats.clone(),
         ids: Arc::new(AtomicU64::new(1)),
         stored: Arc::default(),
+        prompt_cache: Arc::default(),
     };
     let router = Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -311,6 +341,8 @@ pub fn router(config: SimConfig) -> (Router, Arc<SimStats>) {
             "/v1/responses/{id}/input_items",
             get(responses::input_items),
         )
+        .route("/v1/messages", post(messages::create))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/sim/redirected", get(redirected))
         .route("/stats", get(stats_handler))
         .route("/stats/reset", post(stats_reset))
@@ -610,18 +642,7 @@ async fn generate(
         tokio::time::sleep(plan.ttft + jittered(decode, plan.jitter)).await;
         let body = answer.full_body(&ids, kind == Kind::Chat);
         if matches!(plan.fault, Some(Fault::Abort(_))) {
-            // Half the body, then a broken connection: a truncated response, not a stream's fault.
-            let bytes = Bytes::from(body.to_string());
-            let parts: Vec<Result<Bytes, std::io::Error>> = vec![
-                Ok(bytes.slice(..bytes.len() / 2)),
-                Err(std::io::Error::other("injected abort")),
-            ];
-            let mut response = Response::new(Body::from_stream(stream::iter(parts)));
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            return response;
+            return broken_body(&body);
         }
         if matches!(plan.fault, Some(Fault::BadUtf8(_))) {
             let bytes = text::with_bad_utf8(body.to_string().as_bytes());
@@ -629,6 +650,22 @@ async fn generate(
         }
         (StatusCode::OK, Json(body)).into_response()
     }
+}
+
+/// Half a JSON body, then a broken connection: a truncated response, not a stream's fault (the
+/// `abort` fault on a non-streamed answer).
+fn broken_body(body: &Value) -> Response {
+    let bytes = Bytes::from(body.to_string());
+    let parts: Vec<Result<Bytes, std::io::Error>> = vec![
+        Ok(bytes.slice(..bytes.len() / 2)),
+        Err(std::io::Error::other("injected abort")),
+    ];
+    let mut response = Response::new(Body::from_stream(stream::iter(parts)));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// Paces pre-built SSE events on absolute deadlines, so inter-token gaps do not drift: every event

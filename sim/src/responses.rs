@@ -22,7 +22,10 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use crate::text::{self, Event};
-use crate::{early_fault, error_response, jittered, parse_body, plan, stream_response, Fault, Sim};
+use crate::{
+    broken_body, early_fault, error_response, jittered, parse_body, plan, stream_response, Fault,
+    Sim,
+};
 
 /// Responses the simulator stored (`store` not false), by id, with their input items.
 #[derive(Default)]
@@ -235,19 +238,7 @@ pub async fn create(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> 
         let decode = plan.itl_ms * f64::from(max.saturating_sub(1));
         tokio::time::sleep(plan.ttft + jittered(decode, plan.jitter)).await;
         if matches!(fault, Some(Fault::Abort(_))) {
-            let bytes = Bytes::from(done.to_string());
-            let parts: Vec<Result<Bytes, std::io::Error>> = vec![
-                Ok(bytes.slice(..bytes.len() / 2)),
-                Err(std::io::Error::other("injected abort")),
-            ];
-            let mut response = Response::new(axum::body::Body::from_stream(
-                futures_util::stream::iter(parts),
-            ));
-            response.headers_mut().insert(
-                axum::http::header::CONTENT_TYPE,
-                axum::http::HeaderValue::from_static("application/json"),
-            );
-            return response;
+            return broken_body(&done);
         }
         if failed {
             let mut body = shape.response("failed", &output, None, false);

@@ -34,9 +34,10 @@ struct Args {
     /// Random scale of every delay, 0..1 (0.1 = ±10%).
     #[arg(long, default_value_t = 0.0)]
     jitter: f64,
-    /// Fault for every request: status=CODE, hang, cut[=N], abort[=N], malformed[=N], error-event[=N],
-    /// bad-tool-args, redirect, content-filter, error-frame[=N], bad-utf8[=N], stall-at-done (close-early and
-    /// garbage-status are per request only, as the `x-sim-fault` header).
+    /// Fault for every request: status=CODE, overloaded (529), rate-limit (429), hang, cut[=N], abort[=N],
+    /// malformed[=N], error-event[=N], bad-tool-args, redirect, content-filter, error-frame[=N], bad-utf8[=N],
+    /// stall-at-done, failed[=N], refusal (close-early and garbage-status are per request only, as the
+    /// `x-sim-fault` header).
     #[arg(long)]
     fault: Option<Fault>,
     /// Labeled pairs (JSON Lines: `a`, `b`, `same_answer`, optional `ambiguous`, the eval's format) that
