@@ -467,13 +467,24 @@ fn build_named(parts: Parts<'_>) -> Record {
     }
 }
 
-/// About one token for each delta event of a Responses API stream that carries text.
+/// About one token for each delta event of a Responses API stream that carries text, and for
+/// each `content_block_delta` of an Anthropic Messages stream that carries text, thinking or tool
+/// input (a `signature_delta` is not a token).
 pub fn named_event_tokens(event: &Value) -> u32 {
-    let delta = event.get("type").and_then(Value::as_str).is_some_and(|t| {
-        t.starts_with("response.")
-            && t.ends_with(".delta")
-            && !t.starts_with("response.audio.transcript")
-    });
+    let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
+    if kind == "content_block_delta" {
+        let delta = event.get("delta");
+        let carried = ["text", "thinking", "partial_json"].iter().any(|field| {
+            delta
+                .and_then(|d| d.get(*field))
+                .and_then(Value::as_str)
+                .is_some_and(|s| !s.is_empty())
+        });
+        return u32::from(carried);
+    }
+    let delta = kind.starts_with("response.")
+        && kind.ends_with(".delta")
+        && !kind.starts_with("response.audio.transcript");
     u32::from(delta && event.get("delta").is_some_and(|d| d != "" && !d.is_null()))
 }
 

@@ -22,7 +22,7 @@ use tokio::time::timeout_at;
 use crate::cache::Recorder;
 use crate::downstream::Source;
 use crate::error::GatewayError;
-use crate::ingress::Ingress;
+use crate::ingress::{Ingress, Provider};
 use crate::outcome::{CacheOutcome, Completion};
 use crate::pipeline::Exchange;
 use crate::record::{set_cache_outcome, set_request_id, Finisher, Nearest, RecordMeta};
@@ -78,7 +78,11 @@ pub(crate) fn prepare(state: &AppState, ex: &Exchange) -> Outgoing {
     }
     let request = upstream
         .client
-        .post(upstream.url(ingress.route.upstream_path(), ingress.query.as_deref()))
+        .post(upstream.url(
+            ingress.route.provider(),
+            ingress.route.upstream_path(),
+            ingress.query.as_deref(),
+        ))
         .headers(headers)
         .body(body);
     Outgoing { request, taken }
@@ -164,6 +168,7 @@ pub(crate) async fn relay(
     recorder: Option<Recorder>,
 ) -> Response {
     let meta = ex.record(ex.policy.miss_outcome());
+    let route = ex.route();
     let Exchange {
         id: request_id,
         ingress: Ingress { mut clock, .. },
@@ -191,6 +196,7 @@ pub(crate) async fn relay(
         } => {
             clock.last_upstream_byte = Some(first_at);
             let stream = Stream {
+                api: crate::api::of(route),
                 status,
                 headers: started.headers,
                 upstream,
@@ -356,6 +362,7 @@ fn relay_stream(
     recorder: Option<Recorder>,
 ) -> Response {
     let Stream {
+        api,
         status,
         mut headers,
         upstream,
@@ -371,6 +378,7 @@ fn relay_stream(
         Duration::from_millis(r.cache.settings.disconnect_budget_ms)
     });
     let pump = Pump {
+        api,
         clock,
         framer,
         tx,
@@ -409,6 +417,8 @@ fn relay_stream(
 
 /// A successful upstream event stream, its first events read.
 struct Stream {
+    /// The route's adapter, which reads its events for the relay.
+    api: &'static dyn crate::api::Api,
     status: reqwest::StatusCode,
     headers: HeaderMap,
     upstream: futures_util::stream::BoxStream<'static, Result<Bytes, reqwest::Error>>,
@@ -418,6 +428,8 @@ struct Stream {
 
 /// The task that reads the upstream stream and feeds the client's channel.
 struct Pump {
+    /// The route's adapter: how this API's events read (tokens, usage, the clean end).
+    api: &'static dyn crate::api::Api,
     clock: PhaseClock,
     framer: SseFramer,
     tx: mpsc::Sender<Bytes>,
@@ -521,16 +533,17 @@ impl Pump {
         for event in events {
             let now = Instant::now();
             self.invalid_utf8 |= std::str::from_utf8(&event).is_err();
-            // A Responses API stream ends with its `response.completed` (or `.incomplete`) event.
+            // A stream of named events ends with its finishing event (`response.completed` or
+            // `.incomplete` on the Responses API, `message_stop` on Anthropic's).
             let mut last_event = false;
-            let outgoing = match classify(&event) {
+            let outgoing = match self.api.stream_event(classify(&event)) {
                 EventKind::Chunk {
                     tokens,
                     finish_reason,
                     usage,
-                    value,
+                    ..
                 } => {
-                    last_event = finish_reason.is_some() && value.get("response").is_some();
+                    last_event = finish_reason.is_some() && self.api.route().framing().named_events;
                     if let Some(recorder) = &mut self.recorder {
                         recorder.chunk(now, &event);
                     }
@@ -646,7 +659,10 @@ pub(crate) async fn passthrough(
     let has_body = !(parts.method == Method::GET || parts.method == Method::HEAD);
     let mut request = upstream
         .client
-        .request(method, upstream.url(below_v1, parts.uri.query()))
+        .request(
+            method,
+            upstream.url(Provider::of_path(below_v1), below_v1, parts.uri.query()),
+        )
         .headers(headers);
     // A client whose body stalls makes the upstream send fail: that is the client's 408, not an
     // unreachable upstream.
@@ -715,6 +731,7 @@ mod tests {
         let (tx, rx) = mpsc::channel(1);
         drop(rx);
         let pump = Pump {
+            api: &crate::api::chat::Chat,
             clock: PhaseClock::start(Instant::now()),
             framer: SseFramer::new(),
             tx,
