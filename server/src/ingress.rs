@@ -69,6 +69,7 @@ impl Route {
         Framing {
             text_completion: self == Self::Completions,
             named_events: matches!(self, Self::Responses | Self::Messages),
+            message_ids: self == Self::Messages,
         }
     }
 
@@ -115,6 +116,9 @@ pub struct Framing {
     /// Events are named by their `type` (`event: …`) and the stream ends with its last event, not
     /// `data: [DONE]` (the Responses API, Anthropic's Messages API).
     pub named_events: bool,
+    /// With `named_events`: the answer is an Anthropic message, whose `id` a hit renews (a
+    /// Responses API hit keeps the stored response's ids).
+    pub message_ids: bool,
 }
 
 impl Framing {

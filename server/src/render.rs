@@ -1,6 +1,6 @@
 //! How an entry's answer is rendered for the client: a hit (or a follower of an identical miss in
-//! flight) gets a copy of the stored answer with a fresh `id`/`created` (a Responses API answer keeps its
-//! original ids: see [`crate::api::responses`]), as a body or an SSE stream paced as asked. Both shapes are stored (each API's adapter in [`crate::api`] makes one from the other), so nothing is re-derived here.
+//! flight) gets a copy of the stored answer with a fresh `id`/`created` (an Anthropic message a fresh `msg_` id; a Responses API
+//! answer keeps its original ids: see [`crate::api::responses`]), as a body or an SSE stream paced as asked. Both shapes are stored (each API's adapter in [`crate::api`] makes one from the other), so nothing is re-derived here.
 //!
 //! A hit renders from the entry's [`Replay`]: its events and body are stored serialized, with
 //! holes for the fresh identity and spans for `include_usage`, so rendering copies bytes and parses

@@ -1,5 +1,6 @@
 //! Anthropic's Messages API through the gateway, against the sim's `/v1/messages`: a repeat is a
-//! hit in either shape (the named events rebuilt from a body, the body from the events), a tool
+//! hit in either shape (the named events rebuilt from a body, the body from the events) with a
+//! fresh `msg_` id and the stored usage, a tool
 //! call replays with its input, nothing failed, cut, refused or length-stopped is stored,
 //! `cache_control` markers reach Anthropic, API keys (`x-api-key`) keep their answers apart, and
 //! `/v1/messages/count_tokens` passes through to the Anthropic upstream.
@@ -184,6 +185,15 @@ async fn a_repeat_is_a_hit_in_either_shape() {
     assert_eq!(replayed["content"], original["content"]);
     assert_eq!(replayed["usage"], original["usage"], "the stored usage");
     assert_eq!(replayed["stop_reason"], "end_turn");
+    let fresh = |id: &Value| id.as_str().is_some_and(|id| id.starts_with("msg_"));
+    assert!(fresh(&replayed["id"]), "{replayed}");
+    assert_ne!(replayed["id"], original["id"], "a fresh id per hit");
+    let again: Value = create(&gw, "sk-a", &ask("What is a cache?", false), &[])
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_ne!(again["id"], replayed["id"], "a fresh id per hit");
 
     let streamed = create(&gw, "sk-a", &ask("What is a cache?", true), &[]).await;
     assert_eq!(outcome(&streamed), "hit");
@@ -215,6 +225,13 @@ async fn a_repeat_is_a_hit_in_either_shape() {
         "the same typed events, in order"
     );
     assert_eq!(replayed.message()["content"], upstream.message()["content"]);
+    let start_id = |typed: &Typed| typed.events[0].1["message"]["id"].clone();
+    assert!(fresh(&start_id(&replayed)));
+    assert_ne!(
+        start_id(&replayed),
+        start_id(&upstream),
+        "a fresh id per hit"
+    );
 
     let hit = create(&gw, "sk-a", &ask("What is a vector?", false), &[]).await;
     assert_eq!(outcome(&hit), "hit");
@@ -222,6 +239,8 @@ async fn a_repeat_is_a_hit_in_either_shape() {
     assert_eq!(body["content"], upstream.message()["content"]);
     assert_eq!(body["stop_reason"], "end_turn");
     assert_eq!(upstream_messages(&sim), 2);
+    assert_ne!(body["id"], start_id(&upstream));
+    assert!(fresh(&body["id"]));
 }
 
 #[tokio::test]
