@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::error::GatewayError;
+use crate::error::{ErrorShape, GatewayError};
 use crate::timing::PhaseClock;
 
 /// The JSON routes the gateway understands (and, later, caches). What each one means for the
@@ -38,6 +38,14 @@ pub enum Provider {
 }
 
 impl Provider {
+    /// The error shape this provider's clients understand.
+    pub fn error_shape(self) -> ErrorShape {
+        match self {
+            Provider::OpenAi => ErrorShape::OpenAi,
+            Provider::Anthropic => ErrorShape::Anthropic,
+        }
+    }
+
     /// The upstream of a pass-through path below `/v1`: `/messages` and what lies below it belong
     /// to Anthropic's API (`/messages/count_tokens`, `/messages/batches`), the rest to the OpenAI
     /// upstream as before.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
@@ -21,7 +21,7 @@ use tokio::time::timeout_at;
 
 use crate::cache::Recorder;
 use crate::downstream::Source;
-use crate::error::GatewayError;
+use crate::error::{ErrorShape, GatewayError};
 use crate::ingress::{Ingress, Provider};
 use crate::outcome::{CacheOutcome, Completion};
 use crate::pipeline::Exchange;
@@ -169,6 +169,7 @@ pub(crate) async fn relay(
 ) -> Response {
     let meta = ex.record(ex.policy.miss_outcome());
     let route = ex.route();
+    let shape = route.provider().error_shape();
     let Exchange {
         id: request_id,
         ingress: Ingress { mut clock, .. },
@@ -180,7 +181,7 @@ pub(crate) async fn relay(
             if let Some(r) = recorder {
                 r.abandon();
             }
-            return fail_before_response(state, meta, clock, err, &request_id);
+            return fail_before_response(state, meta, clock, err, shape, &request_id);
         }
     };
     clock.upstream_head = Some(started.head);
@@ -214,6 +215,7 @@ pub(crate) async fn relay(
                 response,
                 request_id,
                 recorder,
+                shape,
             )
             .await
         }
@@ -226,17 +228,18 @@ fn fail_before_response(
     mut meta: RecordMeta,
     clock: PhaseClock,
     err: GatewayError,
+    shape: ErrorShape,
     request_id: &str,
 ) -> Response {
     let cache = meta.cache;
     meta.error = Some(err.code());
     meta.finish(
         &state.requests,
-        err.status().as_u16(),
+        err.status_for(shape).as_u16(),
         Completion::GatewayError,
         &clock,
     );
-    let mut response = err.into_response();
+    let mut response = err.into_response_for(shape);
     set_request_id(response.headers_mut(), request_id);
     set_cache_outcome(response.headers_mut(), cache);
     response
@@ -257,6 +260,10 @@ fn relayed_headers(upstream: &HeaderMap) -> HeaderMap {
 }
 
 /// A non-streaming answer (or any non-2xx one): read it whole, then send it with `Server-Timing`.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "each is one part of the exchange, taken apart by `relay`; a struct would only rename them"
+)]
 async fn relay_whole(
     state: &AppState,
     mut meta: RecordMeta,
@@ -265,6 +272,7 @@ async fn relay_whole(
     response: reqwest::Response,
     request_id: String,
     recorder: Option<Recorder>,
+    shape: ErrorShape,
 ) -> Response {
     let status = response.status();
     let mut stream = response.bytes_stream();
@@ -285,7 +293,7 @@ async fn relay_whole(
                 if let Some(r) = recorder {
                     r.abandon();
                 }
-                return fail_before_response(state, meta, clock, err, &request_id);
+                return fail_before_response(state, meta, clock, err, shape, &request_id);
             }
             Err(_) => {
                 let err = GatewayError::UpstreamTimeout {
@@ -294,7 +302,7 @@ async fn relay_whole(
                 if let Some(r) = recorder {
                     r.abandon();
                 }
-                return fail_before_response(state, meta, clock, err, &request_id);
+                return fail_before_response(state, meta, clock, err, shape, &request_id);
             }
         }
     }
@@ -605,7 +613,7 @@ impl Pump {
         }
         let tail = if let Some(failure) = &self.failure {
             failure.log();
-            failure.sse_event()
+            failure.sse_event_for(self.api.route().provider().error_shape())
         } else if !self.saw_done {
             let mut comment = self.clock.phases(Instant::now()).sse_comment().to_vec();
             comment.push(b'\n');
@@ -630,6 +638,7 @@ pub(crate) async fn passthrough(
     let (parts, body) = request.into_parts();
     let path = parts.uri.path();
     let below_v1 = path.strip_prefix("/v1").unwrap_or(path);
+    let provider = Provider::of_path(below_v1);
     let mut clock = PhaseClock::start(started);
     clock.body_read = Some(started);
     let meta = RecordMeta {
@@ -659,10 +668,7 @@ pub(crate) async fn passthrough(
     let has_body = !(parts.method == Method::GET || parts.method == Method::HEAD);
     let mut request = upstream
         .client
-        .request(
-            method,
-            upstream.url(Provider::of_path(below_v1), below_v1, parts.uri.query()),
-        )
+        .request(method, upstream.url(provider, below_v1, parts.uri.query()))
         .headers(headers);
     // A client whose body stalls makes the upstream send fail: that is the client's 408, not an
     // unreachable upstream.
@@ -684,7 +690,8 @@ pub(crate) async fn passthrough(
                 Some(&timeout_ms) => GatewayError::RequestTimeout { timeout_ms },
                 None => err,
             };
-            return fail_before_response(state, meta, clock, err, &request_id);
+            let shape = provider.error_shape();
+            return fail_before_response(state, meta, clock, err, shape, &request_id);
         }
     };
     let now = Instant::now();

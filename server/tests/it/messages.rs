@@ -320,7 +320,14 @@ async fn what_failed_was_cut_refused_or_stopped_at_max_tokens_is_never_stored() 
             let response = create(&gw, "sk-a", &body, &headers).await;
             assert_eq!(outcome(&response), "miss", "{case} #{attempt}");
             let status = response.status().as_u16();
-            let _ = response.text().await;
+            let text = response.text().await.expect("body");
+            if case == "cut stream" {
+                // The gateway ends a broken stream with Anthropic's error event.
+                assert!(
+                    text.contains("event: error\ndata: {\"error\":{\"message\":"),
+                    "{text}"
+                );
+            }
             if case == "overloaded" {
                 assert_eq!(status, 529, "{case}");
             }
@@ -402,4 +409,55 @@ async fn count_tokens_passes_through_to_anthropic() {
     assert!(body["input_tokens"].as_u64() > Some(0), "{body}");
     assert_eq!(sim.stats.snapshot().count_tokens, 1);
     assert_eq!(upstream_messages(&sim), 0);
+}
+
+#[tokio::test]
+async fn the_gateways_own_errors_take_anthropics_shape() {
+    let sim = sim_default().await;
+    let gw = gateway(&sim).await;
+    // A body without `max_tokens`, a body that is not JSON, and one of the wrong content type.
+    let missing = json!({"model": "claude-sim", "messages": [{"role": "user", "content": "Hi"}]});
+    let response = create(&gw, "sk-a", &missing, &[]).await;
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["type"], "error", "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_tokens")),
+        "{body}"
+    );
+    for (content_type, raw) in [("application/json", "{\"model\":"), ("text/plain", "{}")] {
+        let response = client()
+            .post(gw.url("/v1/messages"))
+            .header("x-api-key", "sk-a")
+            .header("content-type", content_type)
+            .body(raw)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 400, "{content_type}");
+        let body: Value = response.json().await.expect("json");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+        assert!(
+            body.get("error").and_then(|e| e.get("param")).is_none(),
+            "{body}"
+        );
+    }
+    // An upstream that is not there: Anthropic's 500 `api_error`, not OpenAI's 502.
+    let mut config = config_for(sim.base_url());
+    config.anthropic_upstream_url = "http://127.0.0.1:9/v1".to_owned();
+    config.validate().expect("valid");
+    let unreachable = start(config).await;
+    let response = create(&unreachable, "sk-a", &ask("Hi", false), &[]).await;
+    assert_eq!(response.status(), 500);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["type"], "api_error", "{body}");
+    assert_eq!(upstream_messages(&sim), 0);
+    // The OpenAI routes keep OpenAI's shape.
+    let response = post(&gw, &json!({"model": "m", "messages": []}), &[]).await;
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["param"], "messages", "{body}");
 }
