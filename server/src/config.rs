@@ -152,8 +152,8 @@ pub struct ServeArgs {
     /// [default: https://api.anthropic.com/v1].
     #[arg(long, env = "REPRISE_ANTHROPIC_UPSTREAM_URL")]
     pub anthropic_upstream_url: Option<String>,
-    /// API key sent upstream instead of the client's credential headers (`Authorization`, and
-    /// `api-key` or `x-api-key` when the client sent them).
+    /// API key sent to `upstream_url` instead of the client's credential headers (`Authorization`,
+    /// and `api-key` or `x-api-key` when the client sent them); never sent to the Anthropic upstream.
     #[arg(long, env = "REPRISE_UPSTREAM_API_KEY", hide_env_values = true)]
     pub upstream_api_key: Option<String>,
     /// Folder for the cache store [default: ./reprise-data].

@@ -84,8 +84,15 @@ impl Upstream {
     /// gateway controls removed, the client's credentials replaced when an upstream key is
     /// configured, compression refused so that the relay can read the events it passes on.
     /// `json_body` is set on the cacheable routes, whose body the gateway checked is JSON: they get
-    /// exactly one `Content-Type` (a strict server rejects a duplicate one).
-    pub(crate) fn outgoing_headers(&self, incoming: &HeaderMap, json_body: bool) -> HeaderMap {
+    /// exactly one `Content-Type` (a strict server rejects a duplicate one). The gateway's key is
+    /// `upstream_url`'s: requests to Anthropic ([`Provider::Anthropic`]) keep the client's own
+    /// credentials, so that key never reaches another provider.
+    pub(crate) fn outgoing_headers(
+        &self,
+        incoming: &HeaderMap,
+        json_body: bool,
+        provider: Provider,
+    ) -> HeaderMap {
         let named = connection_named(incoming);
         let mut out = HeaderMap::with_capacity(incoming.len());
         for (name, value) in incoming {
@@ -106,7 +113,11 @@ impl Upstream {
                 HeaderValue::from_static("application/json"),
             );
         }
-        if let Some(key) = &self.api_key {
+        if let Some(key) = self
+            .api_key
+            .as_ref()
+            .filter(|_| provider == Provider::OpenAi)
+        {
             let credential = |text: String| {
                 HeaderValue::from_str(&text).ok().map(|mut v| {
                     v.set_sensitive(true);

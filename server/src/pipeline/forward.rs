@@ -72,7 +72,7 @@ pub(crate) fn prepare(state: &AppState, ex: &Exchange) -> Outgoing {
         data: Some(ingress.raw.clone()),
         taken: taken.clone(),
     });
-    let mut headers = upstream.outgoing_headers(&ingress.headers, true);
+    let mut headers = upstream.outgoing_headers(&ingress.headers, true, ingress.route.provider());
     if let Some(trace) = &ex.trace {
         trace.inject(&mut headers);
     }
@@ -659,7 +659,7 @@ pub(crate) async fn passthrough(
             .map(|otel| otel.begin(&parts.headers, "/v1/{*rest}".to_owned())),
     };
     let upstream = &state.upstream;
-    let mut headers = upstream.outgoing_headers(&parts.headers, false);
+    let mut headers = upstream.outgoing_headers(&parts.headers, false, provider);
     if let Some(trace) = &meta.trace {
         trace.inject(&mut headers);
     }
@@ -811,7 +811,7 @@ mod tests {
             ("x-reprise-cache", "no-store"),
             ("x-kept", "1"),
         ]);
-        let out = upstream.outgoing_headers(&incoming, true);
+        let out = upstream.outgoing_headers(&incoming, true, Provider::OpenAi);
         let all: Vec<(&str, &str)> = out
             .iter()
             .map(|(n, v)| (n.as_str(), v.to_str().unwrap_or("?")))
@@ -832,10 +832,15 @@ mod tests {
         assert_eq!(out["x-kept"], "1");
         // Pass-through: the client's own framing stays; no `api-key` is invented.
         let plain = headers(&[("content-type", "text/plain"), ("content-length", "3")]);
-        let out = upstream.outgoing_headers(&plain, false);
+        let out = upstream.outgoing_headers(&plain, false, Provider::OpenAi);
         assert_eq!(out[header::CONTENT_TYPE], "text/plain");
         assert_eq!(out[header::CONTENT_LENGTH], "3");
         assert!(!out.contains_key("api-key"));
         assert!(!out.contains_key("x-api-key"));
+        // The gateway's key is the OpenAI upstream's: Anthropic gets the client's own.
+        let out = upstream.outgoing_headers(&incoming, true, Provider::Anthropic);
+        assert_eq!(out["x-api-key"], "client-anthropic");
+        assert_eq!(out[header::AUTHORIZATION], "Bearer sk-client");
+        assert!(!out.contains_key("x-reprise-cache"));
     }
 }

@@ -461,3 +461,21 @@ async fn the_gateways_own_errors_take_anthropics_shape() {
     let body: Value = response.json().await.expect("json");
     assert_eq!(body["error"]["param"], "messages", "{body}");
 }
+
+#[tokio::test]
+async fn the_gateways_openai_key_never_reaches_anthropic() {
+    let sim = sim_default().await;
+    let mut config = config_for(sim.base_url());
+    config.anthropic_upstream_url = sim.base_url();
+    config.upstream_api_key = Some(reprise_server::config::Secret::new("sk-gateway"));
+    config.validate().expect("valid");
+    let gw = start(config).await;
+    let response = create(&gw, "sk-a", &ask("Whose key is this?", false), &[]).await;
+    assert_eq!(
+        response.status(),
+        200,
+        "the client's own x-api-key reached Anthropic"
+    );
+    let _ = response.text().await;
+    assert_eq!(sim.stats.snapshot().last_authorization, None);
+}
