@@ -142,6 +142,8 @@ pub(crate) async fn follow(
     let include_usage = ex.include_usage;
     let named = ex.route().framing().named_events;
     let shape = ex.route().provider().error_shape();
+    // An Anthropic message's follower gets its own id, as a hit does.
+    let renew = ex.route().framing().message_ids;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let mut clock = ex.ingress.clock.clone();
     let mut finisher = Finisher::new(
@@ -181,7 +183,7 @@ pub(crate) async fn follow(
                     clock.first_token = Some(now);
                 }
                 let rendered = if named {
-                    Some(render_named(chunk))
+                    Some(render_named(chunk, renew.then_some(&fresh)))
                 } else {
                     render_chunk(chunk, &fresh, include_usage)
                 };

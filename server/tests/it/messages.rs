@@ -479,3 +479,55 @@ async fn the_gateways_openai_key_never_reaches_anthropic() {
     let _ = response.text().await;
     assert_eq!(sim.stats.snapshot().last_authorization, None);
 }
+
+#[tokio::test]
+async fn identical_requests_in_flight_share_one_call_each_with_its_own_id() {
+    let sim = sim_default().await;
+    let gw = std::sync::Arc::new(gateway(&sim).await);
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let gw = gw.clone();
+        // Streaming and non-streaming followers, behind a slow first token so that they all join.
+        let stream = i % 2 == 0;
+        tasks.push(tokio::spawn(async move {
+            let slow = [("x-sim-ttft-ms", "400")];
+            let response = create(&gw, "sk-a", &ask("All at once?", stream), &slow).await;
+            let outcome = outcome(&response);
+            let text = response.text().await.expect("body");
+            let message = if stream {
+                let typed = parse_typed(&text);
+                check_stream(&typed, &text);
+                typed.message()
+            } else {
+                serde_json::from_str(&text).expect("json")
+            };
+            (outcome, message)
+        }));
+        if i == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    let mut outcomes = Vec::new();
+    let mut messages = Vec::new();
+    for task in tasks {
+        let (outcome, message) = task.await.expect("task");
+        outcomes.push(outcome);
+        messages.push(message);
+    }
+    assert_eq!(upstream_messages(&sim), 1, "{outcomes:?}");
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "coalesced").count(),
+        3,
+        "{outcomes:?}"
+    );
+    let mut ids: Vec<&str> = messages.iter().filter_map(|m| m["id"].as_str()).collect();
+    assert!(
+        messages
+            .iter()
+            .all(|m| m["content"] == messages[0]["content"]),
+        "{messages:?}"
+    );
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 4, "each client its own id: {messages:?}");
+}
