@@ -292,7 +292,10 @@ async fn what_failed_was_cut_refused_or_stopped_at_max_tokens_is_never_stored() 
     let mut short_body = short.clone();
     short_body["stream"] = json!(false);
     // (case, body, fault): each request is sent twice and both must reach Anthropic.
+    let mut tool = ask("What is the weather in Oslo?", true);
+    tool["tools"] = json!([{"name": "get_weather", "input_schema": {"type": "object"}}]);
     let cases = [
+        ("tool input that is not JSON", tool, Some("bad-tool-args")),
         (
             "error event",
             ask("What is an error?", true),
@@ -530,4 +533,27 @@ async fn identical_requests_in_flight_share_one_call_each_with_its_own_id() {
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), 4, "each client its own id: {messages:?}");
+}
+
+#[tokio::test]
+async fn a_stream_ends_at_message_stop_even_when_the_upstream_holds_on() {
+    let sim = sim_default().await;
+    let mut config = config_for(sim.base_url());
+    config.anthropic_upstream_url = sim.base_url();
+    // Longer than the test waits: reaching it would mean the relay waited for the connection to close.
+    config.idle_timeout_ms = 30_000;
+    config.validate().expect("valid");
+    let gw = start(config).await;
+    let stall = [("x-sim-fault", "stall-at-done")];
+    let started = std::time::Instant::now();
+    let response = create(&gw, "sk-a", &ask("Are you done?", true), &stall).await;
+    let text = response.text().await.expect("body");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "waited for the upstream"
+    );
+    check_stream(&parse_typed(&text), &text);
+    wait_for_entries(&gw, 1).await;
+    let hit = create(&gw, "sk-a", &ask("Are you done?", false), &[]).await;
+    assert_eq!(outcome(&hit), "hit");
 }
