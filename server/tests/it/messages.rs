@@ -8,6 +8,7 @@
 use serde_json::{json, Value};
 
 use crate::common::*;
+use crate::semantic::{models, semantic_config};
 
 fn upstream_messages(sim: &reprise_sim::SimHandle) -> u64 {
     sim.stats.snapshot().messages
@@ -556,4 +557,44 @@ async fn a_stream_ends_at_message_stop_even_when_the_upstream_holds_on() {
     wait_for_entries(&gw, 1).await;
     let hit = create(&gw, "sk-a", &ask("Are you done?", false), &[]).await;
     assert_eq!(outcome(&hit), "hit");
+}
+
+#[tokio::test]
+async fn a_paraphrase_is_a_semantic_hit_with_the_stored_message() {
+    let Some(models) = models() else { return };
+    let sim = sim_default().await;
+    let mut config = semantic_config(sim.base_url(), &models);
+    config.anthropic_upstream_url = sim.base_url();
+    config.validate().expect("valid");
+    let gw = start(config).await;
+    assert!(gw.state.semantic.is_some(), "model loaded");
+    let seed = create(&gw, "sk-a", &ask("how do I reset my password", false), &[]).await;
+    assert_eq!(outcome(&seed), "miss");
+    let original: Value = seed.json().await.expect("json");
+    wait_for_entries(&gw, 1).await;
+    // The vector lands with the entry or shortly after (the backfill).
+    let mut outcome_seen = String::new();
+    for _ in 0..100 {
+        let paraphrase = ask("I forgot my password, how can I reset it", true);
+        let hit = create(&gw, "sk-a", &paraphrase, &[("cache-control", "no-store")]).await;
+        outcome_seen = outcome(&hit);
+        if outcome_seen == "semantic-hit" {
+            let text = hit.text().await.expect("body");
+            let typed = parse_typed(&text);
+            check_stream(&typed, &text);
+            assert_eq!(typed.message()["content"], original["content"]);
+            break;
+        }
+        let _ = hit.bytes().await;
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(outcome_seen, "semantic-hit");
+    let other = create(
+        &gw,
+        "sk-a",
+        &ask("what is the capital of France", false),
+        &[],
+    )
+    .await;
+    assert_eq!(outcome(&other), "miss");
 }
