@@ -951,6 +951,44 @@ mod tests {
     }
 
     #[test]
+    fn the_anthropic_upstream_is_set_by_file_or_flag_and_shown_by_check_config() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("reprise.toml");
+        std::fs::write(
+            &path,
+            "anthropic_upstream_url = \"http://127.0.0.1:9/v1/\"\n",
+        )
+        .expect("write");
+        let config = Config::load(&ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        })
+        .expect("valid");
+        assert_eq!(config.anthropic_upstream_url, "http://127.0.0.1:9/v1");
+        assert_eq!(config.upstream_url, Config::default().upstream_url);
+        let cli = Cli::try_parse_from([
+            "reprise",
+            "check-config",
+            "--config",
+            &path.to_string_lossy(),
+            "--anthropic-upstream-url",
+            "https://anthropic.example/v1",
+        ])
+        .expect("valid flags");
+        let Command::CheckConfig(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        let config = Config::load(&args).expect("valid");
+        assert_eq!(
+            config.anthropic_upstream_url,
+            "https://anthropic.example/v1"
+        );
+        // `check-config` prints the configuration with `Debug`.
+        assert!(format!("{config:#?}")
+            .contains("anthropic_upstream_url: \"https://anthropic.example/v1\""));
+    }
+
+    #[test]
     fn unknown_keys_and_bad_values_name_the_field() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("bad.toml");
