@@ -47,11 +47,13 @@ fn keys(c: &mut Criterion) {
     let mut group = c.benchmark_group("key");
     for turns in [0usize, 10] {
         let body = chat_body(turns);
+        let headers = http::HeaderMap::new();
         group.bench_function(format!("canonicalize+blake3/{turns}turns"), |b| {
             b.iter(|| {
                 let input = KeyInput {
                     route: Route::ChatCompletions,
                     body: black_box(&body),
+                    headers: &headers,
                     tenant: Tenant::Key([7; 32]),
                     namespace: None,
                 };

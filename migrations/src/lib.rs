@@ -319,6 +319,7 @@ fn v3_split(encoded: &[u8]) -> Option<(Vec<u8>, replay::Record)> {
         completions: entry.get("summary")?.get("route")?.as_str()? == "completions",
         // Entries older than version 3 predate the Responses API route.
         named_events: false,
+        message_ids: false,
         events: stream,
         body: &body,
         usage: entry.get("usage").filter(|u| !u.is_null()),

@@ -226,8 +226,10 @@ pub struct Parts<'a> {
     pub ttft_cost_ms: Option<f64>,
     /// The legacy completions route (its chunks are `text_completion` objects).
     pub completions: bool,
-    /// A Responses API answer: see [`build_named`].
+    /// A Responses API or Anthropic Messages answer: see [`build_named`].
     pub named_events: bool,
+    /// With `named_events`: an Anthropic message, whose `id` a hit renews (see [`build_named`]).
+    pub message_ids: bool,
     /// (offset ms, chunk) of each stream event.
     pub events: Vec<(f64, &'a Value)>,
     pub body: &'a Value,
@@ -422,14 +424,20 @@ pub fn build(parts: Parts<'_>) -> Record {
     }
 }
 
-/// A Responses API answer's record: each event is `event: <its type>\ndata: <json>\n\n`, and it
-/// has no holes at all. A hit serves the stored response with its original ids (so that a
-/// conversation continued from it with `previous_response_id`, and `GET /v1/responses/{id}`, reach
-/// the response the provider stored), and `include_usage` does not apply: usage is in
-/// `response.completed`. The stream ends with its last event; no `[DONE]` follows.
+/// A record of named events (the Responses API, Anthropic's Messages API): each event is
+/// `event: <its type>\ndata: <json>\n\n`, and the stream ends with its last event; no `[DONE]`
+/// follows, and `include_usage` does not apply (usage is in the events).
+///
+/// A Responses API record has no holes at all: a hit serves the stored response with its
+/// original ids (so that a conversation continued from it with `previous_response_id`, and
+/// `GET /v1/responses/{id}`, reach the response the provider stored). An Anthropic message
+/// (`message_ids`) is kept nowhere upstream, so a hit gets a fresh id like a chat completion: the
+/// body's top-level `id` and the `id` of `message_start`'s `message` are holes.
 fn build_named(parts: Parts<'_>) -> Record {
+    let mut identities = Identities::default();
     let mut stream = Template::default();
     let mut events = Vec::with_capacity(parts.events.len());
+    let mut raw = Vec::with_capacity(1024);
     for (offset_ms, data) in &parts.events {
         let kind = data
             .get("type")
@@ -438,19 +446,51 @@ fn build_named(parts: Parts<'_>) -> Record {
         stream.text.extend_from_slice(b"event: ");
         stream.text.extend_from_slice(kind.as_bytes());
         stream.text.extend_from_slice(b"\ndata: ");
-        let _ = serde_json::to_writer(&mut stream.text, data);
+        match (parts.message_ids, kind, data.as_object()) {
+            (true, "message_start", Some(obj)) => {
+                // Written as serde_json writes it, with the message's identity marked.
+                raw.clear();
+                raw.push(b'{');
+                for (i, (k, v)) in obj.iter().enumerate() {
+                    if i > 0 {
+                        raw.push(b',');
+                    }
+                    let _ = serde_json::to_writer(&mut raw, k);
+                    raw.push(b':');
+                    if k == "message" {
+                        write_marked(v, &mut raw);
+                    } else {
+                        let _ = serde_json::to_writer(&mut raw, v);
+                    }
+                }
+                raw.push(b'}');
+                let ident = identities.of(obj.get("message").unwrap_or(&Value::Null));
+                stream.push_marked(&raw, ident);
+            }
+            _ => {
+                let _ = serde_json::to_writer(&mut stream.text, data);
+            }
+        }
         stream.text.extend_from_slice(b"\n\n");
         events.push(Event {
             text_end: stream.text.len() as u32,
-            holes_end: 0,
+            holes_end: stream.holes.len() as u32,
             offset_ms: *offset_ms,
             tokens: named_event_tokens(data),
             had_usage: false,
         });
     }
-    let body = Template {
-        text: serde_json::to_vec(parts.body).unwrap_or_default(),
-        holes: Vec::new(),
+    let body = if parts.message_ids {
+        let mut body = Template::default();
+        raw.clear();
+        write_marked(parts.body, &mut raw);
+        body.push_marked(&raw, identities.of(parts.body));
+        body
+    } else {
+        Template {
+            text: serde_json::to_vec(parts.body).unwrap_or_default(),
+            holes: Vec::new(),
+        }
     };
     Record {
         id: parts.id,
@@ -463,17 +503,28 @@ fn build_named(parts: Parts<'_>) -> Record {
         stream,
         usage_chunk: None,
         body,
-        identities: Vec::new(),
+        identities: identities.values,
     }
 }
 
-/// About one token for each delta event of a Responses API stream that carries text.
+/// About one token for each delta event of a Responses API stream that carries text, and for
+/// each `content_block_delta` of an Anthropic Messages stream that carries text, thinking or tool
+/// input (a `signature_delta` is not a token).
 pub fn named_event_tokens(event: &Value) -> u32 {
-    let delta = event.get("type").and_then(Value::as_str).is_some_and(|t| {
-        t.starts_with("response.")
-            && t.ends_with(".delta")
-            && !t.starts_with("response.audio.transcript")
-    });
+    let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
+    if kind == "content_block_delta" {
+        let delta = event.get("delta");
+        let carried = ["text", "thinking", "partial_json"].iter().any(|field| {
+            delta
+                .and_then(|d| d.get(*field))
+                .and_then(Value::as_str)
+                .is_some_and(|s| !s.is_empty())
+        });
+        return u32::from(carried);
+    }
+    let delta = kind.starts_with("response.")
+        && kind.ends_with(".delta")
+        && !kind.starts_with("response.audio.transcript");
     u32::from(delta && event.get("delta").is_some_and(|d| d != "" && !d.is_null()))
 }
 
@@ -721,6 +772,7 @@ mod tests {
             ttft_cost_ms: Some(1.5),
             completions: false,
             named_events: false,
+            message_ids: false,
             events: events
                 .iter()
                 .enumerate()
@@ -800,6 +852,47 @@ mod tests {
             record.body.render_all(false, fresh),
             serde_json::to_vec(&body).expect("json")
         );
+    }
+
+    #[test]
+    fn an_anthropic_message_renews_its_id_and_reads_back() {
+        let events = vec![
+            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "content": []}}),
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}}),
+            json!({"type": "message_stop"}),
+        ];
+        let body =
+            json!({"id": "msg_1", "type": "message", "content": [{"type": "text", "text": "Hi"}]});
+        let mut p = parts(&events, &body, None);
+        p.named_events = true;
+        p.message_ids = true;
+        let record = build(p);
+        assert!(record.named_events());
+        let tokens: Vec<u32> = record.events.iter().map(|e| e.tokens).collect();
+        assert_eq!(tokens, [0, 1, 0]);
+        let decoded = Record::decode(&record.encode()).expect("decode");
+        let (original, original_body) = decoded.original().expect("original");
+        assert_eq!(
+            original.into_iter().map(|(_, e)| e).collect::<Vec<_>>(),
+            events
+        );
+        assert_eq!(original_body, body);
+        let fresh = Identity::Fresh {
+            id: b"\"msg_new\"",
+            created: b"9",
+        };
+        let rendered: Value =
+            serde_json::from_slice(&record.body.render_all(false, fresh)).expect("json");
+        assert_eq!(rendered["id"], "msg_new");
+        assert_eq!(rendered["content"], body["content"]);
+        let stream = String::from_utf8(record.stream.render_all(false, fresh)).expect("utf-8");
+        assert!(
+            stream.starts_with(
+                "event: message_start\ndata: {\"message\":{\"content\":[],\"id\":\"msg_new\","
+            ),
+            "{stream}"
+        );
+        assert!(!stream.contains("msg_1"), "{stream}");
     }
 
     #[test]

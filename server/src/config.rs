@@ -148,8 +148,12 @@ pub struct ServeArgs {
     /// Upstream base URL including `/v1` [default: https://api.openai.com/v1].
     #[arg(long, env = "REPRISE_UPSTREAM_URL")]
     pub upstream_url: Option<String>,
-    /// API key sent upstream instead of the client's credential headers (`Authorization`, and
-    /// `api-key` or `x-api-key` when the client sent them).
+    /// Anthropic upstream base URL including `/v1`, for `/v1/messages` and the paths below it
+    /// [default: https://api.anthropic.com/v1].
+    #[arg(long, env = "REPRISE_ANTHROPIC_UPSTREAM_URL")]
+    pub anthropic_upstream_url: Option<String>,
+    /// API key sent to `upstream_url` instead of the client's credential headers (`Authorization`,
+    /// and `api-key` or `x-api-key` when the client sent them); never sent to the Anthropic upstream.
     #[arg(long, env = "REPRISE_UPSTREAM_API_KEY", hide_env_values = true)]
     pub upstream_api_key: Option<String>,
     /// Folder for the cache store [default: ./reprise-data].
@@ -324,6 +328,8 @@ pub struct ServeArgs {
 pub struct Config {
     pub listen: SocketAddr,
     pub upstream_url: String,
+    /// Where Anthropic's Messages API (`/v1/messages` and below) goes: its own provider.
+    pub anthropic_upstream_url: String,
     pub upstream_api_key: Option<Secret>,
     pub data_dir: PathBuf,
     /// Refuse to start on a corrupt store (else it is moved aside and the cache starts empty).
@@ -394,6 +400,7 @@ impl Default for Config {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             upstream_url: "https://api.openai.com/v1".to_owned(),
+            anthropic_upstream_url: "https://api.anthropic.com/v1".to_owned(),
             upstream_api_key: None,
             data_dir: PathBuf::from("./reprise-data"),
             strict_store: false,
@@ -500,6 +507,7 @@ impl Config {
             config: _,
             listen,
             upstream_url,
+            anthropic_upstream_url,
             upstream_api_key,
             data_dir,
             strict_store,
@@ -552,6 +560,7 @@ impl Config {
         } = args.clone();
         set(&mut self.listen, listen);
         set(&mut self.upstream_url, upstream_url);
+        set(&mut self.anthropic_upstream_url, anthropic_upstream_url);
         if let Some(key) = upstream_api_key {
             self.upstream_api_key = Some(Secret::new(key));
         }
@@ -627,24 +636,16 @@ impl Config {
 
     /// Fails fast, naming the field, on anything the gateway could not run with.
     pub fn validate(&mut self) -> Result<(), ConfigError> {
-        let url = reqwest::Url::parse(&self.upstream_url).map_err(|e| ConfigError::Invalid {
-            field: "upstream_url",
-            reason: format!("{e} (expected e.g. https://api.openai.com/v1)"),
-        })?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(ConfigError::Invalid {
-                field: "upstream_url",
-                reason: format!("scheme must be http or https, not {}", url.scheme()),
-            });
-        }
-        if url.query().is_some() || url.fragment().is_some() {
-            return Err(ConfigError::Invalid {
-                field: "upstream_url",
-                reason: "must not carry a query or fragment".into(),
-            });
-        }
-        // Joining paths later assumes no trailing slash.
-        self.upstream_url = url.as_str().trim_end_matches('/').to_owned();
+        self.upstream_url = upstream_base(
+            "upstream_url",
+            &self.upstream_url,
+            "https://api.openai.com/v1",
+        )?;
+        self.anthropic_upstream_url = upstream_base(
+            "anthropic_upstream_url",
+            &self.anthropic_upstream_url,
+            "https://api.anthropic.com/v1",
+        )?;
         self.validate_store()?;
         if let Some(endpoint) = &self.otlp_endpoint {
             crate::otel::check_endpoint(endpoint).map_err(|reason| ConfigError::Invalid {
@@ -898,6 +899,28 @@ fn set<T>(slot: &mut T, value: Option<T>) {
     }
 }
 
+/// An upstream base URL, checked (http or https, no query or fragment) and without its trailing
+/// slash, since paths are joined to it later; `field` names it in the error, `example` shows one.
+fn upstream_base(field: &'static str, value: &str, example: &str) -> Result<String, ConfigError> {
+    let url = reqwest::Url::parse(value).map_err(|e| ConfigError::Invalid {
+        field,
+        reason: format!("{e} (expected e.g. {example})"),
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(ConfigError::Invalid {
+            field,
+            reason: format!("scheme must be http or https, not {}", url.scheme()),
+        });
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(ConfigError::Invalid {
+            field,
+            reason: "must not carry a query or fragment".into(),
+        });
+    }
+    Ok(url.as_str().trim_end_matches('/').to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -918,9 +941,51 @@ mod tests {
         };
         let config = Config::load(&args).expect("valid");
         assert_eq!(config.upstream_url, "http://127.0.0.1:9/v1");
+        assert_eq!(
+            config.anthropic_upstream_url,
+            "https://api.anthropic.com/v1"
+        );
         assert_eq!(config.idle_timeout_ms, 7);
         assert_eq!(config.admin_token, Some(Secret::new("t0k")));
         assert_eq!(config.listen, Config::default().listen);
+    }
+
+    #[test]
+    fn the_anthropic_upstream_is_set_by_file_or_flag_and_shown_by_check_config() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("reprise.toml");
+        std::fs::write(
+            &path,
+            "anthropic_upstream_url = \"http://127.0.0.1:9/v1/\"\n",
+        )
+        .expect("write");
+        let config = Config::load(&ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        })
+        .expect("valid");
+        assert_eq!(config.anthropic_upstream_url, "http://127.0.0.1:9/v1");
+        assert_eq!(config.upstream_url, Config::default().upstream_url);
+        let cli = Cli::try_parse_from([
+            "reprise",
+            "check-config",
+            "--config",
+            &path.to_string_lossy(),
+            "--anthropic-upstream-url",
+            "https://anthropic.example/v1",
+        ])
+        .expect("valid flags");
+        let Command::CheckConfig(args) = cli.command else {
+            panic!("parsed as another command");
+        };
+        let config = Config::load(&args).expect("valid");
+        assert_eq!(
+            config.anthropic_upstream_url,
+            "https://anthropic.example/v1"
+        );
+        // `check-config` prints the configuration with `Debug`.
+        assert!(format!("{config:#?}")
+            .contains("anthropic_upstream_url: \"https://anthropic.example/v1\""));
     }
 
     #[test]
@@ -937,6 +1002,13 @@ mod tests {
         };
         let err = Config::load(&args).expect_err("bad scheme");
         assert!(err.to_string().contains("upstream_url"), "{err}");
+
+        let args = ServeArgs {
+            anthropic_upstream_url: Some("ftp://x/v1".into()),
+            ..ServeArgs::default()
+        };
+        let err = Config::load(&args).expect_err("bad scheme");
+        assert!(err.to_string().contains("anthropic_upstream_url"), "{err}");
 
         let args = ServeArgs {
             idle_timeout_ms: Some(0),

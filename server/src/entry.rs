@@ -302,6 +302,7 @@ impl Replay {
                 ttft_cost_ms: entry.ttft_cost_ms(),
                 completions: framing.text_completion,
                 named_events: framing.named_events,
+                message_ids: framing.message_ids,
                 events: entry
                     .events
                     .iter()

@@ -1,8 +1,10 @@
-//! The gateway's one error enum and its exhaustive mapping to OpenAI-shaped responses.
+//! The gateway's one error enum and its exhaustive mappings to responses: OpenAI's shape, and
+//! Anthropic's for the Messages API ([`ErrorShape`]).
 //!
 //! Every error a client can see is built here, so that status codes, `type`/`code` strings and the
-//! body shape `{"error":{"message","type","param","code"}}` stay consistent. 5xx bodies never carry
-//! internal details; those go to the log, once, when the response is built.
+//! body shapes `{"error":{"message","type","param","code"}}` (OpenAI) and
+//! `{"type":"error","error":{"type","message"}}` (Anthropic) stay consistent. 5xx bodies never
+//! carry internal details; those go to the log, once, when the response is built.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -10,6 +12,17 @@ use bytes::Bytes;
 use std::path::PathBuf;
 
 use serde_json::json;
+
+/// Which API's error shape a client gets: each SDK raises its typed errors only from its own
+/// provider's shape and statuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ErrorShape {
+    /// `{"error":{"message","type","param","code"}}`, OpenAI's statuses.
+    #[default]
+    OpenAi,
+    /// `{"type":"error","error":{"type","message"}}`, with the status Anthropic would answer.
+    Anthropic,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -183,8 +196,91 @@ impl GatewayError {
         }
     }
 
+    /// Anthropic's status and error `type` for each variant, among those Anthropic answers with
+    /// (400, 401, 404, 413, 429, 500, 504, 529), so that its SDKs raise the matching error class
+    /// and retry what they retry. No wildcard arm: a new variant must be mapped.
+    fn anthropic_parts(&self) -> (StatusCode, &'static str) {
+        const INVALID: (StatusCode, &str) = (StatusCode::BAD_REQUEST, "invalid_request_error");
+        const TOO_LARGE: (StatusCode, &str) = (StatusCode::PAYLOAD_TOO_LARGE, "request_too_large");
+        const NOT_FOUND: (StatusCode, &str) = (StatusCode::NOT_FOUND, "not_found_error");
+        const API: (StatusCode, &str) = (StatusCode::INTERNAL_SERVER_ERROR, "api_error");
+        match self {
+            Self::InvalidRequest { .. }
+            | Self::UnsupportedMediaType { .. }
+            | Self::SemanticDisabled { .. } => INVALID,
+            // A stalled body is still the client's fault; the connection is closed (see below).
+            Self::RequestTimeout { .. } => INVALID,
+            Self::PayloadTooLarge { .. }
+            | Self::UriTooLong { .. }
+            | Self::HeadersTooLarge { .. } => TOO_LARGE,
+            Self::UpstreamUnreachable { .. }
+            | Self::UpstreamProtocol { .. }
+            | Self::UpstreamProtocolError { .. }
+            | Self::Internal { .. } => API,
+            Self::UpstreamTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "timeout_error"),
+            Self::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error"),
+            Self::AdminDisabled
+            | Self::RouteNotFound { .. }
+            | Self::EntryNotFound { .. }
+            | Self::RequestNotFound { .. } => NOT_FOUND,
+            // Anthropic's "try again shortly": its SDKs retry a 529.
+            Self::ShuttingDown => (
+                StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
+                "overloaded_error",
+            ),
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         self.parts().0
+    }
+
+    /// The status of this error in `shape`.
+    pub fn status_for(&self, shape: ErrorShape) -> StatusCode {
+        match shape {
+            ErrorShape::OpenAi => self.status(),
+            ErrorShape::Anthropic => self.anthropic_parts().0,
+        }
+    }
+
+    /// The JSON body of this error in `shape`.
+    pub fn body_for(&self, shape: ErrorShape) -> serde_json::Value {
+        match shape {
+            ErrorShape::OpenAi => self.body(),
+            ErrorShape::Anthropic => json!({"type": "error", "error": {
+                "type": self.anthropic_parts().1,
+                "message": self.to_string(),
+            }}),
+        }
+    }
+
+    /// [`Self::sse_event`] in `shape`: Anthropic's streams fail with a named `error` event.
+    pub fn sse_event_for(&self, shape: ErrorShape) -> Bytes {
+        match shape {
+            ErrorShape::OpenAi => self.sse_event(),
+            ErrorShape::Anthropic => {
+                Bytes::from(format!("event: error\ndata: {}\n\n", self.body_for(shape)))
+            }
+        }
+    }
+
+    /// The response of this error in `shape`, logged once.
+    pub fn into_response_for(self, shape: ErrorShape) -> Response {
+        self.log();
+        let mut response =
+            (self.status_for(shape), axum::Json(self.body_for(shape))).into_response();
+        if matches!(self, Self::Unauthorized) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        // The rest of a stalled body may still arrive: the connection cannot carry another request.
+        if matches!(self, Self::RequestTimeout { .. }) {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
     }
 
     /// The OpenAI-shaped `code`, e.g. `upstream_timeout`.
@@ -235,20 +331,7 @@ impl GatewayError {
 
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        self.log();
-        let mut response = (self.status(), axum::Json(self.body())).into_response();
-        if matches!(self, Self::Unauthorized) {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        // The rest of a stalled body may still arrive: the connection cannot carry another request.
-        if matches!(self, Self::RequestTimeout { .. }) {
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        response
+        self.into_response_for(ErrorShape::OpenAi)
     }
 }
 
@@ -314,6 +397,66 @@ mod tests {
         assert_eq!(body["error"]["code"], "internal_error");
         assert!(body["error"]["param"].is_null());
         assert!(!body.to_string().contains("/secret/path"));
+    }
+
+    #[test]
+    fn anthropics_shape_has_its_statuses_and_types() {
+        let cases = [
+            (
+                GatewayError::invalid("`max_tokens` is missing", Some("max_tokens")),
+                400,
+                "invalid_request_error",
+            ),
+            (
+                GatewayError::UnsupportedMediaType {
+                    got: "text/plain".into(),
+                },
+                400,
+                "invalid_request_error",
+            ),
+            (GatewayError::Unauthorized, 401, "authentication_error"),
+            (
+                GatewayError::RouteNotFound {
+                    method: "GET".into(),
+                    path: "/x".into(),
+                },
+                404,
+                "not_found_error",
+            ),
+            (
+                GatewayError::PayloadTooLarge { limit: 1 },
+                413,
+                "request_too_large",
+            ),
+            (
+                GatewayError::Internal {
+                    detail: "/secret/path".into(),
+                },
+                500,
+                "api_error",
+            ),
+            (
+                GatewayError::UpstreamTimeout { timeout_ms: 5 },
+                504,
+                "timeout_error",
+            ),
+            (GatewayError::ShuttingDown, 529, "overloaded_error"),
+        ];
+        for (err, status, kind) in cases {
+            let body = err.body_for(ErrorShape::Anthropic);
+            assert_eq!(
+                err.status_for(ErrorShape::Anthropic).as_u16(),
+                status,
+                "{err}"
+            );
+            assert_eq!(body["type"], "error");
+            assert_eq!(body["error"]["type"], kind, "{err}");
+            assert_eq!(body["error"]["message"], err.to_string());
+            assert!(!body.to_string().contains("/secret/path"));
+            assert_eq!(err.body_for(ErrorShape::OpenAi), err.body());
+        }
+        let event = GatewayError::ShuttingDown.sse_event_for(ErrorShape::Anthropic);
+        assert!(event.starts_with(b"event: error\ndata: {"), "{event:?}");
     }
 
     #[test]

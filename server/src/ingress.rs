@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::error::GatewayError;
+use crate::error::{ErrorShape, GatewayError};
 use crate::timing::PhaseClock;
 
 /// The JSON routes the gateway understands (and, later, caches). What each one means for the
@@ -25,15 +25,46 @@ pub enum Route {
     Embeddings,
     /// `POST /v1/responses`, the Responses API.
     Responses,
+    /// `POST /v1/messages`, Anthropic's Messages API (its own upstream: [`Provider::Anthropic`]).
+    Messages,
+}
+
+/// Which upstream a request goes to: OpenAI-shaped APIs to `upstream_url`, Anthropic's Messages
+/// API (and every path below `/v1/messages`, such as `count_tokens`) to `anthropic_upstream_url`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    OpenAi,
+    Anthropic,
+}
+
+impl Provider {
+    /// The error shape this provider's clients understand.
+    pub fn error_shape(self) -> ErrorShape {
+        match self {
+            Provider::OpenAi => ErrorShape::OpenAi,
+            Provider::Anthropic => ErrorShape::Anthropic,
+        }
+    }
+
+    /// The upstream of a pass-through path below `/v1`: `/messages` and what lies below it belong
+    /// to Anthropic's API (`/messages/count_tokens`, `/messages/batches`), the rest to the OpenAI
+    /// upstream as before.
+    pub fn of_path(below_v1: &str) -> Provider {
+        match below_v1.strip_prefix("/messages") {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => Provider::Anthropic,
+            _ => Provider::OpenAi,
+        }
+    }
 }
 
 impl Route {
     /// Every route, for lookups by name.
-    pub const ALL: [Route; 4] = [
+    pub const ALL: [Route; 5] = [
         Self::ChatCompletions,
         Self::Completions,
         Self::Embeddings,
         Self::Responses,
+        Self::Messages,
     ];
 
     /// The route of a [`Route::name`] (entries and operators name routes): `None` for another.
@@ -45,7 +76,18 @@ impl Route {
     pub fn framing(self) -> Framing {
         Framing {
             text_completion: self == Self::Completions,
-            named_events: self == Self::Responses,
+            named_events: matches!(self, Self::Responses | Self::Messages),
+            message_ids: self == Self::Messages,
+        }
+    }
+
+    /// The upstream this route goes to.
+    pub fn provider(self) -> Provider {
+        match self {
+            Self::ChatCompletions | Self::Completions | Self::Embeddings | Self::Responses => {
+                Provider::OpenAi
+            }
+            Self::Messages => Provider::Anthropic,
         }
     }
 
@@ -56,6 +98,7 @@ impl Route {
             Self::Completions => "/completions",
             Self::Embeddings => "/embeddings",
             Self::Responses => "/responses",
+            Self::Messages => "/messages",
         }
     }
 
@@ -66,6 +109,7 @@ impl Route {
             Self::Completions => "completions",
             Self::Embeddings => "embeddings",
             Self::Responses => "responses",
+            Self::Messages => "messages",
         }
     }
 }
@@ -78,8 +122,11 @@ pub struct Framing {
     /// Chunks are legacy `text_completion` objects, not `chat.completion.chunk` ones.
     pub text_completion: bool,
     /// Events are named by their `type` (`event: …`) and the stream ends with its last event, not
-    /// `data: [DONE]` (the Responses API).
+    /// `data: [DONE]` (the Responses API, Anthropic's Messages API).
     pub named_events: bool,
+    /// With `named_events`: the answer is an Anthropic message, whose `id` a hit renews (a
+    /// Responses API hit keeps the stored response's ids).
+    pub message_ids: bool,
 }
 
 impl Framing {
@@ -287,6 +334,29 @@ pub(crate) fn check_route_fields(
                 Some("input"),
             )),
         },
+        // Anthropic's own checks are left to Anthropic; these are the fields the keys read.
+        Route::Messages => {
+            match body.get("messages") {
+                Some(Value::Array(messages)) if !messages.is_empty() => {}
+                _ => {
+                    return Err(GatewayError::invalid(
+                        "`messages` must be a non-empty array of message objects.",
+                        Some("messages"),
+                    ))
+                }
+            }
+            match body.get("max_tokens") {
+                Some(Value::Number(n)) if n.is_u64() => Ok(()),
+                None | Some(Value::Null) => Err(GatewayError::invalid(
+                    "You must provide a `max_tokens` parameter.",
+                    Some("max_tokens"),
+                )),
+                Some(_) => Err(GatewayError::invalid(
+                    "`max_tokens` must be a non-negative integer.",
+                    Some("max_tokens"),
+                )),
+            }
+        }
         // `input` may be left out when `previous_response_id` or a stored `prompt` carries it.
         Route::Responses => match body.get("input") {
             None | Some(Value::Null | Value::String(_) | Value::Array(_)) => Ok(()),
@@ -349,6 +419,55 @@ mod tests {
             .expect_err("number");
         assert_eq!(err.status().as_u16(), 400);
         assert_eq!(err.body()["error"]["param"], "input");
+    }
+
+    #[tokio::test]
+    async fn a_messages_request_needs_messages_and_max_tokens() {
+        let read_messages = |body: &'static str| {
+            read(
+                Route::Messages,
+                request(Some("application/json"), body),
+                1024,
+                Instant::now(),
+            )
+        };
+        let ok = r#"{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"hi"}],"stream":true}"#;
+        assert!(read_messages(ok).await.expect("valid").stream);
+        for (body, param) in [
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"model":"m","max_tokens":"8","messages":[{"role":"user","content":"hi"}]}"#,
+                "max_tokens",
+            ),
+            (r#"{"model":"m","max_tokens":8,"messages":[]}"#, "messages"),
+            (
+                r#"{"max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#,
+                "model",
+            ),
+        ] {
+            let err = read_messages(body).await.expect_err(body);
+            assert_eq!(err.status().as_u16(), 400, "{body}");
+            assert_eq!(err.body()["error"]["param"], param, "{body}");
+        }
+    }
+
+    #[test]
+    fn paths_below_messages_go_to_anthropic() {
+        assert_eq!(Route::Messages.provider(), Provider::Anthropic);
+        assert_eq!(Route::Responses.provider(), Provider::OpenAi);
+        for path in [
+            "/messages",
+            "/messages/count_tokens",
+            "/messages/batches/b1",
+        ] {
+            assert_eq!(Provider::of_path(path), Provider::Anthropic, "{path}");
+        }
+        for path in ["/models", "/messagesx", "/responses/resp_1", "/"] {
+            assert_eq!(Provider::of_path(path), Provider::OpenAi, "{path}");
+        }
     }
 
     #[tokio::test]

@@ -180,6 +180,8 @@ fn bearer_token(value: &[u8]) -> &[u8] {
 pub struct KeyInput<'a> {
     pub route: Route,
     pub body: &'a Map<String, Value>,
+    /// The request's headers: an API may key on some of them ([`crate::api::Api::key_headers`]).
+    pub headers: &'a HeaderMap,
     pub tenant: Tenant,
     pub namespace: Option<&'a str>,
 }
@@ -487,6 +489,7 @@ pub(crate) mod tests {
         crate::api::keys(&KeyInput {
             route,
             body: &body,
+            headers: &HeaderMap::new(),
             tenant,
             namespace,
         })
@@ -863,6 +866,7 @@ pub(crate) mod tests {
             let err = crate::api::keys(&KeyInput {
                 route,
                 body: &map,
+                headers: &HeaderMap::new(),
                 tenant: Tenant::Shared,
                 namespace: None,
             })

@@ -101,6 +101,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/embeddings", post(embeddings))
         // `GET`/`DELETE /v1/responses/{id}` and its input items pass through below.
         .route("/v1/responses", post(responses))
+        // `/v1/messages/count_tokens` and the rest below it pass through to Anthropic's upstream.
+        .route("/v1/messages", post(messages))
         .route("/v1/{*rest}", any(passthrough))
         .route("/v1", any(passthrough))
         .route("/healthz", get(healthz))
@@ -124,6 +126,10 @@ async fn embeddings(State(state): State<AppState>, request: Request) -> Response
 
 async fn responses(State(state): State<AppState>, request: Request) -> Response {
     pipeline::handle(state, Route::Responses, request).await
+}
+
+async fn messages(State(state): State<AppState>, request: Request) -> Response {
+    pipeline::handle(state, Route::Messages, request).await
 }
 
 #[tracing::instrument(name = "request", skip_all, fields(route = "passthrough", id))]

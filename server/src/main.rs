@@ -61,6 +61,7 @@ async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     tracing::info!(
         listen = %listener.local_addr()?,
         upstream = %config.upstream_url,
+        anthropic_upstream = %config.anthropic_upstream_url,
         admin = config.admin_token.is_some(),
         "reprise gateway listening"
     );

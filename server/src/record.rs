@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::downstream::{Delivered, Delivery, Source};
 use crate::entry::EntryId;
-use crate::error::GatewayError;
+use crate::error::{ErrorShape, GatewayError};
 use crate::guard::Guard;
 use crate::outcome::{CacheOutcome, Completion};
 use crate::stats::Stats;
@@ -271,9 +271,9 @@ pub fn set_header(headers: &mut HeaderMap, name: &'static str, value: String) {
     }
 }
 
-/// An error response that still names its request.
-pub fn error_response(err: GatewayError, request_id: &str) -> Response {
-    let mut response = err.into_response();
+/// An error response in `shape` that still names its request.
+pub fn error_response(err: GatewayError, shape: ErrorShape, request_id: &str) -> Response {
+    let mut response = err.into_response_for(shape);
     set_request_id(response.headers_mut(), request_id);
     response
 }

@@ -1,6 +1,6 @@
 //! How an entry's answer is rendered for the client: a hit (or a follower of an identical miss in
-//! flight) gets a copy of the stored answer with a fresh `id`/`created` (a Responses API answer keeps its
-//! original ids: see [`crate::api::responses`]), as a body or an SSE stream paced as asked. Both shapes are stored (each API's adapter in [`crate::api`] makes one from the other), so nothing is re-derived here.
+//! flight) gets a copy of the stored answer with a fresh `id`/`created` (an Anthropic message a fresh `msg_` id; a Responses API
+//! answer keeps its original ids: see [`crate::api::responses`]), as a body or an SSE stream paced as asked. Both shapes are stored (each API's adapter in [`crate::api`] makes one from the other), so nothing is re-derived here.
 //!
 //! A hit renders from the entry's [`Replay`]: its events and body are stored serialized, with
 //! holes for the fresh identity and spans for `include_usage`, so rendering copies bytes and parses
@@ -269,14 +269,22 @@ fn stream_end(replay: &Replay) -> &'static [u8] {
     }
 }
 
-/// A Responses API event as a coalesced follower receives it: named by its type, as the leader
-/// received it (ids included, see [`reprise_migrations::replay`]).
-pub(crate) fn render_named(event: &Value) -> Bytes {
+/// A named event as a coalesced follower receives it: named by its type, as the leader received
+/// it, except that an Anthropic message's `message_start` carries the follower's own id when
+/// `renew` is given (a Responses API follower keeps the ids, see [`reprise_migrations::replay`]).
+pub(crate) fn render_named(event: &Value, renew: Option<&Fresh>) -> Bytes {
     let kind = event
         .get("type")
         .and_then(Value::as_str)
         .unwrap_or("message");
-    Bytes::from(format!("event: {kind}\ndata: {event}\n\n"))
+    match renew {
+        Some(fresh) if kind == "message_start" && event.pointer("/message/id").is_some() => {
+            let mut event = event.clone();
+            event["message"]["id"] = json!(fresh.id);
+            Bytes::from(format!("event: {kind}\ndata: {event}\n\n"))
+        }
+        _ => Bytes::from(format!("event: {kind}\ndata: {event}\n\n")),
+    }
 }
 
 /// Sleeps until each event's offset (after the hit's near-zero first event) and yields it.

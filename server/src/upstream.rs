@@ -12,6 +12,7 @@ use tokio::time::timeout_at;
 
 use crate::config::{Config, Secret};
 use crate::error::GatewayError;
+use crate::ingress::Provider;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and those the gateway recomputes; never forwarded either way.
 pub(crate) const HOP_BY_HOP: &[&str] = &[
@@ -31,6 +32,8 @@ pub(crate) const HOP_BY_HOP: &[&str] = &[
 pub struct Upstream {
     pub(crate) client: reqwest::Client,
     base_url: String,
+    /// Anthropic's base URL, for [`Provider::Anthropic`] requests.
+    anthropic_base_url: String,
     api_key: Option<Secret>,
     pub(crate) first_byte_timeout: Duration,
     pub(crate) idle_timeout: Duration,
@@ -54,6 +57,7 @@ impl Upstream {
         Ok(Self {
             client,
             base_url: config.upstream_url.clone(),
+            anthropic_base_url: config.anthropic_upstream_url.clone(),
             api_key: config.upstream_api_key.clone(),
             first_byte_timeout: config.first_byte_timeout(),
             idle_timeout: config.idle_timeout(),
@@ -64,10 +68,15 @@ impl Upstream {
         &self.base_url
     }
 
-    pub(crate) fn url(&self, path: &str, query: Option<&str>) -> String {
+    /// The URL of `path` (below `/v1`) on the provider's upstream.
+    pub(crate) fn url(&self, provider: Provider, path: &str, query: Option<&str>) -> String {
+        let base = match provider {
+            Provider::OpenAi => &self.base_url,
+            Provider::Anthropic => &self.anthropic_base_url,
+        };
         match query {
-            Some(q) => format!("{}{path}?{q}", self.base_url),
-            None => format!("{}{path}", self.base_url),
+            Some(q) => format!("{base}{path}?{q}"),
+            None => format!("{base}{path}"),
         }
     }
 
@@ -75,8 +84,15 @@ impl Upstream {
     /// gateway controls removed, the client's credentials replaced when an upstream key is
     /// configured, compression refused so that the relay can read the events it passes on.
     /// `json_body` is set on the cacheable routes, whose body the gateway checked is JSON: they get
-    /// exactly one `Content-Type` (a strict server rejects a duplicate one).
-    pub(crate) fn outgoing_headers(&self, incoming: &HeaderMap, json_body: bool) -> HeaderMap {
+    /// exactly one `Content-Type` (a strict server rejects a duplicate one). The gateway's key is
+    /// `upstream_url`'s: requests to Anthropic ([`Provider::Anthropic`]) keep the client's own
+    /// credentials, so that key never reaches another provider.
+    pub(crate) fn outgoing_headers(
+        &self,
+        incoming: &HeaderMap,
+        json_body: bool,
+        provider: Provider,
+    ) -> HeaderMap {
         let named = connection_named(incoming);
         let mut out = HeaderMap::with_capacity(incoming.len());
         for (name, value) in incoming {
@@ -97,7 +113,11 @@ impl Upstream {
                 HeaderValue::from_static("application/json"),
             );
         }
-        if let Some(key) = &self.api_key {
+        if let Some(key) = self
+            .api_key
+            .as_ref()
+            .filter(|_| provider == Provider::OpenAi)
+        {
             let credential = |text: String| {
                 HeaderValue::from_str(&text).ok().map(|mut v| {
                     v.set_sensitive(true);

@@ -231,6 +231,9 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
     let keys = crate::api::keys(&KeyInput {
         route,
         body: &body,
+        // A warmed item has no request headers: it answers the requests that send none of those
+        // an API keys on.
+        headers: &axum::http::HeaderMap::new(),
         tenant,
         namespace: namespace.as_deref(),
     })?;

@@ -10,13 +10,15 @@ use crate::error::GatewayError;
 use crate::ingress::Route;
 use crate::key::{FieldHasher, Turn};
 use crate::policy::Policy;
+use crate::sse::EventKind;
 
 /// Why an answer must not be stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Uncacheable {
     NoFinishReason,
     Length,
-    /// A choice stopped at the provider's content filter: an error signal, not an answer.
+    /// A choice stopped at the provider's content filter (or Anthropic's `refusal`): an error
+    /// signal, not an answer.
     ContentFilter,
     /// The body carries an `error` member beside its choices.
     Error,
@@ -24,7 +26,8 @@ pub enum Uncacheable {
     NotJson,
     NoChoices,
     /// A Responses API response whose status is not `completed` (incomplete, failed, cancelled,
-    /// queued), or with an output item that did not complete.
+    /// queued), or with an output item that did not complete; an Anthropic message that stopped at
+    /// `pause_turn` (the client must continue the turn).
     NotCompleted,
     /// A Responses API response in which the provider ran a tool with effects outside the answer
     /// (a remote MCP call, code in a container) or waits for an approval: a hit would skip them.
@@ -44,6 +47,12 @@ pub trait Api: Sync {
         body: &Map<String, Value>,
         partition: &mut FieldHasher,
     ) -> Result<Turn, GatewayError>;
+
+    /// Request headers that change the answer, written into the partition by their canonical value
+    /// (Anthropic's `anthropic-version` and `anthropic-beta`); none by default.
+    fn key_headers(&self) -> &'static [&'static str] {
+        &[]
+    }
 
     /// The API's own cache rules read from the request body, applied to `policy` (a request that
     /// is never cached turns lookup and store off); returns whether its entry may be shared across
@@ -73,6 +82,14 @@ pub trait Api: Sync {
     /// The events a streamed request would have received for a body; offsets spread the content
     /// over the original decode time, so `recorded` pacing stays plausible.
     fn rechunk(&self, body: &Value, decode_ms: f64) -> Vec<StoredEvent>;
+
+    /// How the stream relay reads one of this API's events, given [`crate::sse::classify`]'s
+    /// reading (which knows OpenAI's chunks and the Responses API's events): which events carry
+    /// tokens (the first one is the time to first token), which carries usage, and which is the
+    /// clean end of the stream (`finish_reason` set). The default keeps that reading.
+    fn stream_event(&self, kind: EventKind) -> EventKind {
+        kind
+    }
 
     /// The prefix of the fresh id a hit carries instead of the original's (`chatcmpl-`).
     fn id_prefix(&self) -> &'static str;

@@ -536,6 +536,7 @@ mod tests {
         super::super::keys(&KeyInput {
             route: Route::Responses,
             body: &body,
+            headers: &http::HeaderMap::new(),
             tenant: Tenant::Shared,
             namespace: None,
         })

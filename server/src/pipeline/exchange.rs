@@ -113,6 +113,7 @@ impl Exchange {
         let keys = crate::api::keys(&KeyInput {
             route: ingress.route,
             body: &ingress.body,
+            headers: &ingress.headers,
             tenant,
             namespace: policy.namespace.as_deref(),
         })?;

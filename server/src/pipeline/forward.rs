@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
@@ -21,8 +21,8 @@ use tokio::time::timeout_at;
 
 use crate::cache::Recorder;
 use crate::downstream::Source;
-use crate::error::GatewayError;
-use crate::ingress::Ingress;
+use crate::error::{ErrorShape, GatewayError};
+use crate::ingress::{Ingress, Provider};
 use crate::outcome::{CacheOutcome, Completion};
 use crate::pipeline::Exchange;
 use crate::record::{set_cache_outcome, set_request_id, Finisher, Nearest, RecordMeta};
@@ -72,13 +72,17 @@ pub(crate) fn prepare(state: &AppState, ex: &Exchange) -> Outgoing {
         data: Some(ingress.raw.clone()),
         taken: taken.clone(),
     });
-    let mut headers = upstream.outgoing_headers(&ingress.headers, true);
+    let mut headers = upstream.outgoing_headers(&ingress.headers, true, ingress.route.provider());
     if let Some(trace) = &ex.trace {
         trace.inject(&mut headers);
     }
     let request = upstream
         .client
-        .post(upstream.url(ingress.route.upstream_path(), ingress.query.as_deref()))
+        .post(upstream.url(
+            ingress.route.provider(),
+            ingress.route.upstream_path(),
+            ingress.query.as_deref(),
+        ))
         .headers(headers)
         .body(body);
     Outgoing { request, taken }
@@ -164,6 +168,8 @@ pub(crate) async fn relay(
     recorder: Option<Recorder>,
 ) -> Response {
     let meta = ex.record(ex.policy.miss_outcome());
+    let route = ex.route();
+    let shape = route.provider().error_shape();
     let Exchange {
         id: request_id,
         ingress: Ingress { mut clock, .. },
@@ -175,7 +181,7 @@ pub(crate) async fn relay(
             if let Some(r) = recorder {
                 r.abandon();
             }
-            return fail_before_response(state, meta, clock, err, &request_id);
+            return fail_before_response(state, meta, clock, err, shape, &request_id);
         }
     };
     clock.upstream_head = Some(started.head);
@@ -191,6 +197,7 @@ pub(crate) async fn relay(
         } => {
             clock.last_upstream_byte = Some(first_at);
             let stream = Stream {
+                api: crate::api::of(route),
                 status,
                 headers: started.headers,
                 upstream,
@@ -208,6 +215,7 @@ pub(crate) async fn relay(
                 response,
                 request_id,
                 recorder,
+                shape,
             )
             .await
         }
@@ -220,17 +228,18 @@ fn fail_before_response(
     mut meta: RecordMeta,
     clock: PhaseClock,
     err: GatewayError,
+    shape: ErrorShape,
     request_id: &str,
 ) -> Response {
     let cache = meta.cache;
     meta.error = Some(err.code());
     meta.finish(
         &state.requests,
-        err.status().as_u16(),
+        err.status_for(shape).as_u16(),
         Completion::GatewayError,
         &clock,
     );
-    let mut response = err.into_response();
+    let mut response = err.into_response_for(shape);
     set_request_id(response.headers_mut(), request_id);
     set_cache_outcome(response.headers_mut(), cache);
     response
@@ -251,6 +260,10 @@ fn relayed_headers(upstream: &HeaderMap) -> HeaderMap {
 }
 
 /// A non-streaming answer (or any non-2xx one): read it whole, then send it with `Server-Timing`.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "each is one part of the exchange, taken apart by `relay`; a struct would only rename them"
+)]
 async fn relay_whole(
     state: &AppState,
     mut meta: RecordMeta,
@@ -259,6 +272,7 @@ async fn relay_whole(
     response: reqwest::Response,
     request_id: String,
     recorder: Option<Recorder>,
+    shape: ErrorShape,
 ) -> Response {
     let status = response.status();
     let mut stream = response.bytes_stream();
@@ -279,7 +293,7 @@ async fn relay_whole(
                 if let Some(r) = recorder {
                     r.abandon();
                 }
-                return fail_before_response(state, meta, clock, err, &request_id);
+                return fail_before_response(state, meta, clock, err, shape, &request_id);
             }
             Err(_) => {
                 let err = GatewayError::UpstreamTimeout {
@@ -288,7 +302,7 @@ async fn relay_whole(
                 if let Some(r) = recorder {
                     r.abandon();
                 }
-                return fail_before_response(state, meta, clock, err, &request_id);
+                return fail_before_response(state, meta, clock, err, shape, &request_id);
             }
         }
     }
@@ -356,6 +370,7 @@ fn relay_stream(
     recorder: Option<Recorder>,
 ) -> Response {
     let Stream {
+        api,
         status,
         mut headers,
         upstream,
@@ -371,6 +386,7 @@ fn relay_stream(
         Duration::from_millis(r.cache.settings.disconnect_budget_ms)
     });
     let pump = Pump {
+        api,
         clock,
         framer,
         tx,
@@ -409,6 +425,8 @@ fn relay_stream(
 
 /// A successful upstream event stream, its first events read.
 struct Stream {
+    /// The route's adapter, which reads its events for the relay.
+    api: &'static dyn crate::api::Api,
     status: reqwest::StatusCode,
     headers: HeaderMap,
     upstream: futures_util::stream::BoxStream<'static, Result<Bytes, reqwest::Error>>,
@@ -418,6 +436,8 @@ struct Stream {
 
 /// The task that reads the upstream stream and feeds the client's channel.
 struct Pump {
+    /// The route's adapter: how this API's events read (tokens, usage, the clean end).
+    api: &'static dyn crate::api::Api,
     clock: PhaseClock,
     framer: SseFramer,
     tx: mpsc::Sender<Bytes>,
@@ -521,16 +541,17 @@ impl Pump {
         for event in events {
             let now = Instant::now();
             self.invalid_utf8 |= std::str::from_utf8(&event).is_err();
-            // A Responses API stream ends with its `response.completed` (or `.incomplete`) event.
+            // A stream of named events ends with its finishing event (`response.completed` or
+            // `.incomplete` on the Responses API, `message_stop` on Anthropic's).
             let mut last_event = false;
-            let outgoing = match classify(&event) {
+            let outgoing = match self.api.stream_event(classify(&event)) {
                 EventKind::Chunk {
                     tokens,
                     finish_reason,
                     usage,
-                    value,
+                    ..
                 } => {
-                    last_event = finish_reason.is_some() && value.get("response").is_some();
+                    last_event = finish_reason.is_some() && self.api.route().framing().named_events;
                     if let Some(recorder) = &mut self.recorder {
                         recorder.chunk(now, &event);
                     }
@@ -592,7 +613,7 @@ impl Pump {
         }
         let tail = if let Some(failure) = &self.failure {
             failure.log();
-            failure.sse_event()
+            failure.sse_event_for(self.api.route().provider().error_shape())
         } else if !self.saw_done {
             let mut comment = self.clock.phases(Instant::now()).sse_comment().to_vec();
             comment.push(b'\n');
@@ -617,6 +638,7 @@ pub(crate) async fn passthrough(
     let (parts, body) = request.into_parts();
     let path = parts.uri.path();
     let below_v1 = path.strip_prefix("/v1").unwrap_or(path);
+    let provider = Provider::of_path(below_v1);
     let mut clock = PhaseClock::start(started);
     clock.body_read = Some(started);
     let meta = RecordMeta {
@@ -637,7 +659,7 @@ pub(crate) async fn passthrough(
             .map(|otel| otel.begin(&parts.headers, "/v1/{*rest}".to_owned())),
     };
     let upstream = &state.upstream;
-    let mut headers = upstream.outgoing_headers(&parts.headers, false);
+    let mut headers = upstream.outgoing_headers(&parts.headers, false, provider);
     if let Some(trace) = &meta.trace {
         trace.inject(&mut headers);
     }
@@ -646,7 +668,7 @@ pub(crate) async fn passthrough(
     let has_body = !(parts.method == Method::GET || parts.method == Method::HEAD);
     let mut request = upstream
         .client
-        .request(method, upstream.url(below_v1, parts.uri.query()))
+        .request(method, upstream.url(provider, below_v1, parts.uri.query()))
         .headers(headers);
     // A client whose body stalls makes the upstream send fail: that is the client's 408, not an
     // unreachable upstream.
@@ -668,7 +690,8 @@ pub(crate) async fn passthrough(
                 Some(&timeout_ms) => GatewayError::RequestTimeout { timeout_ms },
                 None => err,
             };
-            return fail_before_response(state, meta, clock, err, &request_id);
+            let shape = provider.error_shape();
+            return fail_before_response(state, meta, clock, err, shape, &request_id);
         }
     };
     let now = Instant::now();
@@ -715,6 +738,7 @@ mod tests {
         let (tx, rx) = mpsc::channel(1);
         drop(rx);
         let pump = Pump {
+            api: &crate::api::chat::Chat,
             clock: PhaseClock::start(Instant::now()),
             framer: SseFramer::new(),
             tx,
@@ -787,7 +811,7 @@ mod tests {
             ("x-reprise-cache", "no-store"),
             ("x-kept", "1"),
         ]);
-        let out = upstream.outgoing_headers(&incoming, true);
+        let out = upstream.outgoing_headers(&incoming, true, Provider::OpenAi);
         let all: Vec<(&str, &str)> = out
             .iter()
             .map(|(n, v)| (n.as_str(), v.to_str().unwrap_or("?")))
@@ -808,10 +832,15 @@ mod tests {
         assert_eq!(out["x-kept"], "1");
         // Pass-through: the client's own framing stays; no `api-key` is invented.
         let plain = headers(&[("content-type", "text/plain"), ("content-length", "3")]);
-        let out = upstream.outgoing_headers(&plain, false);
+        let out = upstream.outgoing_headers(&plain, false, Provider::OpenAi);
         assert_eq!(out[header::CONTENT_TYPE], "text/plain");
         assert_eq!(out[header::CONTENT_LENGTH], "3");
         assert!(!out.contains_key("api-key"));
         assert!(!out.contains_key("x-api-key"));
+        // The gateway's key is the OpenAI upstream's: Anthropic gets the client's own.
+        let out = upstream.outgoing_headers(&incoming, true, Provider::Anthropic);
+        assert_eq!(out["x-api-key"], "client-anthropic");
+        assert_eq!(out[header::AUTHORIZATION], "Bearer sk-client");
+        assert!(!out.contains_key("x-reprise-cache"));
     }
 }

@@ -28,15 +28,17 @@ pub(crate) async fn handle(state: AppState, route: Route, request: Request) -> R
     let started = Instant::now();
     let id = state.requests.next_id();
     tracing::Span::current().record("id", id.as_str());
+    // Errors take the shape of the API the client speaks.
+    let shape = route.provider().error_shape();
     // 1. ingress
     let ingress = match ingress::read(route, request, state.config.max_body_bytes, started).await {
         Ok(ingress) => ingress,
-        Err(err) => return error_response(err, &id),
+        Err(err) => return error_response(err, shape, &id),
     };
     // 2. policy and 3. key
     let mut ex = match Exchange::new(&state, ingress, id.clone()) {
         Ok(ex) => ex,
-        Err(err) => return error_response(err, &id),
+        Err(err) => return error_response(err, shape, &id),
     };
     // 4. lookup, then 5. replay or 6. forward (7. downstream and 8. record follow the response).
     match lookup::decide(&state, &mut ex).await {

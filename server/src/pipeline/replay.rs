@@ -141,6 +141,9 @@ pub(crate) async fn follow(
     let fresh = Fresh::new(ex.route());
     let include_usage = ex.include_usage;
     let named = ex.route().framing().named_events;
+    let shape = ex.route().provider().error_shape();
+    // An Anthropic message's follower gets its own id, as a hit does.
+    let renew = ex.route().framing().message_ids;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let mut clock = ex.ingress.clock.clone();
     let mut finisher = Finisher::new(
@@ -161,7 +164,7 @@ pub(crate) async fn follow(
                     reason: "the stream broke off",
                     detail: "this client fell behind the coalesced leader's stream, which is too large to keep".into(),
                 };
-                let _ = tx.send(err.sse_event()).await;
+                let _ = tx.send(err.sse_event_for(shape)).await;
                 break Completion::StreamFailed;
             }
             for event in &update.chunks {
@@ -180,7 +183,7 @@ pub(crate) async fn follow(
                     clock.first_token = Some(now);
                 }
                 let rendered = if named {
-                    Some(render_named(chunk))
+                    Some(render_named(chunk, renew.then_some(&fresh)))
                 } else {
                     render_chunk(chunk, &fresh, include_usage)
                 };
@@ -227,7 +230,7 @@ pub(crate) async fn follow(
                         reason: "the stream broke off",
                         detail: "the coalesced leader's stream failed".into(),
                     };
-                    let _ = tx.send(err.sse_event()).await;
+                    let _ = tx.send(err.sse_event_for(shape)).await;
                     break Completion::StreamFailed;
                 }
                 None => update = flight.next(seen).await,

@@ -19,6 +19,7 @@ mod fuzz;
 mod gateway;
 mod layers;
 mod learn;
+mod messages;
 mod otel;
 mod process;
 mod redis;
