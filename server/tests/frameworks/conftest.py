@@ -1,6 +1,7 @@
-"""Fixtures for the framework tests: one reprise-sim upstream and one reprise gateway (with the embedding model, so
-paraphrases can hit) as real processes, shared by every client the tests drive (the official SDK, LangChain, the
-OpenAI Agents SDK). Each test asks under its own API key, and the key is the tenant, so tests never share entries."""
+"""Fixtures for the framework tests: one reprise-sim upstream (OpenAI's API and Anthropic's Messages API, both through
+the gateway) and one reprise gateway (with the embedding model, so paraphrases can hit) as real processes, shared by
+every client the tests drive (the official SDKs, LangChain, the OpenAI Agents SDK). Each test asks under its own API
+key, and the key is the tenant, so tests never share entries."""
 
 import itertools
 import json
