@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: Rust unit, router and integration tests, then the official OpenAI SDK tests
 # (Python and Node), the admin dashboard in headless Chromium and the framework clients (LangChain, the
-# OpenAI Agents SDK, the SDKs' helpers), against real reprise and reprise-sim processes. Installs what it
-# needs on first run (Python venv, the embedding model, the Node SDK, playwright-core and Debian's
-# chromium). Screenshots land in target/artifacts (or $REPRISE_ARTIFACTS_DIR).
+# OpenAI Agents SDK, the SDKs' helpers, Anthropic's SDKs, Claude Code), against real reprise and reprise-sim
+# processes. Installs what it
+# needs on first run (Python venv, the embedding model, the Node SDKs, Claude Code, playwright-core and
+# Debian's chromium). Screenshots land in target/artifacts (or $REPRISE_ARTIFACTS_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -67,16 +68,24 @@ PROPTEST_CASES=100000 cargo test -p reprise-server --test it -- --exact \
 echo "==> Strict upstream tests (aiohttp)"
 REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/strict
 
-# ---- Framework clients: the official SDKs' helpers, LangChain, the OpenAI Agents SDK ----
+# ---- Framework clients: the official SDKs' helpers, LangChain, the OpenAI Agents SDK, Anthropic's SDKs ----
 # Each client (pinned: server/tests/frameworks/requirements.txt, installed by scripts/python-env.sh, and
 # server/tests/frameworks/node/package.json) asks a real gateway with the model loaded: a miss, an
 # exact hit, a paraphrase served as a semantic hit, and a streamed miss replayed as a streamed hit.
-echo "==> Framework tests (Python: openai sync/async and helpers, LangChain ChatOpenAI, Agents SDK; chat and Responses API)"
+echo "==> Framework tests (Python: openai and anthropic sync/async and helpers, LangChain ChatOpenAI and ChatAnthropic, Agents SDK)"
 REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" \
   .venv/bin/python -m pytest -q server/tests/frameworks
-echo "==> Framework tests (Node: openai create, chat.completions.stream and responses.create)"
+echo "==> Framework tests (Node: openai create, chat.completions.stream, responses.create; @anthropic-ai/sdk create, messages.stream)"
 (
   cd server/tests/frameworks/node
+  npm ci --no-audit --no-fund --silent
+  REPRISE_BIN_DIR="$OLDPWD/target/debug" REPRISE_MODELS_DIR="$OLDPWD/models" node --test
+)
+# Claude Code (pinned: server/tests/frameworks/claude/package.json; its package's postinstall puts the
+# native binary in place) runs `claude -p` twice against the gateway, offline: the second run is a hit.
+echo "==> Framework tests (Claude Code: claude -p, the same prompt twice)"
+(
+  cd server/tests/frameworks/claude
   npm ci --no-audit --no-fund --silent
   REPRISE_BIN_DIR="$OLDPWD/target/debug" REPRISE_MODELS_DIR="$OLDPWD/models" node --test
 )

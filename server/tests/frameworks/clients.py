@@ -1,7 +1,7 @@
 """The ways an application asks the gateway a question, one adapter per client library and calling style, each
 reading the cache outcome (`x-reprise-cache`) the way a user of that library would. The scenarios in
-test_cache.py run against every adapter in CLIENTS, chat completions and the Responses API alike; a new client or
-route is one more adapter here.
+test_cache.py run against every adapter in CLIENTS, chat completions, the Responses API and Anthropic's Messages
+API alike; a new client or route is one more adapter here.
 
 An adapter is `ask(stack, key, prompt, stream) -> Reply`: one question under API key `key`, streamed or not."""
 
@@ -10,6 +10,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
+import anthropic
 import openai
 from openai import AsyncOpenAI, OpenAI
 
@@ -299,6 +300,131 @@ def langchain_responses(stack, key, prompt, stream) -> Reply:
     return reply(message.response_metadata["headers"], lc_text(message))
 
 
+# ---- Anthropic's Messages API: the official `anthropic` SDK and LangChain's ChatAnthropic ----
+# Anthropic's clients take the gateway's address without `/v1`; they send `x-api-key` and `anthropic-version`.
+
+CLAUDE_MODEL = "claude-sim"
+MAX_TOKENS = 256
+
+
+def claude_messages(prompt: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}]
+
+
+def claude_text(message) -> str:
+    """The text of a `Message`: its text blocks (a thinking or tool_use block has none)."""
+    return "".join(b.text for b in message.content if b.type == "text")
+
+
+def claude_stream_text(events) -> str:
+    """The text of a Messages stream: its `text_delta`s."""
+    return "".join(
+        e.delta.text for e in events if e.type == "content_block_delta" and e.delta.type == "text_delta"
+    )
+
+
+class ClaudeOutcomes(Outcomes):
+    """Outcomes for the anthropic SDK, whose HTTP client is its own (httpx2), with the same event hooks."""
+
+    def http_client(self):
+        return anthropic.DefaultHttpxClient(event_hooks={"response": [self._record]})
+
+    def async_http_client(self):
+        return anthropic.DefaultAsyncHttpxClient(event_hooks={"response": [self._arecord]})
+
+
+def anthropic_sync(stack, key, prompt, stream) -> Reply:
+    with anthropic.Anthropic(base_url=stack.url, api_key=key, max_retries=0) as client:
+        raw = client.messages.with_raw_response.create(
+            model=CLAUDE_MODEL, max_tokens=MAX_TOKENS, system=SYSTEM, messages=claude_messages(prompt), stream=stream
+        )
+        text = claude_stream_text(raw.parse()) if stream else claude_text(raw.parse())
+        return reply(raw.headers, text)
+
+
+def anthropic_async(stack, key, prompt, stream) -> Reply:
+    async def run():
+        async with anthropic.AsyncAnthropic(base_url=stack.url, api_key=key, max_retries=0) as client:
+            raw = await client.messages.with_raw_response.create(
+                model=CLAUDE_MODEL, max_tokens=MAX_TOKENS, system=SYSTEM, messages=claude_messages(prompt),
+                stream=stream,
+            )
+            # Unlike the OpenAI SDK's, this raw response's parse() is a coroutine.
+            parsed = await raw.parse()
+            text = claude_stream_text([e async for e in parsed]) if stream else claude_text(parsed)
+            return reply(raw.headers, text)
+
+    return run_async(run())
+
+
+def anthropic_helpers_sync(stack, key, prompt, stream) -> Reply:
+    """`messages.stream(...)`: its `text_stream` and `get_final_message()`; unstreamed, a plain `messages.create`
+    read through the client's event hooks, as a user who never asks for the raw response would."""
+    seen = ClaudeOutcomes()
+    with anthropic.Anthropic(
+        base_url=stack.url, api_key=key, max_retries=0, http_client=seen.http_client()
+    ) as client:
+        ask = dict(model=CLAUDE_MODEL, max_tokens=MAX_TOKENS, system=SYSTEM, messages=claude_messages(prompt))
+        if stream:
+            with client.messages.stream(**ask) as events:
+                deltas = "".join(events.text_stream)
+                final = claude_text(events.get_final_message())
+            assert deltas == final, "the helper's text stream and its final message disagree"
+            return reply(seen.one(), final)
+        message = client.messages.create(**ask)
+        return reply(seen.one(), claude_text(message))
+
+
+def anthropic_helpers_async(stack, key, prompt, stream) -> Reply:
+    async def run():
+        seen = ClaudeOutcomes()
+        async with anthropic.AsyncAnthropic(
+            base_url=stack.url, api_key=key, max_retries=0, http_client=seen.async_http_client()
+        ) as client:
+            ask = dict(model=CLAUDE_MODEL, max_tokens=MAX_TOKENS, system=SYSTEM, messages=claude_messages(prompt))
+            if stream:
+                async with client.messages.stream(**ask) as events:
+                    deltas = "".join([t async for t in events.text_stream])
+                    final = claude_text(await events.get_final_message())
+                assert deltas == final, "the helper's text stream and its final message disagree"
+                return reply(seen.one(), final)
+            message = await client.messages.create(**ask)
+            return reply(seen.one(), claude_text(message))
+
+    return run_async(run())
+
+
+def chat_anthropic(stack, key):
+    from langchain_anthropic import ChatAnthropic
+
+    return ChatAnthropic(model=CLAUDE_MODEL, base_url=stack.url, api_key=key, max_retries=0, max_tokens=MAX_TOKENS)
+
+
+def langchain_anthropic(stack, key, prompt, stream) -> Reply:
+    """ChatAnthropic keeps the HTTP response to itself (no `include_response_headers`), so the outcome is read from
+    the gateway's own record: the one request this call added to /admin/requests."""
+    llm = chat_anthropic(stack, key)
+    seen = {r["id"] for r in stack.requests(limit=50)}
+    if stream:
+        text = "".join(lc_text(c) for c in llm.stream(lc_messages(prompt)))
+    else:
+        text = lc_text(llm.invoke(lc_messages(prompt)))
+    return stack.reply_from_record(seen, text)
+
+
+def langchain_anthropic_async(stack, key, prompt, stream) -> Reply:
+    async def run():
+        llm = chat_anthropic(stack, key)
+        seen = {r["id"] for r in stack.requests(limit=50)}
+        if stream:
+            text = "".join([lc_text(c) async for c in llm.astream(lc_messages(prompt))])
+        else:
+            text = lc_text(await llm.ainvoke(lc_messages(prompt)))
+        return stack.reply_from_record(seen, text)
+
+    return run_async(run())
+
+
 CLIENTS = [
     Client("openai-sync", openai_sync),
     Client("openai-async", openai_async),
@@ -314,4 +440,10 @@ CLIENTS = [
     Client("responses-helpers-async", responses_helpers_async),
     Client("langchain-responses", langchain_responses),
     Client("agents-responses", functools.partial(agents_run, model_class="OpenAIResponsesModel")),
+    Client("anthropic-sync", anthropic_sync),
+    Client("anthropic-async", anthropic_async),
+    Client("anthropic-helpers-sync", anthropic_helpers_sync),
+    Client("anthropic-helpers-async", anthropic_helpers_async),
+    Client("langchain-anthropic-sync", langchain_anthropic),
+    Client("langchain-anthropic-async", langchain_anthropic_async),
 ]

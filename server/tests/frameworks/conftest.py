@@ -1,6 +1,7 @@
-"""Fixtures for the framework tests: one reprise-sim upstream and one reprise gateway (with the embedding model, so
-paraphrases can hit) as real processes, shared by every client the tests drive (the official SDK, LangChain, the
-OpenAI Agents SDK). Each test asks under its own API key, and the key is the tenant, so tests never share entries."""
+"""Fixtures for the framework tests: one reprise-sim upstream (OpenAI's API and Anthropic's Messages API, both through
+the gateway) and one reprise gateway (with the embedding model, so paraphrases can hit) as real processes, shared by
+every client the tests drive (the official SDKs, LangChain, the OpenAI Agents SDK). Each test asks under its own API
+key, and the key is the tenant, so tests never share entries."""
 
 import itertools
 import json
@@ -72,6 +73,20 @@ class Stack:
             time.sleep(0.02)
         raise AssertionError(f"{request_id} is not in /admin/requests after {seconds}s")
 
+    def reply_from_record(self, seen: set[str], text: str, seconds: float = 10.0):
+        """A Reply for a client that keeps the response headers to itself: the outcome and id of the one request
+        recorded since `seen` (the ids in /admin/requests before the call; tests ask one at a time)."""
+        from clients import Reply
+
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            new = [r for r in self.requests(limit=50) if r["id"] not in seen]
+            if new:
+                assert len(new) == 1, f"expected one request to the gateway, saw {new}"
+                return Reply(new[0]["cache"], text, new[0]["id"])
+            time.sleep(0.02)
+        raise AssertionError(f"no new request in /admin/requests after {seconds}s")
+
     def require_semantic(self) -> None:
         """Semantic tests skip without the model outside CI (`models_dir` already failed the run under CI)."""
         if not self.semantic:
@@ -96,6 +111,7 @@ def stack():
         gateway = subprocess.Popen(
             [str(BIN_DIR / "reprise"), "serve", "--listen", f"127.0.0.1:{gw_port}",
              "--upstream-url", f"http://127.0.0.1:{sim_port}/v1",
+             "--anthropic-upstream-url", f"http://127.0.0.1:{sim_port}/v1",
              "--data-dir", tempfile.mkdtemp(prefix="reprise-frameworks-"), "--admin-token", ADMIN_TOKEN,
              # A slow, shared CI machine must not turn a paraphrase into an exact-only lookup.
              "--embed-deadline-ms", "5000", "--embed-queue-budget-ms", "1000",

@@ -1,6 +1,7 @@
-// The framework tests' running stack for Node: one reprise-sim upstream and one reprise gateway with the embedding
-// model (so paraphrases can hit), as real processes, plus what the tests ask of it: a fresh tenant per test, the
-// store's counts, and a fetch that records each response's x-reprise-cache for clients that keep the response.
+// The framework tests' running stack for Node: one reprise-sim upstream (OpenAI's API and Anthropic's Messages API)
+// and one reprise gateway with the embedding model (so paraphrases can hit), as real processes, plus what the tests
+// ask of it: a fresh tenant per test, the store's counts, and a fetch that records each response's x-reprise-cache
+// for clients that keep the response.
 //
 // Env: REPRISE_BIN_DIR (default target/debug), REPRISE_MODELS_DIR (default models/). Without the model, semantic
 // tests skip, unless CI is set: then the stack refuses to start.
@@ -53,6 +54,7 @@ async function start(models, procs, dataDir, stop) {
     : ["--semantic", "false"];
   procs.push(spawn(join(binDir, "reprise"), [
     "serve", "--listen", `127.0.0.1:${gwPort}`, "--upstream-url", `http://127.0.0.1:${simPort}/v1`,
+    "--anthropic-upstream-url", `http://127.0.0.1:${simPort}/v1`,
     "--data-dir", dataDir, "--admin-token", ADMIN_TOKEN,
     // A slow, shared CI machine must not turn a paraphrase into an exact-only lookup.
     "--embed-deadline-ms", "5000", "--embed-queue-budget-ms", "1000", ...matching,
@@ -83,13 +85,16 @@ async function start(models, procs, dataDir, stop) {
       }
       throw new Error(`no new entry stored (and indexed) within ${ms} ms: ${JSON.stringify(await stack.health())}`);
     },
+    /** The gateway's newest request records in /admin/requests, newest first. */
+    async requests(limit = 50) {
+      const headers = { authorization: `Bearer ${ADMIN_TOKEN}` };
+      return (await (await fetch(`${url}/admin/requests?limit=${limit}`, { headers })).json()).data;
+    },
     /** The gateway's record of a request in /admin/requests, by x-reprise-request-id (lands after the last byte). */
     async record(requestId, ms = 10_000) {
       const deadline = Date.now() + ms;
       while (Date.now() < deadline) {
-        const headers = { authorization: `Bearer ${ADMIN_TOKEN}` };
-        const res = await fetch(`${url}/admin/requests?limit=50`, { headers });
-        const found = (await res.json()).data.find((r) => r.id === requestId);
+        const found = (await stack.requests()).find((r) => r.id === requestId);
         if (found) return found;
         await new Promise((r) => setTimeout(r, 20));
       }
