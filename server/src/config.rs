@@ -156,6 +156,10 @@ pub struct ServeArgs {
     /// and `api-key` or `x-api-key` when the client sent them); never sent to the Anthropic upstream.
     #[arg(long, env = "REPRISE_UPSTREAM_API_KEY", hide_env_values = true)]
     pub upstream_api_key: Option<String>,
+    /// API key sent to `anthropic_upstream_url` as `x-api-key` instead of the client's credential
+    /// headers; never sent to the OpenAI upstream.
+    #[arg(long, env = "REPRISE_ANTHROPIC_API_KEY", hide_env_values = true)]
+    pub anthropic_api_key: Option<String>,
     /// Folder for the cache store [default: ./reprise-data].
     #[arg(long, env = "REPRISE_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -331,6 +335,8 @@ pub struct Config {
     /// Where Anthropic's Messages API (`/v1/messages` and below) goes: its own provider.
     pub anthropic_upstream_url: String,
     pub upstream_api_key: Option<Secret>,
+    /// The key the gateway sends to the Anthropic upstream instead of the client's.
+    pub anthropic_api_key: Option<Secret>,
     pub data_dir: PathBuf,
     /// Refuse to start on a corrupt store (else it is moved aside and the cache starts empty).
     pub strict_store: bool,
@@ -402,6 +408,7 @@ impl Default for Config {
             upstream_url: "https://api.openai.com/v1".to_owned(),
             anthropic_upstream_url: "https://api.anthropic.com/v1".to_owned(),
             upstream_api_key: None,
+            anthropic_api_key: None,
             data_dir: PathBuf::from("./reprise-data"),
             strict_store: false,
             store: StoreKind::Sled,
@@ -509,6 +516,7 @@ impl Config {
             upstream_url,
             anthropic_upstream_url,
             upstream_api_key,
+            anthropic_api_key,
             data_dir,
             strict_store,
             store,
@@ -563,6 +571,9 @@ impl Config {
         set(&mut self.anthropic_upstream_url, anthropic_upstream_url);
         if let Some(key) = upstream_api_key {
             self.upstream_api_key = Some(Secret::new(key));
+        }
+        if let Some(key) = anthropic_api_key {
+            self.anthropic_api_key = Some(Secret::new(key));
         }
         set(&mut self.data_dir, data_dir);
         set(&mut self.strict_store, strict_store);
@@ -656,6 +667,7 @@ impl Config {
         for (field, secret) in [
             ("admin_token", &self.admin_token),
             ("upstream_api_key", &self.upstream_api_key),
+            ("anthropic_api_key", &self.anthropic_api_key),
             ("judge_api_key", &self.judge_api_key),
         ] {
             if secret

@@ -34,6 +34,8 @@ pub struct Upstream {
     base_url: String,
     /// Anthropic's base URL, for [`Provider::Anthropic`] requests.
     anthropic_base_url: String,
+    /// The gateway's own key for Anthropic (`anthropic_api_key`), sent as `x-api-key`.
+    anthropic_api_key: Option<Secret>,
     api_key: Option<Secret>,
     pub(crate) first_byte_timeout: Duration,
     pub(crate) idle_timeout: Duration,
@@ -58,6 +60,7 @@ impl Upstream {
             client,
             base_url: config.upstream_url.clone(),
             anthropic_base_url: config.anthropic_upstream_url.clone(),
+            anthropic_api_key: config.anthropic_api_key.clone(),
             api_key: config.upstream_api_key.clone(),
             first_byte_timeout: config.first_byte_timeout(),
             idle_timeout: config.idle_timeout(),
@@ -84,9 +87,10 @@ impl Upstream {
     /// gateway controls removed, the client's credentials replaced when an upstream key is
     /// configured, compression refused so that the relay can read the events it passes on.
     /// `json_body` is set on the cacheable routes, whose body the gateway checked is JSON: they get
-    /// exactly one `Content-Type` (a strict server rejects a duplicate one). The gateway's key is
-    /// `upstream_url`'s: requests to Anthropic ([`Provider::Anthropic`]) keep the client's own
-    /// credentials, so that key never reaches another provider.
+    /// exactly one `Content-Type` (a strict server rejects a duplicate one). Each provider gets only
+    /// its own key: `upstream_api_key` goes to `upstream_url`, `anthropic_api_key` (as `x-api-key`,
+    /// the header Anthropic reads) to Anthropic ([`Provider::Anthropic`]); without the latter,
+    /// requests to Anthropic keep the client's own credentials.
     pub(crate) fn outgoing_headers(
         &self,
         incoming: &HeaderMap,
@@ -143,6 +147,21 @@ impl Upstream {
             out.remove(header::AUTHORIZATION);
             if let Some(value) = credential(format!("Bearer {}", key.expose())) {
                 out.insert(header::AUTHORIZATION, value);
+            }
+        }
+        if let Some(key) = self
+            .anthropic_api_key
+            .as_ref()
+            .filter(|_| provider == Provider::Anthropic)
+        {
+            // Every client credential goes, whichever header it came in, as for the OpenAI
+            // upstream: once the gateway holds its own key, no client's key goes upstream.
+            for name in crate::key::CREDENTIAL_HEADERS {
+                out.remove(HeaderName::from_static(name));
+            }
+            if let Ok(mut value) = HeaderValue::from_str(key.expose()) {
+                value.set_sensitive(true);
+                out.insert(HeaderName::from_static("x-api-key"), value);
             }
         }
         out.insert(

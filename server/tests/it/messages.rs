@@ -484,6 +484,40 @@ async fn the_gateways_openai_key_never_reaches_anthropic() {
     assert_eq!(sim.stats.snapshot().last_authorization, None);
 }
 
+/// With `anthropic_api_key`, Anthropic gets the gateway's key as `x-api-key` and no client
+/// credential, while the cache is still partitioned by the client's key.
+#[tokio::test]
+async fn the_gateways_anthropic_key_replaces_the_clients() {
+    let sim = sim_default().await;
+    let mut config = config_for(sim.base_url());
+    config.anthropic_upstream_url = sim.base_url();
+    config.anthropic_api_key = Some(reprise_server::config::Secret::new("sk-ant-gateway"));
+    config.upstream_api_key = Some(reprise_server::config::Secret::new("sk-openai-gateway"));
+    config.validate().expect("valid");
+    let gw = start(config).await;
+    let question = ask("Whose key goes upstream?", false);
+    let response = create(&gw, "sk-a", &question, &[]).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(outcome(&response), "miss");
+    let _ = response.text().await;
+    let seen = sim.stats.snapshot().last_headers;
+    let values = |name: &str| -> Vec<&str> {
+        seen.iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    };
+    assert_eq!(values("x-api-key"), ["sk-ant-gateway"], "{seen:?}");
+    assert!(values("authorization").is_empty(), "{seen:?}");
+    wait_for_entries(&gw, 1).await;
+    // The client's key still names its tenant: another key's client does not get sk-a's answer.
+    let other = create(&gw, "sk-b", &question, &[]).await;
+    assert_eq!(outcome(&other), "miss");
+    let _ = other.text().await;
+    let again = create(&gw, "sk-a", &question, &[]).await;
+    assert_eq!(outcome(&again), "hit");
+}
+
 #[tokio::test]
 async fn identical_requests_in_flight_share_one_call_each_with_its_own_id() {
     let sim = sim_default().await;
