@@ -7,10 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reprise_client::bench::workload::{Bank, GenSpec, Generator, Kind, Workload};
-use reprise_client::bench::{self, BenchConfig, Event};
+use reprise_client::bench::{self, Api, BenchConfig, Event};
 use reprise_sim::{self as sim, SimConfig};
 
 async fn start_sim() -> (String, tokio::sync::oneshot::Sender<()>) {
+    start_sim_with(None).await
+}
+
+/// A sim whose every request meets `fault` (e.g. an error status), or none.
+async fn start_sim_with(fault: Option<sim::Fault>) -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -19,6 +24,7 @@ async fn start_sim() -> (String, tokio::sync::oneshot::Sender<()>) {
         ttft_ms: 5.0,
         itl_ms: 1.0,
         tokens: 4,
+        fault,
         ..SimConfig::default()
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -32,6 +38,7 @@ fn config(url: &str) -> BenchConfig {
     BenchConfig {
         targets: vec![url.to_owned()],
         round_robin: Vec::new(),
+        api: Api::Openai,
         api_key: "sk-test".into(),
         model: "sim-model".into(),
         requests: 20,
@@ -375,5 +382,53 @@ mod paraphrase {
         assert_eq!((promoted.traps_missed, promoted.traps_promoted), (2, 0));
         assert_eq!(lock(&fake).stored_b, 0, "every b is asked with no-store");
         assert!(paraphrase::render(&report).contains("| 2 | all | [1] | 4 | 100.0% (2/2)"));
+    }
+}
+
+/// `--api anthropic` against the sim's Messages API: streamed, TTFT is the first
+/// `content_block_delta` and every delta a token; not streamed, the `message`'s usage gives them.
+#[tokio::test]
+async fn the_anthropic_api_is_measured_streamed_and_not() {
+    let (url, _stop) = start_sim().await;
+    for stream in [true, false] {
+        let mut config = config(&url);
+        config.api = Api::Anthropic;
+        config.stream = stream;
+        config.requests = 6;
+        let (seen, progress) = counter();
+        let report = bench::run(config, Workload::fresh("itest"), progress).await;
+        assert_eq!(seen.load(Ordering::Relaxed), 6);
+        let t = &report.targets[0];
+        assert_eq!((t.requests, t.errors), (6, 0), "stream {stream}");
+        assert_eq!(t.outcomes.get("none"), Some(&6));
+        for s in &report.samples {
+            assert_eq!((s.status, s.tokens), (200, 4), "stream {stream}: {s:?}");
+            assert!(s.ttft_ms.is_some_and(|ttft| ttft > 0.0), "{s:?}");
+            assert!(s.total_ms >= s.ttft_ms.unwrap_or(0.0));
+            // Four deltas make three gaps; an unstreamed answer has none.
+            assert_eq!(s.gaps_ms.len(), if stream { 3 } else { 0 });
+        }
+    }
+}
+
+/// A status the sim's Messages API answers with (here an injected 529 `overloaded_error`) is
+/// counted as an error, not measured as an answer.
+#[tokio::test]
+async fn an_anthropic_error_status_is_an_error() {
+    let (url, _stop) = start_sim_with(Some(sim::Fault::Status(529))).await;
+    let mut config = config(&url);
+    config.api = Api::Anthropic;
+    config.requests = 3;
+    config.warmup = 0;
+    let (_, progress) = counter();
+    let report = bench::run(config, Workload::fresh("itest"), progress).await;
+    assert_eq!(
+        (report.targets[0].requests, report.targets[0].errors),
+        (3, 3)
+    );
+    for s in &report.samples {
+        assert_eq!(s.status, 529);
+        assert_eq!(s.error.as_deref(), Some("HTTP 529"));
+        assert_eq!(s.tokens, 0);
     }
 }

@@ -11,10 +11,11 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::openloop::{self, Arrivals};
 use super::workload::{self, Bank, GenSpec, Generator, Order, Workload};
-use super::{base_url, paraphrase, report, BenchConfig, Event, Progress};
+use super::{base_url, paraphrase, report, Api, BenchConfig, Event, Progress};
 
-/// Measure TTFT, inter-token gaps and total time against an OpenAI-compatible base URL, by cache
-/// outcome (optionally against a second URL side by side).
+/// Measure TTFT, inter-token gaps and total time against an OpenAI-compatible (or, with `--api
+/// anthropic`, a Messages API) base URL, by cache outcome (optionally against a second URL side by
+/// side).
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("source").args(["unique_prompts", "prompts_file", "workload", "generate", "pairs"])))]
 pub struct BenchArgs {
@@ -29,7 +30,12 @@ pub struct BenchArgs {
     /// go to --url and these in turn and are reported as one target (--compare stays a second one).
     #[arg(long, value_name = "URL")]
     pub round_robin: Vec<String>,
-    /// API key sent as the bearer token.
+    /// API the requests speak: `openai` (chat completions) or `anthropic` (the Messages API,
+    /// `POST {url}/messages` with `x-api-key` and `anthropic-version: 2023-06-01`, tokens counted
+    /// per `content_block_delta`). The gateway serves both, so either can be measured.
+    #[arg(long, value_enum, default_value_t = Api::Openai)]
+    pub api: Api,
+    /// API key sent as the bearer token (`--api openai`) or as `x-api-key` (`--api anthropic`).
     #[arg(
         long,
         env = "OPENAI_API_KEY",
@@ -233,6 +239,7 @@ pub fn config_of(args: &BenchArgs, run_id: &str) -> Result<BenchConfig, String> 
     Ok(BenchConfig {
         targets,
         round_robin,
+        api: args.api,
         api_key: args.api_key.clone(),
         model: args.model.clone(),
         requests,
@@ -552,6 +559,13 @@ mod tests {
             Arrivals::Uniform
         );
         assert!(parse(&["--arrivals", "poisson"]).is_err(), "needs --rate");
+        assert_eq!(config.api, Api::Openai, "OpenAI unless asked");
+        let anthropic = parse(&["--api", "anthropic"]).expect("parses");
+        assert_eq!(
+            config_of(&anthropic, "r").expect("config").api,
+            Api::Anthropic
+        );
+        assert!(parse(&["--api", "gemini"]).is_err());
     }
 
     #[test]

@@ -13,6 +13,9 @@ pub struct BenchConfig {
     /// More base URLs of the first target (replicas of one service without a load balancer in
     /// front): request `i` of the first target goes to `targets[0]` and these in turn, by `i`.
     pub round_robin: Vec<String>,
+    /// Which API the requests speak; the base URLs must serve it.
+    pub api: Api,
+    /// Sent as the bearer token (OpenAI) or as `x-api-key` (Anthropic).
     pub api_key: String,
     pub model: String,
     /// Upper bound on measured requests per target (`usize::MAX`: bounded by time only).
@@ -36,6 +39,18 @@ pub struct BenchConfig {
     pub max_duration: Duration,
     /// Sent as `x-reprise-namespace`, so a run starts from a cache of its own.
     pub namespace: Option<String>,
+}
+
+/// The API a bench run speaks: one gateway serves both, and each has its own request shape and
+/// stream framing, so a run says which one it measures rather than guessing from the URL.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Api {
+    /// OpenAI chat completions: `POST {url}/chat/completions`, `data:` chunks with `choices`.
+    #[default]
+    Openai,
+    /// Anthropic's Messages API: `POST {url}/messages` with `x-api-key` and `anthropic-version`,
+    /// named events (`content_block_delta` carries the tokens, `message_stop` ends the stream).
+    Anthropic,
 }
 
 impl BenchConfig {

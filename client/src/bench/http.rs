@@ -1,6 +1,8 @@
 //! Sending one request and measuring it from the client's side ([`measure`]): time to first
 //! token, the gaps between content chunks, total time, and what the gateway's headers and timing
-//! comment say. One request at a time; scheduling is the runner's.
+//! comment say. One request at a time; scheduling is the runner's. Both APIs the gateway serves
+//! are measured here (`--api`): OpenAI's `data:` chunks and Anthropic's named events differ only
+//! in which lines carry a token and which one ends the stream.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +12,10 @@ use serde_json::Value;
 use super::prompts::body;
 use super::timing::Phases;
 use super::workload::Planned;
-use super::{outcome_of, skipped_reason, BenchConfig, Sample};
+use super::{outcome_of, skipped_reason, Api, BenchConfig, Sample};
+
+/// The Messages API version the bench speaks (Anthropic refuses a request without one).
+const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// Sends one request and measures it from the client's side.
 pub async fn measure(
@@ -23,10 +28,17 @@ pub async fn measure(
     let body = body(config, &planned.item);
     let mut sample = Sample::new(target, index, planned.kind);
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let mut request = client
-        .post(format!("{}/chat/completions", config.url_of(target, index)))
-        .bearer_auth(&config.api_key)
-        .json(&body);
+    let base = config.url_of(target, index);
+    let mut request = match config.api {
+        Api::Openai => client
+            .post(format!("{base}/chat/completions"))
+            .bearer_auth(&config.api_key),
+        Api::Anthropic => client
+            .post(format!("{base}/messages"))
+            .header("x-api-key", &config.api_key)
+            .header("anthropic-version", ANTHROPIC_VERSION),
+    }
+    .json(&body);
     if let Some(namespace) = &config.namespace {
         request = request.header("x-reprise-namespace", namespace);
     }
@@ -67,7 +79,13 @@ pub async fn measure(
         let mut bytes = response.bytes_stream();
         let mut buffer = Vec::new();
         let mut last_token: Option<Instant> = None;
-        while let Some(chunk) = bytes.next().await {
+        // Anthropic's `message_stop` (or an `error` event) ends the answer: the sample ends there,
+        // not when the server closes the connection, which it need not do at once.
+        let mut stopped = false;
+        while !stopped {
+            let Some(chunk) = bytes.next().await else {
+                break;
+            };
             let chunk = match chunk {
                 Ok(c) => c,
                 Err(err) => {
@@ -81,7 +99,25 @@ pub async fn measure(
             // Whole lines only: an event may be split across reads.
             while let Some(pos) = buffer.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = buffer.drain(..=pos).collect();
-                if line.starts_with(b"data: ") && has_content(&line[6..]) {
+                let data = line.strip_prefix(b"data: ");
+                let token = match (config.api, data) {
+                    (Api::Openai, Some(data)) => has_content(data),
+                    (Api::Anthropic, Some(data)) => match anthropic_event(data) {
+                        AnthropicEvent::Token => true,
+                        AnthropicEvent::Other => false,
+                        AnthropicEvent::Stop => {
+                            stopped = true;
+                            false
+                        }
+                        AnthropicEvent::Error(message) => {
+                            sample.error = Some(message);
+                            stopped = true;
+                            false
+                        }
+                    },
+                    (_, None) => false,
+                };
+                if token {
                     sample.tokens += 1;
                     sample
                         .ttft_ms
@@ -99,7 +135,12 @@ pub async fn measure(
         }
     } else {
         match response.bytes().await {
-            Ok(_) => sample.ttft_ms = Some(ms(started.elapsed())),
+            Ok(body) => {
+                sample.ttft_ms = Some(ms(started.elapsed()));
+                if config.api == Api::Anthropic {
+                    sample.tokens = anthropic_tokens(&body);
+                }
+            }
             Err(err) => sample.error = Some(err.to_string()),
         }
     }
@@ -124,9 +165,103 @@ fn has_content(data: &[u8]) -> bool {
         })
 }
 
+/// What one `data:` line of a Messages API stream means to the measurement.
+#[derive(Debug, PartialEq)]
+enum AnthropicEvent {
+    /// A `content_block_delta` with content: one token arrived.
+    Token,
+    /// `message_stop`: the answer is complete.
+    Stop,
+    /// An `error` event mid-stream (e.g. `overloaded_error`): the request failed after its 200.
+    Error(String),
+    /// Anything else (`message_start`, `ping`, a block's start or stop, `message_delta`).
+    Other,
+}
+
+/// Reads one Messages API event from its `data:` line. The event's `type` is in its data as well
+/// as its `event:` line, so the data alone decides. A delta without content (the empty piece that
+/// opens a tool's input, a thinking block's signature) is not a token, as an OpenAI chunk without
+/// content is not.
+fn anthropic_event(data: &[u8]) -> AnthropicEvent {
+    let Ok(value) = serde_json::from_slice::<Value>(data) else {
+        return AnthropicEvent::Other;
+    };
+    match value["type"].as_str() {
+        Some("content_block_delta") => {
+            let delta = &value["delta"];
+            let content = ["text", "thinking", "partial_json"]
+                .iter()
+                .find_map(|field| delta[field].as_str());
+            if content.is_some_and(|c| !c.is_empty()) {
+                AnthropicEvent::Token
+            } else {
+                AnthropicEvent::Other
+            }
+        }
+        Some("message_stop") => AnthropicEvent::Stop,
+        Some("error") => AnthropicEvent::Error(
+            value
+                .pointer("/error/type")
+                .and_then(Value::as_str)
+                .unwrap_or("error event")
+                .to_owned(),
+        ),
+        _ => AnthropicEvent::Other,
+    }
+}
+
+/// The tokens of a non-streamed `message`: `usage.output_tokens` as the server counted them, or,
+/// from a server that sends no usage, the words of `content[0].text`.
+fn anthropic_tokens(body: &[u8]) -> usize {
+    let Ok(value) = serde_json::from_slice::<Value>(body) else {
+        return 0;
+    };
+    if let Some(n) = value
+        .pointer("/usage/output_tokens")
+        .and_then(Value::as_u64)
+    {
+        return n as usize;
+    }
+    value
+        .pointer("/content/0/text")
+        .and_then(Value::as_str)
+        .map_or(0, |text| text.split_whitespace().count())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn anthropic_events_count_content_deltas_and_stop_at_message_stop() {
+        let event = |s: &str| anthropic_event(s.as_bytes());
+        assert_eq!(
+            event(
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#
+            ),
+            AnthropicEvent::Token
+        );
+        assert_eq!(
+            event(
+                r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}"#
+            ),
+            AnthropicEvent::Other
+        );
+        assert_eq!(event(r#"{"type":"ping"}"#), AnthropicEvent::Other);
+        assert_eq!(event(r#"{"type":"message_stop"}"#), AnthropicEvent::Stop);
+        assert_eq!(
+            event(r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#),
+            AnthropicEvent::Error("overloaded_error".into())
+        );
+        assert_eq!(
+            anthropic_tokens(br#"{"content":[{"type":"text","text":"a b c"}]}"#),
+            3
+        );
+        assert_eq!(
+            anthropic_tokens(br#"{"content":[],"usage":{"output_tokens":7}}"#),
+            7
+        );
+    }
 
     #[test]
     fn content_detection_ignores_role_and_finish_chunks() {

@@ -1,6 +1,7 @@
-//! The benchmark driver: sends chat completions to one or two OpenAI-compatible base URLs and measures
-//! what an application feels (client-side time to first token, inter-token gaps, total time), along
-//! with what the gateway says about each request (cache outcome, TTFT saved, its phase timing).
+//! The benchmark driver: sends chat completions (or, with `--api anthropic`, Messages API requests)
+//! to one or two base URLs and measures what an application feels (client-side time to first
+//! token, inter-token gaps, total time), along with what the gateway says about each request
+//! (cache outcome, TTFT saved, its phase timing).
 //!
 //! Closed loop (a fixed number of workers, each sending its next request when the last one is
 //! done) or open loop (arrivals on a fixed schedule whatever the responses do, see `openloop`).
@@ -28,7 +29,7 @@ pub mod table;
 pub mod timing;
 pub mod workload;
 
-pub use config::{base_url, BenchConfig};
+pub use config::{base_url, Api, BenchConfig};
 pub use http::measure;
 pub use runner::{run, Event, Progress};
 pub use sample::{outcome_of, skipped_reason, Sample};
@@ -63,6 +64,7 @@ mod tests {
         BenchConfig {
             targets: targets.iter().map(|t| (*t).to_owned()).collect(),
             round_robin: Vec::new(),
+            api: Api::Openai,
             api_key: String::new(),
             model: "m".into(),
             requests: 4,

@@ -4,15 +4,43 @@
 use serde_json::{json, Value};
 
 use super::workload::Item;
-use super::BenchConfig;
+use super::{Api, BenchConfig};
 
-/// The request body of a planned item.
+/// `max_tokens` of a Messages API request: Anthropic requires one and the bench has no setting of
+/// its own for it, so a bound well above any simulated or cached answer the bench measures.
+pub(super) const ANTHROPIC_MAX_TOKENS: u64 = 256;
+
+/// The request body of a planned item, in the shape of the run's API.
 pub(super) fn body(config: &BenchConfig, item: &Item) -> Value {
-    json!({
-        "model": item.model.as_deref().unwrap_or(&config.model),
-        "stream": config.stream,
-        "messages": *item.messages,
-    })
+    let model = item.model.as_deref().unwrap_or(&config.model);
+    match config.api {
+        Api::Openai => json!({
+            "model": model,
+            "stream": config.stream,
+            "messages": *item.messages,
+        }),
+        Api::Anthropic => {
+            // The Messages API refuses a `system` role in `messages`: a workload's system
+            // messages move to the top-level `system` field, joined, as the gateway would.
+            let all = item.messages.as_array().map(Vec::as_slice).unwrap_or(&[]);
+            let (system, messages): (Vec<&Value>, Vec<&Value>) =
+                all.iter().partition(|m| m["role"] == "system");
+            let mut body = json!({
+                "model": model,
+                "max_tokens": ANTHROPIC_MAX_TOKENS,
+                "stream": config.stream,
+                "messages": messages,
+            });
+            let system: Vec<&str> = system
+                .iter()
+                .filter_map(|m| m["content"].as_str())
+                .collect();
+            if !system.is_empty() {
+                body["system"] = Value::from(system.join("\n\n"));
+            }
+            body
+        }
+    }
 }
 
 pub(super) const WORDS: &[&str] = &[
@@ -130,5 +158,29 @@ mod tests {
         assert_eq!(b["model"], "m");
         assert_eq!(b["stream"], true);
         assert_eq!(b["messages"][0]["role"], "user");
+        assert!(b.get("max_tokens").is_none(), "OpenAI bodies are unchanged");
+    }
+
+    #[test]
+    fn anthropic_bodies_carry_max_tokens_and_a_top_level_system() {
+        let config = BenchConfig {
+            api: Api::Anthropic,
+            ..test_config(&["a"])
+        };
+        let item = Item {
+            messages: std::sync::Arc::new(json!([
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "hi"},
+            ])),
+            ..Item::prompt("x", None)
+        };
+        let b = body(&config, &item);
+        assert_eq!(b["max_tokens"], ANTHROPIC_MAX_TOKENS);
+        assert_eq!(b["system"], "Be brief.");
+        assert_eq!(b["messages"], json!([{"role": "user", "content": "hi"}]));
+        assert_eq!(
+            (b["model"].as_str(), b["stream"].as_bool()),
+            (Some("m"), Some(true))
+        );
     }
 }
