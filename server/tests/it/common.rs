@@ -273,3 +273,48 @@ pub async fn metrics(gw: &Gateway) -> String {
         .await
         .expect("text")
 }
+
+/// A stream of named events (the Responses API's, Anthropic's Messages API's) read back: (event
+/// name, data) pairs, and what follows the last event.
+pub struct Typed {
+    pub events: Vec<(String, Value)>,
+    pub tail: String,
+}
+
+pub fn parse_typed(text: &str) -> Typed {
+    let mut events = Vec::new();
+    let mut tail = String::new();
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let mut name = None;
+        let mut data = None;
+        for line in block.lines() {
+            if let Some(n) = line.strip_prefix("event: ") {
+                name = Some(n.to_owned());
+            } else if let Some(d) = line.strip_prefix("data: ") {
+                data = Some(d.to_owned());
+            }
+        }
+        match (name, data) {
+            (Some(name), Some(data)) => {
+                let value: Value = serde_json::from_str(&data).expect("event json");
+                assert_eq!(
+                    value["type"],
+                    json!(name),
+                    "the event line names the data's type"
+                );
+                events.push((name, value));
+                tail.clear();
+            }
+            (None, None) => tail.push_str(block),
+            other => panic!("an unnamed or empty event: {other:?} in {text}"),
+        }
+    }
+    Typed { events, tail }
+}
+
+impl Typed {
+    /// The event names, in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.events.iter().map(|(n, _)| n.as_str()).collect()
+    }
+}

@@ -33,48 +33,13 @@ async fn create(
     request.send().await.expect("send")
 }
 
-/// A typed stream read back: (event name, data) pairs, and the lines after the last event.
-struct Typed {
-    events: Vec<(String, Value)>,
-    tail: String,
+/// What a Responses API stream says, read from its events.
+trait ResponsesStream {
+    fn text(&self) -> String;
+    fn completed(&self) -> &Value;
 }
 
-fn parse_typed(text: &str) -> Typed {
-    let mut events = Vec::new();
-    let mut tail = String::new();
-    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
-        let mut name = None;
-        let mut data = None;
-        for line in block.lines() {
-            if let Some(n) = line.strip_prefix("event: ") {
-                name = Some(n.to_owned());
-            } else if let Some(d) = line.strip_prefix("data: ") {
-                data = Some(d.to_owned());
-            }
-        }
-        match (name, data) {
-            (Some(name), Some(data)) => {
-                let value: Value = serde_json::from_str(&data).expect("event json");
-                assert_eq!(
-                    value["type"],
-                    json!(name),
-                    "the event line names the data's type"
-                );
-                events.push((name, value));
-                tail.clear();
-            }
-            (None, None) => tail.push_str(block),
-            other => panic!("an unnamed or empty event: {other:?} in {text}"),
-        }
-    }
-    Typed { events, tail }
-}
-
-impl Typed {
-    fn names(&self) -> Vec<&str> {
-        self.events.iter().map(|(n, _)| n.as_str()).collect()
-    }
-
+impl ResponsesStream for Typed {
     fn text(&self) -> String {
         self.events
             .iter()
