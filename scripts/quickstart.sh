@@ -27,6 +27,11 @@ if [ -z "${REPRISE_UPSTREAM_URL:-}" ]; then
   sim_pid=$!
   export REPRISE_UPSTREAM_URL="http://$sim_listen/v1"
   echo "==> REPRISE_UPSTREAM_URL is not set: serving in front of reprise-sim (cloud-gpu profile) at $REPRISE_UPSTREAM_URL"
+  # The sim speaks Anthropic's Messages API too: without this, /v1/messages would go to Anthropic.
+  if [ -z "${REPRISE_ANTHROPIC_UPSTREAM_URL:-}" ]; then
+    export REPRISE_ANTHROPIC_UPSTREAM_URL="$REPRISE_UPSTREAM_URL"
+    echo "==> REPRISE_ANTHROPIC_UPSTREAM_URL is not set: /v1/messages goes to the same reprise-sim"
+  fi
 fi
 
 if [ -z "${REPRISE_ADMIN_TOKEN:-}" ]; then
