@@ -323,6 +323,10 @@ pub struct ServeArgs {
     /// A file whose text replaces the judge's instruction (server/prompts/judge-v1.txt).
     #[arg(long, env = "REPRISE_JUDGE_PROMPT")]
     pub judge_prompt: Option<PathBuf>,
+    /// A price table (TOML, the format of server/prices.toml) whose models extend or override the
+    /// compiled-in defaults, for the money hits saved.
+    #[arg(long, env = "REPRISE_PRICES")]
+    pub prices: Option<PathBuf>,
 }
 
 /// The validated configuration the gateway runs with: the start-up settings, and the first
@@ -399,6 +403,11 @@ pub struct Config {
     pub judge_prompt: Option<PathBuf>,
     /// Most pairs waiting for a background verdict; more are dropped (TOML only).
     pub judge_queue: usize,
+    /// A price table file over the compiled-in defaults (`server/prices.toml`).
+    pub prices: Option<PathBuf>,
+    // In the file: `[namespace_prices.support]` then `"gpt-4o" = { input = 2.0, output = 8.0 }`.
+    /// Prices of a namespace's requests, model by model, over the table (TOML only).
+    pub namespace_prices: crate::savings::NamespacePrices,
 }
 
 impl Default for Config {
@@ -458,6 +467,8 @@ impl Default for Config {
             judge_rate: 20.0,
             judge_prompt: None,
             judge_queue: 1024,
+            prices: None,
+            namespace_prices: crate::savings::NamespacePrices::new(),
         }
     }
 }
@@ -565,6 +576,7 @@ impl Config {
             judge_max_concurrency,
             judge_rate,
             judge_prompt,
+            prices,
         } = args.clone();
         set(&mut self.listen, listen);
         set(&mut self.upstream_url, upstream_url);
@@ -642,6 +654,9 @@ impl Config {
         set(&mut self.judge_rate, judge_rate);
         if judge_prompt.is_some() {
             self.judge_prompt = judge_prompt;
+        }
+        if prices.is_some() {
+            self.prices = prices;
         }
     }
 
@@ -725,7 +740,34 @@ impl Config {
         }
         self.live.validate()?;
         self.validate_judge()?;
+        self.validate_prices()?;
         self.validate_upper_bounds()
+    }
+
+    /// The price table: the file readable and every price a number of 0 or more; namespaces named
+    /// as a request can name them.
+    fn validate_prices(&self) -> Result<(), ConfigError> {
+        if let Some(name) = self
+            .namespace_prices
+            .keys()
+            .find(|n| !crate::policy::is_namespace(n))
+        {
+            return Err(ConfigError::Invalid {
+                field: "namespace_prices",
+                reason: format!(
+                    "namespace {name:?} is not a namespace name ({})",
+                    crate::policy::NAMESPACE_RULE
+                ),
+            });
+        }
+        let field = if self.prices.is_some() {
+            "prices"
+        } else {
+            "namespace_prices"
+        };
+        crate::savings::Prices::build(self.prices.as_deref(), &self.namespace_prices)
+            .map(drop)
+            .map_err(|reason| ConfigError::Invalid { field, reason })
     }
 
     /// The judge's start-up settings: a readable instruction, limits in range, and a credential for

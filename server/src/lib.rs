@@ -67,6 +67,7 @@ pub mod policy;
 pub mod record;
 pub mod render;
 pub mod replica;
+pub mod savings;
 pub mod semantic;
 pub(crate) mod serve;
 pub(crate) mod shadow;

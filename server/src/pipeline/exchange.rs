@@ -200,6 +200,7 @@ impl Exchange {
             error: None,
             store_skipped: None,
             trace: self.trace.clone(),
+            namespace: self.policy.namespace.clone(),
         }
     }
 }
