@@ -144,7 +144,13 @@ impl Prices {
     }
 
     /// US dollars for `input` and `output` tokens of `model`; `None` when it has no price.
-    pub fn cost(&self, model: &str, namespace: Option<&str>, input: u64, output: u64) -> Option<f64> {
+    pub fn cost(
+        &self,
+        model: &str,
+        namespace: Option<&str>,
+        input: u64,
+        output: u64,
+    ) -> Option<f64> {
         let price = self.price(model, namespace)?;
         Some((input as f64 * price.input + output as f64 * price.output) / 1e6)
     }
@@ -190,10 +196,9 @@ pub fn tokenizer(model: &str) -> (&'static CoreBPE, &'static str) {
         Some(Tokenizer::R50kBase | Tokenizer::Gpt2) => {
             (tiktoken_rs::r50k_base_singleton(), "r50k_base")
         }
-        None if model.starts_with("claude") => (
-            tiktoken_rs::cl100k_base_singleton(),
-            "approx:cl100k_base",
-        ),
+        None if model.starts_with("claude") => {
+            (tiktoken_rs::cl100k_base_singleton(), "approx:cl100k_base")
+        }
         None => (tiktoken_rs::o200k_base_singleton(), "approx:o200k_base"),
     }
 }
@@ -287,7 +292,10 @@ impl Accounting {
 
     /// The price table of the configuration: `prices` (a file) and `namespace_prices`.
     pub fn load(file: Option<&PathBuf>, namespaces: &NamespacePrices) -> Result<Self, String> {
-        Ok(Self::new(Prices::build(file.map(PathBuf::as_path), namespaces)?))
+        Ok(Self::new(Prices::build(
+            file.map(PathBuf::as_path),
+            namespaces,
+        )?))
     }
 
     /// What serving `entry` to `request` saved: the entry's stored usage, or its text counted.
@@ -377,8 +385,18 @@ mod tests {
     fn the_default_table_parses_is_dated_and_prices_the_well_known_models() {
         let prices = Prices::build(None, &NamespacePrices::new()).expect("defaults");
         assert_eq!(prices.info().date.len(), "2025-11-24".len());
-        assert!(prices.info().sources.iter().all(|s| s.starts_with("https://")));
-        for model in ["gpt-4o", "gpt-4o-mini", "gpt-4.1", "o3", "claude-sonnet-4-5"] {
+        assert!(prices
+            .info()
+            .sources
+            .iter()
+            .all(|s| s.starts_with("https://")));
+        for model in [
+            "gpt-4o",
+            "gpt-4o-mini",
+            "gpt-4.1",
+            "o3",
+            "claude-sonnet-4-5",
+        ] {
             assert!(prices.price(model, None).is_some(), "{model}");
         }
         // Snapshots take their model's price; the longest key wins.
@@ -402,7 +420,9 @@ mod tests {
         assert_eq!(prices.price("gpt-4oz", None), None);
         assert_eq!(prices.price("sim-model", None), None);
         assert_eq!(prices.cost("sim-model", None, 10, 10), None);
-        let cost = prices.cost("gpt-4o", None, 1_000_000, 100_000).expect("priced");
+        let cost = prices
+            .cost("gpt-4o", None, 1_000_000, 100_000)
+            .expect("priced");
         assert!((cost - (2.5 + 1.0)).abs() < 1e-9, "{cost}");
     }
 
@@ -433,10 +453,16 @@ mod tests {
             Some(1.0)
         );
         // Another namespace, and models the namespace does not price, use the table.
-        assert_eq!(prices.cost("gpt-4o", Some("sales"), 1_000_000, 0), Some(1.0));
+        assert_eq!(
+            prices.cost("gpt-4o", Some("sales"), 1_000_000, 0),
+            Some(1.0)
+        );
         assert!(prices.price("gpt-4.1", Some("support")).is_some());
         assert!(prices.info().date.contains("2026-01-01"));
-        assert_eq!(prices.info().file.as_deref(), Some(&*path.display().to_string()));
+        assert_eq!(
+            prices.info().file.as_deref(),
+            Some(&*path.display().to_string())
+        );
 
         std::fs::write(&path, "[models]\n\"x\" = { input = -1.0, output = 2.0 }\n").expect("write");
         let err = Prices::build(Some(&path), &NamespacePrices::new()).expect_err("negative");
@@ -483,7 +509,8 @@ mod tests {
             output,
             bpe.encode_ordinary("Hi! How can I help?\n").len() as u64
         );
-        let anthropic = json!({"content": [{"type": "text", "text": "Bonjour"}], "stop_reason": "end_turn"});
+        let anthropic =
+            json!({"content": [{"type": "text", "text": "Bonjour"}], "stop_reason": "end_turn"});
         assert!(count("claude-3-5-haiku", request, &anthropic).1 > 0);
     }
 

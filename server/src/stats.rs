@@ -412,8 +412,13 @@ impl Stats {
             self.ttft_saved.inc_by(saved / 1e3);
         }
         if let Some(saved) = &record.saved {
-            for (kind, n) in [("input", saved.input_tokens), ("output", saved.output_tokens)] {
-                self.tokens_saved.with_label_values(&[route, kind]).inc_by(n);
+            for (kind, n) in [
+                ("input", saved.input_tokens),
+                ("output", saved.output_tokens),
+            ] {
+                self.tokens_saved
+                    .with_label_values(&[route, kind])
+                    .inc_by(n);
             }
             // Created at the first hit even when unpriced, so a route's series exists with its tokens.
             let cost = self.cost_saved.with_label_values(&[route]);
@@ -893,12 +898,9 @@ mod tests {
         assert_eq!(s.by_model["m"].hits, 2);
         assert_eq!(s.shadow.hits, 1);
         let text = stats.render_prometheus(&Gauges::default());
-        assert!(text.contains(
-            "reprise_tokens_saved_total{kind=\"input\",route=\"chat.completions\"} 100"
-        ));
-        assert!(text.contains(
-            "reprise_tokens_saved_total{kind=\"output\",route=\"messages\"} 3"
-        ));
+        assert!(text
+            .contains("reprise_tokens_saved_total{kind=\"input\",route=\"chat.completions\"} 100"));
+        assert!(text.contains("reprise_tokens_saved_total{kind=\"output\",route=\"messages\"} 3"));
         assert!(text.contains("reprise_cost_saved_total{route=\"chat.completions\"} 0.25"));
         // An unpriced route has its tokens and a cost series that stays at zero.
         assert!(text.contains("reprise_cost_saved_total{route=\"messages\"} 0"));

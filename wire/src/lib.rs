@@ -25,9 +25,7 @@ pub use lenient::Lenient;
 pub use outcome::{CacheOutcome, Completion};
 pub use phases::Phases;
 pub use record::{LenientRecord, RequestRecord};
-pub use savings::{
-    JudgeCost, PriceTableInfo, Savings, SavingsRow, TokenSource, TokensSaved,
-};
+pub use savings::{JudgeCost, PriceTableInfo, Savings, SavingsRow, TokenSource, TokensSaved};
 pub use stats::{
     GuardRefusals, OutcomeLatency, Overlap, Rates, RequestCounts, Summary, Timeline,
     TimelineBucket, TtftHistogram, TtftSaved, UpstreamErrors,

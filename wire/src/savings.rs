@@ -186,10 +186,7 @@ mod tests {
             tokenizer: Some("o200k_base".into()),
             cost_usd: None,
         });
-        assert_eq!(
-            (row.hits, row.input_tokens, row.output_tokens),
-            (2, 11, 7)
-        );
+        assert_eq!((row.hits, row.input_tokens, row.output_tokens), (2, 11, 7));
         assert_eq!((row.unpriced, row.counted), (1, 1));
         assert!((row.cost_usd - 0.5).abs() < 1e-12);
         let json = serde_json::to_value(&row).expect("json");

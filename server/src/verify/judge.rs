@@ -224,9 +224,10 @@ impl JudgeCounts {
 
     /// Adds a call's tokens, priced at `model`'s rate, to the cost.
     fn charge(&self, model: &str, judged: &Judged) {
-        let priced = self.prices.get().and_then(|p| {
-            p.cost_of(model, judged.prompt_tokens, judged.completion_tokens)
-        });
+        let priced = self
+            .prices
+            .get()
+            .and_then(|p| p.cost_of(model, judged.prompt_tokens, judged.completion_tokens));
         let mut cost = self.cost.lock().unwrap_or_else(|e| e.into_inner());
         cost.calls += 1;
         cost.input_tokens += judged.prompt_tokens;
