@@ -1043,6 +1043,59 @@ mod tests {
     }
 
     #[test]
+    fn prices_come_from_a_file_flag_or_key_and_per_namespace_from_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let prices = dir.path().join("prices.toml");
+        std::fs::write(&prices, "[models]\n\"m\" = { input = 1.0, output = 2.0 }\n")
+            .expect("write");
+        let path = dir.path().join("reprise.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "prices = {:?}\n[namespace_prices.support]\n\"m\" = {{ input = 0.5, output = 0.5 }}\n",
+                prices.display().to_string()
+            ),
+        )
+        .expect("write");
+        let config = Config::load(&ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        })
+        .expect("valid");
+        assert_eq!(config.prices.as_deref(), Some(prices.as_path()));
+        assert_eq!(config.namespace_prices["support"]["m"].input, 0.5);
+        // The flag wins over the file.
+        let other = dir.path().join("other.toml");
+        std::fs::write(&other, "[models]\n").expect("write");
+        let config = Config::load(&ServeArgs {
+            config: Some(path.clone()),
+            prices: Some(other.clone()),
+            ..ServeArgs::default()
+        })
+        .expect("valid");
+        assert_eq!(config.prices.as_deref(), Some(other.as_path()));
+        // A namespace that no request could name, or a negative price, stops the start.
+        std::fs::write(&path, "[namespace_prices.\"no spaces\"]\n").expect("write");
+        let err = Config::load(&ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        })
+        .expect_err("bad namespace");
+        assert!(err.to_string().contains("namespace_prices"), "{err}");
+        std::fs::write(
+            &path,
+            "[namespace_prices.support]\n\"m\" = { input = -1.0, output = 0.0 }\n",
+        )
+        .expect("write");
+        let err = Config::load(&ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        })
+        .expect_err("negative");
+        assert!(err.to_string().contains("namespace_prices"), "{err}");
+    }
+
+    #[test]
     fn unknown_keys_and_bad_values_name_the_field() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("bad.toml");

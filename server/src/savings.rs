@@ -176,10 +176,35 @@ pub fn usage_tokens(usage: &Value) -> Option<(u64, u64)> {
     Some((input.unwrap_or(0) + cached, output.unwrap_or(0)))
 }
 
-/// The tokenizer text of `model` is counted with, and its label: OpenAI's own for its models;
-/// `cl100k_base` for Anthropic's, whose tokenizer is not public (an approximation); `o200k_base`,
-/// also an approximation, for any other.
-pub fn tokenizer(model: &str) -> (&'static CoreBPE, &'static str) {
+/// The BPE tables a model's text is counted with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Table {
+    O200k,
+    Cl100k,
+    P50k,
+    R50k,
+}
+
+impl Table {
+    /// The tables, built on first use (a fraction of a second in a release build; see [`warm`]).
+    fn bpe(self) -> &'static CoreBPE {
+        match self {
+            Table::O200k => tiktoken_rs::o200k_base_singleton(),
+            Table::Cl100k => tiktoken_rs::cl100k_base_singleton(),
+            Table::P50k => tiktoken_rs::p50k_base_singleton(),
+            Table::R50k => tiktoken_rs::r50k_base_singleton(),
+        }
+    }
+
+    fn slot(self) -> usize {
+        self as usize
+    }
+}
+
+/// The table text of `model` is counted with, and its label: OpenAI's own for its models;
+/// `cl100k_base` for Anthropic's, whose tokenizer is not public (an approximation, labelled
+/// `approx:`); `o200k_base`, also an approximation, for any other.
+fn table(model: &str) -> (Table, &'static str) {
     use tiktoken_rs::tokenizer::{get_tokenizer, Tokenizer};
     // GPT-5 postdates the crate's model map; it uses o200k_base as GPT-4o does.
     let known = if model.starts_with("gpt-5") {
@@ -188,18 +213,39 @@ pub fn tokenizer(model: &str) -> (&'static CoreBPE, &'static str) {
         get_tokenizer(model)
     };
     match known {
-        Some(Tokenizer::O200kBase) => (tiktoken_rs::o200k_base_singleton(), "o200k_base"),
-        Some(Tokenizer::Cl100kBase) => (tiktoken_rs::cl100k_base_singleton(), "cl100k_base"),
-        Some(Tokenizer::P50kBase | Tokenizer::P50kEdit) => {
-            (tiktoken_rs::p50k_base_singleton(), "p50k_base")
-        }
-        Some(Tokenizer::R50kBase | Tokenizer::Gpt2) => {
-            (tiktoken_rs::r50k_base_singleton(), "r50k_base")
-        }
-        None if model.starts_with("claude") => {
-            (tiktoken_rs::cl100k_base_singleton(), "approx:cl100k_base")
-        }
-        None => (tiktoken_rs::o200k_base_singleton(), "approx:o200k_base"),
+        Some(Tokenizer::O200kBase) => (Table::O200k, "o200k_base"),
+        Some(Tokenizer::Cl100kBase) => (Table::Cl100k, "cl100k_base"),
+        Some(Tokenizer::P50kBase | Tokenizer::P50kEdit) => (Table::P50k, "p50k_base"),
+        Some(Tokenizer::R50kBase | Tokenizer::Gpt2) => (Table::R50k, "r50k_base"),
+        None if model.starts_with("claude") => (Table::Cl100k, "approx:cl100k_base"),
+        None => (Table::O200k, "approx:o200k_base"),
+    }
+}
+
+/// The tokenizer text of `model` is counted with, and its label.
+pub fn tokenizer(model: &str) -> (&'static CoreBPE, &'static str) {
+    let (table, label) = table(model);
+    (table.bpe(), label)
+}
+
+/// Builds `model`'s tokenizer on a thread of its own, once: called when an answer without usage
+/// is stored, so that the first hit that counts it does not wait for the tables (over a second in
+/// a debug build). A gateway whose upstream always reports usage never loads them.
+pub fn warm(model: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static WARMED: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
+    let (table, _) = table(model);
+    if WARMED[table.slot()].swap(true, Ordering::Relaxed) {
+        return;
+    }
+    // Not a task that must finish: at worst the first hit builds the tables itself.
+    let built = std::thread::Builder::new()
+        .name("reprise-tokenizer".into())
+        .spawn(move || {
+            table.bpe();
+        });
+    if let Err(err) = built {
+        tracing::debug!(error = %err, "could not build the tokenizer ahead of its first use");
     }
 }
 
