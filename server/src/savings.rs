@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use lru::LruCache;
@@ -185,14 +186,35 @@ enum Table {
     R50k,
 }
 
+/// Which tables are built: the first use of one builds it, which takes a while (see [`warm`]).
+static READY: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
+
 impl Table {
-    /// The tables, built on first use (a fraction of a second in a release build; see [`warm`]).
+    /// The tables, built on first use (0.44 s for o200k_base in a release build; see [`warm`]).
     fn bpe(self) -> &'static CoreBPE {
-        match self {
+        let bpe = match self {
             Table::O200k => tiktoken_rs::o200k_base_singleton(),
             Table::Cl100k => tiktoken_rs::cl100k_base_singleton(),
             Table::P50k => tiktoken_rs::p50k_base_singleton(),
             Table::R50k => tiktoken_rs::r50k_base_singleton(),
+        };
+        READY[self.slot()].store(true, Ordering::Release);
+        bpe
+    }
+
+    /// The tables for a hit on an async worker: a first build is run with tokio's
+    /// `block_in_place`, so the worker's other requests move to another thread meanwhile (on a
+    /// multi-thread runtime; a single-thread one just waits).
+    fn bpe_on_worker(self) -> &'static CoreBPE {
+        if READY[self.slot()].load(Ordering::Acquire) {
+            return self.bpe();
+        }
+        let multi = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if multi {
+            tokio::task::block_in_place(|| self.bpe())
+        } else {
+            self.bpe()
         }
     }
 
@@ -232,7 +254,6 @@ pub fn tokenizer(model: &str) -> (&'static CoreBPE, &'static str) {
 /// is stored, so that the first hit that counts it does not wait for the tables (over a second in
 /// a debug build). A gateway whose upstream always reports usage never loads them.
 pub fn warm(model: &str) {
-    use std::sync::atomic::{AtomicBool, Ordering};
     static WARMED: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
     let (table, _) = table(model);
     if WARMED[table.slot()].swap(true, Ordering::Relaxed) {
@@ -296,7 +317,8 @@ fn answer_text(body: &Value) -> String {
 
 /// Counts what a request and its stored answer would have cost in tokens, without a `usage`.
 pub fn count(model: &str, request: &Map<String, Value>, body: &Value) -> (u64, u64, &'static str) {
-    let (bpe, label) = tokenizer(model);
+    let (table, label) = table(model);
+    let bpe = table.bpe_on_worker();
     let tokens = |text: &str| bpe.encode_ordinary(text).len() as u64;
     (
         tokens(&prompt_text(request)),
