@@ -31,6 +31,12 @@
 //!
 //! A string `content` equals a content list of one text block, and `system` likewise.
 //!
+//! ## Warming
+//!
+//! `POST /admin/entries` with `route: "messages"`: a `prompt`, chat-shaped `messages` (a system
+//! message becomes `system`) or a whole `request`; `max_tokens` as the app sends it (it is in the
+//! key), and `anthropic-version: 2023-06-01` unless the item's `headers` say otherwise.
+//!
 //! ## Ids and usage on a hit
 //!
 //! A hit carries a fresh `msg_` id; the rest of the message (content, `stop_reason`, `usage`) is
@@ -42,7 +48,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{pieces, Api, Uncacheable};
+use super::{pieces, Api, Uncacheable, Warm};
 use crate::entry::StoredEvent;
 use crate::error::GatewayError;
 use crate::ingress::Route;
@@ -88,6 +94,59 @@ impl Api for Messages {
 
     fn id_prefix(&self) -> &'static str {
         "msg_"
+    }
+
+    fn warm(&self) -> Option<&dyn Warm> {
+        Some(self)
+    }
+}
+
+/// The one `anthropic-version` Anthropic's SDKs and Claude Code send.
+const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+impl Warm for Messages {
+    fn prompt(&self, prompt: String) -> Map<String, Value> {
+        Map::from_iter([(
+            "messages".to_owned(),
+            json!([{"role": "user", "content": prompt}]),
+        )])
+    }
+
+    fn messages(&self, messages: Vec<Value>) -> Result<Map<String, Value>, GatewayError> {
+        // `system` is a top-level field of this API: a warmed conversation in chat's shape (a
+        // leading system message) becomes the request its app would send.
+        let (system, turns): (Vec<Value>, Vec<Value>) = messages
+            .into_iter()
+            .partition(|m| m.get("role").and_then(Value::as_str) == Some("system"));
+        let mut body = Map::from_iter([("messages".to_owned(), Value::Array(turns))]);
+        let texts: Vec<&str> = system
+            .iter()
+            .filter_map(|m| m.get("content").and_then(Value::as_str))
+            .collect();
+        if texts.len() != system.len() {
+            return Err(GatewayError::invalid(
+                "A system message warmed for the Messages API must have string `content` (or give a whole `request` with `system`).",
+                Some("messages"),
+            ));
+        }
+        if !texts.is_empty() {
+            body.insert("system".to_owned(), Value::from(texts.join("\n\n")));
+        }
+        Ok(body)
+    }
+
+    /// A finished message; `usage` counts nothing, since no upstream made it.
+    fn answer(&self, model: String, response: String, now_s: u64) -> Value {
+        json!({
+            "id": format!("msg_warm{now_s}"), "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": response}],
+            "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        })
+    }
+
+    fn default_headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[("anthropic-version", ANTHROPIC_VERSION)]
     }
 }
 
