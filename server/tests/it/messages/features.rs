@@ -221,6 +221,20 @@ async fn warmed_entries_answer_messages_requests() {
     assert_eq!(outcome(&hit), "hit");
     assert_eq!(text_of(&hit.json().await.expect("json")), "7");
 
+    // Through the typed client, as `reprise-client warm` sends it.
+    let typed =
+        reprise_client::admin::AdminClient::new(&gw.url(""), Some("admin-secret")).expect("client");
+    let item = reprise_client::admin::WarmItem::prompt("claude-sim", "Name an even prime.", "2")
+        .with_route("messages")
+        .with_max_tokens(256)
+        .with_header("anthropic-version", "2023-06-01")
+        .with_header("anthropic-beta", "b1")
+        .with_api_key("sk-a");
+    assert_eq!(typed.warm(&[item]).await.expect("warm").created, 1);
+    let hit = create(&gw, "sk-a", &ask("Name an even prime.", false), &beta).await;
+    assert_eq!(outcome(&hit), "hit");
+    assert_eq!(text_of(&hit.json().await.expect("json")), "2");
+
     // Clear refusals, naming the field: no max_tokens, a header this route does not key on, a
     // keyed header on a route that keys none.
     let refusals = [
