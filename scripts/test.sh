@@ -82,8 +82,9 @@ echo "==> Framework tests (Node: openai create, chat.completions.stream, respons
   REPRISE_BIN_DIR="$OLDPWD/target/debug" REPRISE_MODELS_DIR="$OLDPWD/models" node --test
 )
 # Claude Code (pinned: server/tests/frameworks/claude/package.json; its package's postinstall puts the
-# native binary in place) runs `claude -p` twice against the gateway, offline: the second run is a hit.
-echo "==> Framework tests (Claude Code: claude -p, the same prompt twice)"
+# native binary in place) runs `claude -p` against the gateway, offline: the same prompt twice is a hit
+# the second time, and a paraphrase on a third run a semantic hit.
+echo "==> Framework tests (Claude Code: claude -p, a repeat and a paraphrase)"
 (
   cd server/tests/frameworks/claude
   npm ci --no-audit --no-fund --silent

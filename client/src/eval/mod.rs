@@ -3,7 +3,8 @@
 //! similarity. The figures (shares served per category, a threshold sweep, the best thresholds under
 //! a wrong-answer budget) are computed from those records by [`score`] without further requests.
 //!
-//! Protocol per pair, all non-streamed chat completions:
+//! Protocol per pair, all non-streamed chat completions (or Messages API requests, `--api
+//! anthropic`: the gateway's cache headers and rules are the same on both routes):
 //! 1. `a` is sent normally: a miss, answered upstream and stored by the gateway's writer thread.
 //! 2. `a` is sent again with `Cache-Control: no-store` until it reports `hit`, so the entry (and its
 //!    vector, which the writer adds to the index right after) is in place before `b` looks for it.
@@ -36,8 +37,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use crate::api::Api;
 use pairs::{Pair, Prompt};
 use score::Scored;
 
@@ -46,6 +48,8 @@ use score::Scored;
 pub struct EvalConfig {
     /// The gateway's root URL (without `/v1`).
     pub root: String,
+    /// The API the pairs are sent through (both share the gateway's cache rules and headers).
+    pub api: Api,
     pub api_key: String,
     pub model: String,
     /// Pairs evaluated at once.
@@ -447,7 +451,8 @@ async fn wait_until_stored(
     }
 }
 
-/// One non-streamed chat completion in `namespace`; `no_store` keeps its answer out of the cache.
+/// One non-streamed request (a chat completion, or a Messages API request with `--api anthropic`)
+/// in `namespace`; `no_store` keeps its answer out of the cache.
 async fn send(
     client: &reqwest::Client,
     config: &EvalConfig,
@@ -455,10 +460,10 @@ async fn send(
     prompt: &Prompt,
     no_store: bool,
 ) -> Result<Reply, String> {
-    let body = json!({"model": config.model, "messages": prompt.messages()});
-    let mut request = client
-        .post(format!("{}/v1/chat/completions", config.root))
-        .bearer_auth(&config.api_key)
+    let body = config.api.body(&config.model, &prompt.messages(), false);
+    let mut request = config
+        .api
+        .post(client, &format!("{}/v1", config.root), &config.api_key)
         .header("x-reprise-namespace", namespace)
         .json(&body);
     if no_store {
@@ -526,6 +531,7 @@ async fn send(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn root_url_accepts_root_or_v1() {

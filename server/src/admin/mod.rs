@@ -175,6 +175,8 @@ pub(crate) struct StatsBody {
     pub replica: Option<crate::replica::FeedStatus>,
     pub index: Option<IndexStats>,
     pub requests: RequestCounts,
+    /// `requests` per route (`chat.completions`, `messages`, `passthrough`, …).
+    pub by_route: std::collections::BTreeMap<String, RequestCounts>,
     pub rates: Rates,
     pub ttft_saved_ms: TtftSaved,
     pub embedding: Option<EmbeddingStats>,
@@ -251,6 +253,7 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
             }
         }),
         requests: totals.requests,
+        by_route: totals.by_route,
         rates: totals.rates,
         ttft_saved_ms: totals.ttft_saved_ms,
         embedding,
