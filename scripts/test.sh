@@ -41,7 +41,7 @@ REPRISE_BIN_DIR="$PWD/target/debug" scripts/smoke-bench.sh
 echo "==> smoke: reprise-client eval on hand-made pairs"
 REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" scripts/smoke-eval.sh
 
-echo "==> OpenAI SDK tests (Python)"
+echo "==> OpenAI SDK tests, the README's marked snippets and the quickstart's port checks (Python)"
 REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/sdk
 
 echo "==> OpenAI SDK tests (Node)"

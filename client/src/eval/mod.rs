@@ -9,8 +9,9 @@
 //! 2. `a` is sent again with `Cache-Control: no-store` until it reports `hit`, so the entry (and its
 //!    vector, which the writer adds to the index right after) is in place before `b` looks for it.
 //! 3. `b` is sent with `no-store`: `hit` (similarity 1), `semantic-hit` (`x-reprise-similarity`) or
-//!    `miss` (`x-reprise-nearest`, absent when the partition held no candidate; `x-reprise-guard`
-//!    when a literal guard refuses that candidate whatever its similarity).
+//!    `miss` (`x-reprise-nearest`, absent when the partition held no candidate;
+//!    `x-reprise-nearest-guard` when a literal guard refuses that candidate whatever its similarity,
+//!    or `x-reprise-guard` from a gateway older than that header).
 //!
 //! The namespace (`x-reprise-namespace`) keeps pairs apart, so a pair only ever sees its own `a`.
 //!
@@ -176,7 +177,8 @@ pub struct PairResult {
     pub served: bool,
     /// 1 for an exact hit, `x-reprise-similarity` on a semantic hit, `x-reprise-nearest` on a miss.
     pub similarity: Option<f64>,
-    /// `x-reprise-guard` of a miss: the literal guard that refused `a`'s entry.
+    /// `x-reprise-nearest-guard` of a miss: the literal guard that refuses `a`'s entry at any
+    /// similarity.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guard: Option<String>,
     /// Lookups of this pair (of `a` or `b`) that skipped semantic matching (`x-reprise-semantic`).
@@ -492,7 +494,9 @@ async fn send(
     let outcome = header("x-reprise-cache");
     let similarity = number("x-reprise-similarity")?;
     let nearest = number("x-reprise-nearest")?;
-    let guard = header("x-reprise-guard");
+    // The sweep needs the guard below the gateway's threshold too, which `x-reprise-guard` (a
+    // refusal of a candidate the threshold would serve) no longer names; older gateways sent only that.
+    let guard = header("x-reprise-nearest-guard").or_else(|| header("x-reprise-guard"));
     let skipped = crate::bench::skipped_reason(header("x-reprise-semantic").as_deref()).is_some();
     let verified = verify::token(header("x-reprise-verified").as_deref());
     let verify = verify::token(header("x-reprise-verify").as_deref());
