@@ -41,7 +41,7 @@ REPRISE_BIN_DIR="$PWD/target/debug" scripts/smoke-bench.sh
 echo "==> smoke: reprise-client eval on hand-made pairs"
 REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" scripts/smoke-eval.sh
 
-echo "==> OpenAI SDK tests (Python)"
+echo "==> OpenAI SDK tests, the README's marked snippets and the quickstart's port checks (Python)"
 REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/sdk
 
 echo "==> OpenAI SDK tests (Node)"
@@ -82,8 +82,9 @@ echo "==> Framework tests (Node: openai create, chat.completions.stream, respons
   REPRISE_BIN_DIR="$OLDPWD/target/debug" REPRISE_MODELS_DIR="$OLDPWD/models" node --test
 )
 # Claude Code (pinned: server/tests/frameworks/claude/package.json; its package's postinstall puts the
-# native binary in place) runs `claude -p` twice against the gateway, offline: the second run is a hit.
-echo "==> Framework tests (Claude Code: claude -p, the same prompt twice)"
+# native binary in place) runs `claude -p` against the gateway, offline: the same prompt twice is a hit
+# the second time, and a paraphrase on a third run a semantic hit.
+echo "==> Framework tests (Claude Code: claude -p, a repeat and a paraphrase)"
 (
   cd server/tests/frameworks/claude
   npm ci --no-audit --no-fund --silent

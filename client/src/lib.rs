@@ -1,4 +1,4 @@
-//! Reprise client library: the typed admin API client (`admin`), the admin subcommands of
+//! Reprise client library: the typed admin API client (`admin`), the two APIs it drives (`api`), the admin subcommands of
 //! `reprise-client` with their tables (`admin_cli`), the benchmark driver (`bench`), the
 //! match-quality evaluation (`eval`) and a delaying TCP proxy for tests and benchmarks (`delay`).
 //! The simulated upstream is its own crate, `reprise-sim`.
@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod admin_cli;
+pub mod api;
 pub mod bench;
 pub mod delay;
 pub mod eval;

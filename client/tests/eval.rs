@@ -181,6 +181,7 @@ async fn start(semantic_ready: bool, stores_anything: bool) -> (String, Arc<Mute
 fn config(root: String) -> EvalConfig {
     EvalConfig {
         root,
+        api: reprise_client::api::Api::Openai,
         api_key: "sk-test".into(),
         model: "m".into(),
         concurrency: 3,

@@ -13,11 +13,13 @@ use std::time::Duration;
 
 use clap::error::{ContextKind, ErrorKind};
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::guard::Guards;
 use crate::live::LiveSettings;
 use crate::policy::{CacheMode, Pacing};
+
+pub mod as_toml;
 
 /// A value that must never reach a log line: `Debug` and `Display` print `*****`.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
@@ -41,9 +43,16 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// Written out (by `check-config`) as `*****` too: the written file must not hold it either.
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(as_toml::REDACTED)
+    }
+}
+
 /// Where cache entries live: sled in `data_dir` (one process), or a Redis server that several
 /// replicas share (`redis_url`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     #[default]
@@ -51,7 +60,7 @@ pub enum StoreKind {
     Redis,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
@@ -131,8 +140,20 @@ fn from_environment(err: &clap::Error, args: &[String]) -> Option<String> {
 pub enum Command {
     /// Run the gateway.
     Serve(ServeArgs),
-    /// Print the effective configuration (secrets masked) and exit.
+    /// Print the effective configuration as a commented TOML file (`--config` reads it back;
+    /// secrets are left out) and exit.
     CheckConfig(ServeArgs),
+    /// The configuration file.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+/// `reprise config ...`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print a commented TOML file of every key with its default (`check-config` prints the
+    /// effective values in the same form).
+    Example,
 }
 
 /// Flags of `reprise serve`. Each is optional here so that a flag left unset falls back to the
@@ -331,7 +352,8 @@ pub struct ServeArgs {
 
 /// The validated configuration the gateway runs with: the start-up settings, and the first
 /// [`LiveSettings`].
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+// Serialized only to be written out as TOML (`config::as_toml`); secrets serialize as `*****`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub listen: SocketAddr,
@@ -1037,9 +1059,9 @@ mod tests {
             config.anthropic_upstream_url,
             "https://anthropic.example/v1"
         );
-        // `check-config` prints the configuration with `Debug`.
-        assert!(format!("{config:#?}")
-            .contains("anthropic_upstream_url: \"https://anthropic.example/v1\""));
+        // `check-config` prints the configuration as the file spells it.
+        assert!(as_toml::effective(&config)
+            .contains("\nanthropic_upstream_url = \"https://anthropic.example/v1\"\n"));
     }
 
     #[test]

@@ -179,6 +179,7 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
         "status": if degraded.is_some() { "degraded" } else { "ok" },
         "version": env!("CARGO_PKG_VERSION"),
         "upstream": state.upstream.base_url(),
+        "anthropic_upstream": state.upstream.anthropic_base_url(),
         "mode": if state.semantic.is_some() { "semantic" } else { "exact-only" },
         "store": match &degraded {
             None => json!({"status": "ok"}),

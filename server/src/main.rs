@@ -1,7 +1,7 @@
 //! The `reprise` binary: parses the command line, sets up logging, and runs the gateway library.
 //! It must stay thin; behaviour belongs in the library where tests can reach it.
 
-use reprise_server::config::{Cli, Command, Config, LogFormat};
+use reprise_server::config::{as_toml, Cli, Command, Config, ConfigCommand, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 // jemalloc, not glibc's malloc: long streams free many small buffers from several threads, and
@@ -16,6 +16,10 @@ fn main() -> std::process::ExitCode {
     let (args, check_only) = match cli.command {
         Command::Serve(args) => (args, false),
         Command::CheckConfig(args) => (args, true),
+        Command::Config(ConfigCommand::Example) => {
+            print!("{}", as_toml::example());
+            return std::process::ExitCode::SUCCESS;
+        }
     };
     let config = match Config::load(&args) {
         Ok(c) => c,
@@ -25,7 +29,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     if check_only {
-        println!("{config:#?}");
+        print!("{}", as_toml::effective(&config));
         return std::process::ExitCode::SUCCESS;
     }
     init_logging(config.log_format);

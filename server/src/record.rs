@@ -106,7 +106,13 @@ pub struct RecordMeta {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Nearest {
     pub similarity: Option<f32>,
+    /// The guard that refused a candidate at or above the similarity the search looked from (the
+    /// threshold, or the judge's floor) and left the request without a match: the refusal that
+    /// `guard_refusals` counts, named in `x-reprise-guard` and the record.
     pub guard: Option<Guard>,
+    /// The guard that refuses the best candidate whatever its similarity (`x-reprise-nearest-guard`):
+    /// what the evaluation's threshold sweep needs below the threshold, never counted as a refusal.
+    pub nearest_guard: Option<Guard>,
     /// The fallback reason (`overload`, `deadline`, `failed`) of a lookup that got no vector.
     pub skipped: Option<&'static str>,
 }

@@ -172,11 +172,11 @@ pub struct Outcome {
     pub nearest: Option<f32>,
     /// That candidate (feedback can approve a near miss).
     pub nearest_entry: Option<EntryId>,
-    /// The guard that refuses the best candidate, whatever its similarity (`x-reprise-guard`): a
-    /// lower threshold would not serve it either.
+    /// The guard that refuses the best candidate, whatever its similarity
+    /// (`x-reprise-nearest-guard`): a lower threshold would not serve it either. Not a refusal.
     pub nearest_guard: Option<Guard>,
     /// The guard that refused a candidate at or above the threshold when no other was served: a
-    /// wrong answer not given.
+    /// wrong answer not given (`x-reprise-guard`, counted in `guard_refusals`).
     pub refused: Option<Guard>,
     pub search_ms: Option<f64>,
 }

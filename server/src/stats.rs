@@ -81,9 +81,19 @@ pub struct Stats {
     index_tombstones: IntGauge,
 }
 
+/// One route's requests by cache outcome, and those that failed.
+#[derive(Default)]
+struct RouteCounts {
+    by_cache: BTreeMap<CacheOutcome, u64>,
+    total: u64,
+    errors: u64,
+}
+
 #[derive(Default)]
 struct Counts {
     by_cache: BTreeMap<CacheOutcome, u64>,
+    /// The same counts per route (`chat.completions`, `messages`, …), for the dashboard's table.
+    by_route: BTreeMap<String, RouteCounts>,
     /// Misses raced against their semantic search (`semantic_overlap`): hits found first, and
     /// upstream answers that came first.
     overlap_semantic_first: u64,
@@ -431,12 +441,17 @@ impl Stats {
         let mut counts = lock(&self.counts);
         counts.total += 1;
         *counts.by_cache.entry(record.cache).or_default() += 1;
-        if !matches!(
+        let failed = !matches!(
             record.completion,
             Completion::Complete | Completion::ClientDisconnected
-        ) {
+        );
+        if failed {
             counts.errors += 1;
         }
+        let by_route = counts.by_route.entry(record.route.clone()).or_default();
+        by_route.total += 1;
+        by_route.errors += u64::from(failed);
+        *by_route.by_cache.entry(record.cache).or_default() += 1;
         if let Some(kind) = kind {
             *counts.upstream_errors.entry(kind).or_default() += 1;
         }
@@ -599,9 +614,29 @@ impl Stats {
             pass: get(CacheOutcome::Pass),
             errors: counts.errors,
         };
+        let by_route = counts
+            .by_route
+            .iter()
+            .map(|(route, c)| {
+                let get = |k: CacheOutcome| c.by_cache.get(&k).copied().unwrap_or(0);
+                let counted = RequestCounts {
+                    total: c.total,
+                    hit: get(CacheOutcome::Hit),
+                    semantic_hit: get(CacheOutcome::SemanticHit),
+                    miss: get(CacheOutcome::Miss),
+                    coalesced: get(CacheOutcome::Coalesced),
+                    bypass: get(CacheOutcome::Bypass),
+                    refresh: get(CacheOutcome::Refresh),
+                    pass: get(CacheOutcome::Pass),
+                    errors: c.errors,
+                };
+                (route.clone(), counted)
+            })
+            .collect();
         let err = |k: &str| counts.upstream_errors.get(k).copied().unwrap_or(0);
         let refused = |g: Guard| counts.guard_refusals.get(g.name()).copied().unwrap_or(0);
         Totals {
+            by_route,
             rates: Rates::of(&requests),
             requests,
             ttft_saved_ms: TtftSaved {
@@ -685,6 +720,8 @@ pub struct Gauges {
 pub struct Totals {
     pub overlap: Overlap,
     pub requests: RequestCounts,
+    /// `requests` per route name.
+    pub by_route: BTreeMap<String, RequestCounts>,
     pub rates: Rates,
     pub ttft_saved_ms: TtftSaved,
     pub upstream_errors: UpstreamErrors,

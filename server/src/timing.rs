@@ -118,12 +118,16 @@ impl PhaseClock {
         let after_lookup = self.looked_up.or(self.body_read);
         Phases {
             ingress_ms: ms(Some(self.start), self.body_read),
-            // The exact lookup alone: embedding and search are reported on their own.
+            // The exact lookup alone: embedding and search are reported on their own. A difference
+            // of values in whole microseconds is rounded back to whole microseconds, or binary
+            // floating point shows 0.062 as 0.06200000000000072.
             lookup_ms: ms(self.body_read, self.looked_up).map(|total| {
-                (total
-                    - self.embed_ms.unwrap_or(0.0)
-                    - self.search_ms.unwrap_or(0.0)
-                    - self.judge_ms.unwrap_or(0.0))
+                to_micros(
+                    total
+                        - self.embed_ms.unwrap_or(0.0)
+                        - self.search_ms.unwrap_or(0.0)
+                        - self.judge_ms.unwrap_or(0.0),
+                )
                 .max(0.0)
             }),
             embed_ms: self.embed_ms,
@@ -149,6 +153,11 @@ pub fn millis(d: Duration) -> f64 {
     (d.as_micros() as f64) / 1000.0
 }
 
+/// Milliseconds rounded to whole microseconds, for a value computed from others (a difference).
+pub fn to_micros(ms: f64) -> f64 {
+    (ms * 1000.0).round() / 1000.0
+}
+
 /// Nearest-rank percentile of unsorted samples (`q` in 0..=1); `None` for no samples.
 pub fn percentile(samples: &[f64], q: f64) -> Option<f64> {
     if samples.is_empty() {
@@ -163,6 +172,22 @@ pub fn percentile(samples: &[f64], q: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lookup_is_a_difference_printed_in_whole_microseconds() {
+        let t0 = Instant::now();
+        let mut clock = PhaseClock::start(t0);
+        clock.body_read = Some(t0);
+        // 0.3 ms of lookup, of which 0.1 + 0.138 embedding and search: 0.062 left, which binary
+        // floating point makes 0.06199999999999997 before rounding.
+        clock.looked_up = Some(t0 + Duration::from_micros(300));
+        clock.embed_ms = Some(0.1);
+        clock.search_ms = Some(0.138);
+        let p = clock.phases(t0 + Duration::from_millis(1));
+        assert_eq!(p.lookup_ms, Some(0.062));
+        let json = serde_json::to_string(&p).expect("serialize");
+        assert!(json.contains("\"lookup_ms\":0.062,"), "{json}");
+    }
 
     #[test]
     fn percentiles_use_nearest_rank() {

@@ -71,6 +71,11 @@ impl Upstream {
         &self.base_url
     }
 
+    /// Anthropic's base URL (`anthropic_upstream_url`), where `/v1/messages` goes.
+    pub fn anthropic_base_url(&self) -> &str {
+        &self.anthropic_base_url
+    }
+
     /// The URL of `path` (below `/v1`) on the provider's upstream.
     pub(crate) fn url(&self, provider: Provider, path: &str, query: Option<&str>) -> String {
         let base = match provider {

@@ -24,6 +24,9 @@
 //! stop), `bad-tool-args` (the `partial_json` pieces do not make JSON), `stall-at-done`
 //! (`message_stop` sent, connection held open); `refusal` ends the answer with `stop_reason:
 //! "refusal"`. The others do not apply here. `count_tokens` is answered at once, without faults.
+//!
+//! Roles: `user` and `assistant`; also `system` among the turns when `anthropic-beta` lists a
+//! `per-turn-control-*` beta, as Anthropic accepts it (Claude Code sends one).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -359,7 +362,8 @@ fn last_user_text(messages: &[Value]) -> String {
 
 impl Request {
     /// Checks a body the way Anthropic does, first failure wins, and keeps what the answer needs.
-    fn parse(body: &Value, route: Route) -> Result<Self, ApiError> {
+    /// `system_turns`: the request enables a beta that allows `system` messages among the turns.
+    fn parse(body: &Value, route: Route, system_turns: bool) -> Result<Self, ApiError> {
         let Some(fields) = body.as_object() else {
             return Err(ApiError::invalid(
                 "There was an error parsing the body of your request: it must be a JSON object",
@@ -454,6 +458,7 @@ impl Request {
             let role = match message.get("role").map(Value::as_str) {
                 None => return Err(required(&format!("{at}.role"))),
                 Some(Some(r @ ("user" | "assistant"))) => r,
+                Some(Some(r @ "system")) if system_turns => r,
                 Some(_) => return Err(type_error(&format!("{at}.role"), "'user' or 'assistant'")),
             };
             let content = message.get("content").unwrap_or(&Value::Null);
@@ -1002,7 +1007,7 @@ async fn answer(
     n: u64,
 ) -> Result<Response, ApiError> {
     let api_key = credentials(headers)?;
-    let request = Request::parse(&parse_json(body)?, Route::Create)?;
+    let request = Request::parse(&parse_json(body)?, Route::Create, system_turns(headers))?;
     let prefixes = prefixes(&api_key, &request);
     let cache = sim.prompt_cache.look(&prefixes, Instant::now());
     let total = request.input_tokens();
@@ -1046,12 +1051,29 @@ async fn answer(
     Ok((StatusCode::OK, Json(body)).into_response())
 }
 
+/// Whether the request's `anthropic-beta` list enables a `per-turn-control-*` beta, under which
+/// Anthropic accepts `system` messages among the turns (Claude Code sends its environment so, after
+/// the user's question); without it a `system` role is refused, as Anthropic refuses it.
+fn system_turns(headers: &HeaderMap) -> bool {
+    headers
+        .get_all("anthropic-beta")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|beta| beta.trim().starts_with("per-turn-control-"))
+}
+
 /// `POST /v1/messages/count_tokens`: the prompt's tokens, counted as `usage` counts them.
 pub async fn count_tokens(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
     sim.stats.count_tokens.fetch_add(1, Ordering::SeqCst);
     let n = sim.ids.fetch_add(1, Ordering::SeqCst);
-    let counted =
-        credentials(&headers).and_then(|_| Request::parse(&parse_json(&body)?, Route::CountTokens));
+    let counted = credentials(&headers).and_then(|_| {
+        Request::parse(
+            &parse_json(&body)?,
+            Route::CountTokens,
+            system_turns(&headers),
+        )
+    });
     let response = match counted {
         Ok(request) => Json(json!({"input_tokens": request.input_tokens()})).into_response(),
         Err(error) => error.into_response(),
@@ -1064,7 +1086,7 @@ mod tests {
     use super::*;
 
     fn request(body: Value) -> Request {
-        match Request::parse(&body, Route::Create) {
+        match Request::parse(&body, Route::Create, false) {
             Ok(r) => r,
             Err(e) => panic!("{}", e.message),
         }
@@ -1076,6 +1098,32 @@ mod tests {
             "system": [{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
             "messages": [{"role": "user", "content": question}],
         }))
+    }
+
+    #[test]
+    fn a_system_turn_needs_the_per_turn_control_beta() {
+        // As Claude Code sends it: the question, then its environment as a `system` turn.
+        let body = json!({"model": "m", "max_tokens": 64, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "how do I reset my password"}]},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+        ]});
+        let refused = Request::parse(&body, Route::Create, false).err();
+        assert!(
+            refused.is_some_and(|e| e.message.contains("'user' or 'assistant'")),
+            "a system turn without the beta is refused"
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "anthropic-beta",
+            HeaderValue::from_static("claude-code-20250219, per-turn-control-2026-07-01"),
+        );
+        assert!(system_turns(&headers));
+        assert!(Request::parse(&body, Route::Create, system_turns(&headers)).is_ok());
+        headers.insert(
+            "anthropic-beta",
+            HeaderValue::from_static("claude-code-20250219"),
+        );
+        assert!(!system_turns(&headers));
     }
 
     #[test]

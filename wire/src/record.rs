@@ -57,7 +57,8 @@ pub struct RequestRecord<Outcome = CacheOutcome, End = Completion> {
     /// On a miss: similarity of the best semantic candidate (`x-reprise-nearest`).
     #[serde(default)]
     pub nearest: Option<f32>,
-    /// On a miss: the literal guard that refused the best candidate (`x-reprise-guard`).
+    /// On a miss: the literal guard that refused a candidate at or above the threshold, leaving no
+    /// match (`x-reprise-guard`; what `guard_refusals` counts).
     #[serde(default)]
     pub guard: Option<String>,
     /// Why semantic matching was skipped (`overload`, `deadline`, `failed`), as in

@@ -53,7 +53,9 @@ pub struct Rates {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(required))]
     pub hit: f64,
-    #[serde(default)]
+    /// Spelled as the outcome is, `exact-hit` beside `semantic-hit`; the outcome itself is `hit`,
+    /// which here names all hits together.
+    #[serde(default, rename = "exact-hit")]
     #[cfg_attr(feature = "openapi", schema(required))]
     pub exact_hit: f64,
     #[serde(default, rename = "semantic-hit")]
@@ -272,5 +274,23 @@ mod tests {
             serde_json::to_value(&r).expect("json")["semantic-hit"],
             serde_json::json!(1.0 / 3.0)
         );
+    }
+
+    /// The shares are spelled as the outcomes are, with hyphens, and one spelling only.
+    #[test]
+    fn rates_spell_exact_hit_beside_semantic_hit() {
+        let c = RequestCounts {
+            total: 4,
+            hit: 1,
+            semantic_hit: 1,
+            miss: 2,
+            ..RequestCounts::default()
+        };
+        let json = serde_json::to_value(Rates::of(&c)).expect("json");
+        assert_eq!(json["exact-hit"], serde_json::json!(0.25));
+        assert_eq!(json["semantic-hit"], serde_json::json!(0.25));
+        assert!(json.get("exact_hit").is_none(), "{json}");
+        let back: Rates = serde_json::from_value(json).expect("json");
+        assert_eq!(back.exact_hit, 0.25);
     }
 }

@@ -166,8 +166,15 @@ pub struct WarmItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<Value>,
     pub response: String,
+    /// `chat.completions` (the gateway's default), `completions` or `messages`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<String>,
+    /// `max_tokens` of the request the entry answers (required on the `messages` route).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Keyed request headers (`anthropic-version`, `anthropic-beta` on the `messages` route).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<std::collections::BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     /// Tenant key (hashed by the gateway, never stored).
@@ -222,6 +229,18 @@ impl WarmItem {
         self
     }
 
+    pub fn with_max_tokens(mut self, max_tokens: u64) -> Self {
+        self.max_tokens = Some(max_tokens);
+        self
+    }
+
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers
+            .get_or_insert_with(Default::default)
+            .insert(name.into(), value.into());
+        self
+    }
+
     pub fn with_api_key(mut self, api_key: impl Into<String>) -> Self {
         self.api_key = Some(api_key.into());
         self
@@ -240,6 +259,8 @@ impl WarmItem {
             request: None,
             response,
             route: None,
+            max_tokens: None,
+            headers: None,
             namespace: None,
             api_key: None,
             ttl_s: None,

@@ -25,6 +25,7 @@ pub enum ConfigCommand {
     /// cache_mode=read-only semantic_guards=numbers,negation,direction,antonym|none
     /// namespace_thresholds.support=0.95 namespace_modes.support=shadow (=null removes one).
     Set {
+        /// One or more settings, each `key=value`, applied together as one patch.
         #[arg(required = true, value_name = "KEY=VALUE")]
         assignments: Vec<String>,
     },

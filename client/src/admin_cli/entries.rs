@@ -33,10 +33,14 @@ pub enum EntriesCommand {
     #[command(visible_alias = "list")]
     Ls(LsArgs),
     /// Everything about one entry: prompt, answer, timings, hit history.
-    Show { id: String },
+    Show {
+        /// The entry's id (`e_…`, as `entries ls` and `x-reprise-entry` show it).
+        id: String,
+    },
     /// Delete entries by id.
     #[command(visible_alias = "delete")]
     Rm {
+        /// One or more entry ids (`e_…`); each is deleted on its own, and those that fail are listed.
         #[arg(required = true)]
         ids: Vec<String>,
     },
@@ -65,11 +69,15 @@ pub struct LsArgs {
 
 #[derive(Debug, Args)]
 pub struct SearchArgs {
+    /// The text whose nearest cached prompts are listed (embedded by the gateway).
     pub query: String,
+    /// Most results, 1..=200 (gateway default 20).
     #[arg(long)]
     pub limit: Option<u32>,
+    /// Only this namespace (exact).
     #[arg(long)]
     pub namespace: Option<String>,
+    /// Only this model (exact).
     #[arg(long)]
     pub model: Option<String>,
 }
@@ -78,8 +86,10 @@ pub struct SearchArgs {
 pub struct InvalidateArgs {
     #[command(flatten)]
     pub gateway: GatewayArgs,
+    /// Only entries of this namespace (exact, as `x-reprise-namespace` set it).
     #[arg(long)]
     pub namespace: Option<String>,
+    /// Only entries of this model (exact, as the request named it).
     #[arg(long)]
     pub model: Option<String>,
     /// Tenant hash prefix (as `entries ls` shows it) or `shared`.

@@ -41,17 +41,7 @@ pub struct BenchConfig {
     pub namespace: Option<String>,
 }
 
-/// The API a bench run speaks: one gateway serves both, and each has its own request shape and
-/// stream framing, so a run says which one it measures rather than guessing from the URL.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Api {
-    /// OpenAI chat completions: `POST {url}/chat/completions`, `data:` chunks with `choices`.
-    #[default]
-    Openai,
-    /// Anthropic's Messages API: `POST {url}/messages` with `x-api-key` and `anthropic-version`,
-    /// named events (`content_block_delta` carries the tokens, `message_stop` ends the stream).
-    Anthropic,
-}
+pub use crate::api::Api;
 
 impl BenchConfig {
     /// The base URL that request `index` of `target` is sent to.

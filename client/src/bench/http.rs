@@ -14,9 +14,6 @@ use super::timing::Phases;
 use super::workload::Planned;
 use super::{outcome_of, skipped_reason, Api, BenchConfig, Sample};
 
-/// The Messages API version the bench speaks (Anthropic refuses a request without one).
-const ANTHROPIC_VERSION: &str = "2023-06-01";
-
 /// Sends one request and measures it from the client's side.
 pub async fn measure(
     client: &reqwest::Client,
@@ -29,16 +26,7 @@ pub async fn measure(
     let mut sample = Sample::new(target, index, planned.kind);
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let base = config.url_of(target, index);
-    let mut request = match config.api {
-        Api::Openai => client
-            .post(format!("{base}/chat/completions"))
-            .bearer_auth(&config.api_key),
-        Api::Anthropic => client
-            .post(format!("{base}/messages"))
-            .header("x-api-key", &config.api_key)
-            .header("anthropic-version", ANTHROPIC_VERSION),
-    }
-    .json(&body);
+    let mut request = config.api.post(client, base, &config.api_key).json(&body);
     if let Some(namespace) = &config.namespace {
         request = request.header("x-reprise-namespace", namespace);
     }

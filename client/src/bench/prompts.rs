@@ -1,46 +1,16 @@
 //! What a bench request says: the body of a planned item, and the generated prompts (random words
 //! from a fixed list, unique per run and index) that fresh and distinct workloads draw.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::workload::Item;
-use super::{Api, BenchConfig};
-
-/// `max_tokens` of a Messages API request: Anthropic requires one and the bench has no setting of
-/// its own for it, so a bound well above any simulated or cached answer the bench measures.
-pub(super) const ANTHROPIC_MAX_TOKENS: u64 = 256;
+use super::BenchConfig;
 
 /// The request body of a planned item, in the shape of the run's API.
 pub(super) fn body(config: &BenchConfig, item: &Item) -> Value {
     let model = item.model.as_deref().unwrap_or(&config.model);
-    match config.api {
-        Api::Openai => json!({
-            "model": model,
-            "stream": config.stream,
-            "messages": *item.messages,
-        }),
-        Api::Anthropic => {
-            // The Messages API refuses a `system` role in `messages`: a workload's system
-            // messages move to the top-level `system` field, joined, as the gateway would.
-            let all = item.messages.as_array().map(Vec::as_slice).unwrap_or(&[]);
-            let (system, messages): (Vec<&Value>, Vec<&Value>) =
-                all.iter().partition(|m| m["role"] == "system");
-            let mut body = json!({
-                "model": model,
-                "max_tokens": ANTHROPIC_MAX_TOKENS,
-                "stream": config.stream,
-                "messages": messages,
-            });
-            let system: Vec<&str> = system
-                .iter()
-                .filter_map(|m| m["content"].as_str())
-                .collect();
-            if !system.is_empty() {
-                body["system"] = Value::from(system.join("\n\n"));
-            }
-            body
-        }
-    }
+    let messages = item.messages.as_array().map(Vec::as_slice).unwrap_or(&[]);
+    config.api.body(model, messages, config.stream)
 }
 
 pub(super) const WORDS: &[&str] = &[
@@ -144,8 +114,10 @@ pub(super) fn generated_prompt(run_id: &str, index: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{Api, ANTHROPIC_MAX_TOKENS};
     use crate::bench::tests::test_config;
     use crate::bench::workload::{Kind, Planned, Workload};
+    use serde_json::json;
     #[test]
     fn cycled_prompts_repeat_and_bodies_carry_the_model() {
         let config = test_config(&["a"]);

@@ -64,4 +64,28 @@ mod tests {
     fn command_line_is_consistent() {
         super::Cli::command().debug_assert();
     }
+
+    /// `--help` explains every option of every subcommand: an option listed bare leaves the
+    /// operator guessing what it filters or changes.
+    #[test]
+    fn every_option_has_help() {
+        fn bare(command: &clap::Command, path: &str, out: &mut Vec<String>) {
+            let path = format!("{path} {}", command.get_name());
+            for arg in command.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    out.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                if sub.get_about().is_none() && sub.get_name() != "help" {
+                    out.push(format!("{path} {} (the command itself)", sub.get_name()));
+                }
+                bare(sub, &path, out);
+            }
+        }
+        let mut missing = Vec::new();
+        bare(&super::Cli::command(), "", &mut missing);
+        assert!(missing.is_empty(), "options without help: {missing:#?}");
+    }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::pairs::{self, Ambiguous};
 use super::{report, EvalConfig};
+use crate::api::Api;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct EvalArgs {
@@ -22,7 +23,12 @@ pub struct EvalArgs {
     /// Model name sent in every request (part of the cache partition).
     #[arg(long, default_value = "reprise-eval")]
     pub model: String,
-    /// API key sent as the bearer token.
+    /// API the pairs are sent through: `openai` (chat completions) or `anthropic` (the Messages
+    /// API, `POST /v1/messages` with `x-api-key`, `anthropic-version: 2023-06-01`, `max_tokens`
+    /// 256; system messages of a conversation become the top-level `system`).
+    #[arg(long, value_enum, default_value_t = Api::Openai)]
+    pub api: Api,
+    /// API key sent as the bearer token (`--api openai`) or as `x-api-key` (`--api anthropic`).
     #[arg(
         long,
         env = "OPENAI_API_KEY",
@@ -111,6 +117,7 @@ pub async fn evaluate(
     });
     let config = EvalConfig {
         root: super::root_url(&args.url),
+        api: args.api,
         api_key: args.api_key.clone(),
         model: args.model.clone(),
         concurrency: args.concurrency.max(1),

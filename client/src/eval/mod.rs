@@ -3,13 +3,15 @@
 //! similarity. The figures (shares served per category, a threshold sweep, the best thresholds under
 //! a wrong-answer budget) are computed from those records by [`score`] without further requests.
 //!
-//! Protocol per pair, all non-streamed chat completions:
+//! Protocol per pair, all non-streamed chat completions (or Messages API requests, `--api
+//! anthropic`: the gateway's cache headers and rules are the same on both routes):
 //! 1. `a` is sent normally: a miss, answered upstream and stored by the gateway's writer thread.
 //! 2. `a` is sent again with `Cache-Control: no-store` until it reports `hit`, so the entry (and its
 //!    vector, which the writer adds to the index right after) is in place before `b` looks for it.
 //! 3. `b` is sent with `no-store`: `hit` (similarity 1), `semantic-hit` (`x-reprise-similarity`) or
-//!    `miss` (`x-reprise-nearest`, absent when the partition held no candidate; `x-reprise-guard`
-//!    when a literal guard refuses that candidate whatever its similarity).
+//!    `miss` (`x-reprise-nearest`, absent when the partition held no candidate;
+//!    `x-reprise-nearest-guard` when a literal guard refuses that candidate whatever its similarity,
+//!    or `x-reprise-guard` from a gateway older than that header).
 //!
 //! The namespace (`x-reprise-namespace`) keeps pairs apart, so a pair only ever sees its own `a`.
 //!
@@ -36,8 +38,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use crate::api::Api;
 use pairs::{Pair, Prompt};
 use score::Scored;
 
@@ -46,6 +49,8 @@ use score::Scored;
 pub struct EvalConfig {
     /// The gateway's root URL (without `/v1`).
     pub root: String,
+    /// The API the pairs are sent through (both share the gateway's cache rules and headers).
+    pub api: Api,
     pub api_key: String,
     pub model: String,
     /// Pairs evaluated at once.
@@ -172,7 +177,8 @@ pub struct PairResult {
     pub served: bool,
     /// 1 for an exact hit, `x-reprise-similarity` on a semantic hit, `x-reprise-nearest` on a miss.
     pub similarity: Option<f64>,
-    /// `x-reprise-guard` of a miss: the literal guard that refused `a`'s entry.
+    /// `x-reprise-nearest-guard` of a miss: the literal guard that refuses `a`'s entry at any
+    /// similarity.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guard: Option<String>,
     /// Lookups of this pair (of `a` or `b`) that skipped semantic matching (`x-reprise-semantic`).
@@ -447,7 +453,8 @@ async fn wait_until_stored(
     }
 }
 
-/// One non-streamed chat completion in `namespace`; `no_store` keeps its answer out of the cache.
+/// One non-streamed request (a chat completion, or a Messages API request with `--api anthropic`)
+/// in `namespace`; `no_store` keeps its answer out of the cache.
 async fn send(
     client: &reqwest::Client,
     config: &EvalConfig,
@@ -455,10 +462,10 @@ async fn send(
     prompt: &Prompt,
     no_store: bool,
 ) -> Result<Reply, String> {
-    let body = json!({"model": config.model, "messages": prompt.messages()});
-    let mut request = client
-        .post(format!("{}/v1/chat/completions", config.root))
-        .bearer_auth(&config.api_key)
+    let body = config.api.body(&config.model, &prompt.messages(), false);
+    let mut request = config
+        .api
+        .post(client, &format!("{}/v1", config.root), &config.api_key)
         .header("x-reprise-namespace", namespace)
         .json(&body);
     if no_store {
@@ -487,7 +494,9 @@ async fn send(
     let outcome = header("x-reprise-cache");
     let similarity = number("x-reprise-similarity")?;
     let nearest = number("x-reprise-nearest")?;
-    let guard = header("x-reprise-guard");
+    // The sweep needs the guard below the gateway's threshold too, which `x-reprise-guard` (a
+    // refusal of a candidate the threshold would serve) no longer names; older gateways sent only that.
+    let guard = header("x-reprise-nearest-guard").or_else(|| header("x-reprise-guard"));
     let skipped = crate::bench::skipped_reason(header("x-reprise-semantic").as_deref()).is_some();
     let verified = verify::token(header("x-reprise-verified").as_deref());
     let verify = verify::token(header("x-reprise-verify").as_deref());
@@ -526,6 +535,7 @@ async fn send(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn root_url_accepts_root_or_v1() {

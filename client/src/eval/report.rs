@@ -519,7 +519,7 @@ pub fn render_markdown(summary: &Summary, svg_name: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "² Pairs whose candidate a guard refused (`x-reprise-guard`: the prompts differ in numbers or dates, \
+        "² Pairs whose candidate a guard refused (`x-reprise-nearest-guard`: the prompts differ in numbers or dates, \
          negation, format, task, direction, an antonym, a name or one slot of a shared frame), at any similarity: never served at any \
          threshold. For a trap, a wrong answer avoided; for a should-hit pair, a saving lost."
     );

@@ -20,7 +20,7 @@ pub struct Scored {
     /// Similarity to `a`'s entry: of the match on a semantic hit, of the nearest candidate on a
     /// miss; `None` when the partition held no candidate (the gateway never compared them).
     pub similarity: Option<f64>,
-    /// A literal guard refused `a`'s entry (`x-reprise-guard`): no threshold would serve it.
+    /// A literal guard refuses `a`'s entry (`x-reprise-nearest-guard`): no threshold would serve it.
     pub guarded: bool,
 }
 
@@ -53,7 +53,7 @@ pub struct Tally {
     pub traps_served: usize,
     /// Pairs whose lookup found no candidate at all: a different partition (other earlier turns).
     pub no_candidate: usize,
-    /// Pairs whose candidate a guard refused (`x-reprise-guard`).
+    /// Pairs whose candidate a guard refuses (`x-reprise-nearest-guard`).
     pub guarded: usize,
     /// Pairs left out because a request failed.
     pub errors: usize,

@@ -175,6 +175,8 @@ pub(crate) struct StatsBody {
     pub replica: Option<crate::replica::FeedStatus>,
     pub index: Option<IndexStats>,
     pub requests: RequestCounts,
+    /// `requests` per route (`chat.completions`, `messages`, `passthrough`, …).
+    pub by_route: std::collections::BTreeMap<String, RequestCounts>,
     pub rates: Rates,
     pub ttft_saved_ms: TtftSaved,
     /// Tokens and money hits saved (by route, model and namespace), shadow mode's would-be
@@ -254,6 +256,7 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
             }
         }),
         requests: totals.requests,
+        by_route: totals.by_route,
         rates: totals.rates,
         ttft_saved_ms: totals.ttft_saved_ms,
         savings: savings(&state),

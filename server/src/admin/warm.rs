@@ -39,9 +39,16 @@ pub(crate) struct WarmItem {
     /// A whole OpenAI request body, as the app sends it (sampling parameters and all).
     #[schema(value_type = Option<Object>)]
     pub request: Option<Map<String, Value>>,
+    /// `max_tokens` of the request the entry answers (the Messages API requires it, and it is in
+    /// the key of every API that has it); added to the body like `model`.
+    pub max_tokens: Option<u64>,
+    /// Request headers that are in the key (`anthropic-version`, `anthropic-beta` on the
+    /// `messages` route); the route's default (`anthropic-version: 2023-06-01`) when absent.
+    #[schema(value_type = Option<Object>)]
+    pub headers: Option<std::collections::BTreeMap<String, String>>,
     /// The answer to replay.
     pub response: String,
-    /// `chat.completions` (default) or `completions`.
+    /// `chat.completions` (default), `completions` or `messages` (Anthropic's Messages API).
     pub route: Option<String>,
     /// As the `x-reprise-namespace` header.
     pub namespace: Option<String>,
@@ -164,6 +171,8 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
         prompt,
         messages,
         request,
+        max_tokens,
+        headers,
         response,
         route,
         namespace,
@@ -178,7 +187,7 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
     };
     let Some((api, warm)) = crate::api::named(name).and_then(|api| Some((api, api.warm()?))) else {
         return Err(GatewayError::invalid(
-            format!("`route` must be chat.completions or completions, not `{name}`."),
+            format!("`route` must be chat.completions, completions or messages, not `{name}`."),
             Some("route"),
         ));
     };
@@ -199,6 +208,10 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
     if let Some(model) = model {
         body.insert("model".to_owned(), Value::String(model));
     }
+    if let Some(max_tokens) = max_tokens {
+        body.insert("max_tokens".to_owned(), Value::from(max_tokens));
+    }
+    let headers = key_headers(api, warm, headers)?;
     let model = crate::ingress::required_string(&body, "model")?;
     crate::ingress::check_route_fields(route, &body)?;
     if response.is_empty() {
@@ -231,9 +244,7 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
     let keys = crate::api::keys(&KeyInput {
         route,
         body: &body,
-        // A warmed item has no request headers: it answers the requests that send none of those
-        // an API keys on.
-        headers: &axum::http::HeaderMap::new(),
+        headers: &headers,
         tenant,
         namespace: namespace.as_deref(),
     })?;
@@ -253,6 +264,51 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
         body: warm.answer(model, response, now_s),
         ttl_s,
     })
+}
+
+/// The keyed headers a warmed item stands for: those it names (only headers its API keys on), else
+/// the API's defaults, so that it answers the requests its clients send.
+fn key_headers(
+    api: &dyn crate::api::Api,
+    warm: &dyn crate::api::Warm,
+    given: Option<std::collections::BTreeMap<String, String>>,
+) -> Result<axum::http::HeaderMap, GatewayError> {
+    use axum::http::{HeaderName, HeaderValue};
+    let pairs: Vec<(String, String)> = match given {
+        Some(given) => given.into_iter().collect(),
+        None => warm
+            .default_headers()
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect(),
+    };
+    let mut headers = axum::http::HeaderMap::new();
+    for (name, value) in pairs {
+        let lower = name.to_ascii_lowercase();
+        if !api.key_headers().contains(&lower.as_str()) {
+            return Err(GatewayError::invalid(
+                format!(
+                    "`headers.{name}` is not a header this route keys on (it takes {}).",
+                    match api.key_headers() {
+                        [] => "none".to_owned(),
+                        names => names.join(", "),
+                    }
+                ),
+                Some(&format!("headers.{name}")),
+            ));
+        }
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(lower.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) else {
+            return Err(GatewayError::invalid(
+                format!("`headers.{name}` is not a valid header value."),
+                Some(&format!("headers.{name}")),
+            ));
+        };
+        headers.append(name, value);
+    }
+    Ok(headers)
 }
 
 /// Pre-loads entries from prompt/response pairs (JSON, or JSON Lines by content type).

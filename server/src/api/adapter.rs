@@ -115,6 +115,11 @@ pub trait Warm: Sync {
     fn messages(&self, messages: Vec<Value>) -> Result<Map<String, Value>, GatewayError>;
     /// The stored answer: `response` as this API's body, under a `warm` id.
     fn answer(&self, model: String, response: String, now_s: u64) -> Value;
+    /// Keyed request headers ([`Api::key_headers`]) a warmed item stands for when it names none:
+    /// what the API's clients always send (Anthropic's `anthropic-version`).
+    fn default_headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
 }
 
 /// Splits text into token-like pieces, each keeping the whitespace before it.

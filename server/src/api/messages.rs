@@ -20,9 +20,22 @@
 //!   The markers themselves still reach Anthropic, since the raw body is forwarded.
 //! - **Exact key**: the partition plus the final user turn: the last `user` message that has text
 //!   and no `tool_result` (a message of tool results answers a tool call; it is context, not a
-//!   question). **Prompt**: its text blocks joined with a newline.
+//!   question). **Prompt** (the semantic text): the turn's last text block, which is what the user
+//!   typed; blocks before it (Claude Code's `<system-reminder>` blocks: the working folder, the
+//!   date, the tools and skills on offer) are context, so they go into the partition with the
+//!   turn's other blocks, and two turns share a partition only when that context is the same.
+//! - **Billing line**: a `system` text block that is a single `x-anthropic-billing-header: ...`
+//!   line is left out. It is attribution metadata Anthropic reads off the request (Claude Code
+//!   sends its version, entry point and a suffix that changes with every prompt), not an
+//!   instruction to the model: keeping it would give each prompt a partition of its own.
 //!
 //! A string `content` equals a content list of one text block, and `system` likewise.
+//!
+//! ## Warming
+//!
+//! `POST /admin/entries` with `route: "messages"`: a `prompt`, chat-shaped `messages` (a system
+//! message becomes `system`) or a whole `request`; `max_tokens` as the app sends it (it is in the
+//! key), and `anthropic-version: 2023-06-01` unless the item's `headers` say otherwise.
 //!
 //! ## Ids and usage on a hit
 //!
@@ -35,7 +48,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{pieces, Api, Uncacheable};
+use super::{pieces, Api, Uncacheable, Warm};
 use crate::entry::StoredEvent;
 use crate::error::GatewayError;
 use crate::ingress::Route;
@@ -81,6 +94,59 @@ impl Api for Messages {
 
     fn id_prefix(&self) -> &'static str {
         "msg_"
+    }
+
+    fn warm(&self) -> Option<&dyn Warm> {
+        Some(self)
+    }
+}
+
+/// The one `anthropic-version` Anthropic's SDKs and Claude Code send.
+const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+impl Warm for Messages {
+    fn prompt(&self, prompt: String) -> Map<String, Value> {
+        Map::from_iter([(
+            "messages".to_owned(),
+            json!([{"role": "user", "content": prompt}]),
+        )])
+    }
+
+    fn messages(&self, messages: Vec<Value>) -> Result<Map<String, Value>, GatewayError> {
+        // `system` is a top-level field of this API: a warmed conversation in chat's shape (a
+        // leading system message) becomes the request its app would send.
+        let (system, turns): (Vec<Value>, Vec<Value>) = messages
+            .into_iter()
+            .partition(|m| m.get("role").and_then(Value::as_str) == Some("system"));
+        let mut body = Map::from_iter([("messages".to_owned(), Value::Array(turns))]);
+        let texts: Vec<&str> = system
+            .iter()
+            .filter_map(|m| m.get("content").and_then(Value::as_str))
+            .collect();
+        if texts.len() != system.len() {
+            return Err(GatewayError::invalid(
+                "A system message warmed for the Messages API must have string `content` (or give a whole `request` with `system`).",
+                Some("messages"),
+            ));
+        }
+        if !texts.is_empty() {
+            body.insert("system".to_owned(), Value::from(texts.join("\n\n")));
+        }
+        Ok(body)
+    }
+
+    /// A finished message; `usage` counts nothing, since no upstream made it.
+    fn answer(&self, model: String, response: String, now_s: u64) -> Value {
+        json!({
+            "id": format!("msg_warm{now_s}"), "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": response}],
+            "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        })
+    }
+
+    fn default_headers(&self) -> &'static [(&'static str, &'static str)] {
+        &[("anthropic-version", ANTHROPIC_VERSION)]
     }
 }
 
@@ -162,7 +228,7 @@ fn keys(body: &Map<String, Value>, partition: &mut FieldHasher) -> Result<Turn, 
         extra,
     } = fields;
     model_field(partition, model.as_ref())?;
-    let system = system.map(|s| canonical_content(&s));
+    let system = system.map(|s| canonical_content(&without_billing_line(s)));
     let tools = tools.map(|t| match t {
         Value::Array(tools) => Value::Array(tools.iter().map(without_marker).collect()),
         other => other,
@@ -190,6 +256,27 @@ fn keys(body: &Map<String, Value>, partition: &mut FieldHasher) -> Result<Turn, 
         shape,
         text_of,
     ))
+}
+
+/// The line prefix of Anthropic's attribution metadata in `system` (see the module documentation).
+const BILLING_HEADER: &str = "x-anthropic-billing-header:";
+
+/// `system` without its billing line: a text block whose text is one line that starts with
+/// [`BILLING_HEADER`].
+fn without_billing_line(system: Value) -> Value {
+    let is_billing = |block: &Value| {
+        block.get("type").and_then(Value::as_str) == Some("text")
+            && block
+                .get("text")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t.trim().starts_with(BILLING_HEADER) && !t.trim().contains('\n'))
+    };
+    match system {
+        Value::Array(blocks) => {
+            Value::Array(blocks.into_iter().filter(|b| !is_billing(b)).collect())
+        }
+        other => other,
+    }
 }
 
 /// A copy of a block without its `cache_control` marker (see the module documentation).
@@ -304,16 +391,19 @@ fn is_user_question(message: &Map<String, Value>) -> bool {
     }
 }
 
-/// The final user turn with its text taken out: what semantic matching must not cross.
+/// The final user turn with the prompt (its last text) taken out: what semantic matching must not
+/// cross, earlier text blocks included.
 fn shape(turn: &Map<String, Value>) -> Value {
     let mut shape = turn.clone();
     match shape.get_mut("content") {
         Some(content @ Value::String(_)) => *content = json!([{"type": "text"}]),
         Some(Value::Array(blocks)) => {
-            for block in blocks.iter_mut().filter_map(Value::as_object_mut) {
-                if BlockKind::of(block) == BlockKind::Text {
-                    block.remove("text");
-                }
+            let last_text = blocks
+                .iter_mut()
+                .filter_map(Value::as_object_mut)
+                .rfind(|block| BlockKind::of(block) == BlockKind::Text);
+            if let Some(block) = last_text {
+                block.remove("text");
             }
         }
         _ => {}
@@ -321,14 +411,16 @@ fn shape(turn: &Map<String, Value>) -> Value {
     Value::Object(shape)
 }
 
+/// The prompt: the turn's last text block (the module documentation says why not all of them).
 fn text_of(turn: &Map<String, Value>) -> String {
     match turn.get("content") {
         Some(Value::String(text)) => text.clone(),
         _ => blocks_of(turn)
             .filter(|b| BlockKind::of(b) == BlockKind::Text)
             .filter_map(|b| b.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
+            .last()
+            .unwrap_or_default()
+            .to_owned(),
     }
 }
 
@@ -732,6 +824,76 @@ mod tests {
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "rain"}]}
         ]}));
         assert_ne!(k.partition, other.partition);
+    }
+
+    /// A request `claude -p` sent (recorded against reprise-sim): its keyed headers and body.
+    fn recorded(text: &str) -> (HeaderMap, Value) {
+        let recording: Value = serde_json::from_str(text).expect("recording");
+        let mut headers = HeaderMap::new();
+        for (name, value) in recording["headers"].as_object().expect("headers") {
+            let value = HeaderValue::from_str(value.as_str().expect("str")).expect("value");
+            headers.insert(
+                http::HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                value,
+            );
+        }
+        (headers, recording["body"].clone())
+    }
+
+    #[test]
+    fn claude_codes_paraphrase_shares_the_partition_of_its_question() {
+        let (headers, question) = recorded(include_str!(
+            "../../tests/fixtures/claude-code/question.json"
+        ));
+        let (other_headers, paraphrase) = recorded(include_str!(
+            "../../tests/fixtures/claude-code/paraphrase.json"
+        ));
+        assert_eq!(headers, other_headers);
+        // What makes the recordings worth testing: a billing line that differs per prompt, and
+        // ~10 KB of context blocks before the typed text.
+        let billing = |body: &Value| body["system"][0]["text"].as_str().map(str::to_owned);
+        assert!(billing(&question).is_some_and(|b| b.starts_with(BILLING_HEADER)));
+        assert_ne!(billing(&question), billing(&paraphrase));
+        let turn = &question["messages"][0]["content"];
+        assert!(turn[0]["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("<system-reminder>")));
+
+        let q = keys_with(question.clone(), &headers);
+        let p = keys_with(paraphrase, &headers);
+        assert_eq!(q.prompt, "how do I reset my password");
+        assert_eq!(p.prompt, "I forgot my password, how can I reset it");
+        assert_eq!(q.partition, p.partition, "one partition for both prompts");
+        assert_ne!(q.exact, p.exact);
+
+        // The context is still in the partition: another reminder, another system block, or the
+        // billing line with an instruction after it, each makes another partition.
+        let changed = |edit: &dyn Fn(&mut Value)| {
+            let mut body = question.clone();
+            edit(&mut body);
+            keys_with(body, &headers).partition
+        };
+        let last = turn.as_array().map_or(0, Vec::len) - 1;
+        assert_ne!(
+            changed(&|b| b["messages"][0]["content"][0]["text"] =
+                json!("<system-reminder>\nToday's date is 2027-01-01.\n</system-reminder>")),
+            q.partition
+        );
+        assert_ne!(
+            changed(&|b| b["system"][1]["text"] = json!("You are a pirate.")),
+            q.partition
+        );
+        assert_ne!(
+            changed(&|b| b["system"][0]["text"] = json!(format!(
+                "{}\nAnswer in French.",
+                billing(&question).unwrap_or_default()
+            ))),
+            q.partition
+        );
+        // The typed text is the prompt even when the turn has no reminders.
+        let mut bare = question.clone();
+        bare["messages"][0]["content"] = json!([turn[last].clone()]);
+        assert_eq!(keys_with(bare, &headers).prompt, q.prompt);
     }
 
     fn message(content: Value, stop_reason: &str) -> Value {

@@ -63,7 +63,7 @@ pub(crate) struct MissNotes {
 }
 
 impl MissNotes {
-    /// Adds the `x-reprise-nearest`, `-guard`, `-shadow`, `-vetoed` and `-semantic` headers to a
+    /// Adds the `x-reprise-nearest`, `-guard`, `-nearest-guard`, `-shadow`, `-vetoed` and `-semantic` headers to a
     /// miss's response.
     pub(crate) fn annotate(&self, headers: &mut HeaderMap) {
         if let Some(nearest) = self.nearest.similarity {
@@ -71,8 +71,12 @@ impl MissNotes {
             set_header(headers, "x-reprise-nearest", format!("{nearest:.4}"));
         }
         if let Some(guard) = self.nearest.guard {
-            // A guard refuses the best candidate: no threshold would serve it.
+            // A guard refused a candidate the threshold would have served: a wrong answer not given.
             set_header(headers, "x-reprise-guard", guard.name().to_owned());
+        }
+        if let Some(guard) = self.nearest.nearest_guard {
+            // The best candidate, whatever it scored, is one no threshold would serve: for tuning.
+            set_header(headers, "x-reprise-nearest-guard", guard.name().to_owned());
         }
         if let Some(decision) = &self.shadowed {
             // What `on` would have served: the response itself is the upstream's.

@@ -339,7 +339,10 @@ pub(crate) async fn apply_search(
         tracing::debug!(entry = %entry.id, similarity, "semantic hit vetoed by feedback");
     }
     ex.misses.nearest.similarity = outcome.nearest;
-    ex.misses.nearest.guard = outcome.nearest_guard;
+    // Named on the miss exactly when counted: a refusal at or above the floor the search used, not
+    // the guard of a nearest candidate that scored far below it.
+    ex.misses.nearest.guard = outcome.refused;
+    ex.misses.nearest.nearest_guard = outcome.nearest_guard;
     if let Some(guard) = outcome.refused {
         state.requests.stats.guard_refused(guard);
     }

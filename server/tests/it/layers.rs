@@ -41,6 +41,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("guard/", 3),
     // 4. Settings and observation: the layered config, live settings, the request log, stats, traces.
     ("config.rs", 4),
+    ("config/", 4),
     ("live.rs", 4),
     ("verify/settings.rs", 4),
     ("record.rs", 4),

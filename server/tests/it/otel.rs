@@ -19,13 +19,13 @@ const PARAPHRASE: &str = "I forgot my password, how can I reset it";
 const CLIENT_KEY: &str = "sk-tenant-otel-very-secret-0042";
 
 /// The OTLP/HTTP receiver: keeps every body posted to `/v1/traces`.
-struct Receiver {
-    addr: SocketAddr,
+pub(crate) struct Receiver {
+    pub(crate) addr: SocketAddr,
     bodies: Arc<Mutex<Vec<Bytes>>>,
 }
 
 impl Receiver {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         Self::start_on("127.0.0.1:0".parse().expect("addr")).await
     }
 
@@ -56,7 +56,7 @@ impl Receiver {
     }
 
     /// Every exported span, with its resource's attributes checked on the way.
-    fn spans(&self) -> Vec<Value> {
+    pub(crate) fn spans(&self) -> Vec<Value> {
         let mut spans = Vec::new();
         for body in self.raw() {
             let v: Value = serde_json::from_slice(&body).expect("OTLP JSON");
@@ -74,7 +74,7 @@ impl Receiver {
 }
 
 /// A span's (or resource's) attributes as a map of key to OTLP `AnyValue`.
-fn attrs(span: &Value) -> serde_json::Map<String, Value> {
+pub(crate) fn attrs(span: &Value) -> serde_json::Map<String, Value> {
     span["attributes"]
         .as_array()
         .into_iter()
@@ -97,7 +97,7 @@ fn nanos(span: &Value, field: &str) -> u128 {
 }
 
 /// The request span of `trace_id`, and its children, each checked to lie inside it.
-fn request_tree<'a>(spans: &'a [Value], trace_id: &str) -> (&'a Value, Vec<&'a Value>) {
+pub(crate) fn request_tree<'a>(spans: &'a [Value], trace_id: &str) -> (&'a Value, Vec<&'a Value>) {
     let roots: Vec<&Value> = spans
         .iter()
         .filter(|s| s["traceId"] == trace_id && s["kind"] == 2)
@@ -126,7 +126,7 @@ fn request_tree<'a>(spans: &'a [Value], trace_id: &str) -> (&'a Value, Vec<&'a V
     (root, children)
 }
 
-fn names<'a>(children: &[&'a Value]) -> Vec<&'a str> {
+pub(crate) fn names<'a>(children: &[&'a Value]) -> Vec<&'a str> {
     children
         .iter()
         .map(|c| c["name"].as_str().expect("name"))

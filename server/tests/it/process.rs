@@ -85,9 +85,17 @@ fn environment_variables_configure_and_secrets_stay_masked() {
         .expect("run");
     assert!(output.status.success());
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.contains("http://127.0.0.1:1/v1"), "{stdout}");
-    assert!(stdout.contains("1234"), "{stdout}");
+    // As the file spells it, so that `--config` reads it back.
+    assert!(
+        stdout.contains("\nupstream_url = \"http://127.0.0.1:1/v1\"\n"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\nidle_timeout_ms = 1234\n"), "{stdout}");
     assert!(!stdout.contains("very-secret-token"), "{stdout}");
+    assert!(
+        stdout.contains("# admin_token = \"*****\" (set; not printed)"),
+        "{stdout}"
+    );
 }
 
 /// Starts the `reprise` binary and waits until it answers `/healthz`.

@@ -511,6 +511,43 @@ async fn literal_guards_refuse_other_numbers_and_negations_until_turned_off() {
     let refusals = gw.state.requests.stats.totals().guard_refusals;
     assert_eq!((refusals.numbers, refusals.negation), (1, 1));
 
+    // A nearest candidate far below the threshold is no refusal, whatever a guard thinks of it:
+    // `x-reprise-guard` stays for what the stats count, and only `x-reprise-nearest-guard` (for the
+    // evaluation's sweep) names the guard.
+    let unrelated = ask(&gw, "sk-a", "What is 2 plus 2?", &no_store).await;
+    assert_eq!(
+        header(&unrelated, "x-reprise-cache").as_deref(),
+        Some("miss")
+    );
+    let nearest: f64 = header(&unrelated, "x-reprise-nearest")
+        .expect("nearest")
+        .parse()
+        .expect("num");
+    assert!(nearest < 0.9, "an unrelated prompt scored {nearest}");
+    assert!(
+        header(&unrelated, "x-reprise-nearest-guard").is_some(),
+        "the guards refuse the nearest candidate (nearest {nearest})"
+    );
+    assert_eq!(header(&unrelated, "x-reprise-guard"), None);
+    unrelated.bytes().await.expect("body");
+    let mut last = None;
+    for _ in 0..200 {
+        last = gw.state.requests.recent(1).into_iter().next();
+        if last
+            .as_ref()
+            .is_some_and(|r| r.nearest.is_some_and(|n| f64::from(n) < 0.9))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(last.expect("recorded").guard, None);
+    let after = gw.state.requests.stats.totals().guard_refusals;
+    assert_eq!(
+        after, refusals,
+        "a candidate below the threshold counted as a refusal"
+    );
+
     // The same literals in other words still match, and carry no guard header.
     let paraphrase = ask(
         &gw,

@@ -39,6 +39,12 @@ test("semantic mode: charts, entries, escaping, search, detail drawer and delete
 
     const hitRate = await page.locator("#kpis .kpi").first().locator(".value").textContent();
     assert.equal(hitRate, (mock.data.stats.rates.hit * 100).toFixed(1) + "%");
+    // The exact share is read from `exact-hit`, spelled as the outcomes are.
+    const split = await page.locator("#kpis .kpi").first().textContent();
+    assert.ok(split.includes((mock.data.stats.rates["exact-hit"] * 100).toFixed(1) + "% exact"), split);
+    // A hit's first token is its replay's, not a prefill: the segment is named for what both have.
+    const phaseLegend = await page.locator("#phases-legend").textContent();
+    assert.ok(phaseLegend.includes("First token") && !phaseLegend.includes("Prefill"), phaseLegend);
     const refusals = page.locator("#system dt", { hasText: "Guard refusals" }).locator("xpath=following-sibling::dd[1]");
     assert.equal(
       await refusals.textContent(),

@@ -1,6 +1,6 @@
 // The admin dashboard (/admin/ui) in headless Chromium against a real `reprise serve` in front of `reprise-sim`:
-// after real traffic (misses, exact repeats, a paraphrase) the page loads without console errors, draws its charts
-// from live data, lists, searches and deletes entries, and leaves a screenshot in the artifacts folder.
+// after real traffic (misses, exact repeats, a paraphrase, and Anthropic Messages API requests) the page loads without
+// console errors, draws its charts from live data, counts requests by route, lists, searches and deletes entries, and leaves a screenshot in the artifacts folder.
 //
 // Env: REPRISE_BIN_DIR (reprise and reprise-sim; default target/debug), REPRISE_MODELS_DIR (semantic matching on when
 // set, else exact-only), REPRISE_ARTIFACTS_DIR (default target/artifacts), CHROMIUM_PATH (default /usr/bin/chromium).
@@ -44,6 +44,18 @@ async function chat(content, { stream = false, headers = {} } = {}) {
   return res.headers.get("x-reprise-cache");
 }
 
+/** One Anthropic Messages API request through the gateway; returns its x-reprise-cache header. */
+async function message(content) {
+  const res = await fetch(`${gw}/v1/messages`, {
+    method: "POST",
+    headers: { "content-type": "application/json", "x-api-key": "sk-ui", "anthropic-version": "2023-06-01" },
+    body: JSON.stringify({ model: "claude-sim", max_tokens: 64, messages: [{ role: "user", content }] }),
+  });
+  await res.text();
+  assert.equal(res.status, 200, `message ${JSON.stringify(content)}`);
+  return res.headers.get("x-reprise-cache");
+}
+
 before(async () => {
   const simPort = await freePort();
   const gwPort = await freePort();
@@ -58,7 +70,8 @@ before(async () => {
   writeFileSync(prices, '[models]\n"sim-model" = { input = 2.50, output = 10.00 }\n');
   procs.push(spawn(join(binDir, "reprise"), [
     "serve", "--listen", `127.0.0.1:${gwPort}`, "--upstream-url", `http://127.0.0.1:${simPort}/v1`,
-    "--data-dir", join(dataDir, "store"), "--admin-token", token, "--prices", prices, ...matching,
+    "--anthropic-upstream-url", `http://127.0.0.1:${simPort}/v1`, "--data-dir", join(dataDir, "store"), "--admin-token", token,
+    "--prices", prices, ...matching,
   ], { stdio: ["ignore", "ignore", "inherit"] }));
   gw = `http://127.0.0.1:${gwPort}`;
   await waitReady(`${gw}/healthz`);
@@ -78,6 +91,14 @@ before(async () => {
   }
   const paraphrase = await chat(PARAPHRASE);
   assert.ok(["semantic-hit", "miss"].includes(paraphrase), `paraphrase answered ${paraphrase}`);
+  // The Messages API route: a miss and, once stored, its repeat.
+  const ANTHROPIC = "Which rivers flow into the Black Sea?";
+  assert.equal(await message(ANTHROPIC), "miss");
+  await eventually("the Messages API entry stored", async () => {
+    const page = await (await admin("entries?limit=50")).json();
+    return page.data?.some((e) => e.prompt === ANTHROPIC);
+  });
+  assert.equal(await message(ANTHROPIC), "hit");
 
   browser = await launchBrowser();
 });
@@ -102,6 +123,14 @@ test("the dashboard renders live data, searches and deletes entries", async () =
     const outcomes = await page.locator('svg[data-chart="phases"] .row-label').allTextContents();
     assert.ok(outcomes.includes("Miss") && outcomes.includes("Exact hit"), `phases rows: ${outcomes}`);
     assert.equal(await page.locator("#meta .badge").first().textContent(), semantic ? "semantic" : "exact-only");
+
+    // Counts by route, from the stats JSON the page reads: the Messages API has its own row.
+    const stats = await (await admin("stats")).json();
+    assert.deepEqual([stats.by_route?.messages?.total, stats.by_route?.messages?.hit, stats.by_route?.messages?.miss], [2, 1, 1],
+      JSON.stringify(stats.by_route));
+    assert.ok(stats.by_route["chat.completions"]?.total >= MISSES.length + 4, JSON.stringify(stats.by_route));
+    const system = await page.locator("#system").textContent();
+    assert.ok(system.includes("By route") && system.includes("messages2 · 1 hits · 1 misses"), system);
 
     const shown = await promptsShown(page);
     for (const p of MISSES) assert.ok(shown.includes(p), `entries table lacks ${JSON.stringify(p)}: ${JSON.stringify(shown)}`);

@@ -202,7 +202,7 @@ export function buildData(mode, now = Date.now(), count = MOCK_PROMPTS.length) {
     index: semantic ? { vectors: entries.length, tombstones: empty ? 0 : 2, rebuilding: false } : null,
     requests: req,
     rates: {
-      hit: rate(req.hit + req["semantic-hit"] + req.coalesced), exact_hit: rate(req.hit), "semantic-hit": rate(req["semantic-hit"]),
+      hit: rate(req.hit + req["semantic-hit"] + req.coalesced), "exact-hit": rate(req.hit), "semantic-hit": rate(req["semantic-hit"]),
       coalesced: rate(req.coalesced), miss: rate(req.miss), bypass: rate(req.bypass),
     },
     ttft_saved_ms: { total: hitsServed ? perHit * hitsServed : 0, per_hit: perHit, hits: hitsServed },

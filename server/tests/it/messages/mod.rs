@@ -3,31 +3,37 @@
 //! fresh `msg_` id and the stored usage, a tool
 //! call replays with its input, nothing failed, cut, refused or length-stopped is stored,
 //! `cache_control` markers reach Anthropic, API keys (`x-api-key`) keep their answers apart, and
-//! `/v1/messages/count_tokens` passes through to the Anthropic upstream.
+//! `/v1/messages/count_tokens` passes through to the Anthropic upstream. What applies to every
+//! route (stats, metrics, traces, shadow mode, feedback, thresholds, Redis, warming, headers) is
+//! checked on this one in `features.rs`; `reprise-client eval`/`calibrate --api anthropic` in
+//! `clients.rs`.
+
+mod clients;
+mod features;
 
 use serde_json::{json, Value};
 
 use crate::common::*;
 use crate::semantic::{models, semantic_config};
 
-fn upstream_messages(sim: &reprise_sim::SimHandle) -> u64 {
+pub(super) fn upstream_messages(sim: &reprise_sim::SimHandle) -> u64 {
     sim.stats.snapshot().messages
 }
 
 /// A gateway whose OpenAI and Anthropic upstreams are both the sim.
-async fn gateway(sim: &reprise_sim::SimHandle) -> Gateway {
+pub(super) async fn gateway(sim: &reprise_sim::SimHandle) -> Gateway {
     let mut config = config_for(sim.base_url());
     config.anthropic_upstream_url = sim.base_url();
     config.validate().expect("valid");
     start(config).await
 }
 
-fn ask(question: &str, stream: bool) -> Value {
+pub(super) fn ask(question: &str, stream: bool) -> Value {
     json!({"model": "claude-sim", "max_tokens": 256, "stream": stream,
         "messages": [{"role": "user", "content": question}]})
 }
 
-async fn create(
+pub(super) async fn create(
     gw: &Gateway,
     key: &str,
     body: &Value,
@@ -45,7 +51,7 @@ async fn create(
 }
 
 /// What a Messages API stream says, read from its events.
-trait MessagesStream {
+pub(super) trait MessagesStream {
     fn names_but_pings(&self) -> Vec<&str>;
     fn text(&self) -> String;
     fn message(&self) -> Value;
@@ -111,7 +117,7 @@ impl MessagesStream for Typed {
 
 /// What every Messages stream through the gateway must be: named events from `message_start` to
 /// `message_stop`, the timing comment after the last one, and no `[DONE]`.
-fn check_stream(typed: &Typed, text: &str) {
+pub(super) fn check_stream(typed: &Typed, text: &str) {
     let names = typed.names_but_pings();
     assert_eq!(names.first(), Some(&"message_start"), "{text}");
     assert_eq!(
@@ -123,7 +129,7 @@ fn check_stream(typed: &Typed, text: &str) {
     assert!(typed.tail.starts_with(": reprise-timing {"), "{text}");
 }
 
-fn text_of(message: &Value) -> String {
+pub(super) fn text_of(message: &Value) -> String {
     message["content"]
         .as_array()
         .expect("content")
