@@ -344,6 +344,10 @@ pub struct ServeArgs {
     /// A file whose text replaces the judge's instruction (server/prompts/judge-v1.txt).
     #[arg(long, env = "REPRISE_JUDGE_PROMPT")]
     pub judge_prompt: Option<PathBuf>,
+    /// A price table (TOML, the format of server/prices.toml) whose models extend or override the
+    /// compiled-in defaults, for the money hits saved.
+    #[arg(long, env = "REPRISE_PRICES")]
+    pub prices: Option<PathBuf>,
 }
 
 /// The validated configuration the gateway runs with: the start-up settings, and the first
@@ -421,6 +425,11 @@ pub struct Config {
     pub judge_prompt: Option<PathBuf>,
     /// Most pairs waiting for a background verdict; more are dropped (TOML only).
     pub judge_queue: usize,
+    /// A price table file over the compiled-in defaults (`server/prices.toml`).
+    pub prices: Option<PathBuf>,
+    // In the file: `[namespace_prices.support]` then `"gpt-4o" = { input = 2.0, output = 8.0 }`.
+    /// Prices of a namespace's requests, model by model, over the table (TOML only).
+    pub namespace_prices: crate::savings::NamespacePrices,
 }
 
 impl Default for Config {
@@ -480,6 +489,8 @@ impl Default for Config {
             judge_rate: 20.0,
             judge_prompt: None,
             judge_queue: 1024,
+            prices: None,
+            namespace_prices: crate::savings::NamespacePrices::new(),
         }
     }
 }
@@ -587,6 +598,7 @@ impl Config {
             judge_max_concurrency,
             judge_rate,
             judge_prompt,
+            prices,
         } = args.clone();
         set(&mut self.listen, listen);
         set(&mut self.upstream_url, upstream_url);
@@ -664,6 +676,9 @@ impl Config {
         set(&mut self.judge_rate, judge_rate);
         if judge_prompt.is_some() {
             self.judge_prompt = judge_prompt;
+        }
+        if prices.is_some() {
+            self.prices = prices;
         }
     }
 
@@ -747,7 +762,34 @@ impl Config {
         }
         self.live.validate()?;
         self.validate_judge()?;
+        self.validate_prices()?;
         self.validate_upper_bounds()
+    }
+
+    /// The price table: the file readable and every price a number of 0 or more; namespaces named
+    /// as a request can name them.
+    fn validate_prices(&self) -> Result<(), ConfigError> {
+        if let Some(name) = self
+            .namespace_prices
+            .keys()
+            .find(|n| !crate::policy::is_namespace(n))
+        {
+            return Err(ConfigError::Invalid {
+                field: "namespace_prices",
+                reason: format!(
+                    "namespace {name:?} is not a namespace name ({})",
+                    crate::policy::NAMESPACE_RULE
+                ),
+            });
+        }
+        let field = if self.prices.is_some() {
+            "prices"
+        } else {
+            "namespace_prices"
+        };
+        crate::savings::Prices::build(self.prices.as_deref(), &self.namespace_prices)
+            .map(drop)
+            .map_err(|reason| ConfigError::Invalid { field, reason })
     }
 
     /// The judge's start-up settings: a readable instruction, limits in range, and a credential for
@@ -1020,6 +1062,59 @@ mod tests {
         // `check-config` prints the configuration as the file spells it.
         assert!(as_toml::effective(&config)
             .contains("\nanthropic_upstream_url = \"https://anthropic.example/v1\"\n"));
+    }
+
+    #[test]
+    fn prices_come_from_a_file_flag_or_key_and_per_namespace_from_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let prices = dir.path().join("prices.toml");
+        std::fs::write(&prices, "[models]\n\"m\" = { input = 1.0, output = 2.0 }\n")
+            .expect("write");
+        let path = dir.path().join("reprise.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "prices = {:?}\n[namespace_prices.support]\n\"m\" = {{ input = 0.5, output = 0.5 }}\n",
+                prices.display().to_string()
+            ),
+        )
+        .expect("write");
+        let config = Config::load(&ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        })
+        .expect("valid");
+        assert_eq!(config.prices.as_deref(), Some(prices.as_path()));
+        assert_eq!(config.namespace_prices["support"]["m"].input, 0.5);
+        // The flag wins over the file.
+        let other = dir.path().join("other.toml");
+        std::fs::write(&other, "[models]\n").expect("write");
+        let config = Config::load(&ServeArgs {
+            config: Some(path.clone()),
+            prices: Some(other.clone()),
+            ..ServeArgs::default()
+        })
+        .expect("valid");
+        assert_eq!(config.prices.as_deref(), Some(other.as_path()));
+        // A namespace that no request could name, or a negative price, stops the start.
+        std::fs::write(&path, "[namespace_prices.\"no spaces\"]\n").expect("write");
+        let err = Config::load(&ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        })
+        .expect_err("bad namespace");
+        assert!(err.to_string().contains("namespace_prices"), "{err}");
+        std::fs::write(
+            &path,
+            "[namespace_prices.support]\n\"m\" = { input = -1.0, output = 0.0 }\n",
+        )
+        .expect("write");
+        let err = Config::load(&ServeArgs {
+            config: Some(path),
+            ..ServeArgs::default()
+        })
+        .expect_err("negative");
+        assert!(err.to_string().contains("namespace_prices"), "{err}");
     }
 
     #[test]

@@ -361,6 +361,18 @@ impl Replay {
     pub fn events(&self) -> usize {
         self.record.events.len()
     }
+
+    /// The stored response body as JSON text, with its original identity (what the savings
+    /// accounting reads the answer's `usage` from; a hit's own body is rendered with a fresh one).
+    pub fn body_json(&self) -> Vec<u8> {
+        let identity = reprise_migrations::replay::Identity::Original(&self.record.identities);
+        self.record.body.render_all(false, identity)
+    }
+
+    /// When the entry was stored: with its id, what tells it from a later entry of the same id.
+    pub fn stamp(&self) -> (u64, u64) {
+        (self.record.id, self.record.created_at_ms)
+    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@
 //!    serving, judging and going upstream); `Follow` when an identical miss is in flight; else `Miss`.
 //! 5. `pipeline::replay` on a hit: renders the entry's [`entry::Replay`] (its answer,
 //!    pre-serialized) with [`render`] as a body or a paced SSE stream, or follows the identical miss
-//!    in flight.
+//!    in flight; [`savings`] says what the hit saved (the entry's usage, or its text counted, at the
+//!    price table's rates).
 //! 6. `pipeline::forward` on a miss: sends the request upstream over the [`upstream`] client's
 //!    pooled connections, waits for the first event within the first-byte deadline, then relays the
 //!    body or the event stream (framed by [`sse`]) while timing tokens and feeding the
@@ -67,6 +68,7 @@ pub mod policy;
 pub mod record;
 pub mod render;
 pub mod replica;
+pub mod savings;
 pub mod semantic;
 pub(crate) mod serve;
 pub(crate) mod shadow;

@@ -97,6 +97,8 @@ pub struct RecordMeta {
     pub store_skipped: Option<&'static str>,
     /// The request's trace context when traces are exported; its spans are built at the end.
     pub trace: Option<crate::otel::RequestTrace>,
+    /// The request's namespace (`x-reprise-namespace`).
+    pub namespace: Option<String>,
 }
 
 /// The best semantic candidate of a miss: its similarity, and the guard that refused it; or why
@@ -120,6 +122,9 @@ pub struct Served {
     pub entry: EntryId,
     pub similarity: Option<f32>,
     pub ttft_saved_ms: Option<f64>,
+    /// The tokens (and money) the entry's answer cost upstream; `None` for a coalesced request,
+    /// which waited for its leader's upstream call.
+    pub saved: Option<reprise_wire::TokensSaved>,
 }
 
 impl RecordMeta {
@@ -143,6 +148,8 @@ impl RecordMeta {
             ttft_saved_ms: self.served.as_ref().and_then(|s| s.ttft_saved_ms),
             error: self.error.map(str::to_owned),
             store_skipped: self.store_skipped.map(str::to_owned),
+            namespace: self.namespace,
+            saved: self.served.and_then(|s| s.saved),
         };
         if let Some(trace) = self.trace {
             trace.end(&record, clock);
@@ -309,6 +316,8 @@ mod tests {
             ttft_saved_ms: None,
             error: None,
             store_skipped: None,
+            namespace: None,
+            saved: None,
         }
     }
 

@@ -214,9 +214,14 @@ pub fn render(
     clock: &mut PhaseClock,
 ) -> (Source, &'static str) {
     let fresh = Filled::of(fresh);
+    // The answer's content tokens, all sent at once: a body carries as many as the stream would,
+    // and its record must not say 0 (it did before: only streamed hits counted them).
+    let tokens: u32 = replay.record.events.iter().map(|e| e.tokens).sum();
     if !stream {
         let body = body(&replay, &fresh);
-        clock.first_token = Some(Instant::now());
+        let first = Instant::now();
+        clock.first_token = Some(first);
+        clock.tokens(first, tokens);
         clock.last_token = clock.first_token;
         return (Source::Once(Some(body)), "application/json");
     }
@@ -237,7 +242,6 @@ pub fn render(
     // task yields once so the server flushes it, then the rest follows.
     let first = Instant::now();
     clock.first_token = Some(first);
-    let tokens: u32 = replay.record.events.iter().map(|e| e.tokens).sum();
     clock.tokens(first, tokens);
     let split = head_len(&replay);
     let mut head = Vec::new();

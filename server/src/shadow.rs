@@ -80,6 +80,10 @@ pub struct ShadowDecision {
     /// asked in the background; `queued` until it lands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verdict: Option<String>,
+    /// On a `would-hit`: the tokens (and money) serving the candidate would have saved, its
+    /// entry's stored usage as a hit would count it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub would_save: Option<reprise_wire::TokensSaved>,
 }
 
 impl ShadowDecision {
@@ -238,6 +242,7 @@ mod tests {
             threshold: 0.9,
             guards: Vec::new(),
             verdict: None,
+            would_save: None,
         }
     }
 

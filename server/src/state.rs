@@ -16,7 +16,7 @@ use crate::record::RequestLog;
 use crate::semantic::{self, Semantic};
 use crate::store::{self, ResilientStore, SledStore, Store, StoreError};
 use crate::upstream::Upstream;
-use crate::{embed, feedback, live, otel, replica, verify};
+use crate::{embed, feedback, live, otel, replica, savings, verify};
 
 /// Shared state of the gateway: cheap to clone, one `Arc` per part.
 #[derive(Clone)]
@@ -43,6 +43,8 @@ pub struct AppState {
     pub replica: Option<Arc<replica::Follower>>,
     /// The judge of near matches and its background queue (`verify = judge`).
     pub verifier: Arc<verify::Verifier>,
+    /// The price table and what each entry's answer cost in tokens: what a hit saved.
+    pub savings: Arc<savings::Accounting>,
 }
 
 /// Why the gateway could not start, worded for the operator who reads it on stderr.
@@ -61,6 +63,8 @@ pub enum StartError {
     Feedback(String),
     #[error("cannot set up trace export: {0}")]
     Tracing(String),
+    #[error("cannot read the price table: {0}")]
+    Prices(String),
 }
 
 /// Opens the store in `config.data_dir`. A corrupt store is moved aside (unless `strict_store`),
@@ -234,7 +238,13 @@ impl AppState {
             GatewayError::Internal { detail } => StartError::Upstream(detail),
             other => StartError::Upstream(other.to_string()),
         })?;
+        let savings = Arc::new(
+            savings::Accounting::load(config.prices.as_ref(), &config.namespace_prices)
+                .map_err(StartError::Prices)?,
+        );
         let verifier = Arc::new(verify::Verifier::new(&config).map_err(StartError::Upstream)?);
+        // Judge calls are a cost against what hits save, priced with the same table.
+        verifier.judge.counts.price_with(savings.clone());
         for collector in verifier.judge.counts.collectors() {
             requests.stats.register(collector);
         }
@@ -270,6 +280,7 @@ impl AppState {
             otel,
             replica,
             verifier,
+            savings,
         })
     }
 }

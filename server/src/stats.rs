@@ -21,6 +21,11 @@ pub(crate) use reprise_wire::{
     TtftSaved, UpstreamErrors,
 };
 pub(crate) use reprise_wire::{OutcomeLatency, Summary};
+pub(crate) use reprise_wire::{Savings, TokensSaved};
+
+/// The `by_namespace` key of requests without a namespace: not a valid namespace name, so it
+/// cannot collide with one.
+pub(crate) const NO_NAMESPACE: &str = "(none)";
 
 use crate::guard::Guard;
 use crate::lock::lock;
@@ -53,6 +58,9 @@ pub struct Stats {
     total: HistogramVec,
     phases: HistogramVec,
     ttft_saved: prometheus::Counter,
+    /// Tokens hits did not send upstream, by route and kind (input, output), and their cost.
+    tokens_saved: IntCounterVec,
+    cost_saved: prometheus::CounterVec,
     embed_batch_size: Histogram,
     embed_batch_seconds: Histogram,
     embed_queue_wait: Histogram,
@@ -100,6 +108,9 @@ struct Counts {
     /// last counts the rest).
     ttft_buckets: BTreeMap<CacheOutcome, [u64; TTFT_BOUNDS_MS.len() + 1]>,
     timeline: VecDeque<TimelineBucket>,
+    /// Tokens and money hits saved, and shadow mode's would-be hits (judge and prices are the
+    /// admin route's to add).
+    savings: Savings,
 }
 
 /// Which upstream failure a finished request shows, if any.
@@ -218,6 +229,22 @@ impl Stats {
                 "Upstream network and prefill time that hits did not wait for.",
             )
             .unwrap_or_else(unreachable_metric),
+            tokens_saved: IntCounterVec::new(
+                Opts::new(
+                    "reprise_tokens_saved_total",
+                    "Tokens hits did not send upstream (their entries' usage), by route and kind (input, output).",
+                ),
+                &["route", "kind"],
+            )
+            .unwrap_or_else(unreachable_metric),
+            cost_saved: prometheus::CounterVec::new(
+                Opts::new(
+                    "reprise_cost_saved_total",
+                    "US dollars hits saved at the price table's rates (hits of unpriced models add nothing), by route.",
+                ),
+                &["route"],
+            )
+            .unwrap_or_else(unreachable_metric),
             embed_batch_size: Histogram::with_opts(
                 HistogramOpts::new(
                     "reprise_embedding_batch_size",
@@ -326,6 +353,8 @@ impl Stats {
             }
         }
         stats.register(Box::new(stats.replica_waits.clone()));
+        stats.register(Box::new(stats.tokens_saved.clone()));
+        stats.register(Box::new(stats.cost_saved.clone()));
         stats.register(Box::new(stats.semantic_skipped.clone()));
         stats
     }
@@ -392,6 +421,21 @@ impl Stats {
         if let Some(saved) = record.ttft_saved_ms {
             self.ttft_saved.inc_by(saved / 1e3);
         }
+        if let Some(saved) = &record.saved {
+            for (kind, n) in [
+                ("input", saved.input_tokens),
+                ("output", saved.output_tokens),
+            ] {
+                self.tokens_saved
+                    .with_label_values(&[route, kind])
+                    .inc_by(n);
+            }
+            // Created at the first hit even when unpriced, so a route's series exists with its tokens.
+            let cost = self.cost_saved.with_label_values(&[route]);
+            if let Some(usd) = saved.cost_usd {
+                cost.inc_by(usd);
+            }
+        }
 
         let now = unix_ms();
         let mut counts = lock(&self.counts);
@@ -414,6 +458,18 @@ impl Stats {
         if let Some(saved) = record.ttft_saved_ms {
             counts.ttft_saved_ms += saved;
             counts.ttft_saved_hits += 1;
+        }
+        if let Some(saved) = &record.saved {
+            let s = &mut counts.savings;
+            s.total.add(saved);
+            s.by_route.entry(route.to_owned()).or_default().add(saved);
+            let model = record.model.as_deref().unwrap_or("");
+            s.by_model.entry(model.to_owned()).or_default().add(saved);
+            let namespace = record.namespace.as_deref().unwrap_or(NO_NAMESPACE);
+            s.by_namespace
+                .entry(namespace.to_owned())
+                .or_default()
+                .add(saved);
         }
         if let (Some(outcome), Some(ttft), true) = (served, p.ttft_ms, complete) {
             let slot = TTFT_BOUNDS_MS
@@ -440,6 +496,17 @@ impl Stats {
                 CacheOutcome::Pass => {}
             }
         }
+    }
+
+    /// Counts what a shadowed request's would-be hit would have saved.
+    pub fn shadow_saved(&self, saved: &TokensSaved) {
+        lock(&self.counts).savings.shadow.add(saved);
+    }
+
+    /// Tokens and money saved since start: hits by route, model and namespace, and shadow mode's
+    /// would-be hits. The judge's cost, the net and the price table are the caller's to fill in.
+    pub fn savings(&self) -> Savings {
+        lock(&self.counts).savings.clone()
     }
 
     /// Counts a miss whose semantic search raced its upstream request: `semantic_first` when a hit
@@ -743,6 +810,8 @@ mod tests {
                 _ => "upstream_unreachable".to_owned(),
             }),
             store_skipped: None,
+            namespace: None,
+            saved: None,
         }
     }
 
@@ -831,6 +900,47 @@ mod tests {
         assert!(
             text.contains("reprise_ttft_seconds_count{cache=\"hit\",route=\"chat.completions\"} 1")
         );
+    }
+
+    #[test]
+    fn savings_are_summed_by_route_model_and_namespace_and_exported() {
+        let stats = Stats::new();
+        let saved = |input, output, cost| TokensSaved {
+            input_tokens: input,
+            output_tokens: output,
+            source: reprise_wire::TokenSource::Reported,
+            tokenizer: None,
+            cost_usd: cost,
+        };
+        let mut hit = record("hit", Completion::Complete, 200, 0.4);
+        hit.saved = Some(saved(100, 20, Some(0.25)));
+        hit.namespace = Some("support".into());
+        stats.observe(&hit);
+        let mut unpriced = record("hit", Completion::Complete, 200, 0.4);
+        unpriced.route = "messages".into();
+        unpriced.saved = Some(saved(7, 3, None));
+        stats.observe(&unpriced);
+        stats.observe(&record("miss", Completion::Complete, 200, 9.0));
+        stats.shadow_saved(&saved(1, 1, Some(0.5)));
+        let s = stats.savings();
+        assert_eq!(
+            (s.total.hits, s.total.input_tokens, s.total.output_tokens),
+            (2, 107, 23)
+        );
+        assert_eq!(s.total.unpriced, 1);
+        assert!((s.total.cost_usd - 0.25).abs() < 1e-12);
+        assert_eq!(s.by_route["messages"].input_tokens, 7);
+        assert_eq!(s.by_namespace["support"].hits, 1);
+        assert_eq!(s.by_namespace[NO_NAMESPACE].hits, 1);
+        assert_eq!(s.by_model["m"].hits, 2);
+        assert_eq!(s.shadow.hits, 1);
+        let text = stats.render_prometheus(&Gauges::default());
+        assert!(text
+            .contains("reprise_tokens_saved_total{kind=\"input\",route=\"chat.completions\"} 100"));
+        assert!(text.contains("reprise_tokens_saved_total{kind=\"output\",route=\"messages\"} 3"));
+        assert!(text.contains("reprise_cost_saved_total{route=\"chat.completions\"} 0.25"));
+        // An unpriced route has its tokens and a cost series that stays at zero.
+        assert!(text.contains("reprise_cost_saved_total{route=\"messages\"} 0"));
     }
 
     #[test]

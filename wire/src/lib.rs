@@ -7,7 +7,8 @@
 //! - [`phases`]: the [`Phases`] of one request and their two text forms (`Server-Timing` and the
 //!   stream's timing comment);
 //! - [`record`]: the [`RequestRecord`] of `GET /admin/requests`;
-//! - [`stats`]: the parts of the `GET /admin/stats` body that count requests.
+//! - [`stats`]: the parts of the `GET /admin/stats` body that count requests;
+//! - [`savings`]: the tokens and money hits saved ([`TokensSaved`] per request, [`Savings`] summed).
 //!
 //! Decoding is lenient so that a client reads an older or a newer gateway: unknown fields are
 //! ignored, missing ones take their default, and an outcome the client does not know is kept as
@@ -17,12 +18,14 @@ pub mod lenient;
 pub mod outcome;
 pub mod phases;
 pub mod record;
+pub mod savings;
 pub mod stats;
 
 pub use lenient::Lenient;
 pub use outcome::{CacheOutcome, Completion};
 pub use phases::Phases;
 pub use record::{LenientRecord, RequestRecord};
+pub use savings::{JudgeCost, PriceTableInfo, Savings, SavingsRow, TokenSource, TokensSaved};
 pub use stats::{
     GuardRefusals, OutcomeLatency, Overlap, Rates, RequestCounts, Summary, Timeline,
     TimelineBucket, TtftHistogram, TtftSaved, UpstreamErrors,

@@ -74,6 +74,13 @@ pub struct RequestRecord<Outcome = CacheOutcome, End = Completion> {
     /// Why a clean answer was not stored: `too_large` (over `max_entry_bytes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_skipped: Option<String>,
+    /// The request's `x-reprise-namespace`, when it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// On a hit: the tokens its entry's answer cost upstream, and their price
+    /// (`x-reprise-tokens-saved`, `x-reprise-cost-saved`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved: Option<crate::savings::TokensSaved>,
 }
 
 /// A record as a reader decodes it: an outcome or completion it does not know is kept as sent, and

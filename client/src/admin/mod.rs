@@ -36,6 +36,7 @@ pub use stats::{
     RequestRecord, RequestsPage, Stats, StoreStats, Summary, Timeline, TimelineBucket,
     TtftHistogram, TtftSaved, UpstreamErrors,
 };
+pub use stats::{JudgeCost, PriceTableInfo, Savings, SavingsRow, TokenSource, TokensSaved};
 
 /// Gateway root used when `REPRISE_URL` is not set.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8080";

@@ -12,6 +12,7 @@ pub use reprise_wire::{
     GuardRefusals, OutcomeLatency, Phases, Rates, RequestCounts, Summary, Timeline, TimelineBucket,
     TtftHistogram, TtftSaved, UpstreamErrors,
 };
+pub use reprise_wire::{JudgeCost, PriceTableInfo, Savings, SavingsRow, TokenSource, TokensSaved};
 
 /// One recent request from `GET /admin/requests` (no prompt, no response, no credential); an
 /// outcome or completion this client does not know is kept as the gateway spelled it.
@@ -31,6 +32,9 @@ pub struct Stats {
     pub requests: RequestCounts,
     pub rates: Rates,
     pub ttft_saved_ms: TtftSaved,
+    /// Tokens and money hits saved (absent from gateways that predate savings accounting).
+    #[serde(default)]
+    pub savings: Option<Savings>,
     pub embedding: Option<EmbeddingStats>,
     pub upstream_errors: UpstreamErrors,
     /// Semantic lookups a literal guard left without a match, by the first guard that refused

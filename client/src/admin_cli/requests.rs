@@ -24,9 +24,19 @@ pub fn render_requests(page: &RequestsPage, now_ms: u64) -> String {
     }
     let mut requests = table(
         &[
-            "ID", "AGE", "ROUTE", "MODEL", "STATUS", "CACHE", "TTFT", "TOTAL", "SAVED", "ENTRY",
+            "ID",
+            "AGE",
+            "ROUTE",
+            "MODEL",
+            "STATUS",
+            "CACHE",
+            "TTFT",
+            "TOTAL",
+            "SAVED",
+            "TOKENS SAVED",
+            "ENTRY",
         ],
-        &[4, 6, 7, 8],
+        &[4, 6, 7, 8, 9],
     );
     for record in &page.data {
         let cache = match (record.similarity, record.nearest, &record.guard) {
@@ -58,11 +68,28 @@ pub fn render_requests(page: &RequestsPage, now_ms: u64) -> String {
             fmt_opt_ms(record.phases.ttft_ms),
             fmt_opt_ms(Some(record.phases.total_ms)),
             fmt_opt_ms(record.ttft_saved_ms),
+            record
+                .saved
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), fmt_saved),
             record.entry.clone().unwrap_or_else(|| "-".to_owned()),
         ]);
     }
     push_table(&mut out, &requests);
     out
+}
+
+/// A hit's tokens saved, `input+output`, with their cost when priced and `(counted)` when the
+/// upstream reported no usage.
+fn fmt_saved(saved: &reprise_wire::TokensSaved) -> String {
+    let mut text = format!("{}+{}", saved.input_tokens, saved.output_tokens);
+    if let Some(usd) = saved.cost_usd {
+        text.push_str(&format!(" ${usd:.4}"));
+    }
+    if saved.source == reprise_wire::TokenSource::Counted {
+        text.push_str(" (counted)");
+    }
+    text
 }
 
 #[cfg(test)]
@@ -87,6 +114,7 @@ mod tests {
             "miss (nearest 0.943, numbers guard)",
             "GET models",
             "15.5 ms",
+            "812+164 $0.0037",
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");
         }

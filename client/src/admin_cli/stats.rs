@@ -5,7 +5,7 @@ use clap::Args;
 
 use super::format::{fmt_age, fmt_bytes, fmt_ms, fmt_pct, key_values, push_table, table};
 use super::GatewayArgs;
-use crate::admin::{Stats, Summary};
+use crate::admin::{Savings, SavingsRow, Stats, Summary};
 
 #[derive(Debug, Args)]
 pub struct StatsArgs {
@@ -24,6 +24,52 @@ const OUTCOMES: [&str; 4] = ["hit", "semantic-hit", "coalesced", "miss"];
 
 pub(super) fn outcome_label(outcome: &str) -> String {
     outcome.replace('-', " ")
+}
+
+/// Dollars with four decimals; `-` for a group whose hits were all of unpriced models.
+fn fmt_usd(row: &SavingsRow) -> String {
+    if row.hits > 0 && row.unpriced == row.hits {
+        "-".to_owned()
+    } else {
+        format!("${:.4}", row.cost_usd)
+    }
+}
+
+/// The summary lines of what hits saved: tokens, money, the judge's cost and the price table.
+fn push_savings(summary: &mut Vec<(&'static str, String)>, savings: &Savings) {
+    let t = &savings.total;
+    let mut tokens = format!(
+        "{} input + {} output over {} hits",
+        t.input_tokens, t.output_tokens, t.hits
+    );
+    if t.counted > 0 {
+        tokens.push_str(&format!(" ({} counted with a tokenizer)", t.counted));
+    }
+    summary.push(("Tokens saved", tokens));
+    let mut money = format!("{} at list prices", fmt_usd(t));
+    if t.unpriced > 0 {
+        money.push_str(&format!(" ({} hits of unpriced models)", t.unpriced));
+    }
+    if savings.judge.calls > 0 {
+        money.push_str(&format!(
+            "; judge calls ${:.4}; net ${:.4}",
+            savings.judge.cost_usd, savings.net_cost_usd
+        ));
+    }
+    summary.push(("Money saved", money));
+    if savings.shadow.hits > 0 {
+        summary.push((
+            "Shadow would save",
+            format!(
+                "{} input + {} output tokens, {} over {} would-be hits",
+                savings.shadow.input_tokens,
+                savings.shadow.output_tokens,
+                fmt_usd(&savings.shadow),
+                savings.shadow.hits
+            ),
+        ));
+    }
+    summary.push(("Prices", format!("of {}", savings.prices.date)));
 }
 
 /// `reprise-client stats`.
@@ -85,6 +131,9 @@ pub fn render_stats(stats: &Stats) -> String {
             None => format!("{} over {} hits", fmt_ms(saved.total), saved.hits),
         },
     ));
+    if let Some(savings) = &stats.savings {
+        push_savings(&mut summary, savings);
+    }
     if let Some(embedding) = &stats.embedding {
         let mut text = format!("{} texts in {} batches", embedding.texts, embedding.batches);
         if let Some(mean) = embedding.mean_batch_size {
@@ -176,6 +225,24 @@ pub fn render_stats(stats: &Stats) -> String {
     }
     push_table(&mut out, &requests);
 
+    if let Some(savings) = stats.savings.as_ref().filter(|s| !s.by_model.is_empty()) {
+        out.push_str("\nSaved by model\n");
+        let mut by_model = table(
+            &["MODEL", "HITS", "INPUT TOKENS", "OUTPUT TOKENS", "USD"],
+            &[1, 2, 3, 4],
+        );
+        for (model, row) in &savings.by_model {
+            by_model.add_row(vec![
+                model.clone(),
+                row.hits.to_string(),
+                row.input_tokens.to_string(),
+                row.output_tokens.to_string(),
+                fmt_usd(row),
+            ]);
+        }
+        push_table(&mut out, &by_model);
+    }
+
     out.push_str(&format!(
         "\nLatency (last {} requests)\n",
         stats.latency.window
@@ -251,6 +318,12 @@ mod tests {
             "numbers 3, negation 1, format 0, task 0, direction 0, antonym 0, entity 0, template 0 (semantic matches not served)",
             "Latency (last 1000 requests)",
             "41 calls: same 30, different 9, unsure 2; 3 over budget, 0 dropped, p50 182 ms, p99 611 ms; 5120 + 164 tokens",
+            "Tokens saved",
+            "24000 input + 6200 output over 30 hits (4 counted with a tokenizer)",
+            "$0.1180 at list prices (2 hits of unpriced models); judge calls $0.0021; net $0.1159",
+            "1200 input + 300 output tokens, $0.0060 over 3 would-be hits",
+            "of 2025-11-24",
+            "Saved by model",
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");
         }
@@ -263,6 +336,8 @@ mod tests {
         };
         assert_eq!(line("semantic hit 10"), "semantic hit 10 11.0%");
         assert_eq!(line("total"), "total 100 -");
+        assert_eq!(line("gpt-4o-mini 28"), "gpt-4o-mini 28 22000 5600 $0.1180");
+        assert_eq!(line("sim-model 2"), "sim-model 2 2000 600 -");
         // Latency rows: count, then ttft p50/p90/p99, then total p50/p90/p99.
         assert_eq!(
             line("hit 40 0.42"),

@@ -179,6 +179,9 @@ pub(crate) struct StatsBody {
     pub by_route: std::collections::BTreeMap<String, RequestCounts>,
     pub rates: Rates,
     pub ttft_saved_ms: TtftSaved,
+    /// Tokens and money hits saved (by route, model and namespace), shadow mode's would-be
+    /// savings, the judge's cost against them, and the price table in force.
+    pub savings: reprise_wire::Savings,
     pub embedding: Option<EmbeddingStats>,
     pub upstream_errors: UpstreamErrors,
     /// Semantic lookups that a literal guard left without a match (a candidate above the threshold
@@ -256,6 +259,7 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
         by_route: totals.by_route,
         rates: totals.rates,
         ttft_saved_ms: totals.ttft_saved_ms,
+        savings: savings(&state),
         embedding,
         upstream_errors: totals.upstream_errors,
         guard_refusals: totals.guard_refusals,
@@ -269,6 +273,15 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
         ttft_histogram: totals.ttft_histogram,
         timeline: totals.timeline,
     })
+}
+
+/// What hits saved, less what the judge's calls cost, at the price table in force.
+fn savings(state: &AppState) -> reprise_wire::Savings {
+    let mut savings = state.requests.stats.savings();
+    savings.judge = state.verifier.judge.counts.cost();
+    savings.net_cost_usd = savings.total.cost_usd - savings.judge.cost_usd;
+    savings.prices = state.savings.prices.info().clone();
+    savings
 }
 
 fn mode(state: &AppState) -> &'static str {

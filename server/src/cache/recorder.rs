@@ -170,13 +170,18 @@ impl Recorder {
             return self.abandon();
         }
         let now = unix_ms();
+        let usage = body.get("usage").filter(|u| !u.is_null()).cloned();
+        if usage.is_none() {
+            // A hit of this entry will count its tokens: have the tokenizer ready by then.
+            crate::savings::warm(&self.summary.model);
+        }
         let entry = Entry {
             id: EntryId(0),
             key: self.keys.exact,
             partition: self.keys.partition,
             summary: self.summary.clone(),
             events,
-            usage: body.get("usage").filter(|u| !u.is_null()).cloned(),
+            usage,
             body,
             phases,
             created_at_ms: now,

@@ -53,6 +53,12 @@ pub(crate) const FILE_ONLY: &[(&str, &str)] = &[
          [namespace_verify.NAME] with any of verify, verify_mode, verify_floor, max_wrong, \
          judge_model, judge_url, judge_timeout_ms.",
     ),
+    (
+        "namespace_prices",
+        "Prices of a namespace's requests, in US dollars per million tokens, over the price table \
+         (the defaults and --prices): a table [namespace_prices.NAME] with one \
+         `\"model\" = { input = 2.0, output = 8.0 }` line per model.",
+    ),
 ];
 
 /// Written under a commented-out table when the table is empty, to show its shape.
@@ -62,6 +68,10 @@ const TABLE_EXAMPLES: &[(&str, &str)] = &[
     (
         "namespace_verify",
         "[namespace_verify.support]\nverify = \"judge\"\nverify_floor = 0.85",
+    ),
+    (
+        "namespace_prices",
+        "[namespace_prices.support]\n\"gpt-4o\" = { input = 2.0, output = 8.0 }",
     ),
 ];
 

@@ -204,6 +204,7 @@ impl Exchange {
             error: None,
             store_skipped: None,
             trace: self.trace.clone(),
+            namespace: self.policy.namespace.clone(),
         }
     }
 }

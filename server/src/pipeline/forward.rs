@@ -657,6 +657,7 @@ pub(crate) async fn passthrough(
             .otel
             .as_ref()
             .map(|otel| otel.begin(&parts.headers, "/v1/{*rest}".to_owned())),
+        namespace: None,
     };
     let upstream = &state.upstream;
     let mut headers = upstream.outgoing_headers(&parts.headers, false, provider);

@@ -322,7 +322,7 @@ pub(crate) async fn apply_search(
     }
     if shadow {
         if let Some((entry, similarity)) = outcome.hit.take() {
-            let mut decision = record_shadow(state, ex, &entry, similarity);
+            let mut decision = record_shadow(state, ex, &entry, similarity).await;
             if let Some(decision) = &mut decision {
                 super::verify::shadow(state, ex, &entry, similarity, decision);
             }
@@ -413,7 +413,7 @@ fn note(state: &AppState, ex: &Exchange, met: Met, entry: EntryId, similarity: O
 
 /// Judges and records the candidate a shadowed request met; the decision, for its header. A
 /// failure to record is logged, never the client's problem.
-fn record_shadow(
+async fn record_shadow(
     state: &AppState,
     ex: &Exchange,
     candidate: &Entry,
@@ -435,6 +435,20 @@ fn record_shadow(
             would = shadow::Would::Refuse;
         }
     }
+    // What serving it would have saved, read as a hit reads it (from the entry's replay).
+    let would_save = if would == shadow::Would::Hit {
+        let replay = replay_of(state, candidate).await;
+        let saved = state.savings.saved(
+            &replay,
+            &ex.ingress.body,
+            &ex.ingress.model,
+            ex.policy.namespace.as_deref(),
+        );
+        state.requests.stats.shadow_saved(&saved);
+        Some(saved)
+    } else {
+        None
+    };
     let decision = shadow::ShadowDecision {
         id: 0,
         at_ms: crate::timing::unix_ms(),
@@ -450,6 +464,7 @@ fn record_shadow(
         threshold,
         guards: verdicts,
         verdict: None,
+        would_save,
     };
     match state.feedback.shadow.record(decision) {
         Ok(d) => Some(d),

@@ -18,6 +18,7 @@ use crate::pipeline::exchange::{Found, How};
 use crate::pipeline::Exchange;
 use crate::record::{set_cache_outcome, set_header, set_request_id, Finisher, Served};
 use crate::render::{render, render_chunk, render_named, Fresh};
+use crate::savings::{cost_header, tokens_header};
 use crate::state::AppState;
 use crate::timing::unix_ms;
 use crate::timing::PhaseClock;
@@ -38,6 +39,21 @@ pub(crate) fn serve(state: &AppState, ex: &Exchange, found: Found) -> Response {
     let mut clock: PhaseClock = ex.ingress.clock.clone();
     let mut meta = ex.record(outcome);
     let (id, ttft_cost_ms) = (entry.id(), entry.ttft_cost_ms());
+    // The tokens the entry's answer cost upstream: what this hit did not spend. A coalesced
+    // request waited for its leader's call, which was spent once for both.
+    let tokens_saved = (!matches!(how, How::Coalesced)).then(|| {
+        state.savings.saved(
+            &entry,
+            &ex.ingress.body,
+            &ex.ingress.model,
+            ex.policy.namespace.as_deref(),
+        )
+    });
+    // The stored usage's completion tokens, as a miss's record takes them from the upstream's.
+    clock.usage_tokens = tokens_saved
+        .as_ref()
+        .filter(|t| t.source == reprise_wire::TokenSource::Reported)
+        .map(|t| t.output_tokens);
     let (source, content_type) = render(entry, &fresh, stream, include_usage, pacing, &mut clock);
     let phases = clock.phases(Instant::now());
     // A coalesced request waited for the upstream like its leader: it claims no saving.
@@ -48,6 +64,7 @@ pub(crate) fn serve(state: &AppState, ex: &Exchange, found: Found) -> Response {
         entry: id,
         similarity,
         ttft_saved_ms: saved,
+        saved: tokens_saved.clone(),
     });
     state.cache.note_hit(
         id,
@@ -81,6 +98,12 @@ pub(crate) fn serve(state: &AppState, ex: &Exchange, found: Found) -> Response {
     set_header(headers, "age", age_s.to_string());
     if let Some(saved) = saved {
         set_header(headers, "x-reprise-ttft-saved-ms", format!("{saved:.1}"));
+    }
+    if let Some(tokens) = &tokens_saved {
+        set_header(headers, "x-reprise-tokens-saved", tokens_header(tokens));
+        if let Some(cost) = tokens.cost_usd {
+            set_header(headers, "x-reprise-cost-saved", cost_header(cost));
+        }
     }
     if let Some(similarity) = similarity {
         set_header(headers, "x-reprise-similarity", format!("{similarity:.4}"));
@@ -200,6 +223,7 @@ pub(crate) async fn follow(
                         entry: entry.id(),
                         similarity: None,
                         ttft_saved_ms: None,
+                        saved: None,
                     });
                     cache.note_hit(
                         entry.id(),

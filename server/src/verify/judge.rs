@@ -139,6 +139,11 @@ pub struct JudgeCounts {
     pub failures: AtomicU64,
     /// The newest call latencies, for p50/p99.
     latencies: Mutex<std::collections::VecDeque<f64>>,
+    /// What the calls cost in money, a cost against what hits saved (`/admin/stats` `savings.judge`).
+    cost: Mutex<reprise_wire::JudgeCost>,
+    cost_total: prometheus::Counter,
+    /// The price table the calls are priced with (set once the gateway's is built).
+    prices: std::sync::OnceLock<Arc<crate::savings::Accounting>>,
 }
 
 /// Histogram buckets of judge call latency, in seconds.
@@ -195,12 +200,48 @@ impl Default for JudgeCounts {
             timeouts: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             latencies: Mutex::default(),
+            cost: Mutex::default(),
+            cost_total: prometheus::Counter::new(
+                "reprise_judge_cost_total",
+                "US dollars the judge calls cost at the judge model's price (a cost against reprise_cost_saved_total).",
+            )
+            .unwrap_or_else(unreachable_metric),
+            prices: std::sync::OnceLock::new(),
         }
     }
 }
 
 impl JudgeCounts {
-    fn record(&self, judged: &Judged) {
+    /// Prices the calls from now on with `prices`.
+    pub fn price_with(&self, prices: Arc<crate::savings::Accounting>) {
+        let _ = self.prices.set(prices);
+    }
+
+    /// What the calls cost so far.
+    pub fn cost(&self) -> reprise_wire::JudgeCost {
+        self.cost.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Adds a call's tokens, priced at `model`'s rate, to the cost.
+    fn charge(&self, model: &str, judged: &Judged) {
+        let priced = self
+            .prices
+            .get()
+            .and_then(|p| p.cost_of(model, judged.prompt_tokens, judged.completion_tokens));
+        let mut cost = self.cost.lock().unwrap_or_else(|e| e.into_inner());
+        cost.calls += 1;
+        cost.input_tokens += judged.prompt_tokens;
+        cost.output_tokens += judged.completion_tokens;
+        match priced {
+            Some(usd) => {
+                cost.cost_usd += usd;
+                self.cost_total.inc_by(usd);
+            }
+            None => cost.unpriced += 1,
+        }
+    }
+
+    fn record(&self, model: &str, judged: &Judged) {
         match judged.verdict {
             Verdict::Unsure(Unsure::OverBudget) => return self.skip("over_budget"),
             Verdict::Unsure(Unsure::TooLong) => return self.skip("too_long"),
@@ -214,6 +255,7 @@ impl JudgeCounts {
             _ => {}
         }
         self.calls.with_label_values(&[judged.verdict.name()]).inc();
+        self.charge(model, judged);
         self.tokens
             .with_label_values(&["prompt"])
             .inc_by(judged.prompt_tokens);
@@ -277,6 +319,7 @@ impl JudgeCounts {
             Box::new(self.tokens.clone()),
             Box::new(self.duration.clone()),
             Box::new(self.queue_depth.clone()),
+            Box::new(self.cost_total.clone()),
         ]
     }
 }
@@ -398,7 +441,7 @@ impl Judge {
                 Err(_) => judged(Verdict::Unsure(Unsure::Timeout), 0, 0),
             }
         };
-        self.counts.record(&result);
+        self.counts.record(&target.model, &result);
         result
     }
 

@@ -46,6 +46,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("verify/settings.rs", 4),
     ("record.rs", 4),
     ("stats.rs", 4),
+    ("savings.rs", 4),
     ("otel.rs", 4),
     // 5. The cache and what the lookup consults; the upstream client and the renderer.
     ("cache/", 5),

@@ -158,6 +158,25 @@ async fn shadow_mode_records_what_it_would_serve_without_serving_it() {
         data[1]["similarity"].as_f64().expect("similarity")
             >= data[1]["threshold"].as_f64().expect("threshold")
     );
+    // What the would-be hit would have saved: its candidate's tokens, summed in the stats; a
+    // refusal saves nothing.
+    let would_save = &data[1]["would_save"];
+    assert!(
+        would_save["input_tokens"].as_u64().expect("input") > 0,
+        "{would_save}"
+    );
+    assert!(
+        would_save["output_tokens"].as_u64().expect("output") > 0,
+        "{would_save}"
+    );
+    assert!(data[0].get("would_save").is_none(), "{}", data[0]);
+    let (_, stats) = admin(&gw, reqwest::Method::GET, "/admin/stats", None).await;
+    let shadow = &stats["savings"]["shadow"];
+    assert_eq!(shadow["hits"], 1, "{shadow}");
+    assert_eq!(shadow["input_tokens"], would_save["input_tokens"]);
+    assert_eq!(shadow["output_tokens"], would_save["output_tokens"]);
+    // Shadowed requests are misses: nothing was saved for real.
+    assert_eq!(stats["savings"]["total"]["hits"], 1, "the exact hit only");
 
     // Filters and cursor pages.
     let (_, hits) = admin(&gw, reqwest::Method::GET, "/admin/shadow?would=hit", None).await;

@@ -25,6 +25,7 @@ mod process;
 mod redis;
 mod responses;
 mod router;
+mod savings;
 mod semantic;
 mod slow_store;
 mod store_contract;

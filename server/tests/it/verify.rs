@@ -181,6 +181,8 @@ async fn sync_same_is_served_verified_and_remembered_different_is_refused_for_go
         |c| {
             // No budget: the threshold decides what is served unjudged (Krites-style).
             c.live.max_wrong = None;
+            // The judge model priced, so its calls are a cost in money.
+            c.prices = Some(judge_prices());
         },
     )
     .await;
@@ -263,6 +265,25 @@ async fn sync_same_is_served_verified_and_remembered_different_is_refused_for_go
     );
     assert_eq!(judge["prompt_tokens"], 240);
     assert_eq!(judge["namespaces"][0]["observations"], 2);
+    // The judge's calls are a cost against what hits saved, at the judge model's price.
+    let savings = &stats["savings"];
+    let cost = &savings["judge"];
+    assert_eq!(
+        (
+            cost["calls"].as_u64(),
+            cost["input_tokens"].as_u64(),
+            cost["output_tokens"].as_u64()
+        ),
+        (Some(2), Some(240), Some(8)),
+        "{cost}"
+    );
+    let judge_usd = (240.0 * 10.0 + 8.0 * 20.0) / 1e6;
+    assert!(
+        (cost["cost_usd"].as_f64().expect("usd") - judge_usd).abs() < 1e-12,
+        "{cost}"
+    );
+    let saved = savings["total"]["cost_usd"].as_f64().expect("saved");
+    assert!((savings["net_cost_usd"].as_f64().expect("net") - (saved - judge_usd)).abs() < 1e-12);
     let text = metrics(&gw).await;
     assert!(
         text.contains("reprise_judge_calls_total{verdict=\"same\"} 1"),
@@ -277,6 +298,24 @@ async fn sync_same_is_served_verified_and_remembered_different_is_refused_for_go
         "{text}"
     );
     assert!(text.contains("reprise_judge_queue_depth 0"), "{text}");
+    let judge_metric: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("reprise_judge_cost_total "))
+        .and_then(|v| v.parse().ok())
+        .expect("reprise_judge_cost_total");
+    assert!((judge_metric - judge_usd).abs() < 1e-12, "{judge_metric}");
+}
+
+/// A price table that prices the test judge's model at 10 and 20 USD per million tokens.
+fn judge_prices() -> std::path::PathBuf {
+    let dir = tempfile::tempdir().expect("dir").keep();
+    let path = dir.join("prices.toml");
+    std::fs::write(
+        &path,
+        "[models]\n\"judge-model\" = { input = 10.0, output = 20.0 }\n",
+    )
+    .expect("write");
+    path
 }
 
 #[tokio::test]

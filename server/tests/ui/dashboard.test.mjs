@@ -7,7 +7,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { freePort, waitReady } from "../processes.mjs";
@@ -65,9 +65,13 @@ before(async () => {
   const matching = semantic
     ? ["--model-dir", join(modelsDir, "all-MiniLM-L6-v2"), "--ort-lib", join(modelsDir, "onnxruntime/libonnxruntime.so")]
     : ["--semantic", "false"];
+  // The sim's model priced as gpt-4o is, so the savings panel shows money as well as tokens.
+  const prices = join(dataDir, "prices.toml");
+  writeFileSync(prices, '[models]\n"sim-model" = { input = 2.50, output = 10.00 }\n');
   procs.push(spawn(join(binDir, "reprise"), [
     "serve", "--listen", `127.0.0.1:${gwPort}`, "--upstream-url", `http://127.0.0.1:${simPort}/v1`,
-    "--anthropic-upstream-url", `http://127.0.0.1:${simPort}/v1`, "--data-dir", dataDir, "--admin-token", token, ...matching,
+    "--anthropic-upstream-url", `http://127.0.0.1:${simPort}/v1`, "--data-dir", join(dataDir, "store"), "--admin-token", token,
+    "--prices", prices, ...matching,
   ], { stdio: ["ignore", "ignore", "inherit"] }));
   gw = `http://127.0.0.1:${gwPort}`;
   await waitReady(`${gw}/healthz`);
@@ -133,6 +137,28 @@ test("the dashboard renders live data, searches and deletes entries", async () =
 
     await page.evaluate(() => window.scrollTo(0, 0));
     await page.screenshot({ path: join(artifactsDir(), "dashboard.png"), fullPage: true });
+
+    // Savings: the panel and the money KPI show what /admin/stats says, which is the sum over the
+    // request records of the hits.
+    const now = await (await admin("stats")).json();
+    const records = (await (await admin("requests?limit=1000")).json()).data;
+    const saved = records.filter((r) => r.saved).map((r) => r.saved);
+    const total = now.savings.total;
+    assert.equal(saved.length, total.hits, JSON.stringify(now.savings));
+    assert.ok(total.hits >= 4, `hits with savings: ${total.hits}`);
+    assert.equal(saved.reduce((a, x) => a + x.input_tokens, 0), total.input_tokens);
+    assert.equal(saved.reduce((a, x) => a + x.output_tokens, 0), total.output_tokens);
+    assert.ok(Math.abs(saved.reduce((a, x) => a + x.cost_usd, 0) - total.cost_usd) < 1e-9);
+    assert.ok(total.cost_usd > 0 && total.counted >= 1, JSON.stringify(total));
+    const modelRow = page.locator("#savings-table tbody tr", { hasText: "sim-model" });
+    await eventually("savings row", async () => (await modelRow.count()) === 1);
+    const cells = await modelRow.locator("td").allTextContents();
+    const simModel = now.savings.by_model["sim-model"];
+    assert.equal(cells[2], String(simModel.hits), cells.join(" | "));
+    assert.equal(Number(cells[3].replace(/[^0-9]/g, "")), simModel.input_tokens, cells.join(" | "));
+    assert.ok((await page.locator("#kpi-money").textContent()).startsWith("$"));
+    assert.ok((await page.locator("#savings-callout").textContent()).includes("counted with a tokenizer"));
+    await page.locator("#savings-panel").screenshot({ path: join(artifactsDir(), "dashboard-savings.png") });
 
     // Search: by meaning in semantic mode (server-side, with similarity), by text over loaded rows in exact-only mode.
     await page.fill("#search", semantic ? "forgot my password, how to change it" : "haiku");
