@@ -277,6 +277,11 @@ async fn sync_same_is_served_verified_and_remembered_different_is_refused_for_go
         "{text}"
     );
     assert!(text.contains("reprise_judge_queue_depth 0"), "{text}");
+    // Two clean verdicts: no judge error (the series exist from the start, for the alert's rate).
+    assert!(
+        text.contains("reprise_judge_errors_total{kind=\"timeout\"} 0"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -305,6 +310,16 @@ async fn a_judge_that_does_not_answer_in_time_is_a_miss_not_a_hang() {
         started.elapsed() < Duration::from_millis(2_500),
         "{:?}",
         started.elapsed()
+    );
+    // The alerting rule `RepriseJudgeErrors` reads this counter.
+    let text = metrics(&gw).await;
+    assert!(
+        text.contains("reprise_judge_errors_total{kind=\"timeout\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("reprise_judge_errors_total{kind=\"failed\"} 0"),
+        "{text}"
     );
 }
 
