@@ -22,6 +22,12 @@ scripts/wordnet-antonyms.sh --check
 # The shared-store tests (server/tests/it/redis.rs) start a real redis-server on a loopback port;
 # server/tests/it/cluster.rs starts three as a Redis Cluster, and a master, its replica and a Sentinel.
 scripts/apt-install.sh redis-server
+# Debian's Prometheus: promtool checks and unit-tests the rules of deploy/prometheus here, before the build,
+# and server/tests/prometheus runs a real Prometheus against the gateway further down.
+scripts/apt-install.sh prometheus
+echo "==> promtool check rules, promtool test rules (deploy/prometheus)"
+promtool check rules deploy/prometheus/reprise.rules.yml
+promtool test rules deploy/prometheus/reprise.rules.test.yml
 
 # Incremental caches are pure cost on a one-shot run (1.4 GB on a fresh clone), and CI disks are small.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
@@ -67,6 +73,13 @@ PROPTEST_CASES=100000 cargo test -p reprise-server --test it -- --exact \
 # --- Strict third-party upstream (aiohttp): the gateway must front a real, strict HTTP server. ---
 echo "==> Strict upstream tests (aiohttp)"
 REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/strict
+
+# --- Prometheus and Grafana: a real Prometheus (Debian's, installed above) scrapes a gateway with the model
+# loaded over misses, hits, a semantic hit and a guard refusal; every panel query of deploy/grafana/reprise.json
+# must return data, and the rules of deploy/prometheus must evaluate cleanly on the real series. ---
+echo "==> Prometheus and Grafana tests (every dashboard panel against a live Prometheus)"
+REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" \
+  .venv/bin/python -m pytest -q server/tests/prometheus
 
 # ---- Framework clients: the official SDKs' helpers, LangChain, the OpenAI Agents SDK, Anthropic's SDKs ----
 # Each client (pinned: server/tests/frameworks/requirements.txt, installed by scripts/python-env.sh, and

@@ -131,6 +131,9 @@ pub struct JudgeCounts {
     /// Near matches not judged (and not served), by reason: over_budget, too_long, dropped.
     skipped: IntCounterVec,
     tokens: IntCounterVec,
+    /// Of the `unsure` calls, those where the judge did not answer usably (timeout, failed,
+    /// unparseable): the alerting rules need them apart from an honest `unsure`.
+    errors: IntCounterVec,
     duration: Histogram,
     /// Pairs waiting for a background verdict.
     pub(super) queue_depth: IntGauge,
@@ -186,6 +189,12 @@ impl Default for JudgeCounts {
                 "Tokens the judge calls cost.",
                 "kind",
                 &["prompt", "completion"],
+            ),
+            errors: counter_vec(
+                "reprise_judge_errors_total",
+                "Judge calls without a usable verdict (counted as unsure, never served), by kind.",
+                "kind",
+                &["timeout", "failed", "unparseable"],
             ),
             duration: Histogram::with_opts(
                 HistogramOpts::new("reprise_judge_duration_seconds", "Judge call latency.")
@@ -248,9 +257,14 @@ impl JudgeCounts {
             Verdict::Unsure(Unsure::NotConfigured) => return,
             Verdict::Unsure(Unsure::Timeout) => {
                 self.timeouts.fetch_add(1, Ordering::Relaxed);
+                self.errors.with_label_values(&["timeout"]).inc();
             }
             Verdict::Unsure(Unsure::Failed) => {
                 self.failures.fetch_add(1, Ordering::Relaxed);
+                self.errors.with_label_values(&["failed"]).inc();
+            }
+            Verdict::Unsure(Unsure::Unparseable) => {
+                self.errors.with_label_values(&["unparseable"]).inc();
             }
             _ => {}
         }
@@ -317,6 +331,7 @@ impl JudgeCounts {
             Box::new(self.calls.clone()),
             Box::new(self.skipped.clone()),
             Box::new(self.tokens.clone()),
+            Box::new(self.errors.clone()),
             Box::new(self.duration.clone()),
             Box::new(self.queue_depth.clone()),
             Box::new(self.cost_total.clone()),

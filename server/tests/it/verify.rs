@@ -304,6 +304,11 @@ async fn sync_same_is_served_verified_and_remembered_different_is_refused_for_go
         .and_then(|v| v.parse().ok())
         .expect("reprise_judge_cost_total");
     assert!((judge_metric - judge_usd).abs() < 1e-12, "{judge_metric}");
+    // Two clean verdicts: no judge error (the series exist from the start, for the alert's rate).
+    assert!(
+        text.contains("reprise_judge_errors_total{kind=\"timeout\"} 0"),
+        "{text}"
+    );
 }
 
 /// A price table that prices the test judge's model at 10 and 20 USD per million tokens.
@@ -344,6 +349,16 @@ async fn a_judge_that_does_not_answer_in_time_is_a_miss_not_a_hang() {
         started.elapsed() < Duration::from_millis(2_500),
         "{:?}",
         started.elapsed()
+    );
+    // The alerting rule `RepriseJudgeErrors` reads this counter.
+    let text = metrics(&gw).await;
+    assert!(
+        text.contains("reprise_judge_errors_total{kind=\"timeout\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("reprise_judge_errors_total{kind=\"failed\"} 0"),
+        "{text}"
     );
 }
 
