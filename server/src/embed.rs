@@ -1285,10 +1285,16 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_calls_share_batches_and_get_their_own_vectors() {
-        let embedder = Arc::new(
-            Embedder::with_model(Box::new(Fake::new(30)), &config(10_000, 5))
-                .expect("start embedder"),
-        );
+        // A lone caller's call starts at once, so the burst's first text runs alone and the rest
+        // queue behind it: that needs a measured model (as `Embedder::load`'s calibration gives)
+        // and a budget that covers the queue.
+        let cfg = EmbedConfig {
+            queue_budget: Duration::from_secs(10),
+            ..config(10_000, 5)
+        };
+        let embedder =
+            Arc::new(Embedder::with_model(Box::new(Fake::new(30)), &cfg).expect("start embedder"));
+        embedder.embed("0").await.expect("measures the model");
         let mut calls = JoinSet::new();
         for n in 0..16 {
             let embedder = Arc::clone(&embedder);
@@ -1299,9 +1305,9 @@ mod tests {
             assert_eq!(vector.expect("embedding"), vec![n as f32; 4]);
         }
         let stats = embedder.stats();
-        assert_eq!(stats.requests, 16);
-        assert_eq!(stats.batched_items, 16);
-        assert!(stats.batches < 16, "no batching: {stats:?}");
+        assert_eq!(stats.requests, 17);
+        assert_eq!(stats.batched_items, 17);
+        assert!(stats.batches < 17, "no batching: {stats:?}");
         assert!(stats.max_batch_seen > 1, "no batching: {stats:?}");
         assert_eq!(embedder.recent_batches().len() as u64, stats.batches);
     }
