@@ -9,8 +9,10 @@
 //! the measured calls) fits `queue_budget`. Anything else is refused at once with
 //! [`EmbedError::Overloaded`] (the caller falls back to exact matching and the entry is embedded
 //! later, off the request path). The thread
-//! blocks for the first job, gathers more until `max_batch` texts or `max_wait` after the first arrival,
-//! drops jobs whose deadline already passed or whose caller has gone, runs one model call for the rest,
+//! blocks for the first job and takes every job already queued behind it; only when the last model
+//! call had company (several callers at once: load) does it also wait, up to `max_wait` after the
+//! first arrival or until `max_batch` texts, for more. A lone caller at low load never waits for a
+//! batch that will not come. It drops jobs whose deadline already passed or whose caller has gone, runs one model call for the rest,
 //! and answers each job through its oneshot. The model sits behind [`EmbedModel`], so tests can drive
 //! batching, deadlines and failures with a fake in milliseconds; [`FastembedModel`] is the real one
 //! (fastembed over ONNX Runtime, loaded from the `.so` that `scripts/provision-models.sh` provides).
@@ -114,7 +116,8 @@ pub struct EmbedConfig {
     pub deadline: Duration,
     /// Most texts in one model call.
     pub max_batch: usize,
-    /// How long the worker waits after a batch's first arrival for company.
+    /// How long the worker waits after a batch's first arrival for company, when the last model call
+    /// had some; a lone caller's call starts at once.
     pub max_wait: Duration,
     /// Longest expected wait for its vector (queued model work ahead of it and its own batch's
     /// call) that a deadline-bound text may accept; zero admits texts only while the model is idle.
@@ -641,6 +644,7 @@ impl Embedder {
             counters: Arc::clone(&counters),
             samples,
             cost,
+            company: false,
         };
         counters.queue().cost = cost;
         let worker = std::thread::Builder::new()
@@ -942,6 +946,9 @@ struct Worker {
     /// The last calls' `(texts, took)`, which [`Worker::cost`] is fitted to.
     samples: VecDeque<(u64, Duration)>,
     cost: Option<Cost>,
+    /// Whether the last model call served more than one job: callers come together, so a batch
+    /// is worth waiting `max_wait` for. False at start and after a call of one job.
+    company: bool,
 }
 
 impl Worker {
@@ -953,9 +960,14 @@ impl Worker {
         }
     }
 
-    /// Blocks for a first live job, then takes whatever arrives until `max_batch` texts or `max_wait`
-    /// after that first job was sent. Jobs already queued are taken even when the window has closed:
-    /// that costs no waiting. `None` once every sender is gone.
+    /// Blocks for a first live job, then takes the jobs already queued behind it and, when the last
+    /// call had [`Worker::company`], whatever else arrives until `max_batch` texts or `max_wait` after
+    /// that first job was sent. Jobs already queued are taken even when the window has closed: that
+    /// costs no waiting. `None` once every sender is gone.
+    ///
+    /// Issue 22: at concurrency 1 the window was pure delay: every lone text waited the whole
+    /// `max_wait` (2 ms of a 7 ms call) for company that never came. Under load texts queue behind
+    /// the running call anyway, so batches still form without it.
     fn gather(&self, carry: &mut Option<Job>) -> Option<Vec<Job>> {
         let first = loop {
             let job = match carry.take() {
@@ -966,7 +978,12 @@ impl Worker {
                 break job;
             }
         };
-        let window_end = first.enqueued_at + self.max_wait;
+        let window = if self.company {
+            self.max_wait
+        } else {
+            Duration::ZERO
+        };
+        let window_end = first.enqueued_at + window;
         let mut items = first.texts.len();
         let mut batch = vec![first];
         while items < self.max_batch {
@@ -1036,6 +1053,8 @@ impl Worker {
             return;
         }
         let sizes: Vec<usize> = jobs.iter().map(|j| j.texts.len()).collect();
+        // Several callers in one call: they come together, so the next batch waits for company.
+        self.company = jobs.len() > 1;
         let texts: Vec<String> = jobs
             .iter_mut()
             .flat_map(|j| std::mem::take(&mut j.texts))
@@ -1227,6 +1246,12 @@ mod tests {
                         std::thread::sleep(Duration::from_millis(2_000));
                         Err("fake failure, late".into())
                     }
+                    // Holds the worker for a while without moving the cost estimate (a failed
+                    // call does not): other jobs can queue behind it.
+                    "hold" => {
+                        std::thread::sleep(Duration::from_millis(300));
+                        Err("held".into())
+                    }
                     "short" => Ok(vec![0.0]),
                     t => Ok(vec![t.parse::<f32>().unwrap_or(-1.0); self.dimension]),
                 })
@@ -1260,10 +1285,16 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_calls_share_batches_and_get_their_own_vectors() {
-        let embedder = Arc::new(
-            Embedder::with_model(Box::new(Fake::new(30)), &config(10_000, 5))
-                .expect("start embedder"),
-        );
+        // A lone caller's call starts at once, so the burst's first text runs alone and the rest
+        // queue behind it: that needs a measured model (as `Embedder::load`'s calibration gives)
+        // and a budget that covers the queue.
+        let cfg = EmbedConfig {
+            queue_budget: Duration::from_secs(10),
+            ..config(10_000, 5)
+        };
+        let embedder =
+            Arc::new(Embedder::with_model(Box::new(Fake::new(30)), &cfg).expect("start embedder"));
+        embedder.embed("0").await.expect("measures the model");
         let mut calls = JoinSet::new();
         for n in 0..16 {
             let embedder = Arc::clone(&embedder);
@@ -1274,9 +1305,9 @@ mod tests {
             assert_eq!(vector.expect("embedding"), vec![n as f32; 4]);
         }
         let stats = embedder.stats();
-        assert_eq!(stats.requests, 16);
-        assert_eq!(stats.batched_items, 16);
-        assert!(stats.batches < 16, "no batching: {stats:?}");
+        assert_eq!(stats.requests, 17);
+        assert_eq!(stats.batched_items, 17);
+        assert!(stats.batches < 17, "no batching: {stats:?}");
         assert!(stats.max_batch_seen > 1, "no batching: {stats:?}");
         assert_eq!(embedder.recent_batches().len() as u64, stats.batches);
     }
@@ -1309,12 +1340,13 @@ mod tests {
         let slow = embedder.embed("1").await;
         assert!(matches!(slow, Err(EmbedError::Timeout)), "{slow:?}");
 
-        // A gathering window longer than the deadline: both texts join the batch being gathered,
-        // and their deadlines pass before it closes, so the model never runs them.
+        // A gathering window longer than the deadline (the last call had company, so the next batch
+        // waits for some): both texts join the batch being gathered, and their deadlines pass
+        // before it closes, so the model never runs them.
         let embedder = Arc::new(
-            Embedder::with_model(Box::new(Fake::new(200)), &config(50, 150))
-                .expect("start embedder"),
+            Embedder::with_model(Box::new(Fake::new(0)), &config(50, 150)).expect("start embedder"),
         );
+        accompany(&embedder).await;
         let first = {
             let embedder = Arc::clone(&embedder);
             tokio::spawn(async move { embedder.embed("1").await })
@@ -1331,11 +1363,33 @@ mod tests {
             .expect("no deadline");
         let stats = embedder.stats();
         assert_eq!(stats.timeouts, 2, "{stats:?}");
-        assert_eq!(stats.batches, 1, "{stats:?}");
+        // The company's call, then the third text's.
+        assert_eq!(stats.batches, 2, "{stats:?}");
         assert_eq!(
-            stats.batched_items, 1,
+            stats.batched_items, 3,
             "the expired jobs must not run: {stats:?}"
         );
+    }
+
+    /// Makes the worker's last call one with company (two callers' jobs), as under load, so that
+    /// the next batch waits up to the window for more: a held call runs while two background jobs
+    /// (never refused) queue behind it. The held call fails, so only the shared one is measured.
+    async fn accompany(embedder: &Arc<Embedder>) {
+        let background = |text: &str| {
+            let (embedder, text) = (Arc::clone(embedder), text.to_owned());
+            tokio::spawn(async move { embedder.embed_many(vec![text]).await })
+        };
+        let held = background("hold");
+        until_running(embedder).await;
+        let queued = [background("7"), background("8")];
+        until_pending(embedder, 3).await;
+        let held = held.await.expect("task");
+        assert!(matches!(held, Err(EmbedError::Failed(_))), "{held:?}");
+        for job in queued {
+            job.await.expect("task").expect("served together");
+        }
+        let last = embedder.recent_batches().last().map(|b| b.size);
+        assert_eq!(last, Some(2), "the two queued jobs shared one call");
     }
 
     /// Waits until `n` texts are pending (sent and not answered).
@@ -1427,6 +1481,63 @@ mod tests {
         let stats = embedder.stats();
         assert_eq!((stats.overloaded, stats.timeouts), (0, 0), "{stats:?}");
         assert_eq!(stats.batches, 3, "{stats:?}");
+    }
+
+    /// Issue 22: a lone text waited the whole gathering window for company before its call started
+    /// (2 ms of a 7 ms call at concurrency 1). With a window far longer than the deadline, the texts
+    /// of one caller at a time are answered (before, each timed out waiting for the window to close).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lone_caller_does_not_wait_for_company() {
+        let embedder =
+            Embedder::with_model(Box::new(Fake::new(0)), &config(2_000, 600_000)).expect("start");
+        for n in 1..=3u64 {
+            let vector = embedder.embed(&n.to_string()).await;
+            assert_eq!(vector.expect("answered without waiting"), vec![n as f32; 4]);
+        }
+        let sizes: Vec<usize> = embedder.recent_batches().iter().map(|b| b.size).collect();
+        assert_eq!(sizes, vec![1, 1, 1]);
+        assert_eq!(embedder.stats().timeouts, 0);
+    }
+
+    /// Texts that queue behind a running call share the next call without any window; once calls
+    /// have company, a lone arrival waits for the next caller (up to the window) instead of
+    /// running alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_that_come_together_are_batched_and_then_wait_for_company() {
+        let cfg = EmbedConfig {
+            max_batch: 2,
+            queue_budget: Duration::from_secs(30),
+            ..config(20_000, 600_000)
+        };
+        let embedder =
+            Arc::new(Embedder::with_model(Box::new(Fake::new(200)), &cfg).expect("start"));
+        // Alone: starts at once (and measures the model, so texts may queue behind a call).
+        embedder.embed("0").await.expect("first call");
+        let spawn = |n: u64| {
+            let embedder = Arc::clone(&embedder);
+            tokio::spawn(async move { (n, embedder.embed(&n.to_string()).await) })
+        };
+        let first = spawn(1);
+        until_running(&embedder).await;
+        // Queued behind the running call: they share the next one.
+        let queued = [spawn(2), spawn(3)];
+        until_pending(&embedder, 3).await;
+        for call in [first].into_iter().chain(queued) {
+            let (n, vector) = call.await.expect("task");
+            assert_eq!(vector.expect("served"), vec![n as f32; 4]);
+        }
+        // The last call had company: a lone arrival now waits for the next caller.
+        let alone = spawn(4);
+        until_pending(&embedder, 1).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(embedder.stats().batches, 3, "the fourth text ran alone");
+        let second = spawn(5);
+        for call in [alone, second] {
+            let (n, vector) = call.await.expect("task");
+            assert_eq!(vector.expect("served"), vec![n as f32; 4]);
+        }
+        let sizes: Vec<usize> = embedder.recent_batches().iter().map(|b| b.size).collect();
+        assert_eq!(sizes, vec![1, 1, 2, 2]);
     }
 
     /// A model whose call costs `fixed + per_text × n`, like a real one (the plain fake costs the
@@ -1578,6 +1689,8 @@ mod tests {
         };
         let embedder =
             Arc::new(Embedder::with_model(Box::new(Fake::new(300)), &cfg).expect("start"));
+        // Under load: the window is open (a lone caller would not wait for the others).
+        accompany(&embedder).await;
         let mut calls = JoinSet::new();
         for n in 1..=4u64 {
             let caller = Arc::clone(&embedder);
@@ -1596,7 +1709,7 @@ mod tests {
             assert_eq!(vector.expect("admitted"), vec![n as f32; 4]);
         }
         let sizes: Vec<usize> = embedder.recent_batches().iter().map(|b| b.size).collect();
-        assert_eq!(sizes, vec![4], "the four shared one call");
+        assert_eq!(sizes, vec![2, 4], "the four shared one call");
         // The gathering, closed as soon as the batch filled, is all they waited for.
         let waited = embedder.stats().max_queue_wait_us;
         assert!(waited > 0 && waited < 1_000_000, "waited {waited} us");
