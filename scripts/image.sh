@@ -2,8 +2,11 @@
 # Builds Reprise's container image (deploy/Containerfile) on a machine that cannot pull images, then
 # smoke-tests it: buildah with chroot isolation, on a Debian bookworm base made here with debootstrap.
 #
-# Usage: scripts/image.sh [--no-smoke]
-#   IMAGE     tag of the result (default: localhost/reprise:latest)
+# Usage: scripts/image.sh [--no-smoke | --smoke-only]
+#   --smoke-only  test $IMAGE as it is (for example one built from the Containerfile's compiled target)
+#   IMAGE     tag of the result (default: localhost/reprise:latest, or localhost/reprise:debug)
+#   PROFILE   release (default), or debug: package target/debug's binaries as they are, without building
+#             (scripts/test.sh, after `cargo test` built them: a release build would add 11 minutes)
 #   MIRROR    Debian mirror for debootstrap (default: http://deb.debian.org/debian)
 #
 # Steps: the tools (buildah, debootstrap) from apt; the base rootfs (debootstrap --variant=minbase, plus
@@ -17,17 +20,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-IMAGE=${IMAGE:-localhost/reprise:latest}
+PROFILE=${PROFILE:-release}
+case "$PROFILE" in
+  release) IMAGE=${IMAGE:-localhost/reprise:latest} ;;
+  debug) IMAGE=${IMAGE:-localhost/reprise:debug} ;;
+  *) echo "image: PROFILE must be release or debug, not '$PROFILE'" >&2; exit 2 ;;
+esac
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 BASE_IMAGE=localhost/reprise-base:bookworm
 CACHE=target/image
 STAGE=$CACHE/stage
 BASE_TAR=$CACHE/bookworm-minbase.tar
 smoke=1
+build=1
 case "${1:-}" in
   --no-smoke) smoke=0 ;;
+  --smoke-only) build=0 ;;
   "") ;;
-  -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "image: unknown argument '$1' (see --help)" >&2; exit 2 ;;
 esac
 
@@ -40,10 +50,12 @@ step "tools: buildah, debootstrap (Debian packages; nothing to do when installed
 scripts/apt-install.sh buildah debootstrap binutils
 mkdir -p "$CACHE"
 
+if [ "$build" -eq 1 ]; then
+
 # ---- the base image -------------------------------------------------------------------------------
 
 if [ ! -f "$BASE_TAR" ]; then
-  step "debootstrap: Debian bookworm, minbase variant, from $MIRROR (first run only, about 2 minutes)"
+  step "debootstrap: Debian bookworm, minbase variant, from $MIRROR (first run only; 35 s to 2 min here)"
   rootfs=$CACHE/rootfs.partial
   rm -rf "$rootfs"
   debootstrap --variant=minbase --include=curl bookworm "$rootfs" "$MIRROR" \
@@ -74,8 +86,15 @@ fi
 
 # ---- what goes in: release binaries and the model ---------------------------------------------------
 
-step "release build of reprise, reprise-client, reprise-sim (cargo; a no-op when current, about 11 minutes cold)"
-cargo build --release --locked -p reprise-server -p reprise-client -p reprise-sim --bins --quiet
+if [ "$PROFILE" = release ]; then
+  step "release build of reprise, reprise-client, reprise-sim (cargo; a no-op when current, about 11 minutes cold)"
+  cargo build --release --locked -p reprise-server -p reprise-client -p reprise-sim --bins --quiet
+else
+  step "debug binaries from target/debug, as they are"
+  for b in reprise reprise-client reprise-sim; do
+    [ -x "target/debug/$b" ] || die "target/debug/$b is missing: run cargo test --workspace (or cargo build --bins) first"
+  done
+fi
 step "embedding model and ONNX Runtime (scripts/provision-models.sh; a no-op when present)"
 scripts/provision-models.sh >/dev/null
 
@@ -83,7 +102,7 @@ step "staging $STAGE (binaries without debug info, the model and ONNX Runtime)"
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin" "$STAGE/models"
 for b in reprise reprise-client reprise-sim; do
-  strip --strip-debug -o "$STAGE/bin/$b" "target/release/$b"
+  strip --strip-debug -o "$STAGE/bin/$b" "target/$PROFILE/$b"
 done
 # models/ may be a symlink; the folder's own links (libonnxruntime.so -> .so.1.31.1) are kept.
 cp -a models/onnxruntime models/all-MiniLM-L6-v2 "$STAGE/models/"
@@ -91,7 +110,7 @@ scripts/provision-models.sh "$STAGE/models" >/dev/null || die "the staged model 
 
 # ---- the image ------------------------------------------------------------------------------------
 
-step "buildah bud -> $IMAGE (target prebuilt, BASE=$BASE_IMAGE)"
+step "buildah bud -> $IMAGE (target prebuilt, $PROFILE binaries, BASE=$BASE_IMAGE)"
 previous=$(buildah images --quiet --no-trunc "$IMAGE" 2>/dev/null || true)
 # --format docker keeps the HEALTHCHECK (the OCI format has no field for it).
 buildah bud --isolation chroot --pull=never --format docker --quiet \
@@ -105,7 +124,9 @@ fi
 size=$(buildah images --format '{{.Size}}' "$IMAGE" | head -1)
 step "built $IMAGE ($size)"
 
+fi
 [ "$smoke" -eq 1 ] || { step "done (smoke test skipped)"; exit 0; }
+size=$(buildah images --format '{{.Size}}' "$IMAGE" | head -1)
 
 # ---- smoke test -----------------------------------------------------------------------------------
 
@@ -118,8 +139,9 @@ sim_port=$(free_port)
 # The image's HEALTHCHECK command, run below as docker would run it (sh -c, the container's environment).
 healthcheck=$(buildah inspect --type image "$IMAGE" | python3 -c '
 import json, sys
-test = json.load(sys.stdin)["Docker"]["config"]["Healthcheck"]["Test"]
-assert test[0] == "CMD-SHELL", test
+test = (json.load(sys.stdin)["Docker"]["config"].get("Healthcheck") or {}).get("Test") or []
+if test[:1] != ["CMD-SHELL"]:
+    sys.exit(f"image: ERROR: no HEALTHCHECK in the image (built with --format docker?): {test}")
 print(test[1])')
 ctr=$(buildah from --pull=never "$IMAGE")
 cleanup() { buildah rm "$ctr" >/dev/null 2>&1 || true; }
