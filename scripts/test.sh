@@ -47,6 +47,12 @@ REPRISE_BIN_DIR="$PWD/target/debug" scripts/smoke-bench.sh
 echo "==> smoke: reprise-client eval on hand-made pairs"
 REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" scripts/smoke-eval.sh
 
+# The container image's packaging (deploy/Containerfile: the user, the volume, the model, the health
+# check) with the debug binaries built above; about a minute on a fresh machine, most of it debootstrap.
+# The release image is the same recipe; its release build alone would add 11 minutes.
+echo "==> container image: scripts/image.sh with the debug binaries (buildah, a debootstrap base; a miss then a hit inside)"
+PROFILE=debug scripts/image.sh
+
 echo "==> OpenAI SDK tests, the README's marked snippets and the quickstart's port checks (Python)"
 REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/sdk
 
