@@ -688,7 +688,9 @@ mod tests {
         live.remove(2);
         let rebuilt = HnswIndex::build(
             config(),
-            (1..=3).map(|i| (i, [1; 32], unit(i as u32))).collect(),
+            (1..=3)
+                .map(|i| (i, [1; 32], unit(i as u32)))
+                .collect::<Vec<_>>(),
         );
         live.finish(rebuilt);
         assert!(!live.is_building());
