@@ -16,11 +16,13 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reprise_server::embed::{EmbedConfig, Embedder};
 use reprise_server::index::quant::{
-    cosine_f16, cosine_f32_i8, cosine_i8, encode_f16, encode_i8, DistI8,
+    cosine_f16, cosine_f32_i8, cosine_i8, dot_f32_f16, encode_f16, encode_i8, DistF16, DistI8,
 };
 use reprise_server::index::{dot, HnswIndex, IndexConfig, VectorIndex};
 
 type Args = HashMap<String, String>;
+/// Similarity of vector `q` to vector `j` in one form.
+type Score<'a> = Box<dyn Fn(usize, usize) -> f32 + 'a>;
 
 fn args() -> (String, Args) {
     let mut it = std::env::args().skip(1).filter(|a| a != "--bench");
@@ -148,15 +150,19 @@ fn quant_recall(name: &str, base: &[Vec<f32>]) {
     let truth = exact_best(base, base, true);
     let codes: Vec<Vec<i8>> = base.iter().map(|v| encode_i8(v)).collect();
     let halves: Vec<_> = base.iter().map(|v| encode_f16(v)).collect();
-    let argmax = |score: &dyn Fn(usize, usize) -> f32, q: usize| -> usize {
+    let argmax = |score: &Score<'_>, q: usize| -> usize {
         (0..n)
             .filter(|j| *j != q)
             .max_by(|a, b| score(q, *a).total_cmp(&score(q, *b)))
             .unwrap_or(0)
     };
-    let forms: [(&str, Box<dyn Fn(usize, usize) -> f32>); 3] = [
+    let forms: [(&str, Score<'_>); 4] = [
         (
-            "f16 (768 B)",
+            "f32 query · f16 (re-rank, scan)",
+            Box::new(|q, j| dot_f32_f16(&base[q], &halves[j])),
+        ),
+        (
+            "f16 ↔ f16 (768 B, graph)",
             Box::new(|q, j| cosine_f16(&halves[q], &halves[j])),
         ),
         (
@@ -169,7 +175,7 @@ fn quant_recall(name: &str, base: &[Vec<f32>]) {
         ),
     ];
     for (form, score) in forms {
-        let hits = (0..n).filter(|q| argmax(&*score, *q) == truth[*q]).count();
+        let hits = (0..n).filter(|q| argmax(&score, *q) == truth[*q]).count();
         println!("| {name} | {n} | {form} | {:.4} |", hits as f64 / n as f64);
     }
 }
@@ -232,8 +238,12 @@ fn dist(flags: &Args) {
         time(&|| cosine_f32_i8(black_box(&a), black_box(&ib)))
     );
     println!(
-        "| f16 cosine | {:.1} |",
-        time(&|| cosine_f16(black_box(&ha), black_box(&hb)))
+        "| f16 · f16 (`DistF16`, graph) | {:.1} |",
+        time(&|| DistF16.eval(black_box(&ha), black_box(&hb)))
+    );
+    println!(
+        "| f32 · f16 (scan, re-rank) | {:.1} |",
+        time(&|| dot_f32_f16(black_box(&a), black_box(&hb)))
     );
 }
 

@@ -6,10 +6,10 @@
 //! bad dump into an [`IndexError`] (never a panic) so the caller rebuilds from the store.
 //!
 //! Design:
-//! - Vectors are L2-normalized on the way in and held once, as int8 codes with a per-vector scale
-//!   ([`quant`]): 384 bytes for a 384-d vector instead of 1,536, measured to keep recall@1 ≥ 0.99
-//!   against f32 (`benches/results/2026-12-05-scale.md`). The query stays f32: candidates are
-//!   re-ranked by the exact f32·int8 cosine.
+//! - Vectors are L2-normalized on the way in and held once, as f16 ([`quant`]): 768 bytes for a
+//!   384-d vector instead of 1,536 twice, measured to keep recall@1 ≥ 0.99 against f32 where int8
+//!   did not quite (`benches/results/2026-12-05-scale.md`). The query stays f32: graph candidates
+//!   are re-ranked by the f32·f16 dot product.
 //! - Every partition is searched on its own. A partition of at most `brute_force_below` live
 //!   vectors is *flat*: ids and codes in two contiguous arrays, scanned exactly. A larger one gets a
 //!   graph of its own, which holds its codes (the only copy); the index keeps, per graph point (a
@@ -45,7 +45,11 @@ use hnsw_rs::prelude::Distance;
 use serde::{Deserialize, Serialize};
 
 use crate::lock::lock;
-use quant::{cosine_f32_i8, encode_i8, DistI8};
+use half::f16;
+use quant::{dot_f32_f16, encode_f16, DistF16};
+
+/// The form a vector is held in (see [`quant`] for why f16).
+type Code = f16;
 
 /// An indexed vector's id: the store's `EntryId.0`.
 pub type VectorId = u64;
@@ -56,7 +60,7 @@ pub type PartitionTag = [u8; 32];
 #[derive(Debug, Clone, PartialEq)]
 pub struct Neighbor {
     pub id: VectorId,
-    /// Cosine similarity with the query (f32 query against the stored int8 code).
+    /// Cosine similarity with the query (the f32 query against the stored f16 vector).
     pub similarity: f32,
 }
 
@@ -156,7 +160,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Cosine distance for unit f32 vectors, `1 - a·b`: the index's form before int8, kept as the
+/// Cosine distance for unit f32 vectors, `1 - a·b`: the index's form before f16, kept as the
 /// reference the compact forms are measured against (`benches/benches/scale.rs`).
 ///
 /// Clamped at 0 because `hnsw_rs` asserts distances are non-negative (rounding can make `a·a`
@@ -170,8 +174,8 @@ impl Distance<f32> for DistDot {
     }
 }
 
-/// A partition's graph: `hnsw_rs` holds the int8 codes, so the graph borrows nothing (`'static`).
-type Graph = Hnsw<'static, i8, DistI8>;
+/// A partition's graph: `hnsw_rs` holds the f16 vectors, so the graph borrows nothing (`'static`).
+type Graph = Hnsw<'static, Code, DistF16>;
 
 /// `hnsw_rs` dumps can only be read back with this many layers.
 const GRAPH_LAYERS: usize = 16;
@@ -181,8 +185,8 @@ const MIN_CAPACITY: usize = 1_024;
 /// retried this many times, `ef` multiplied by `WIDEN_FACTOR` each time, then the partition is scanned.
 const WIDEN_ATTEMPTS: usize = 3;
 const WIDEN_FACTOR: usize = 4;
-/// Graph candidates re-ranked with the f32 query per wanted result: the int8-to-int8 distance
-/// that guides the graph can swap two close neighbours, the f32·int8 cosine rarely does.
+/// Graph candidates re-ranked with the f32 query per wanted result: the f16 query that guides
+/// the graph can swap two very close neighbours, the f32 query rarely does.
 const RERANK_PER_RESULT: usize = 8;
 /// The id of a graph slot that stands for nothing live (dumps leave removed slots unnamed).
 const NO_ID: VectorId = VectorId::MAX;
@@ -222,9 +226,9 @@ struct Placement {
 }
 
 /// FNV-1a of a code: equality check for re-inserts, not a security boundary.
-fn digest(code: &[i8]) -> u32 {
+fn digest(code: &[Code]) -> u32 {
     code.iter().fold(0x811c_9dc5u32, |h, c| {
-        (h ^ u32::from(c.to_ne_bytes()[0])).wrapping_mul(0x0100_0193)
+        (h ^ u32::from(c.to_bits())).wrapping_mul(0x0100_0193)
     })
 }
 
@@ -232,7 +236,7 @@ fn digest(code: &[i8]) -> u32 {
 #[derive(Default)]
 struct Flat {
     ids: Vec<VectorId>,
-    codes: Vec<i8>,
+    codes: Vec<Code>,
 }
 
 /// A large partition's own graph; point `slot` was inserted for `slots[slot]`.
@@ -268,11 +272,11 @@ struct Rows {
     ids: Vec<VectorId>,
     versions: Vec<u64>,
     digests: Vec<u32>,
-    codes: Vec<i8>,
+    codes: Vec<Code>,
 }
 
 impl Rows {
-    fn push(&mut self, id: VectorId, version: u64, digest: u32, code: &[i8]) {
+    fn push(&mut self, id: VectorId, version: u64, digest: u32, code: &[Code]) {
         self.ids.push(id);
         self.versions.push(version);
         self.digests.push(digest);
@@ -344,7 +348,7 @@ impl State {
     }
 
     /// Appends `id`'s code to a flat partition; the caller has unset `id`.
-    fn push_flat(&mut self, id: VectorId, part: u32, code: &[i8]) -> u64 {
+    fn push_flat(&mut self, id: VectorId, part: u32, code: &[Code]) -> u64 {
         let Some(Body::Flat(flat)) = self.parts.get_mut(part as usize).map(|p| &mut p.body) else {
             return 0;
         };
@@ -427,7 +431,7 @@ impl State {
             .zip(rows.codes.chunks_exact(self.dimension))
             .map(|(id, code)| Neighbor {
                 id: *id,
-                similarity: cosine_f32_i8(query, code),
+                similarity: dot_f32_f16(query, code),
             })
             .collect();
         top_k(found, k)
@@ -443,7 +447,7 @@ impl State {
                 let id = self.live_slot(part, graph, point.get_origin_id())?;
                 Some(Neighbor {
                     id,
-                    similarity: cosine_f32_i8(query, point.get_v()),
+                    similarity: dot_f32_f16(query, point.get_v()),
                 })
             })
             .collect();
@@ -457,7 +461,7 @@ impl State {
         part: u32,
         graph: &OwnGraph,
         query: &[f32],
-        code: &[i8],
+        code: &[Code],
         k: usize,
         ef: usize,
     ) -> Vec<Neighbor> {
@@ -471,7 +475,7 @@ impl State {
             .filter_map(|(id, p_id)| {
                 Some(Neighbor {
                     id,
-                    similarity: cosine_f32_i8(query, &points.get_point_data(&p_id)?),
+                    similarity: dot_f32_f16(query, &points.get_point_data(&p_id)?),
                 })
             })
             .collect();
@@ -483,7 +487,7 @@ impl State {
 /// (id, version, digest, code), replayed into the new body before the swap.
 struct Replay {
     part: u32,
-    log: Vec<(VectorId, u64, u32, Vec<i8>)>,
+    log: Vec<(VectorId, u64, u32, Vec<Code>)>,
 }
 
 /// State of the graph writers, behind the `writer` mutex.
@@ -513,7 +517,7 @@ fn new_graph(config: &IndexConfig, capacity: usize) -> Graph {
         capacity.max(MIN_CAPACITY),
         GRAPH_LAYERS,
         config.ef_construction,
-        DistI8,
+        DistF16,
     );
     graph.set_extend_candidates(false);
     graph
@@ -521,8 +525,8 @@ fn new_graph(config: &IndexConfig, capacity: usize) -> Graph {
 
 /// Builds a graph whose slot `i` is row `i` of `codes`, with `hnsw_rs`'s rayon-parallel insertion
 /// (all cores).
-fn build_graph(config: &IndexConfig, codes: &[i8]) -> Graph {
-    let batch: Vec<(&[i8], usize)> = codes
+fn build_graph(config: &IndexConfig, codes: &[Code]) -> Graph {
+    let batch: Vec<(&[Code], usize)> = codes
         .chunks_exact(config.dimension)
         .enumerate()
         .map(|(slot, code)| (code, slot))
@@ -651,7 +655,7 @@ impl HnswIndex {
             let Some(vector) = admit(&config, id, &vector) else {
                 continue;
             };
-            let code = encode_i8(&vector);
+            let code = encode_f16(&vector);
             let part = state.part_index(partition);
             if by_part.len() <= part as usize {
                 by_part.resize_with(part as usize + 1, Rows::default);
@@ -817,7 +821,7 @@ impl HnswIndex {
             count: order.len(),
             graph_points: state.parts.iter().map(Part::points).sum(),
             ids_fingerprint: fingerprint(order.iter().map(|(id, _)| **id)),
-            distance: std::any::type_name::<DistI8>().to_string(),
+            distance: std::any::type_name::<DistF16>().to_string(),
             entries,
             graphs,
         };
@@ -873,7 +877,7 @@ impl HnswIndex {
         {
             return Err(IndexError::Stale);
         }
-        if manifest.distance != std::any::type_name::<DistI8>() {
+        if manifest.distance != std::any::type_name::<DistF16>() {
             return Err(IndexError::Corrupt(format!(
                 "distance {}",
                 manifest.distance
@@ -943,7 +947,7 @@ impl VectorIndex for HnswIndex {
             self.remove(id);
             return;
         };
-        let code = encode_i8(&vector);
+        let code = encode_f16(&vector);
         let digest = digest(&code);
         let mut writer = lock(&self.writer);
         let (part, graph) = {
@@ -1006,7 +1010,7 @@ impl VectorIndex for HnswIndex {
         match &p.body {
             Body::Flat(flat) => state.scan_flat(flat, &query, k),
             Body::Graph(graph) => {
-                let code = encode_i8(&query);
+                let code = encode_f16(&query);
                 let wanted = k.min(p.live);
                 // Too few live results means tombstones crowd the query: widen, then scan.
                 let mut ef = self.config.ef_search.max(k);
@@ -1054,7 +1058,7 @@ impl VectorIndex for HnswIndex {
 // Persistence
 // ---------------------------------------------------------------------------------------------
 
-/// 2: int8 codes, one graph per large partition (1 held f32 vectors and one shared graph).
+/// 2: f16 vectors, one graph per large partition (1 held f32 vectors and one shared graph).
 const FORMAT_VERSION: u32 = 2;
 const MANIFEST: &str = "manifest.json";
 const MANIFEST_TMP: &str = "manifest.json.tmp";
@@ -1063,7 +1067,7 @@ const ENTRIES_MAGIC: &[u8; 8] = b"RPXENT02";
 const ENTRIES_HEADER: usize = 8 + 4 + 4 + 8;
 /// Per partition: tag, kind (0 flat, 1 graph).
 const PART_RECORD: usize = 32 + 1;
-/// Per entry: id (u64), partition (u32), slot (u32), digest (u32); a flat partition's code follows.
+/// Per entry: id (u64), partition (u32), slot (u32), digest (u32); a flat partition's f16 vector follows.
 const ENTRY_RECORD: usize = 8 + 4 + 4 + 4;
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -1140,7 +1144,7 @@ impl<W: Write> Write for HashingWriter<W> {
 }
 
 /// Entries file, little-endian: header; per partition its tag and kind; per live entry (by id)
-/// `id: u64, partition: u32, slot: u32, digest: u32`, followed by its int8 code when its partition
+/// `id: u64, partition: u32, slot: u32, digest: u32`, followed by its f16 vector when its partition
 /// is flat (a graph's codes are in its `hnsw_rs` dump).
 fn write_entries(
     path: &Path,
@@ -1178,7 +1182,7 @@ fn write_entries(
                 .codes
                 .get(start..start + dimension)
                 .ok_or_else(|| std::io::Error::other("flat row out of range"))?;
-            row.extend(code.iter().map(|c| c.to_ne_bytes()[0]));
+            row.extend(code.iter().flat_map(|c| c.to_le_bytes()));
         }
         out.write_all(&row)?;
     }
@@ -1342,9 +1346,11 @@ fn read_entries(
             *named = id;
             state.place(id, part, slot, digest);
         } else {
-            let code: Vec<i8> = take(dimension)?
+            let code: Vec<Code> = take(dimension * 2)?
+                .as_chunks::<2>()
+                .0
                 .iter()
-                .map(|b| i8::from_ne_bytes([*b]))
+                .map(|b| f16::from_le_bytes(*b))
                 .collect();
             if digest != self::digest(&code) {
                 return Err(corrupt("a flat row does not match its digest"));
@@ -1390,7 +1396,7 @@ fn load_graph(dir: &Path, graph_ref: &GraphRef) -> Result<Graph, IndexError> {
     // start-up, gives the `'static` graph the index stores, without unsafe code.
     let loader: &'static HnswIo = Box::leak(Box::new(HnswIo::new(dir, &graph_ref.basename)));
     let mut graph = catch_unwind(AssertUnwindSafe(|| {
-        loader.load_hnsw_with_dist::<i8, DistI8>(DistI8)
+        loader.load_hnsw_with_dist::<Code, DistF16>(DistF16)
     }))
     .map_err(|_| IndexError::Corrupt("hnsw_rs panicked while loading the graph".into()))?
     .map_err(|e| IndexError::Corrupt(format!("graph: {e}")))?;
@@ -1772,8 +1778,8 @@ mod tests {
         assert_eq!((index.len(), index.tombstones()), (1, 0));
         let found = index.search(&tag(1), &b, 5);
         assert_eq!(found.len(), 1);
-        // Int8 codes: the cosine of a vector with its own code is 1 within quantization error.
-        assert!((found[0].similarity - 1.0).abs() < 1e-2);
+        // f16: the cosine of a vector with its own f16 form is 1 within rounding error.
+        assert!((found[0].similarity - 1.0).abs() < 1e-3);
         // Moving partitions keeps the id in exactly one.
         index.insert(1, tag(2), &b);
         assert!(index.search(&tag(1), &b, 5).is_empty());
@@ -1786,7 +1792,7 @@ mod tests {
         assert!(index.search(&tag(2), &b, 0).is_empty());
         // Unnormalized input is normalized: similarity stays a cosine.
         let scaled: Vec<f32> = b.iter().map(|x| x * 7.0).collect();
-        assert!((index.search(&tag(2), &scaled, 1)[0].similarity - 1.0).abs() < 1e-2);
+        assert!((index.search(&tag(2), &scaled, 1)[0].similarity - 1.0).abs() < 1e-3);
         // A refused replacement does not leave the old vector findable.
         index.insert(4, tag(2), &a);
         index.insert(4, tag(2), &[1.0; 3]);

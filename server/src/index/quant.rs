@@ -1,18 +1,19 @@
-//! The compact vector forms the index holds: int8 codes with a per-vector scale (kept) and f16
+//! The compact vector forms: f16 (what the index holds) and int8 codes with a per-vector scale
 //! (measured against it), with the distances `hnsw_rs` computes on them. No index state here.
 //!
-//! Why int8: a 384-d f32 vector is 1,536 bytes; as int8 it is 384, as f16 768. Both were measured
-//! against f32 on real MiniLM embeddings and on random and clustered unit vectors
-//! (`benches/benches/scale.rs quant`, results in `benches/results/2026-12-05-scale.md`); int8 held
-//! recall@1 ≥ 0.99 and costs half of f16.
+//! Why f16: a 384-d f32 vector is 1,536 bytes; as f16 it is 768, as int8 384. Both were measured
+//! against f32 (`benches/benches/scale.rs quant`, `benches/results/2026-12-05-scale.md`): on 3,000
+//! MiniLM embeddings of fow-cache texts, each the query for its nearest other, f16 kept recall@1
+//! 0.990 and int8 0.988 (0.982 and 0.979 on random and clustered unit vectors, f16 0.999 and
+//! 1.000), so the index holds f16. f16 rows are widened to f32 inside the dot product's loop
+//! (`widen`), which vectorizes like the f32 [`dot`](super::dot).
 //!
-//! A code is `round(v · 127 / max|v|)`: the scale is per vector, so every vector uses the whole
-//! int8 range. Cosine similarity does not depend on the scale, so it is not stored: the distance
-//! divides by the codes' own norms, computed in the same pass as the dot product. All loops are
-//! written over fixed-size chunks with independent integer accumulators so LLVM vectorizes them
-//! (integer sums may be reassociated; the f32 ones use separate lanes).
+//! An int8 code is `round(v · 127 / max|v|)`: the scale is per vector, so every vector uses the
+//! whole int8 range. Cosine does not depend on the scale, so it is not stored: the distance divides
+//! by the codes' own norms, computed in the same pass as the dot product.
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use hnsw_rs::prelude::Distance;
 
 /// Elements per chunk of the vectorized loops: 32 int8 lanes fill one AVX2 register.
@@ -118,52 +119,89 @@ impl Distance<i8> for DistI8 {
     }
 }
 
-/// f16 form of a vector (measured, not used by the index).
+/// The f16 form of a vector (round to nearest).
 pub fn encode_f16(v: &[f32]) -> Vec<f16> {
-    v.iter().map(|x| f16::from_f32(*x)).collect()
+    let mut out = vec![f16::ZERO; v.len()];
+    out.convert_from_f32_slice(v);
+    out
 }
 
-/// Cosine similarity of two f16 vectors, widened to f32 chunk by chunk.
-pub fn cosine_f16(a: &[f16], b: &[f16]) -> f32 {
-    const F: usize = 16;
-    let n = a.len().min(b.len());
-    let (ca, ta) = a[..n].as_chunks::<F>();
-    let (cb, tb) = b[..n].as_chunks::<F>();
-    let (mut ab, mut aa, mut bb) = ([0.0f32; F], [0.0f32; F], [0.0f32; F]);
-    for (x, y) in ca.iter().zip(cb) {
-        for i in 0..F {
-            let (x, y) = (x[i].to_f32(), y[i].to_f32());
-            ab[i] += x * y;
-            aa[i] += x * x;
-            bb[i] += y * y;
+/// The f32 vector an f16 row stands for.
+pub fn decode_f16(row: &[f16]) -> Vec<f32> {
+    let mut out = vec![0.0; row.len()];
+    row.convert_to_f32_slice(&mut out);
+    out
+}
+
+/// f16 → f32 in plain integer and float operations that LLVM vectorizes without F16C (the
+/// build targets baseline x86-64; `half`'s slice conversion checks for F16C at run time per call
+/// and measured 7× slower than an f32 dot product): the f16 exponent and mantissa are moved into
+/// f32 position, and one multiplication by 2^112 rebiases the exponent (also turning f16
+/// subnormals into the right f32 normals, and zero into zero). Exact for every finite f16; the
+/// index never holds infinities or NaN.
+#[inline(always)]
+fn widen(h: u16) -> f32 {
+    const REBIAS: f32 = 5.192_297e33; // 2^112
+    let h = u32::from(h);
+    let magnitude = f32::from_bits((h & 0x7fff) << 13) * REBIAS;
+    f32::from_bits(magnitude.to_bits() | ((h & 0x8000) << 16))
+}
+
+/// Independent f32 accumulators of the f16 loops (see [`dot`](super::dot)).
+const F16_LANES: usize = 16;
+
+/// Dot product of an f32 query with an f16 row.
+pub fn dot_f32_f16(query: &[f32], row: &[f16]) -> f32 {
+    let n = query.len().min(row.len());
+    let (cq, tq) = query[..n].as_chunks::<F16_LANES>();
+    let (cr, tr) = row[..n].as_chunks::<F16_LANES>();
+    let mut acc = [0.0f32; F16_LANES];
+    for (q, r) in cq.iter().zip(cr) {
+        for i in 0..F16_LANES {
+            acc[i] += q[i] * widen(r[i].to_bits());
         }
     }
-    let (mut ab, mut aa, mut bb) = (
-        ab.iter().sum::<f32>(),
-        aa.iter().sum::<f32>(),
-        bb.iter().sum::<f32>(),
-    );
-    for (x, y) in ta.iter().zip(tb) {
-        let (x, y) = (x.to_f32(), y.to_f32());
-        ab += x * y;
-        aa += x * x;
-        bb += y * y;
+    let tail: f32 = tq.iter().zip(tr).map(|(q, r)| q * widen(r.to_bits())).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Dot product of two f16 rows.
+pub fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
+    let n = a.len().min(b.len());
+    let (ca, ta) = a[..n].as_chunks::<F16_LANES>();
+    let (cb, tb) = b[..n].as_chunks::<F16_LANES>();
+    let mut acc = [0.0f32; F16_LANES];
+    for (x, y) in ca.iter().zip(cb) {
+        for i in 0..F16_LANES {
+            acc[i] += widen(x[i].to_bits()) * widen(y[i].to_bits());
+        }
     }
-    let denominator = (aa * bb).sqrt();
+    let tail: f32 = ta
+        .iter()
+        .zip(tb)
+        .map(|(x, y)| widen(x.to_bits()) * widen(y.to_bits()))
+        .sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Cosine similarity of two f16 rows (their own norms, so unnormalized rows work too).
+pub fn cosine_f16(a: &[f16], b: &[f16]) -> f32 {
+    let denominator = (dot_f16(a, a) * dot_f16(b, b)).sqrt();
     if denominator > 0.0 {
-        ab / denominator
+        dot_f16(a, b) / denominator
     } else {
         0.0
     }
 }
 
-/// `hnsw_rs` distance on f16 vectors, for the measurement that chose int8.
+/// `hnsw_rs` distance on f16 rows of unit vectors: `1 - a·b` (f16 keeps a unit vector's norm
+/// within 1e-3), clamped at 0 like [`DistI8`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DistF16;
 
 impl Distance<f16> for DistF16 {
     fn eval(&self, a: &[f16], b: &[f16]) -> f32 {
-        (1.0 - cosine_f16(a, b)).max(0.0)
+        (1.0 - dot_f16(a, b)).max(0.0)
     }
 }
 
@@ -198,8 +236,24 @@ mod tests {
                 );
                 let (ha, hb) = (encode_f16(&a), encode_f16(&b));
                 assert!((cosine_f16(&ha, &hb) - exact).abs() < 0.002, "f16 d={d}");
+                assert!(
+                    (dot_f32_f16(&a, &hb) - exact).abs() < 0.002,
+                    "f32·f16 d={d}"
+                );
+                assert!((1.0 - DistF16.eval(&ha, &hb) - exact).abs() < 0.002);
+                assert!(DistF16.eval(&ha, &ha) < 0.002);
                 // A vector is its own nearest: distance 0 (clamped, never negative).
                 assert_eq!(DistI8.eval(&ia, &ia), 0.0);
+            }
+        }
+    }
+
+    #[test]
+    fn widen_is_exact_for_every_finite_f16() {
+        for bits in 0..=u16::MAX {
+            let h = f16::from_bits(bits);
+            if h.is_finite() {
+                assert_eq!(widen(bits).to_bits(), h.to_f32().to_bits(), "{bits:#06x}");
             }
         }
     }
@@ -216,5 +270,10 @@ mod tests {
         assert_eq!(DistI8.eval(&[0; 4], &[1; 4]), 1.0);
         let back = decode_i8(&encode_i8(&v));
         assert!((cosine(&back, &back) - 1.0).abs() < 1e-5);
+        assert_eq!(
+            decode_f16(&encode_f16(&v)),
+            v,
+            "these values are exact in f16"
+        );
     }
 }
