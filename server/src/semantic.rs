@@ -472,8 +472,8 @@ fn maintain(
 pub fn index_config(dimension: usize) -> IndexConfig {
     IndexConfig {
         // Measured at 100k vectors in one shared f32 graph: ef 64 gave recall@1 0.94-0.98, ef 128
-        // 0.99-1.0. With a graph per partition (f16), 20k vectors gave 1.000 at ef 64 and 0.996 at
-        // 32 (benches/results/2026-12-05-scale.md); 128 stays until 100k-1M are measured.
+        // 0.99-1.0. With a graph per partition (f16), a 98k partition gave 0.916 at ef 64 and
+        // 0.997 at 128, p50 4.2 ms (benches/results/2026-12-05-scale.md).
         ef_search: 128,
         // An exact scan of 10k vectors (~0.5 ms) beats the graph and is always exact.
         brute_force_below: 10_000,
