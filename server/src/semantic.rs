@@ -471,7 +471,9 @@ fn maintain(
 /// The index settings the gateway runs with (also used by the benches).
 pub fn index_config(dimension: usize) -> IndexConfig {
     IndexConfig {
-        // Measured at 100k vectors: ef 64 gave recall@1 0.94-0.98, ef 128 gave 0.99-1.0 at ~3 ms p50.
+        // Measured at 100k vectors in one shared f32 graph: ef 64 gave recall@1 0.94-0.98, ef 128
+        // 0.99-1.0. With a graph per partition (f16), a 98k partition gave 0.916 at ef 64 and
+        // 0.997 at 128, p50 4.2 ms (benches/results/2026-12-05-scale.md).
         ef_search: 128,
         // An exact scan of 10k vectors (~0.5 ms) beats the graph and is always exact.
         brute_force_below: 10_000,
@@ -688,7 +690,9 @@ mod tests {
         live.remove(2);
         let rebuilt = HnswIndex::build(
             config(),
-            (1..=3).map(|i| (i, [1; 32], unit(i as u32))).collect(),
+            (1..=3)
+                .map(|i| (i, [1; 32], unit(i as u32)))
+                .collect::<Vec<_>>(),
         );
         live.finish(rebuilt);
         assert!(!live.is_building());

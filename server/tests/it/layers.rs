@@ -36,6 +36,7 @@ const FLOORS: &[(&str, u8)] = &[
     // 3. Storage, index, embedding, guards: import nothing above floor 2.
     ("store/", 3),
     ("index.rs", 3),
+    ("index/", 3),
     ("embed.rs", 3),
     ("guard.rs", 3),
     ("guard/", 3),

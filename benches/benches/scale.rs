@@ -1,0 +1,487 @@
+//! The vector index at scale, for `benches/scale.sh` (issue 22): which compact vector form keeps
+//! recall (`quant`), what the int8 distances cost per call (`dist`), and build, search p50/p99 and
+//! recall@1, dump and load at 100k–1M vectors for a list of HNSW parameters (`index`). `embed`
+//! turns a text file into MiniLM vectors for `quant` (needs the provisioned model).
+//!
+//! Not a criterion bench: each run prints one Markdown block whose ratios all come from that run.
+//! Usage: `cargo bench -p reprise-benches --bench scale -- <command> [--flag value]...`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::hint::black_box;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use reprise_server::embed::{EmbedConfig, Embedder};
+use reprise_server::index::quant::{
+    cosine_f16, cosine_f32_i8, cosine_i8, dot_f32_f16, encode_f16, encode_i8, DistF16, DistI8,
+};
+use reprise_server::index::{dot, HnswIndex, IndexConfig, VectorIndex};
+
+type Args = HashMap<String, String>;
+/// Similarity of vector `q` to vector `j` in one form.
+type Score<'a> = Box<dyn Fn(usize, usize) -> f32 + 'a>;
+
+fn args() -> (String, Args) {
+    let mut it = std::env::args().skip(1).filter(|a| a != "--bench");
+    let command = it.next().unwrap_or_default();
+    let mut flags = Args::new();
+    while let Some(flag) = it.next() {
+        if let Some(name) = flag.strip_prefix("--") {
+            flags.insert(name.to_owned(), it.next().unwrap_or_default());
+        }
+    }
+    (command, flags)
+}
+
+fn flag<T: std::str::FromStr>(flags: &Args, name: &str, default: T) -> T {
+    flags
+        .get(name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn list(flags: &Args, name: &str, default: &str) -> Vec<usize> {
+    flags
+        .get(name)
+        .map_or(default, String::as_str)
+        .split(',')
+        .filter_map(|v| v.trim().parse().ok())
+        .collect()
+}
+
+fn normalize(mut v: Vec<f32>) -> Vec<f32> {
+    let n = dot(&v, &v).sqrt();
+    if n > 0.0 {
+        v.iter_mut().for_each(|x| *x /= n);
+    }
+    v
+}
+
+/// Standard normal by Box-Muller (rand's distributions crate is not a dependency).
+fn gauss(rng: &mut StdRng) -> f32 {
+    let u: f32 = rng.random_range(f32::EPSILON..1.0);
+    let v: f32 = rng.random_range(0.0..1.0);
+    (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+}
+
+fn random_unit(rng: &mut StdRng, dim: usize) -> Vec<f32> {
+    normalize((0..dim).map(|_| gauss(rng)).collect())
+}
+
+/// Vectors shaped like prompt embeddings: topics (cluster centres) whose members share about half
+/// their direction (MiniLM puts unrelated prompts at cosine 0–0.3 and same-topic ones at 0.4–0.7).
+struct Clusters {
+    centres: Vec<Vec<f32>>,
+}
+
+impl Clusters {
+    fn new(rng: &mut StdRng, dim: usize, topics: usize) -> Self {
+        Self {
+            centres: (0..topics).map(|_| random_unit(rng, dim)).collect(),
+        }
+    }
+    fn sample(&self, rng: &mut StdRng) -> Vec<f32> {
+        let c = &self.centres[rng.random_range(0..self.centres.len())];
+        let noise = random_unit(rng, c.len());
+        normalize(c.iter().zip(&noise).map(|(c, n)| c + n).collect())
+    }
+}
+
+/// A paraphrase of `v`: `v` plus noise of norm `noise`, renormalized (0.3 gives cosine ≈ 0.95).
+fn near(rng: &mut StdRng, v: &[f32], noise: f32) -> Vec<f32> {
+    let n = random_unit(rng, v.len());
+    normalize(v.iter().zip(&n).map(|(v, n)| v + noise * n).collect())
+}
+
+fn vectors(kind: &str, n: usize, dim: usize, seed: u64) -> Vec<Vec<f32>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    match kind {
+        "clustered" => {
+            let clusters = Clusters::new(&mut rng, dim, (n / 100).max(10));
+            (0..n).map(|_| clusters.sample(&mut rng)).collect()
+        }
+        _ => (0..n).map(|_| random_unit(&mut rng, dim)).collect(),
+    }
+}
+
+/// Exact best of `queries` over `base` (f32, both sides unit), on every core.
+fn exact_best(base: &[Vec<f32>], queries: &[Vec<f32>], skip_self: bool) -> Vec<usize> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = queries.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = queries
+            .chunks(chunk)
+            .enumerate()
+            .map(|(c, qs)| {
+                s.spawn(move || {
+                    qs.iter()
+                        .enumerate()
+                        .map(|(i, q)| {
+                            let me = c * chunk + i;
+                            let mut best = (f32::MIN, 0);
+                            for (j, v) in base.iter().enumerate() {
+                                if skip_self && j == me {
+                                    continue;
+                                }
+                                let s = dot(q, v);
+                                if s > best.0 {
+                                    best = (s, j);
+                                }
+                            }
+                            best.1
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    })
+}
+
+/// Recall@1 of a compact form against f32 by exact scans: each vector queries all the others.
+fn quant_recall(name: &str, base: &[Vec<f32>]) {
+    let n = base.len();
+    let truth = exact_best(base, base, true);
+    let codes: Vec<Vec<i8>> = base.iter().map(|v| encode_i8(v)).collect();
+    let halves: Vec<_> = base.iter().map(|v| encode_f16(v)).collect();
+    let argmax = |score: &Score<'_>, q: usize| -> usize {
+        (0..n)
+            .filter(|j| *j != q)
+            .max_by(|a, b| score(q, *a).total_cmp(&score(q, *b)))
+            .unwrap_or(0)
+    };
+    let forms: [(&str, Score<'_>); 4] = [
+        (
+            "f32 query · f16 (re-rank, scan)",
+            Box::new(|q, j| dot_f32_f16(&base[q], &halves[j])),
+        ),
+        (
+            "f16 ↔ f16 (768 B, graph)",
+            Box::new(|q, j| cosine_f16(&halves[q], &halves[j])),
+        ),
+        (
+            "int8 ↔ int8 (384 B, graph)",
+            Box::new(|q, j| cosine_i8(&codes[q], &codes[j])),
+        ),
+        (
+            "f32 query · int8 (re-rank, scan)",
+            Box::new(|q, j| cosine_f32_i8(&base[q], &codes[j])),
+        ),
+    ];
+    for (form, score) in forms {
+        let hits = (0..n).filter(|q| argmax(&score, *q) == truth[*q]).count();
+        println!("| {name} | {n} | {form} | {:.4} |", hits as f64 / n as f64);
+    }
+}
+
+fn read_f32s(path: &PathBuf, dim: usize) -> Vec<Vec<f32>> {
+    let bytes = std::fs::read(path).unwrap_or_default();
+    bytes
+        .as_chunks::<4>()
+        .0
+        .iter()
+        .map(|b| f32::from_le_bytes(*b))
+        .collect::<Vec<_>>()
+        .chunks_exact(dim)
+        .map(<[f32]>::to_vec)
+        .collect()
+}
+
+fn quant(flags: &Args) {
+    let dim = flag(flags, "dim", 384usize);
+    let n = flag(flags, "n", 3000usize);
+    println!("| vectors | n | form | recall@1 vs f32 |\n|---|---|---|---|");
+    if let Some(path) = flags.get("vectors") {
+        let real = read_f32s(&PathBuf::from(path), dim);
+        quant_recall("MiniLM-L6 embeddings of fow-cache texts", &real);
+    }
+    quant_recall("random unit", &vectors("random", n, dim, 1));
+    quant_recall("clustered", &vectors("clustered", n, dim, 2));
+}
+
+/// Nanoseconds per call of each distance on 384-d vectors, and of the f32 one for reference.
+fn dist(flags: &Args) {
+    use hnsw_rs::prelude::Distance;
+    let dim = flag(flags, "dim", 384usize);
+    let rounds = flag(flags, "rounds", 2_000_000usize);
+    let mut rng = StdRng::seed_from_u64(3);
+    let a = random_unit(&mut rng, dim);
+    let b = random_unit(&mut rng, dim);
+    let (ia, ib) = (encode_i8(&a), encode_i8(&b));
+    let (ha, hb) = (encode_f16(&a), encode_f16(&b));
+    let time = |f: &dyn Fn() -> f32| {
+        let t = Instant::now();
+        let mut sum = 0.0;
+        for _ in 0..rounds {
+            sum += f();
+        }
+        black_box(sum);
+        t.elapsed().as_nanos() as f64 / rounds as f64
+    };
+    println!("| distance ({dim}-d) | ns per call |\n|---|---|");
+    println!(
+        "| f32 dot (before) | {:.1} |",
+        time(&|| dot(black_box(&a), black_box(&b)))
+    );
+    println!(
+        "| int8 ↔ int8 cosine (`DistI8`, graph) | {:.1} |",
+        time(&|| DistI8.eval(black_box(&ia), black_box(&ib)))
+    );
+    println!(
+        "| f32 · int8 cosine (scan, re-rank) | {:.1} |",
+        time(&|| cosine_f32_i8(black_box(&a), black_box(&ib)))
+    );
+    println!(
+        "| f16 · f16 (`DistF16`, graph) | {:.1} |",
+        time(&|| DistF16.eval(black_box(&ha), black_box(&hb)))
+    );
+    println!(
+        "| f32 · f16 (scan, re-rank) | {:.1} |",
+        time(&|| dot_f32_f16(black_box(&a), black_box(&hb)))
+    );
+}
+
+/// Embeds one text per line of `--texts` with the provisioned model into `--out` (f32 LE rows).
+fn embed(flags: &Args) {
+    let texts: Vec<String> = std::fs::File::open(flags.get("texts").map_or("", String::as_str))
+        .map(|f| {
+            std::io::BufReader::new(f)
+                .lines()
+                .map_while(Result::ok)
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut config = EmbedConfig::default();
+    if let Some(dir) = flags.get("models") {
+        let dir = PathBuf::from(dir);
+        config.model_dir = dir.join("all-MiniLM-L6-v2");
+        config.ort_lib = dir
+            .join("onnxruntime")
+            .join(config.ort_lib.file_name().unwrap_or_default());
+    }
+    config.deadline = Duration::from_secs(60);
+    let embedder = match Embedder::load(&config) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("embed: model not loaded: {e}");
+            std::process::exit(1);
+        }
+    };
+    let mut out = Vec::new();
+    for batch in texts.chunks(32) {
+        match embedder.embed_blocking(batch.to_vec()) {
+            Ok(vs) => vs
+                .iter()
+                .flatten()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Err(e) => {
+                eprintln!("embed: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    let path = flags.get("out").map_or("vectors.f32", String::as_str);
+    if let Err(e) = std::fs::File::create(path).and_then(|mut f| f.write_all(&out)) {
+        eprintln!("embed: {path}: {e}");
+        std::process::exit(1);
+    }
+    eprintln!("embed: {} texts → {path}", texts.len());
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn percentile(times: &mut [Duration], f: f64) -> Duration {
+    times.sort();
+    times
+        .get(((times.len().saturating_sub(1)) as f64 * f).round() as usize)
+        .copied()
+        .unwrap_or_default()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Build (all cores), search p50/p99 and recall@1 of paraphrase queries in one big partition and
+/// one small one inside the same index, then dump and load.
+fn index(flags: &Args) {
+    let n = flag(flags, "n", 100_000usize);
+    let dim = flag(flags, "dim", 384usize);
+    let kind = flags
+        .get("kind")
+        .map_or("random", String::as_str)
+        .to_owned();
+    let queries_n = flag(flags, "queries", 500usize);
+    let noise = flag(flags, "noise", 0.3f32);
+    let small = flag(flags, "small", 2_000usize).min(n / 2);
+    let ms_list = list(flags, "m", "16");
+    let efc_list = list(flags, "efc", "200");
+    let ef_list = list(flags, "ef", "64,128");
+    let dump_dir = flags.get("dump").map(PathBuf::from);
+
+    let t = Instant::now();
+    let base = vectors(&kind, n, dim, 42);
+    let big: [u8; 32] = [1; 32];
+    let little: [u8; 32] = [2; 32];
+    // The last `small` vectors form a small partition inside the same index.
+    let tag_of = |i: usize| if i >= n - small { little } else { big };
+    let mut rng = StdRng::seed_from_u64(7);
+    let sources: Vec<usize> = (0..queries_n).map(|_| rng.random_range(0..n)).collect();
+    let queries: Vec<Vec<f32>> = sources
+        .iter()
+        .map(|i| near(&mut rng, &base[*i], noise))
+        .collect();
+    // Truth per query within its own partition (exact f32 scan).
+    let (big_range, small_range) = (0..n - small, n - small..n);
+    let truth: Vec<usize> = {
+        let in_big: Vec<usize> = exact_best(&base[big_range.clone()], &queries, false);
+        let in_small: Vec<usize> = exact_best(&base[small_range.clone()], &queries, false);
+        sources
+            .iter()
+            .enumerate()
+            .map(|(q, s)| {
+                if small_range.contains(s) {
+                    in_small[q] + small_range.start
+                } else {
+                    in_big[q]
+                }
+            })
+            .collect()
+    };
+    let self_hits = sources.iter().zip(&truth).filter(|(s, t)| s == t).count();
+    eprintln!(
+        "index: {n} {kind} vectors and exact answers in {:.1?} ({self_hits}/{queries_n} queries' nearest is their source)",
+        t.elapsed()
+    );
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "\n{n} {kind} vectors of {dim} dims, {queries_n} paraphrase queries (noise {noise}: cosine ≈ {:.2} to their source), {threads} threads, load {}",
+        1.0 / (1.0 + noise * noise).sqrt(),
+        load_average()
+    );
+    println!("\n| M | ef_construction | build s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|");
+    for &m in &ms_list {
+        for &efc in &efc_list {
+            let config = IndexConfig {
+                max_connections: m,
+                ef_construction: efc,
+                brute_force_below: 10_000,
+                ..IndexConfig::new(dim)
+            };
+            let before = rss_bytes();
+            let t = Instant::now();
+            let index = HnswIndex::build(
+                config.clone(),
+                base.iter()
+                    .enumerate()
+                    .map(|(i, v)| (i as u64, tag_of(i), v.clone())),
+            );
+            let build = t.elapsed();
+            let grown = rss_bytes().saturating_sub(before);
+            let mut index = index;
+            for &ef in &ef_list {
+                index.set_ef_search(ef);
+                let searcher = &index;
+                for (label, tag, range) in [
+                    ("big", big, &big_range),
+                    ("small (flat)", little, &small_range),
+                ] {
+                    let mut times = Vec::new();
+                    let mut hits = 0usize;
+                    for (q, query) in queries.iter().enumerate() {
+                        if !range.contains(&sources[q]) {
+                            continue;
+                        }
+                        let t = Instant::now();
+                        let found = searcher.search(&tag, query, 1);
+                        times.push(t.elapsed());
+                        hits += usize::from(found.first().map(|f| f.id as usize) == Some(truth[q]));
+                    }
+                    if times.is_empty() {
+                        continue;
+                    }
+                    let count = times.len();
+                    println!(
+                        "| {m} | {efc} | {:.1} | {:.0} | {:.0} | {ef} | {label} ({}) | {:.4} | {:.3} | {:.3} |",
+                        build.as_secs_f64(),
+                        grown as f64 / 1e6,
+                        grown as f64 / n as f64,
+                        if label == "big" { n - small } else { small },
+                        hits as f64 / count as f64,
+                        ms(percentile(&mut times, 0.5)),
+                        ms(percentile(&mut times, 0.99)),
+                    );
+                }
+            }
+            if let Some(dir) = &dump_dir {
+                let t = Instant::now();
+                if let Err(e) = index.save(dir) {
+                    eprintln!("save: {e}");
+                }
+                let save = t.elapsed();
+                let ids: BTreeSet<u64> = (0..n as u64).collect();
+                drop(index);
+                let t = Instant::now();
+                let loaded = HnswIndex::load(dir, config.clone(), &ids);
+                let load = t.elapsed();
+                println!(
+                    "\nM {m}, ef_construction {efc}: dump written in {:.1} s ({} MB), loaded in {:.1} s ({})",
+                    save.as_secs_f64(),
+                    dir_size(dir) / 1_000_000,
+                    load.as_secs_f64(),
+                    match &loaded {
+                        Ok(i) => format!("{} vectors", i.len()),
+                        Err(e) => format!("failed: {e}"),
+                    }
+                );
+                println!("\n| M | ef_construction | build s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|");
+            }
+        }
+    }
+}
+
+fn dir_size(dir: &PathBuf) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|l| {
+            l.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn main() {
+    let (command, flags) = args();
+    match command.as_str() {
+        "quant" => quant(&flags),
+        "dist" => dist(&flags),
+        "embed" => embed(&flags),
+        "index" => index(&flags),
+        _ => {
+            eprintln!("usage: scale <quant|dist|embed|index> [--flag value]...");
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! The compact vector forms: f16 (what the index holds) and int8 codes with a per-vector scale
+//! (measured against it), with the distances `hnsw_rs` computes on them. No index state here.
+//!
+//! Why f16: a 384-d f32 vector is 1,536 bytes; as f16 it is 768, as int8 384. Both were measured
+//! against f32 (`benches/benches/scale.rs quant`, `benches/results/2026-12-05-scale.md`): on 3,000
+//! MiniLM embeddings of fow-cache texts, each the query for its nearest other, f16 kept recall@1
+//! 0.990 and int8 0.988 (0.982 and 0.979 on random and clustered unit vectors, f16 0.999 and
+//! 1.000), so the index holds f16. f16 rows are widened to f32 inside the dot product's loop
+//! (`widen`), which vectorizes like the f32 [`dot`](super::dot).
+//!
+//! An int8 code is `round(v · 127 / max|v|)`: the scale is per vector, so every vector uses the
+//! whole int8 range. Cosine does not depend on the scale, so it is not stored: the distance divides
+//! by the codes' own norms, computed in the same pass as the dot product.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use hnsw_rs::prelude::Distance;
+
+/// Elements per chunk of the vectorized loops: 32 int8 lanes fill one AVX2 register.
+const LANES: usize = 32;
+
+/// Int8 codes of `v` with a per-vector scale (`127 / max|v|`); a zero vector gives zero codes.
+pub fn encode_i8(v: &[f32]) -> Vec<i8> {
+    let max = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let scale = if max > 0.0 && max.is_finite() {
+        127.0 / max
+    } else {
+        0.0
+    };
+    // `as` saturates; the value is already within ±127.
+    v.iter().map(|x| (x * scale).round() as i8).collect()
+}
+
+/// The f32 vector a code stands for, L2-normalized (the scale is not needed for cosine).
+pub fn decode_i8(code: &[i8]) -> Vec<f32> {
+    let norm = (sums_i8(code, code).0 as f32).sqrt();
+    let inv = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+    code.iter().map(|c| f32::from(*c) * inv).collect()
+}
+
+/// `(a·b, a·a, b·b)` over int8 codes, in i32: one pass, vectorized (i8 → i16 multiply-add → i32).
+/// 384 products of at most 127² each fit an i32 many times over.
+fn sums_i8(a: &[i8], b: &[i8]) -> (i32, i32, i32) {
+    let n = a.len().min(b.len());
+    let (ca, ta) = a[..n].as_chunks::<LANES>();
+    let (cb, tb) = b[..n].as_chunks::<LANES>();
+    let mut ab = [0i32; LANES];
+    let mut aa = [0i32; LANES];
+    let mut bb = [0i32; LANES];
+    for (x, y) in ca.iter().zip(cb) {
+        for i in 0..LANES {
+            let (x, y) = (i32::from(x[i]), i32::from(y[i]));
+            ab[i] += x * y;
+            aa[i] += x * x;
+            bb[i] += y * y;
+        }
+    }
+    let mut sums = (
+        ab.iter().sum::<i32>(),
+        aa.iter().sum::<i32>(),
+        bb.iter().sum::<i32>(),
+    );
+    for (x, y) in ta.iter().zip(tb) {
+        let (x, y) = (i32::from(*x), i32::from(*y));
+        sums.0 += x * y;
+        sums.1 += x * x;
+        sums.2 += y * y;
+    }
+    sums
+}
+
+/// Cosine similarity of two int8 codes.
+pub fn cosine_i8(a: &[i8], b: &[i8]) -> f32 {
+    let (ab, aa, bb) = sums_i8(a, b);
+    let denominator = (aa as f32 * bb as f32).sqrt();
+    if denominator > 0.0 {
+        ab as f32 / denominator
+    } else {
+        0.0
+    }
+}
+
+/// Cosine similarity of a unit f32 query with an int8 code (the asymmetric form: the query loses
+/// nothing to quantization, so re-ranking with it is more exact than [`cosine_i8`]).
+pub fn cosine_f32_i8(query: &[f32], code: &[i8]) -> f32 {
+    const F: usize = 16;
+    let n = query.len().min(code.len());
+    let (cq, tq) = query[..n].as_chunks::<F>();
+    let (cc, tc) = code[..n].as_chunks::<F>();
+    let mut qc = [0.0f32; F];
+    let mut cc2 = [0i32; F];
+    for (q, c) in cq.iter().zip(cc) {
+        for i in 0..F {
+            qc[i] += q[i] * f32::from(c[i]);
+            cc2[i] += i32::from(c[i]) * i32::from(c[i]);
+        }
+    }
+    let mut dot = qc.iter().sum::<f32>();
+    let mut norm2 = cc2.iter().sum::<i32>();
+    for (q, c) in tq.iter().zip(tc) {
+        dot += q * f32::from(*c);
+        norm2 += i32::from(*c) * i32::from(*c);
+    }
+    if norm2 > 0 {
+        dot / (norm2 as f32).sqrt()
+    } else {
+        0.0
+    }
+}
+
+/// `hnsw_rs` distance on int8 codes: `1 - cosine`, clamped at 0 (`hnsw_rs` asserts distances are
+/// non-negative and panics on NaN; `max` maps a NaN to 0).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DistI8;
+
+impl Distance<i8> for DistI8 {
+    fn eval(&self, a: &[i8], b: &[i8]) -> f32 {
+        (1.0 - cosine_i8(a, b)).max(0.0)
+    }
+}
+
+/// The f16 form of a vector (round to nearest).
+pub fn encode_f16(v: &[f32]) -> Vec<f16> {
+    let mut out = vec![f16::ZERO; v.len()];
+    out.convert_from_f32_slice(v);
+    out
+}
+
+/// The f32 vector an f16 row stands for.
+pub fn decode_f16(row: &[f16]) -> Vec<f32> {
+    let mut out = vec![0.0; row.len()];
+    row.convert_to_f32_slice(&mut out);
+    out
+}
+
+/// f16 → f32 in plain integer and float operations that LLVM vectorizes without F16C (the
+/// build targets baseline x86-64; `half`'s slice conversion checks for F16C at run time per call
+/// and measured 7× slower than an f32 dot product): the f16 exponent and mantissa are moved into
+/// f32 position, and one multiplication by 2^112 rebiases the exponent (also turning f16
+/// subnormals into the right f32 normals, and zero into zero). Exact for every finite f16; the
+/// index never holds infinities or NaN.
+#[inline(always)]
+fn widen(h: u16) -> f32 {
+    const REBIAS: f32 = 5.192_297e33; // 2^112
+    let h = u32::from(h);
+    let magnitude = f32::from_bits((h & 0x7fff) << 13) * REBIAS;
+    f32::from_bits(magnitude.to_bits() | ((h & 0x8000) << 16))
+}
+
+/// Independent f32 accumulators of the f16 loops (see [`dot`](super::dot)).
+const F16_LANES: usize = 16;
+
+/// Dot product of an f32 query with an f16 row.
+pub fn dot_f32_f16(query: &[f32], row: &[f16]) -> f32 {
+    let n = query.len().min(row.len());
+    let (cq, tq) = query[..n].as_chunks::<F16_LANES>();
+    let (cr, tr) = row[..n].as_chunks::<F16_LANES>();
+    let mut acc = [0.0f32; F16_LANES];
+    for (q, r) in cq.iter().zip(cr) {
+        for i in 0..F16_LANES {
+            acc[i] += q[i] * widen(r[i].to_bits());
+        }
+    }
+    let tail: f32 = tq.iter().zip(tr).map(|(q, r)| q * widen(r.to_bits())).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Dot product of two f16 rows.
+pub fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
+    let n = a.len().min(b.len());
+    let (ca, ta) = a[..n].as_chunks::<F16_LANES>();
+    let (cb, tb) = b[..n].as_chunks::<F16_LANES>();
+    let mut acc = [0.0f32; F16_LANES];
+    for (x, y) in ca.iter().zip(cb) {
+        for i in 0..F16_LANES {
+            acc[i] += widen(x[i].to_bits()) * widen(y[i].to_bits());
+        }
+    }
+    let tail: f32 = ta
+        .iter()
+        .zip(tb)
+        .map(|(x, y)| widen(x.to_bits()) * widen(y.to_bits()))
+        .sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Cosine similarity of two f16 rows (their own norms, so unnormalized rows work too).
+pub fn cosine_f16(a: &[f16], b: &[f16]) -> f32 {
+    let denominator = (dot_f16(a, a) * dot_f16(b, b)).sqrt();
+    if denominator > 0.0 {
+        dot_f16(a, b) / denominator
+    } else {
+        0.0
+    }
+}
+
+/// `hnsw_rs` distance on f16 rows of unit vectors: `1 - a·b` (f16 keeps a unit vector's norm
+/// within 1e-3), clamped at 0 like [`DistI8`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DistF16;
+
+impl Distance<f16> for DistF16 {
+    fn eval(&self, a: &[f16], b: &[f16]) -> f32 {
+        (1.0 - dot_f16(a, b)).max(0.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    fn unit(rng: &mut StdRng, d: usize) -> Vec<f32> {
+        let v: Vec<f32> = (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.into_iter().map(|x| x / n).collect()
+    }
+
+    fn cosine(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    #[test]
+    fn compact_cosines_track_f32_within_quantization_error() {
+        let mut rng = StdRng::seed_from_u64(7);
+        for d in [1, 5, 31, 33, 384] {
+            for _ in 0..50 {
+                let (a, b) = (unit(&mut rng, d), unit(&mut rng, d));
+                let exact = cosine(&a, &b);
+                let (ia, ib) = (encode_i8(&a), encode_i8(&b));
+                assert!((cosine_i8(&ia, &ib) - exact).abs() < 0.02, "i8 d={d}");
+                assert!(
+                    (cosine_f32_i8(&a, &ib) - exact).abs() < 0.02,
+                    "f32·i8 d={d}"
+                );
+                let (ha, hb) = (encode_f16(&a), encode_f16(&b));
+                assert!((cosine_f16(&ha, &hb) - exact).abs() < 0.002, "f16 d={d}");
+                assert!(
+                    (dot_f32_f16(&a, &hb) - exact).abs() < 0.002,
+                    "f32·f16 d={d}"
+                );
+                assert!((1.0 - DistF16.eval(&ha, &hb) - exact).abs() < 0.002);
+                assert!(DistF16.eval(&ha, &ha) < 0.002);
+                // A vector is its own nearest: distance 0 (clamped, never negative).
+                assert_eq!(DistI8.eval(&ia, &ia), 0.0);
+            }
+        }
+    }
+
+    #[test]
+    fn widen_is_exact_for_every_finite_f16() {
+        for bits in 0..=u16::MAX {
+            let h = f16::from_bits(bits);
+            if h.is_finite() {
+                assert_eq!(widen(bits).to_bits(), h.to_f32().to_bits(), "{bits:#06x}");
+            }
+        }
+    }
+
+    #[test]
+    fn scale_is_per_vector_and_zero_stays_zero() {
+        // A vector 1000× smaller encodes to the same codes: the scale follows the vector.
+        let v = vec![0.5, -0.25, 0.125];
+        let small: Vec<f32> = v.iter().map(|x| x / 1000.0).collect();
+        assert_eq!(encode_i8(&v), encode_i8(&small));
+        assert_eq!(encode_i8(&v), vec![127, -64, 32]);
+        assert_eq!(encode_i8(&[0.0; 4]), vec![0; 4]);
+        assert_eq!(cosine_i8(&[0; 4], &[1; 4]), 0.0);
+        assert_eq!(DistI8.eval(&[0; 4], &[1; 4]), 1.0);
+        let back = decode_i8(&encode_i8(&v));
+        assert!((cosine(&back, &back) - 1.0).abs() < 1e-5);
+        assert_eq!(
+            decode_f16(&encode_f16(&v)),
+            v,
+            "these values are exact in f16"
+        );
+    }
+}
