@@ -89,6 +89,27 @@ struct RouteCounts {
     errors: u64,
 }
 
+/// The wire's request counts from counts by cache outcome: one mapping for the totals and for each
+/// route, so a new outcome cannot be counted in one and forgotten in the other.
+fn request_counts(
+    by_cache: &BTreeMap<CacheOutcome, u64>,
+    total: u64,
+    errors: u64,
+) -> RequestCounts {
+    let get = |k: CacheOutcome| by_cache.get(&k).copied().unwrap_or(0);
+    RequestCounts {
+        total,
+        hit: get(CacheOutcome::Hit),
+        semantic_hit: get(CacheOutcome::SemanticHit),
+        miss: get(CacheOutcome::Miss),
+        coalesced: get(CacheOutcome::Coalesced),
+        bypass: get(CacheOutcome::Bypass),
+        refresh: get(CacheOutcome::Refresh),
+        pass: get(CacheOutcome::Pass),
+        errors,
+    }
+}
+
 #[derive(Default)]
 struct Counts {
     by_cache: BTreeMap<CacheOutcome, u64>,
@@ -602,35 +623,15 @@ impl Stats {
     pub fn totals(&self) -> Totals {
         let mut counts = lock(&self.counts);
         trim_timeline(&mut counts.timeline, unix_ms());
-        let get = |k: CacheOutcome| counts.by_cache.get(&k).copied().unwrap_or(0);
-        let requests = RequestCounts {
-            total: counts.total,
-            hit: get(CacheOutcome::Hit),
-            semantic_hit: get(CacheOutcome::SemanticHit),
-            miss: get(CacheOutcome::Miss),
-            coalesced: get(CacheOutcome::Coalesced),
-            bypass: get(CacheOutcome::Bypass),
-            refresh: get(CacheOutcome::Refresh),
-            pass: get(CacheOutcome::Pass),
-            errors: counts.errors,
-        };
+        let requests = request_counts(&counts.by_cache, counts.total, counts.errors);
         let by_route = counts
             .by_route
             .iter()
             .map(|(route, c)| {
-                let get = |k: CacheOutcome| c.by_cache.get(&k).copied().unwrap_or(0);
-                let counted = RequestCounts {
-                    total: c.total,
-                    hit: get(CacheOutcome::Hit),
-                    semantic_hit: get(CacheOutcome::SemanticHit),
-                    miss: get(CacheOutcome::Miss),
-                    coalesced: get(CacheOutcome::Coalesced),
-                    bypass: get(CacheOutcome::Bypass),
-                    refresh: get(CacheOutcome::Refresh),
-                    pass: get(CacheOutcome::Pass),
-                    errors: c.errors,
-                };
-                (route.clone(), counted)
+                (
+                    route.clone(),
+                    request_counts(&c.by_cache, c.total, c.errors),
+                )
             })
             .collect();
         let err = |k: &str| counts.upstream_errors.get(k).copied().unwrap_or(0);
