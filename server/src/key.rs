@@ -283,6 +283,42 @@ pub(crate) fn final_turn(
     }
 }
 
+/// One message of `messages[i]` in canonical form: an object with a string `role`, its `null` fields
+/// dropped (SDKs send `"content": null` on tool-call messages or leave it out; both mean the same)
+/// and its `content` put in the API's canonical form by `content`. Chat completions and the Messages
+/// API share this shape; only what their content looks like differs.
+pub(crate) fn canonical_message(
+    i: usize,
+    message: &Value,
+    content: impl Fn(&Value) -> Result<Value, GatewayError>,
+) -> Result<Map<String, Value>, GatewayError> {
+    let Some(fields) = message.as_object() else {
+        return Err(GatewayError::invalid(
+            format!("`messages[{i}]` must be an object with a string `role`."),
+            Some(&format!("messages[{i}]")),
+        ));
+    };
+    if !fields.get("role").is_some_and(Value::is_string) {
+        return Err(GatewayError::invalid(
+            format!("`messages[{i}]` must be an object with a string `role`."),
+            Some(&format!("messages[{i}].role")),
+        ));
+    }
+    let mut out = Map::new();
+    for (name, value) in fields {
+        if value.is_null() {
+            continue;
+        }
+        let value = if name == "content" {
+            content(value)?
+        } else {
+            value.clone()
+        };
+        out.insert(name.clone(), value);
+    }
+    Ok(out)
+}
+
 pub(crate) fn model_field(
     partition: &mut FieldHasher,
     model: Option<&Value>,

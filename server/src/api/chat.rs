@@ -14,7 +14,9 @@ use super::{Api, Uncacheable, Warm};
 use crate::entry::StoredEvent;
 use crate::error::GatewayError;
 use crate::ingress::Route;
-use crate::key::{final_turn, hash_fields, model_field, normalize_text, unreadable};
+use crate::key::{
+    canonical_message, final_turn, hash_fields, model_field, normalize_text, unreadable,
+};
 use crate::key::{FieldHasher, Ignored, Turn};
 
 /// `POST /v1/chat/completions`.
@@ -182,7 +184,9 @@ fn keys(body: &Map<String, Value>, partition: &mut FieldHasher) -> Result<Turn, 
     };
     let mut canonical = Vec::with_capacity(messages.len());
     for (i, message) in messages.iter().enumerate() {
-        canonical.push(canonical_message(i, message)?);
+        canonical.push(canonical_message(i, message, |content| {
+            canonical_content(i, content)
+        })?);
     }
     Ok(final_turn(
         partition,
@@ -192,36 +196,6 @@ fn keys(body: &Map<String, Value>, partition: &mut FieldHasher) -> Result<Turn, 
         turn_shape,
         turn_text,
     ))
-}
-
-/// A message with its `null` fields dropped and its text normalized.
-fn canonical_message(i: usize, message: &Value) -> Result<Map<String, Value>, GatewayError> {
-    let Some(fields) = message.as_object() else {
-        return Err(GatewayError::invalid(
-            format!("`messages[{i}]` must be an object with a string `role`."),
-            Some(&format!("messages[{i}]")),
-        ));
-    };
-    if !fields.get("role").is_some_and(Value::is_string) {
-        return Err(GatewayError::invalid(
-            format!("`messages[{i}]` must be an object with a string `role`."),
-            Some(&format!("messages[{i}].role")),
-        ));
-    }
-    let mut out = Map::new();
-    for (name, value) in fields {
-        // SDKs send `"content": null` on tool-call messages or leave it out; both mean the same.
-        if value.is_null() {
-            continue;
-        }
-        let value = if name == "content" {
-            canonical_content(i, value)?
-        } else {
-            value.clone()
-        };
-        out.insert(name.clone(), value);
-    }
-    Ok(out)
 }
 
 fn canonical_content(i: usize, content: &Value) -> Result<Value, GatewayError> {

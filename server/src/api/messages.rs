@@ -52,7 +52,9 @@ use super::{pieces, Api, Uncacheable, Warm};
 use crate::entry::StoredEvent;
 use crate::error::GatewayError;
 use crate::ingress::Route;
-use crate::key::{final_turn, hash_fields, model_field, normalize_text, unreadable};
+use crate::key::{
+    canonical_message, final_turn, hash_fields, model_field, normalize_text, unreadable,
+};
 use crate::key::{FieldHasher, Ignored, Turn};
 use crate::sse::EventKind;
 
@@ -246,7 +248,9 @@ fn keys(body: &Map<String, Value>, partition: &mut FieldHasher) -> Result<Turn, 
     };
     let mut canonical = Vec::with_capacity(messages.len());
     for (i, message) in messages.iter().enumerate() {
-        canonical.push(canonical_message(i, message)?);
+        canonical.push(canonical_message(i, message, |content| {
+            Ok(canonical_content(content))
+        })?);
     }
     Ok(final_turn(
         partition,
@@ -337,34 +341,6 @@ fn canonical_block(block: &Value) -> Value {
         }
     }
     block
-}
-
-fn canonical_message(i: usize, message: &Value) -> Result<Map<String, Value>, GatewayError> {
-    let Some(fields) = message.as_object() else {
-        return Err(GatewayError::invalid(
-            format!("`messages[{i}]` must be a message object."),
-            Some(&format!("messages[{i}]")),
-        ));
-    };
-    if !fields.get("role").is_some_and(Value::is_string) {
-        return Err(GatewayError::invalid(
-            format!("`messages[{i}]` must be an object with a string `role`."),
-            Some(&format!("messages[{i}].role")),
-        ));
-    }
-    let mut out = Map::new();
-    for (name, value) in fields {
-        if value.is_null() {
-            continue;
-        }
-        let value = if name == "content" {
-            canonical_content(value)
-        } else {
-            value.clone()
-        };
-        out.insert(name.clone(), value);
-    }
-    Ok(out)
 }
 
 fn blocks_of(message: &Map<String, Value>) -> impl Iterator<Item = &Map<String, Value>> {
