@@ -8,12 +8,14 @@
 //!   stream's timing comment);
 //! - [`record`]: the [`RequestRecord`] of `GET /admin/requests`;
 //! - [`stats`]: the parts of the `GET /admin/stats` body that count requests;
+//! - [`judge`]: the judge's work and the error budget's evidence ([`JudgeStats`]);
 //! - [`savings`]: the tokens and money hits saved ([`TokensSaved`] per request, [`Savings`] summed).
 //!
 //! Decoding is lenient so that a client reads an older or a newer gateway: unknown fields are
 //! ignored, missing ones take their default, and an outcome the client does not know is kept as
 //! [`Lenient::Unknown`] in a [`LenientRecord`]. Encoding is exactly what the gateway sends.
 
+pub mod judge;
 pub mod lenient;
 pub mod outcome;
 pub mod phases;
@@ -21,6 +23,7 @@ pub mod record;
 pub mod savings;
 pub mod stats;
 
+pub use judge::{JudgeStats, NamespaceBudget};
 pub use lenient::Lenient;
 pub use outcome::{CacheOutcome, Completion};
 pub use phases::Phases;

@@ -13,6 +13,7 @@ pub use reprise_wire::{
     TtftHistogram, TtftSaved, UpstreamErrors,
 };
 pub use reprise_wire::{JudgeCost, PriceTableInfo, Savings, SavingsRow, TokenSource, TokensSaved};
+pub use reprise_wire::{JudgeStats, NamespaceBudget};
 
 /// One recent request from `GET /admin/requests` (no prompt, no response, no credential); an
 /// outcome or completion this client does not know is kept as the gateway spelled it.
@@ -82,39 +83,6 @@ pub struct FeedbackCounts {
     pub wrong: u64,
     pub vetoes: u64,
     pub approvals: u64,
-}
-
-/// The judge's work (`verify = judge`) and the error budget's evidence per namespace.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct JudgeStats {
-    /// Calls that reached the judge, by verdict.
-    pub calls: u64,
-    pub same: u64,
-    pub different: u64,
-    pub unsure: u64,
-    pub timeouts: u64,
-    pub failures: u64,
-    /// Near matches not judged (and not served): rate budget spent, prompt too long.
-    pub over_budget: u64,
-    pub too_long: u64,
-    /// Background mode: queued, dropped (queue full), waiting now.
-    pub queued: u64,
-    pub dropped: u64,
-    pub queue_depth: u64,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub p50_ms: Option<f64>,
-    pub p99_ms: Option<f64>,
-    pub namespaces: Vec<NamespaceBudget>,
-}
-
-/// Verdicts observed in one namespace (`""`: requests without one).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NamespaceBudget {
-    pub namespace: String,
-    pub observations: u64,
-    pub wrong: u64,
-    pub wrong_rate: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -76,16 +76,8 @@ pub struct EntryCurve {
     pub judged_at_or_below: Option<f32>,
 }
 
-/// A namespace's observations and the error rate they show (`/admin/stats`).
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct NamespaceBudget {
-    /// The namespace, `""` for requests without one.
-    pub namespace: String,
-    pub observations: u64,
-    pub wrong: u64,
-    /// `wrong / observations`: the error rate of judged candidates.
-    pub wrong_rate: Option<f64>,
-}
+/// A namespace's observations and the error rate they show (`/admin/stats`): the wire contract's.
+pub use reprise_wire::NamespaceBudget;
 
 /// What the budget says about one candidate.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -167,33 +167,8 @@ pub(crate) fn apply(feedback: &Feedback, encounter: &Encounter, verdict: Verdict
     }
 }
 
-/// The judge's work so far (`/admin/stats` `judge`).
-#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
-pub struct JudgeStats {
-    /// Calls that reached the judge, by verdict (`unsure`: it said so, timed out, failed or
-    /// answered something else).
-    pub calls: u64,
-    pub same: u64,
-    pub different: u64,
-    pub unsure: u64,
-    pub timeouts: u64,
-    pub failures: u64,
-    /// Candidates not judged: the rate budget was spent, or a prompt was too long to show whole.
-    pub over_budget: u64,
-    pub too_long: u64,
-    /// Background mode: pairs queued, dropped because the queue was full, waiting now.
-    pub queued: u64,
-    pub dropped: u64,
-    pub queue_depth: u64,
-    /// Tokens the judge calls cost, as the judge reported them.
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    /// Latency of the newest calls.
-    pub p50_ms: Option<f64>,
-    pub p99_ms: Option<f64>,
-    /// Verdicts observed per namespace (judge and operators), the error budget's evidence.
-    pub namespaces: Vec<budget::NamespaceBudget>,
-}
+/// The judge's work so far (`/admin/stats` `judge`): the wire contract's, which the client reads.
+pub use reprise_wire::JudgeStats;
 
 impl Verifier {
     pub fn stats(&self, feedback: &Feedback) -> JudgeStats {
