@@ -100,6 +100,9 @@ dimension = 384
 pooling = "mean"
 normalize = true
 max_length = 256
+# Dynamic int8: activations are quantized per run, so each text runs alone (its vector must not
+# depend on the texts batched with it).
+one_text_per_run = true
 EOF
 }
 
