@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Semantic hits at the embedding floor (issue 22, point 4): the streamed semantic hit's TTFT, end to
-# end, for two builds of the gateway in one run, at concurrency 1 and 8, and what the embedding
+# end, for two builds of the gateway (or one build with two model directories) in one run, at concurrency 1 and 8, and what the embedding
 # stage does meanwhile (texts per model call, model-call time, texts per second). The workload is
 # `reprise-client bench --pairs` over the 30 question/paraphrase pairs of
 # benches/workloads/paraphrases.txt: every question is stored, then every paraphrase asked
@@ -11,9 +11,14 @@
 # both. TTFT and the gateway's own phases per hit come from `--samples`; embedding counters from
 # `/admin/stats` before and after each run. Writes benches/results/<date>-semantic-floor-ab.md.
 #
-# Usage: benches/semantic-floor.sh --before DIR --after DIR [--rounds N] [--reps N] [--concurrency "1 8"]
+# Usage: benches/semantic-floor.sh --before DIR --after DIR [--before-models M --after-models M]
+#                                  [--rounds N] [--reps N] [--concurrency "1 8"]
 #   DIR holds reprise, reprise-sim and reprise-client (e.g. target/release of each revision). Both
 #   gateways are driven by the after build's client and simulator, so only the gateway differs.
+#   M is a models directory as scripts/provision-models.sh lays it out (all-MiniLM-L6-v2/ and
+#   onnxruntime/): each gateway runs the model in its own, so one build (the same DIR twice) compares
+#   two models; given, they are used as they are (not provisioned). Without them both gateways run
+#   ./models, provisioned first.
 #   Defaults: 10 rounds (300 asks a run), 3 reps, concurrency 1 and 8.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,10 +28,14 @@ after=
 rounds=10
 reps=3
 concurrencies="1 8"
+before_models=
+after_models=
 while [ $# -gt 0 ]; do
   case "$1" in
     --before) before=$2; shift 2 ;;
     --after) after=$2; shift 2 ;;
+    --before-models) before_models=$2; shift 2 ;;
+    --after-models) after_models=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --concurrency) concurrencies=$2; shift 2 ;;
@@ -44,9 +53,24 @@ for dir in "$before" "$after"; do
 done
 before=$(cd "$before" && pwd)
 after=$(cd "$after" && pwd)
+if [ -n "$before_models$after_models" ]; then
+  if [ -z "$before_models" ] || [ -z "$after_models" ]; then
+    echo "--before-models and --after-models go together" >&2
+    exit 2
+  fi
+  for dir in "$before_models" "$after_models"; do
+    [ -f "$dir/all-MiniLM-L6-v2/model.onnx" ] && [ -e "$dir/onnxruntime/libonnxruntime.so" ] \
+      || { echo "$dir: not a provisioned models directory (scripts/provision-models.sh $dir)" >&2; exit 2; }
+  done
+else
+  scripts/provision-models.sh >/dev/null
+  before_models=models after_models=models
+fi
+before_models=$(cd "$before_models" && pwd)
+after_models=$(cd "$after_models" && pwd)
+declare -A models=([before]=$before_models [after]=$after_models)
 
 . scripts/lib-procs.sh
-scripts/provision-models.sh >/dev/null
 client="$after/reprise-client"
 token=semantic-floor
 
@@ -69,7 +93,9 @@ for side in before after; do
   bin=$before/reprise
   [ "$side" = after ] && bin=$after/reprise
   REPRISE_ADMIN_TOKEN=$token "$bin" serve --listen 127.0.0.1:"${port[$side]}" \
-    --upstream-url http://127.0.0.1:"$sim_port"/v1 --data-dir "$WORK/data-$side" >"$WORK/gateway-$side.log" 2>&1 &
+    --upstream-url http://127.0.0.1:"$sim_port"/v1 --data-dir "$WORK/data-$side" \
+    --model-dir "${models[$side]}/all-MiniLM-L6-v2" --ort-lib "${models[$side]}/onnxruntime/libonnxruntime.so" \
+    >"$WORK/gateway-$side.log" 2>&1 &
   PIDS+=($!)
   wait_ready http://127.0.0.1:"${port[$side]}"/healthz "gateway ($side)" "$WORK/gateway-$side.log"
   curl -sf http://127.0.0.1:"${port[$side]}"/healthz | grep -q '"mode":"semantic"' \
@@ -119,9 +145,16 @@ for rep in $(seq 1 "$reps"); do
 done
 
 out="benches/results/$(date -u +%F)-semantic-floor-ab.md"
-python3 - "$WORK" "$reps" "$concurrencies" "$rounds" "$(git rev-parse --short HEAD)" "${loads[*]}" >"$out" <<'PY'
+sides=()
+for side in before after; do
+  bin=$before
+  [ "$side" = after ] && bin=$after
+  sides+=("$side: gateway $bin/reprise, model $(sha256sum "${models[$side]}/all-MiniLM-L6-v2/model.onnx" | cut -c1-12) in ${models[$side]}")
+done
+python3 - "$WORK" "$reps" "$concurrencies" "$rounds" "$(git rev-parse --short HEAD)" "${loads[*]}" "${sides[@]}" >"$out" <<'PY'
 import json, sys, statistics
 work, reps, cs, rounds, rev, loads = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4], sys.argv[5], sys.argv[6]
+sides = sys.argv[7:9]
 
 def pct(xs, p):
     xs = sorted(xs)
@@ -164,6 +197,9 @@ print(f"`benches/semantic-floor.sh`: {reps} alternating reps per cell, each {rou
 print("`benches/workloads/paraphrases.txt` asked with `no-store` after their questions were stored (every ask embedded")
 print("and searched), closed loop, streamed, one reprise-sim at 50 ms TTFT; both gateways at default settings.")
 print(f"Load average (1/5/15 min) after each rep: {loads}. Times in ms, percentiles nearest-rank.\n")
+for s in sides:
+    print(f"- {s} (model.onnx sha256 prefix)")
+print()
 print("| c | build | semantic hits / asks | hit TTFT p50 | p99 | gateway TTFT p50 | embed p50 | search p50 | rest of lookup p50 | asks/s | texts per model call | capacity, texts/s of model time | model busy | refused (overload) |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 cells = {}

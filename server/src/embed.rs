@@ -58,6 +58,12 @@ pub struct ModelSpec {
     pub normalize: bool,
     /// Tokens kept per text; longer texts are truncated.
     pub max_length: usize,
+    /// Each text in a run of its own instead of a batch in one run. A model that quantizes its
+    /// activations per run (dynamic int8, as provisioned) needs it: the scale is taken over the
+    /// whole input, padding and the other texts included, so a text's vector would depend on the
+    /// texts beside it (cosine 0.990-0.994 to its vector alone, measured on the provisioned model).
+    #[serde(default)]
+    pub one_text_per_run: bool,
 }
 
 impl ModelSpec {
@@ -241,6 +247,8 @@ pub struct FastembedModel {
     inner: fastembed::TextEmbedding,
     dimension: usize,
     fingerprint: String,
+    /// Texts per ONNX run: the batch's size, or 1 ([`ModelSpec::one_text_per_run`]).
+    one_text_per_run: bool,
 }
 
 impl FastembedModel {
@@ -302,6 +310,7 @@ impl FastembedModel {
             inner,
             dimension: spec.dimension,
             fingerprint,
+            one_text_per_run: spec.one_text_per_run,
         };
         // One real call proves the spec matches the model and warms the session (the first run is slow).
         let probe = model
@@ -321,9 +330,15 @@ impl FastembedModel {
 
 impl EmbedModel for FastembedModel {
     fn embed(&mut self, texts: &[String]) -> Result<Vec<Vec<f32>>, String> {
-        // One ONNX run for the whole batch: the worker already sized it.
+        // One ONNX run for the whole batch (the worker already sized it), or one per text when
+        // the model's vectors would depend on their batch: the call still serves the whole batch.
+        let per_run = if self.one_text_per_run {
+            1
+        } else {
+            texts.len().max(1)
+        };
         self.inner
-            .embed(texts, Some(texts.len().max(1)))
+            .embed(texts, Some(per_run))
             .map_err(|e| e.to_string())
     }
 

@@ -20,6 +20,7 @@ mod gateway;
 mod layers;
 mod learn;
 mod messages;
+mod model_change;
 mod otel;
 mod process;
 mod redis;
