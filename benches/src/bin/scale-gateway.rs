@@ -308,7 +308,7 @@ fn write_all(
                             index.insert(id.0, partition, &vector);
                         }
                         let count = done.fetch_add(1, Ordering::Relaxed) + 1;
-                        if count % (n / 20).max(1) == 0 {
+                        if count.is_multiple_of((n / 20).max(1)) {
                             eprintln!(
                                 "scale-gateway: {count} of {n} entries written in {:.1} s",
                                 started.elapsed().as_secs_f64()
@@ -318,13 +318,10 @@ fn write_all(
                 })
             })
             .collect();
-        workers
-            .into_iter()
-            .map(|w| {
-                w.join()
-                    .map_err(|_| "a writer thread panicked".to_owned())?
-            })
-            .collect::<Result<(), String>>()
+        workers.into_iter().try_for_each(|w| {
+            w.join()
+                .map_err(|_| "a writer thread panicked".to_owned())?
+        })
     })?;
     eprintln!(
         "scale-gateway: wrote {n} entries in {:.1} s{}",
