@@ -5,7 +5,7 @@
 //! `--store-only`, writes them into the store alone (a sled data dir or a Redis) and exits, for
 //! other replicas to load. No upstream call and no embedding: the vectors are synthetic.
 //!
-//! The entries look like a support cache's: prompts of 8–24 words and answers of 40–160 words (as
+//! The entries look like a support cache's: prompts of 8–24 words and answers of 16–48 words (as
 //! events and a body, like a warmed entry), vectors of the model's dimension clustered by topic as
 //! prompt embeddings are (topics of about 100 prompts, members at cosine about 0.5 to each other),
 //! in four namespaces of realistic sizes: `support` 60% (the big partition the bench's real
@@ -219,7 +219,8 @@ fn synthetic(seed: u64, i: usize, dim: usize) -> (String, String, Vec<f32>) {
     let ask = ASKS[rng.random_range(0..ASKS.len())];
     let prompt_words = rng.random_range(6..22);
     let prompt = format!("{ask} {} (case {i})?", words(&mut rng, prompt_words));
-    let answer_words = rng.random_range(40..160);
+    // About the 32-token answers of benches/replicas.sh: each word is a stream event in the replay.
+    let answer_words = rng.random_range(16..48);
     let answer = format!("{}.", words(&mut rng, answer_words));
     (prompt, answer, vector)
 }
