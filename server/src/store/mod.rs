@@ -64,6 +64,22 @@ pub use feed::{Change, Feed};
 pub use offload::Offload;
 pub use resilient::{Degraded, ResilientStore};
 
+/// The most dropped ids a store keeps for [`Store::take_dropped`]: a store that nobody drains (a
+/// tool, a test) must not grow without bound; past it the oldest go (their vectors then stay in
+/// the index until a search meets them, as before).
+pub const DROPPED_KEPT: usize = 1 << 20;
+
+/// Notes `ids` as dropped, for [`Store::take_dropped`].
+pub(crate) fn note_dropped(
+    dropped: &std::sync::Mutex<Vec<EntryId>>,
+    ids: impl IntoIterator<Item = EntryId>,
+) {
+    let mut dropped = crate::lock::lock(dropped);
+    dropped.extend(ids);
+    let excess = dropped.len().saturating_sub(DROPPED_KEPT);
+    dropped.drain(..excess);
+}
+
 /// The data-directory schema version this build reads and writes.
 pub const SCHEMA_VERSION: u32 = reprise_migrations::CURRENT;
 
@@ -199,6 +215,15 @@ pub trait Store: Upkeep {
             }
         }
         Ok(out)
+    }
+    /// The ids of entries this store dropped on its own since the last call: the older entry a put
+    /// of the same key replaced, entries evicted to hold the caps, expired or found unreadable (and
+    /// deleted ones). Whoever mirrors the store drains them: the cache's writer removes them from
+    /// the vector index, which would otherwise keep them until a search met them, and would dump
+    /// an id set the store no longer has, so the next start rebuilt the whole index instead of
+    /// loading its dump. At most [`DROPPED_KEPT`] are kept between two calls.
+    fn take_dropped(&self) -> Vec<EntryId> {
+        Vec::new()
     }
     /// Number of entries, O(1).
     fn len(&self) -> usize;

@@ -94,6 +94,7 @@ contract!(
     list_and_list_newest_page_in_id_order,
     ids_len_and_bytes_count_what_is_stored,
     cold_reads_entries_without_their_answers_in_the_order_asked,
+    take_dropped_names_what_the_store_dropped_on_its_own_once,
     sweep_removes_expired_entries,
     caps_evict_the_least_recently_used,
     clear_removes_everything_and_ids_are_never_reused,
@@ -285,6 +286,28 @@ fn cold_reads_entries_without_their_answers_in_the_order_asked(store: &dyn Store
     }
     assert_eq!(cold[0].vector, Some(vec![0.6, 0.8]));
     assert!(store.cold(&[]).expect("none").is_empty());
+}
+
+fn take_dropped_names_what_the_store_dropped_on_its_own_once(store: &dyn Store) {
+    let _ = store.take_dropped();
+    let first = store.put(entry(1, HOUR)).expect("put");
+    let second = store.put(entry(1, HOUR)).expect("the same key again");
+    assert_eq!(
+        store.take_dropped(),
+        vec![first],
+        "the entry the put replaced"
+    );
+    assert!(store.take_dropped().is_empty(), "named once");
+    let others: Vec<EntryId> = (2..=4)
+        .map(|n| store.put(entry(n, HOUR)).expect("put"))
+        .collect();
+    // Over a cap of 2: the two least recently used go.
+    store.sweep(unix_ms(), 2, u64::MAX).expect("sweep");
+    let mut evicted = store.take_dropped();
+    evicted.sort();
+    assert_eq!(evicted, vec![second, others[0]]);
+    assert_eq!(store.len(), 2);
+    assert!(store.take_dropped().is_empty());
 }
 
 fn sweep_removes_expired_entries(store: &dyn Store) {
