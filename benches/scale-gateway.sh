@@ -12,7 +12,8 @@
 # --pairs` over the 30 question/paraphrase pairs of paraphrases.txt in that namespace at each
 # concurrency (streamed semantic-hit TTFT against the big index; the embedding's texts per second of
 # model time from /admin/stats and /metrics), then its resident set (VmRSS). RSS per entry is
-# against a gateway on an empty store after the same serving phase. Sizes not in `--writer-sizes`
+# against a gateway on an empty store after the same serving phase (the raw measurements are kept
+# in target/scale-gateway-last/ as they come). Sizes not in `--writer-sizes`
 # (one graph insert at a time is hours at 1M) are written into sled with `--store-only`, and
 # measured restarting without a dump first (the rebuild), then with the dump it left. With `--before DIR` (a
 # `reprise` binary of another build) the restarts and the Redis load run both builds alternately.
@@ -62,6 +63,7 @@ model_flags=(--model-dir models/all-MiniLM-L6-v2 --ort-lib models/onnxruntime/li
   --max-entries 100000000 --max-bytes 1000000000000)
 results=$WORK/results.jsonl
 : >"$results"
+rm -rf target/scale-gateway-last
 
 python3 - "$WORK/pairs.jsonl" "$WORK/bank.jsonl" <<'PY'
 import json, sys
@@ -140,6 +142,10 @@ e = json.load(sys.stdin)["embedding"]
 print(e["batches"], e["texts"], e["fallback_reasons"]["overload"], sys.argv[1] or 0)' "$busy"
 }
 
+# keep: copies what the report is made of to target/scale-gateway-last/ (outside git), so a run
+# stopped early still leaves its measurements.
+keep() { mkdir -p target/scale-gateway-last && cp "$WORK"/results.jsonl "$WORK"/[sej]-*.* target/scale-gateway-last/ 2>/dev/null || true; }
+
 # serve NAME PORT PID SIZE KIND SIDE [EXTRA_JSON]: the serving phase, then one result line.
 serve() {
   local name=$1 port=$2 pid=$3 size=$4 kind=$5 side=$6 extra=${7:-"{}"} c code
@@ -166,6 +172,7 @@ row = {"name": name, "size": int(size), "kind": kind, "side": side, "rss_kib": i
 row.update(json.loads(extra))
 print(json.dumps(row))
 PY
+  keep
 }
 
 # The baseline: a gateway on an empty store, after the same serving phase.
@@ -214,9 +221,9 @@ for n in $sizes; do
   fi
   stop "$gw_pid"
   for kind in $kinds; do
-    order=$sides
-    [ "$kind" = rebuild ] && [ -n "$before" ] && order="after before"
-    for side in $order; do
+    # The current build first: each restart saves the dump the next one loads, and one left by
+    # a build that kept stale ids in its index (before ae4fa97) would make the next one rebuild.
+    for side in $(echo "$sides" | tr ' ' '\n' | sort); do
       b=$bin/reprise
       [ "$side" = before ] && b=$before/reprise
       [ "$kind" = rebuild ] && rm -rf "$data/index"
