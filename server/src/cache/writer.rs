@@ -146,6 +146,20 @@ fn put(
         // At debug: a failing store logs its state once, not once per answer.
         Err(err) => tracing::debug!(error = %err, "storing a cache entry failed"),
     }
+    // Now, before a disk-budget rebuild replaces the store and what it noted.
+    forget_dropped(store, index);
+}
+
+/// Removes from the index the entries the store dropped on its own (a put's older entry of the
+/// same key, evictions, expiry): searches would skip them anyway, but the index would hold their
+/// vectors and dump ids the store no longer has, and the next start would rebuild it whole.
+fn forget_dropped(store: &dyn Store, index: Option<&dyn VectorIndex>) {
+    let dropped = store.take_dropped();
+    if let Some(index) = index {
+        for id in dropped {
+            index.remove(id.0);
+        }
+    }
 }
 
 /// The writer thread's loop.
@@ -216,6 +230,7 @@ fn writer_loop(
                 return;
             }
         }
+        forget_dropped(store.as_ref(), index.as_deref());
         // Degraded (its disk failed): try to reopen it, busy or not; the store rate-limits this.
         if store.degraded().is_some() {
             store.recover();
@@ -231,6 +246,7 @@ fn writer_loop(
                 Err(err) => tracing::debug!(error = %err, "cache sweep failed"),
             }
             // sled's log may hold far more than the live entries: rebuild it past its budget.
+            forget_dropped(store.as_ref(), index.as_deref());
             store.enforce_disk_budget(budget.max_bytes);
             last_sweep = Instant::now();
             dirty = false;
@@ -357,6 +373,57 @@ mod tests {
             );
         }
         assert!(peak > MAX_BYTES / 2, "{peak}: answers too small to test");
+        assert!(writer.stop(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn the_index_forgets_what_the_store_dropped_replaced_and_evicted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(ResilientStore::new(
+            dir.path(),
+            SledStore::open(dir.path()).expect("open store"),
+        ));
+        let index = Arc::new(crate::index::HnswIndex::new(
+            crate::index::IndexConfig::new(2),
+        ));
+        let budget = Budget {
+            max_entries: 3,
+            max_bytes: u64::MAX,
+            sweep_interval_ms: 3_600_000,
+        };
+        let writer = Writer::start(store.clone(), Some(index.clone()), None, budget);
+        let with_vector = |n: u64, key: u64| {
+            let mut entry = long_answer(key);
+            entry.events.truncate(2);
+            entry.vector = Some(vec![1.0, n as f32]);
+            Box::new(entry)
+        };
+        // The same key twice: the first entry goes from the store, and from the index with it.
+        writer.send(WriteOp::Put(with_vector(1, 1)));
+        writer.send(WriteOp::Put(with_vector(2, 1)));
+        writer.flush(Duration::from_secs(30));
+        assert_eq!((store.len(), index.len()), (1, 1));
+        // Past the cap of 3 entries: the evicted one leaves the index too.
+        for n in 2..=4 {
+            writer.send(WriteOp::Put(with_vector(n + 1, n)));
+        }
+        writer.flush(Duration::from_secs(30));
+        assert_eq!((store.len(), index.len()), (3, 3));
+        let stored: std::collections::BTreeSet<u64> = store
+            .ids()
+            .expect("ids")
+            .into_iter()
+            .map(|id| id.0)
+            .collect();
+        let indexed: std::collections::BTreeSet<u64> = index
+            .scan_all(&[1.0, 0.0], -1.0, 10)
+            .into_iter()
+            .map(|n| n.id)
+            .collect();
+        assert_eq!(
+            indexed, stored,
+            "what a dump would hold is what the store holds"
+        );
         assert!(writer.stop(Duration::from_secs(30)));
     }
 

@@ -8,7 +8,8 @@
 //! never hand out a corrupt or half-written entry.
 //!
 //! # Three concerns
-//! - [`Store`]: entries and listing (get, replay, put, delete, touch, set_vector, list, counts).
+//! - [`Store`]: entries and listing (get, replay, put, delete, touch, set_vector, list, cold
+//!   halves for the index, counts).
 //!   It keeps the name because it is what callers name: `Arc<dyn Store>` is the handle passed
 //!   around, and the other halves are reached from it, so no call site names a second trait.
 //! - [`Upkeep`]: sweep, flush, caps, clear, health and recovery, the disk budget: the writer
@@ -62,6 +63,22 @@ pub use codec::CHUNK;
 pub use feed::{Change, Feed};
 pub use offload::Offload;
 pub use resilient::{Degraded, ResilientStore};
+
+/// The most dropped ids a store keeps for [`Store::take_dropped`]: a store that nobody drains (a
+/// tool, a test) must not grow without bound; past it the oldest go (their vectors then stay in
+/// the index until a search meets them, as before).
+pub const DROPPED_KEPT: usize = 1 << 20;
+
+/// Notes `ids` as dropped, for [`Store::take_dropped`].
+pub(crate) fn note_dropped(
+    dropped: &std::sync::Mutex<Vec<EntryId>>,
+    ids: impl IntoIterator<Item = EntryId>,
+) {
+    let mut dropped = crate::lock::lock(dropped);
+    dropped.extend(ids);
+    let excess = dropped.len().saturating_sub(DROPPED_KEPT);
+    dropped.drain(..excess);
+}
 
 /// The data-directory schema version this build reads and writes.
 pub const SCHEMA_VERSION: u32 = reprise_migrations::CURRENT;
@@ -184,6 +201,30 @@ pub trait Store: Upkeep {
     fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError>;
     /// Every stored entry id, without decoding the entries.
     fn ids(&self) -> Result<Vec<EntryId>, StoreError>;
+    /// Entries `ids` without their answers (`events` and `body` left empty), in `ids`' order,
+    /// skipping those gone or unreadable: what start-up and a rebuild of the vector index read
+    /// (vector, partition, route, prompt), a page at a time, so that a million entries are never
+    /// held at once and no answer is read. The default reads each whole entry and drops its answer.
+    fn cold(&self, ids: &[EntryId]) -> Result<Vec<Entry>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for &id in ids {
+            if let Some(mut entry) = self.get(id)? {
+                entry.events = Vec::new();
+                entry.body = serde_json::Value::Null;
+                out.push(entry);
+            }
+        }
+        Ok(out)
+    }
+    /// The ids of entries this store dropped on its own since the last call: the older entry a put
+    /// of the same key replaced, entries evicted to hold the caps, expired or found unreadable (and
+    /// deleted ones). Whoever mirrors the store drains them: the cache's writer removes them from
+    /// the vector index, which would otherwise keep them until a search met them, and would dump
+    /// an id set the store no longer has, so the next start rebuilt the whole index instead of
+    /// loading its dump. At most [`DROPPED_KEPT`] are kept between two calls.
+    fn take_dropped(&self) -> Vec<EntryId> {
+        Vec::new()
+    }
     /// Number of entries, O(1).
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {

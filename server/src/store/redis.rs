@@ -227,6 +227,8 @@ pub struct RedisStore {
     /// This replica's name: with `claims`, makes every claim token unique across replicas.
     replica: String,
     claims: AtomicU64,
+    /// Entries this replica removed or found expired since [`Store::take_dropped`] last took them.
+    dropped: Mutex<Vec<EntryId>>,
     /// [`HIT`], hashed once.
     hit: ::redis::Script,
 }
@@ -250,6 +252,7 @@ impl RedisStore {
             counted_at: Mutex::new(None),
             replica: replica.to_owned(),
             claims: AtomicU64::new(0),
+            dropped: Mutex::new(Vec::new()),
             hit: ::redis::Script::new(HIT),
         })
     }
@@ -478,6 +481,7 @@ impl RedisStore {
                     removed += 1;
                 }
             }
+            super::note_dropped(&self.dropped, batch.iter().map(|(id, _)| *id));
         }
         let _ = self
             .len
@@ -524,6 +528,8 @@ impl RedisStore {
             .rows()?
             .into_iter()
             .partition(|(_, row)| row.expired(now));
+        // Redis dropped their keys at their expiry without a word to anyone.
+        super::note_dropped(&self.dropped, expired.iter().map(|(id, _)| *id));
         for batch in expired.chunks(BATCH) {
             self.with(|c| {
                 let mut hdel = ::redis::cmd("HDEL");
@@ -728,6 +734,38 @@ impl Store for RedisStore {
 
     fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
         self.live_ids()
+    }
+
+    fn take_dropped(&self) -> Vec<EntryId> {
+        std::mem::take(&mut *self.dropped.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// One round trip per node for the whole page (a `GET` per cold half, split by slot), instead
+    /// of a listing that reads the registry again for every page.
+    fn cold(&self, ids: &[EntryId]) -> Result<Vec<Entry>, StoreError> {
+        let cmds = ids
+            .iter()
+            .map(|id| {
+                let mut get = ::redis::cmd("GET");
+                get.arg(cold_key(*id));
+                get
+            })
+            .collect();
+        let replies = self.with(|c| c.batch(cmds))?;
+        let mut out = Vec::with_capacity(ids.len());
+        for (&id, reply) in ids.iter().zip(replies) {
+            let raw = match reply {
+                Value::BulkString(raw) => raw,
+                // Expired or deleted since the ids were read.
+                Value::Nil => continue,
+                _ => return Err(StoreError::Redis("an unexpected reply to GET".into())),
+            };
+            match decode(id, &raw, false) {
+                Ok(entry) => out.push(entry),
+                Err(e) => debug!(%id, error = %e, "skipping a corrupt entry in redis"),
+            }
+        }
+        Ok(out)
     }
 
     fn len(&self) -> usize {

@@ -502,6 +502,17 @@ impl Store for ResilientStore {
         self.with(|| Ok(Vec::new()), |s| s.ids())
     }
 
+    fn take_dropped(&self) -> Vec<EntryId> {
+        match &self.redis {
+            Some(redis) => redis.take_dropped(),
+            None => self.current().map_or_else(Vec::new, |s| s.take_dropped()),
+        }
+    }
+
+    fn cold(&self, ids: &[EntryId]) -> Result<Vec<Entry>, StoreError> {
+        self.with(|| Ok(Vec::new()), |s| s.cold(ids))
+    }
+
     fn len(&self) -> usize {
         match &self.redis {
             Some(redis) => redis.len(),

@@ -88,6 +88,8 @@ pub struct SledStore {
     /// The caps every write holds (see [`Upkeep::set_caps`]); unlimited until set.
     max_entries: AtomicUsize,
     max_bytes: AtomicU64,
+    /// Entries removed since [`Store::take_dropped`] last took them.
+    dropped: Mutex<Vec<EntryId>>,
 }
 
 /// The id floor recorded in `meta`.
@@ -374,6 +376,7 @@ impl SledStore {
             max_bytes: AtomicU64::new(u64::MAX),
             ledger: Mutex::new(ledger),
             quarantine: Mutex::new(HashSet::new()),
+            dropped: Mutex::new(Vec::new()),
         })
     }
 
@@ -654,6 +657,7 @@ impl SledStore {
             ledger.remove(id);
         }
         self.publish(ledger);
+        super::note_dropped(&self.dropped, ids.iter().map(|&id| EntryId(id)));
         Ok(removed)
     }
 
@@ -749,6 +753,7 @@ impl Store for SledStore {
                 .map_err(storage_error)?;
             if let Some(old_id) = replaced {
                 ledger.remove(old_id);
+                super::note_dropped(&self.dropped, [EntryId(old_id)]);
             }
             ledger.insert(slot);
             self.publish(&ledger);
@@ -787,6 +792,24 @@ impl Store for SledStore {
         for key in self.entries.iter().keys() {
             if let Some(id) = parse_id(&key?) {
                 out.push(EntryId(id));
+            }
+        }
+        Ok(out)
+    }
+
+    fn take_dropped(&self) -> Vec<EntryId> {
+        std::mem::take(&mut *crate::lock::lock(&self.dropped))
+    }
+
+    fn cold(&self, ids: &[EntryId]) -> Result<Vec<Entry>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let Some(raw) = self.entries.get(id.0.to_be_bytes())? else {
+                continue;
+            };
+            // The cold half alone: no replay read, no answer decoded.
+            if let Some((entry, _)) = self.read_cold(id, raw)? {
+                out.push(entry);
             }
         }
         Ok(out)

@@ -93,6 +93,8 @@ contract!(
     set_vector_fills_a_missing_vector_once,
     list_and_list_newest_page_in_id_order,
     ids_len_and_bytes_count_what_is_stored,
+    cold_reads_entries_without_their_answers_in_the_order_asked,
+    take_dropped_names_what_the_store_dropped_on_its_own_once,
     sweep_removes_expired_entries,
     caps_evict_the_least_recently_used,
     clear_removes_everything_and_ids_are_never_reused,
@@ -256,6 +258,56 @@ fn ids_len_and_bytes_count_what_is_stored(store: &dyn Store) {
     assert!(store.delete(a).expect("delete"));
     assert_eq!(store.len(), 1);
     assert_eq!(store.ids().expect("ids"), vec![b]);
+}
+
+fn cold_reads_entries_without_their_answers_in_the_order_asked(store: &dyn Store) {
+    let a = store.put(entry(1, HOUR)).expect("put");
+    let mut with_vector = entry(2, HOUR);
+    with_vector.vector = Some(vec![0.6, 0.8]);
+    let b = store.put(with_vector).expect("put");
+    let c = store.put(entry(3, HOUR)).expect("put");
+    assert!(store.delete(c).expect("delete"));
+    let cold = store.cold(&[b, EntryId(u64::MAX - 1), a, c]).expect("cold");
+    assert_eq!(
+        ids_of(&cold),
+        vec![b, a],
+        "in the order asked, the missing skipped"
+    );
+    for read in &cold {
+        let whole = store.get(read.id).expect("get").expect("there");
+        assert!(read.events.is_empty() && read.body.is_null(), "no answer");
+        assert!(!whole.events.is_empty(), "the entry has one");
+        let answerless = Entry {
+            events: Vec::new(),
+            body: serde_json::Value::Null,
+            ..whole
+        };
+        assert_eq!(*read, answerless, "the rest as stored");
+    }
+    assert_eq!(cold[0].vector, Some(vec![0.6, 0.8]));
+    assert!(store.cold(&[]).expect("none").is_empty());
+}
+
+fn take_dropped_names_what_the_store_dropped_on_its_own_once(store: &dyn Store) {
+    let _ = store.take_dropped();
+    let first = store.put(entry(1, HOUR)).expect("put");
+    let second = store.put(entry(1, HOUR)).expect("the same key again");
+    assert_eq!(
+        store.take_dropped(),
+        vec![first],
+        "the entry the put replaced"
+    );
+    assert!(store.take_dropped().is_empty(), "named once");
+    let others: Vec<EntryId> = (2..=4)
+        .map(|n| store.put(entry(n, HOUR)).expect("put"))
+        .collect();
+    // Over a cap of 2: the two least recently used go.
+    store.sweep(unix_ms(), 2, u64::MAX).expect("sweep");
+    let mut evicted = store.take_dropped();
+    evicted.sort();
+    assert_eq!(evicted, vec![second, others[0]]);
+    assert_eq!(store.len(), 2);
+    assert!(store.take_dropped().is_empty());
 }
 
 fn sweep_removes_expired_entries(store: &dyn Store) {
