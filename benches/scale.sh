@@ -12,8 +12,15 @@
 #                         [--out FILE]
 #   Writes benches/results/<date>-scale.md by default. 1M vectors take about 2 GB for the vectors
 #   and exact answers plus the index, and tens of minutes to build on two cores.
+#        benches/scale.sh --gateway [flags of benches/scale-gateway.sh]: the whole gateway at scale
+#   (RSS per entry, start-up with and without a dump and from Redis, semantic-hit TTFT, embedding
+#   capacity), written to benches/results/<date>-scale-gateway.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --gateway ]; then
+  shift
+  exec benches/scale-gateway.sh "$@"
+fi
 
 sizes="100000 1000000"
 ms="16"

@@ -222,7 +222,7 @@ impl Semantic {
     /// The stage around a loaded embedder: the index, its maintenance and the backfill.
     fn around(embedder: Arc<Embedder>, config: &Config, store: &Arc<dyn Store>) -> Arc<Self> {
         let index_dir = config.data_dir.join("index");
-        let (index, unembedded) = load_or_rebuild(&index_dir, embedder.dimension(), store.as_ref());
+        let (index, unembedded) = load_or_rebuild(&index_dir, embedder.dimension(), store);
         if !unembedded.is_empty() {
             tracing::info!(
                 entries = unembedded.len(),
@@ -311,12 +311,13 @@ impl Semantic {
         if !self.index.begin_rebuild() {
             return false;
         }
-        let (items, _unembedded) = stored_vectors(store);
-        let count = items.len();
-        self.index.finish(HnswIndex::build(
+        let (ids, _unembedded) = stored_ids(store);
+        let built = HnswIndex::build(
             index_config(self.embedder.dimension()),
-            items,
-        ));
+            StoredVectors::new(store, ids),
+        );
+        let count = built.len();
+        self.index.finish(built);
         tracing::info!(
             vectors = count,
             "vector index rebuilt from the shared store"
@@ -481,35 +482,87 @@ pub fn index_config(dimension: usize) -> IndexConfig {
     }
 }
 
-/// One stored vector: entry id, partition, vector.
-type StoredVector = (u64, [u8; 32], Vec<f32>);
+/// Entries read per store call at start-up and in a rebuild: one round trip to Redis each.
+const PAGE: usize = 512;
 
-/// Every vector the store holds, for a rebuild, and the ids of the entries that should have a
-/// vector and have none (for the backfill).
-fn stored_vectors(store: &dyn Store) -> (Vec<StoredVector>, Vec<u64>) {
-    let mut items = Vec::new();
+/// The ids of the stored entries that have a vector (what the index must hold), and of those
+/// that should have one and have none (for the backfill). Reads the cold halves a page at a time
+/// and keeps no vector: at a million entries, holding them all as f32 took 1.5 GB beside the index.
+fn stored_ids(store: &dyn Store) -> (BTreeSet<u64>, Vec<u64>) {
+    let mut with_vector = BTreeSet::new();
     let mut unembedded = Vec::new();
-    let mut after = None;
-    loop {
-        let page = match store.list(after, 1000) {
-            Ok(p) => p,
+    let ids = match store.ids() {
+        Ok(ids) => ids,
+        Err(err) => {
+            tracing::warn!(error = %err, "reading stored entry ids failed");
+            return (with_vector, unembedded);
+        }
+    };
+    for page in ids.chunks(PAGE) {
+        let entries = match store.cold(page) {
+            Ok(entries) => entries,
             Err(err) => {
                 tracing::warn!(error = %err, "reading stored vectors failed");
                 break;
             }
         };
-        let Some(last) = page.last() else { break };
-        after = Some(last.id);
-        for entry in page {
+        for entry in entries {
             if wants_vector(&entry) {
                 unembedded.push(entry.id.0);
             }
-            if let Some(vector) = entry.vector {
-                items.push((entry.id.0, entry.partition.0, vector));
+            if entry.vector.is_some() {
+                with_vector.insert(entry.id.0);
             }
         }
     }
-    (items, unembedded)
+    (with_vector, unembedded)
+}
+
+/// The stored vectors of `ids`, read from the store a page at a time as the index build consumes
+/// them (the build encodes each as it comes), so no more than a page of f32 vectors is held.
+/// An entry deleted since its id was read is skipped; one changed since is read as it is now
+/// (a rebuild replays the changes made meanwhile on top).
+struct StoredVectors<S> {
+    store: S,
+    ids: std::vec::IntoIter<u64>,
+    page: std::vec::IntoIter<Entry>,
+}
+
+impl<S: std::ops::Deref<Target = T>, T: Store + ?Sized> StoredVectors<S> {
+    fn new(store: S, ids: BTreeSet<u64>) -> Self {
+        Self {
+            store,
+            ids: ids.into_iter().collect::<Vec<_>>().into_iter(),
+            page: Vec::new().into_iter(),
+        }
+    }
+}
+
+impl<S: std::ops::Deref<Target = T>, T: Store + ?Sized> Iterator for StoredVectors<S> {
+    type Item = (u64, [u8; 32], Vec<f32>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            for entry in self.page.by_ref() {
+                if let Some(vector) = entry.vector {
+                    return Some((entry.id.0, entry.partition.0, vector));
+                }
+            }
+            let ids: Vec<EntryId> = self.ids.by_ref().take(PAGE).map(EntryId).collect();
+            if ids.is_empty() {
+                return None;
+            }
+            match self.store.cold(&ids) {
+                Ok(entries) => self.page = entries.into_iter(),
+                Err(err) => {
+                    // The rest is not indexed: the entries stay reachable by exact key, and the
+                    // next rebuild (tombstones, a resync) reads them again.
+                    tracing::warn!(error = %err, "reading stored vectors failed; the index misses the rest");
+                    return None;
+                }
+            }
+        }
+    }
 }
 
 /// Loads the dump when it matches the store. Otherwise the gateway starts with an empty index and
@@ -518,11 +571,10 @@ fn stored_vectors(store: &dyn Store) -> (Vec<StoredVector>, Vec<u64>) {
 fn load_or_rebuild(
     dir: &Path,
     dimension: usize,
-    store: &dyn Store,
+    store: &Arc<dyn Store>,
 ) -> (Arc<SwappableIndex>, Vec<u64>) {
     let started = std::time::Instant::now();
-    let (items, unembedded) = stored_vectors(store);
-    let expected: BTreeSet<u64> = items.iter().map(|(id, _, _)| *id).collect();
+    let (expected, unembedded) = stored_ids(store.as_ref());
     let reason = match HnswIndex::load(dir, index_config(dimension), &expected) {
         Ok(index) => {
             tracing::info!(
@@ -534,23 +586,26 @@ fn load_or_rebuild(
         }
         Err(reason) => reason,
     };
-    if items.is_empty() {
+    if expected.is_empty() {
         return (
             SwappableIndex::ready(HnswIndex::new(index_config(dimension))),
             unembedded,
         );
     }
     let live = SwappableIndex::building(HnswIndex::new(index_config(dimension)));
-    let count = items.len();
+    let count = expected.len();
     tracing::warn!(vectors = count, %reason, "rebuilding the vector index in the background; semantic hits resume when it is done");
     let target = live.clone();
+    let store = store.clone();
     let spawned = std::thread::Builder::new()
         .name("reprise-index-build".into())
         .spawn(move || {
-            let built = HnswIndex::build(index_config(dimension), items);
+            let built =
+                HnswIndex::build(index_config(dimension), StoredVectors::new(store, expected));
+            let vectors = built.len();
             target.finish(built);
             tracing::info!(
-                vectors = count,
+                vectors,
                 ms = started.elapsed().as_millis() as u64,
                 "vector index rebuilt from the store"
             );
@@ -678,6 +733,72 @@ mod tests {
             .max(f32::EPSILON);
         v.iter_mut().for_each(|x| *x /= n);
         v
+    }
+
+    /// An entry in partition 1 with the prompt `question {n}`, a vector when `vector`.
+    fn stored(n: u64, vector: bool) -> Entry {
+        Entry {
+            id: EntryId(0),
+            key: crate::key::CacheKey(*blake3::hash(&n.to_le_bytes()).as_bytes()),
+            partition: crate::key::PartitionKey([1; 32]),
+            summary: crate::entry::RequestSummary {
+                route: "chat.completions".into(),
+                model: "m".into(),
+                namespace: None,
+                tenant: "shared".into(),
+                prompt: format!("question {n}"),
+                stream: false,
+            },
+            events: Vec::new(),
+            body: serde_json::json!({"choices": [{"message": {"content": "answer"}}]}),
+            usage: None,
+            phases: crate::timing::Phases::default(),
+            created_at_ms: unix_ms(),
+            ttl_ms: 60_000,
+            hit_count: 0,
+            last_hit_ms: 0,
+            vector: vector.then(|| unit(n as u32)),
+            hit_history: Vec::new(),
+            warmed: false,
+        }
+    }
+
+    #[test]
+    fn start_up_reads_ids_then_streams_each_stored_vector_once_page_by_page() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = crate::store::SledStore::open(dir.path()).expect("open");
+        // More than two pages, every third entry without a vector.
+        let n = 2 * PAGE as u64 + 7;
+        let mut with_vector = BTreeSet::new();
+        let mut without = Vec::new();
+        for i in 0..n {
+            let id = store.put(stored(i, i % 3 != 0)).expect("put").0;
+            if i % 3 == 0 {
+                without.push(id);
+            } else {
+                with_vector.insert(id);
+            }
+        }
+        let (ids, unembedded) = stored_ids(&store);
+        assert_eq!(ids, with_vector);
+        assert_eq!(unembedded, without, "the backfill gets the rest");
+        // Deleted after its id was read: skipped, not an error.
+        let gone = *ids.iter().nth(PAGE + 1).expect("an id on the second page");
+        assert!(store.delete(EntryId(gone)).expect("delete"));
+        let streamed: Vec<(u64, [u8; 32], Vec<f32>)> = StoredVectors::new(&store, ids).collect();
+        let expected: Vec<u64> = with_vector
+            .iter()
+            .copied()
+            .filter(|id| *id != gone)
+            .collect();
+        assert_eq!(streamed.iter().map(|s| s.0).collect::<Vec<_>>(), expected);
+        for (id, partition, vector) in &streamed {
+            let entry = store.get(EntryId(*id)).expect("get").expect("there");
+            assert_eq!(
+                (*partition, Some(vector.clone())),
+                (entry.partition.0, entry.vector)
+            );
+        }
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! never hand out a corrupt or half-written entry.
 //!
 //! # Three concerns
-//! - [`Store`]: entries and listing (get, replay, put, delete, touch, set_vector, list, counts).
+//! - [`Store`]: entries and listing (get, replay, put, delete, touch, set_vector, list, cold
+//!   halves for the index, counts).
 //!   It keeps the name because it is what callers name: `Arc<dyn Store>` is the handle passed
 //!   around, and the other halves are reached from it, so no call site names a second trait.
 //! - [`Upkeep`]: sweep, flush, caps, clear, health and recovery, the disk budget: the writer
@@ -184,6 +185,21 @@ pub trait Store: Upkeep {
     fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError>;
     /// Every stored entry id, without decoding the entries.
     fn ids(&self) -> Result<Vec<EntryId>, StoreError>;
+    /// Entries `ids` without their answers (`events` and `body` left empty), in `ids`' order,
+    /// skipping those gone or unreadable: what start-up and a rebuild of the vector index read
+    /// (vector, partition, route, prompt), a page at a time, so that a million entries are never
+    /// held at once and no answer is read. The default reads each whole entry and drops its answer.
+    fn cold(&self, ids: &[EntryId]) -> Result<Vec<Entry>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for &id in ids {
+            if let Some(mut entry) = self.get(id)? {
+                entry.events = Vec::new();
+                entry.body = serde_json::Value::Null;
+                out.push(entry);
+            }
+        }
+        Ok(out)
+    }
     /// Number of entries, O(1).
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {

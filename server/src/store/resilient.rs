@@ -502,6 +502,10 @@ impl Store for ResilientStore {
         self.with(|| Ok(Vec::new()), |s| s.ids())
     }
 
+    fn cold(&self, ids: &[EntryId]) -> Result<Vec<Entry>, StoreError> {
+        self.with(|| Ok(Vec::new()), |s| s.cold(ids))
+    }
+
     fn len(&self) -> usize {
         match &self.redis {
             Some(redis) => redis.len(),

@@ -792,6 +792,20 @@ impl Store for SledStore {
         Ok(out)
     }
 
+    fn cold(&self, ids: &[EntryId]) -> Result<Vec<Entry>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let Some(raw) = self.entries.get(id.0.to_be_bytes())? else {
+                continue;
+            };
+            // The cold half alone: no replay read, no answer decoded.
+            if let Some((entry, _)) = self.read_cold(id, raw)? {
+                out.push(entry);
+            }
+        }
+        Ok(out)
+    }
+
     fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
     }

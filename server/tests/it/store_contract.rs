@@ -93,6 +93,7 @@ contract!(
     set_vector_fills_a_missing_vector_once,
     list_and_list_newest_page_in_id_order,
     ids_len_and_bytes_count_what_is_stored,
+    cold_reads_entries_without_their_answers_in_the_order_asked,
     sweep_removes_expired_entries,
     caps_evict_the_least_recently_used,
     clear_removes_everything_and_ids_are_never_reused,
@@ -256,6 +257,34 @@ fn ids_len_and_bytes_count_what_is_stored(store: &dyn Store) {
     assert!(store.delete(a).expect("delete"));
     assert_eq!(store.len(), 1);
     assert_eq!(store.ids().expect("ids"), vec![b]);
+}
+
+fn cold_reads_entries_without_their_answers_in_the_order_asked(store: &dyn Store) {
+    let a = store.put(entry(1, HOUR)).expect("put");
+    let mut with_vector = entry(2, HOUR);
+    with_vector.vector = Some(vec![0.6, 0.8]);
+    let b = store.put(with_vector).expect("put");
+    let c = store.put(entry(3, HOUR)).expect("put");
+    assert!(store.delete(c).expect("delete"));
+    let cold = store.cold(&[b, EntryId(u64::MAX - 1), a, c]).expect("cold");
+    assert_eq!(
+        ids_of(&cold),
+        vec![b, a],
+        "in the order asked, the missing skipped"
+    );
+    for read in &cold {
+        let whole = store.get(read.id).expect("get").expect("there");
+        assert!(read.events.is_empty() && read.body.is_null(), "no answer");
+        assert!(!whole.events.is_empty(), "the entry has one");
+        let answerless = Entry {
+            events: Vec::new(),
+            body: serde_json::Value::Null,
+            ..whole
+        };
+        assert_eq!(*read, answerless, "the rest as stored");
+    }
+    assert_eq!(cold[0].vector, Some(vec![0.6, 0.8]));
+    assert!(store.cold(&[]).expect("none").is_empty());
 }
 
 fn sweep_removes_expired_entries(store: &dyn Store) {
