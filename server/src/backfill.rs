@@ -34,12 +34,8 @@ const AFTER_REFUSAL: Duration = Duration::from_millis(25);
 
 /// Whether an entry is meant to carry a vector: embeddings answers and empty prompts never do.
 pub(crate) fn wants_vector(entry: &Entry) -> bool {
-    entry.vector.is_none() && has_semantic_text(entry)
-}
-
-/// Whether an entry's prompt is matched semantically (what a vector is made of).
-fn has_semantic_text(entry: &Entry) -> bool {
-    crate::api::named(&entry.summary.route).is_none_or(|api| api.semantic())
+    entry.vector.is_none()
+        && crate::api::named(&entry.summary.route).is_none_or(|api| api.semantic())
         && !entry.summary.prompt.trim().is_empty()
 }
 
@@ -249,10 +245,16 @@ impl Worker {
                 break;
             };
             self.counters.pending.fetch_sub(1, Ordering::Relaxed);
-            let entry = self.store.get(EntryId(id)).ok().flatten();
+            // The cold half alone: the answer is not needed, and a re-embedding reads every entry.
+            let entry = self
+                .store
+                .cold(&[EntryId(id)])
+                .ok()
+                .and_then(|mut e| e.pop());
             if self.stale.remove(&id) {
-                // Expired ones too: their old vector must not reach the index at the next start.
-                match entry.filter(has_semantic_text) {
+                // Every one, expired or not: no vector of the old model may stay in the store once
+                // the record names the new one, or the next start would index it.
+                match entry {
                     Some(entry) => entries.push(entry),
                     None => self.settle(true),
                 }
