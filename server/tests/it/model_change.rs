@@ -70,16 +70,20 @@ impl EmbedModel for Letters {
     }
 }
 
-/// `text` with every letter one place back in the alphabet (see [`Letters`]).
-fn shifted_back(text: &str) -> String {
+/// `text` with every letter `n` places back in the alphabet (see [`Letters`]).
+fn shifted_back_by(n: u8, text: &str) -> String {
     text.chars()
         .map(|c| match c {
-            'a' => 'z',
-            'A' => 'Z',
-            'b'..='z' | 'B'..='Z' => char::from(c as u8 - 1),
+            'a'..='z' => char::from(b'a' + (c as u8 - b'a' + 26 - n) % 26),
+            'A'..='Z' => char::from(b'A' + (c as u8 - b'A' + 26 - n) % 26),
             other => other,
         })
         .collect()
+}
+
+/// `text` with every letter one place back: under version 1, version 0's vector of `text`.
+fn shifted_back(text: &str) -> String {
+    shifted_back_by(1, text)
 }
 
 async fn gateway(upstream: String, dir: &Path, model: Letters) -> Gateway {
@@ -320,5 +324,81 @@ async fn another_model_re_embeds_the_store_and_never_matches_the_old_vectors() {
         "{again}"
     );
     assert_eq!(ask(&gw, "HOW DO I RESET MY PASSWORD").await, "semantic-hit");
+    gw.shutdown().await.expect("shutdown");
+}
+
+/// A second change of model while a re-embedding is unfinished: the store holds vectors of two
+/// models (A's, and B's for what B reached); a gateway with model C re-embeds all of them, and
+/// neither A's nor B's vectors are ever matched.
+#[tokio::test]
+async fn a_second_model_change_mid_way_re_embeds_everything_with_the_third() {
+    let sim = quick_sim().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    const OTHER: &str = "Which port does the admin API listen on?";
+    let version = |fingerprint, shift, fails_on| Letters {
+        fingerprint,
+        shift,
+        fails_on,
+    };
+
+    let gw = gateway(sim.base_url(), dir.path(), version("model-a", 0, None)).await;
+    assert_eq!(ask(&gw, QUESTION).await, "miss");
+    assert_eq!(ask(&gw, OTHER).await, "miss");
+    wait_for_entries(&gw, 2).await;
+    gw.shutdown().await.expect("shutdown");
+
+    // B re-embeds QUESTION and fails on OTHER: B's vector of one, A's of the other, a marker.
+    let b = version("model-b", 1, Some(OTHER));
+    let gw = gateway_batching(sim.base_url(), dir.path(), b, 1).await;
+    let progress = reembedded(&gw).await;
+    assert_eq!(
+        (&progress["done"], &progress["failed"]),
+        (&Value::from(1), &Value::from(1))
+    );
+    gw.shutdown().await.expect("shutdown");
+
+    // C, failing on OTHER too: OTHER keeps A's vector, the marker now names C.
+    let c = version("model-c", 2, Some(OTHER));
+    let gw = gateway_batching(sim.base_url(), dir.path(), c, 1).await;
+    let progress = reembedded(&gw).await;
+    assert_eq!(
+        (&progress["from"], &progress["to"], &progress["total"]),
+        (
+            &Value::from("model-b"),
+            &Value::from("model-c"),
+            &Value::from(2)
+        ),
+        "{progress}"
+    );
+    assert_eq!(
+        (&progress["done"], &progress["failed"]),
+        (&Value::from(1), &Value::from(1))
+    );
+    assert_eq!(
+        health(&gw).await["semantic"]["vectors"],
+        1,
+        "C's vector of QUESTION alone"
+    );
+    // Under C, these embed to B's vector of QUESTION and A's of OTHER.
+    for text in [shifted_back_by(1, QUESTION), shifted_back_by(2, OTHER)] {
+        assert_ne!(probe(&gw, &text).await, "semantic-hit", "{text}");
+    }
+    assert_eq!(ask(&gw, REWORDED).await, "semantic-hit");
+    gw.shutdown().await.expect("shutdown");
+
+    // C again, working: all re-embedded, C recorded.
+    let gw = gateway(sim.base_url(), dir.path(), version("model-c", 2, None)).await;
+    let progress = reembedded(&gw).await;
+    assert_eq!(
+        (&progress["from"], &progress["finished"]),
+        (&Value::from("model-c"), &Value::from(true)),
+        "{progress}"
+    );
+    assert_eq!(recorded(dir.path()), "model-c");
+    assert!(!dir.path().join(MIGRATION_FILE).exists());
+    assert_eq!(
+        ask(&gw, "which port does the admin api listen on").await,
+        "semantic-hit"
+    );
     gw.shutdown().await.expect("shutdown");
 }
