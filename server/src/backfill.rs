@@ -5,6 +5,10 @@
 //! The cache's writer thread names each entry it stores without a vector; at start the store's
 //! entries without one are named too. One thread embeds their prompts, writes the vectors to the
 //! store, then adds them to the index, so the entries become semantic candidates like any other.
+//!
+//! After a change of embedding model it also re-embeds a local store (see [`crate::reembed`]): the
+//! entries whose stored vector is the old model's are named at start, and the same thread replaces
+//! each of those vectors with the running model's before the entry enters the index.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +20,7 @@ use crate::embed::{EmbedError, Embedder, Queued};
 use crate::entry::{Entry, EntryId};
 use crate::index::VectorIndex;
 use crate::lock::lock;
+use crate::reembed::{Migration, Reembedding};
 use crate::store::Store;
 use crate::timing::unix_ms;
 
@@ -35,7 +40,7 @@ pub(crate) fn wants_vector(entry: &Entry) -> bool {
 }
 
 /// Counters of the backfill, for `/admin/stats`.
-#[derive(Debug, Default, Clone, Copy, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Default, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct BackfillStats {
     /// Entries waiting for their vector.
     pub pending: u64,
@@ -43,6 +48,8 @@ pub struct BackfillStats {
     pub embedded: u64,
     /// Entries whose embedding failed (left without a vector, exact matches only).
     pub failed: u64,
+    /// The re-embedding of the store after a change of model, when this start began one.
+    pub reembedding: Option<Reembedding>,
 }
 
 /// The handle: a channel to the backfill thread.
@@ -50,6 +57,7 @@ pub struct Backfill {
     tx: Mutex<Option<Sender<u64>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     counters: Arc<Counters>,
+    migration: Option<Arc<Migration>>,
 }
 
 #[derive(Default)]
@@ -67,17 +75,34 @@ impl Backfill {
         store: Arc<dyn Store>,
         initial: Vec<u64>,
     ) -> Arc<Self> {
+        Self::start_reembedding(embedder, index, store, initial, BTreeSet::new(), None)
+    }
+
+    /// As [`Backfill::start`], and replaces the vectors of `stale` (entries whose vector is
+    /// another model's, none of them in the index) with the running model's, reporting to
+    /// `migration`.
+    pub(crate) fn start_reembedding(
+        embedder: Arc<Embedder>,
+        index: Arc<dyn VectorIndex>,
+        store: Arc<dyn Store>,
+        initial: Vec<u64>,
+        stale: BTreeSet<u64>,
+        migration: Option<Arc<Migration>>,
+    ) -> Arc<Self> {
         let (tx, rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
+        let pending: BTreeSet<u64> = initial.into_iter().chain(stale.iter().copied()).collect();
         counters
             .pending
-            .store(initial.len() as u64, Ordering::Relaxed);
+            .store(pending.len() as u64, Ordering::Relaxed);
         let worker = Worker {
             embedder,
             index,
             store,
             counters: Arc::clone(&counters),
-            pending: initial.into_iter().collect(),
+            pending,
+            stale,
+            migration: migration.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("reprise-backfill".into())
@@ -88,6 +113,7 @@ impl Backfill {
             tx: Mutex::new(Some(tx)),
             thread: Mutex::new(thread),
             counters,
+            migration,
         })
     }
 
@@ -106,6 +132,7 @@ impl Backfill {
             pending: get(&self.counters.pending),
             embedded: get(&self.counters.embedded),
             failed: get(&self.counters.failed),
+            reembedding: self.migration.as_ref().map(|m| m.progress()),
         }
     }
 
@@ -132,6 +159,9 @@ struct Worker {
     counters: Arc<Counters>,
     /// Ids in order: the oldest entries get their vectors first.
     pending: BTreeSet<u64>,
+    /// Of those, the entries whose stored vector is another model's (a re-embedding).
+    stale: BTreeSet<u64>,
+    migration: Option<Arc<Migration>>,
 }
 
 /// A backfill batch in the embed queue or the model.
@@ -215,7 +245,20 @@ impl Worker {
                 break;
             };
             self.counters.pending.fetch_sub(1, Ordering::Relaxed);
-            if let Some(entry) = self.store.get(EntryId(id)).ok().flatten() {
+            // The cold half alone: the answer is not needed, and a re-embedding reads every entry.
+            let entry = self
+                .store
+                .cold(&[EntryId(id)])
+                .ok()
+                .and_then(|mut e| e.pop());
+            if self.stale.remove(&id) {
+                // Every one, expired or not: no vector of the old model may stay in the store once
+                // the record names the new one, or the next start would index it.
+                match entry {
+                    Some(entry) => entries.push(entry),
+                    None => self.settle(true),
+                }
+            } else if let Some(entry) = entry {
                 if wants_vector(&entry) && !entry.is_expired(now) {
                     entries.push(entry);
                 }
@@ -242,12 +285,29 @@ impl Worker {
         self.counters
             .failed
             .fetch_add(entries.len() as u64, Ordering::Relaxed);
+        for _ in entries.iter().filter(|e| e.vector.is_some()) {
+            self.settle(false);
+        }
+    }
+
+    /// Counts a stale entry as settled, when a re-embedding runs.
+    fn settle(&self, ok: bool) {
+        if let Some(migration) = &self.migration {
+            migration.settle(ok, self.store.as_ref());
+        }
     }
 
     /// Stores the vectors, then indexes them (the index names only entries the store holds).
+    /// An entry that had a vector when it was read is a stale one: its vector is replaced.
     fn write(&self, entries: &[Entry], vectors: Vec<Vec<f32>>) {
         for (entry, vector) in entries.iter().zip(vectors) {
-            match self.store.set_vector(entry.id, &vector) {
+            let stale = entry.vector.is_some();
+            let written = if stale {
+                self.store.replace_vector(entry.id, &vector)
+            } else {
+                self.store.set_vector(entry.id, &vector)
+            };
+            match written {
                 Ok(true) => {
                     self.index.insert(entry.id.0, entry.partition.0, &vector);
                     self.counters.embedded.fetch_add(1, Ordering::Relaxed);
@@ -257,7 +317,14 @@ impl Worker {
                 Err(err) => {
                     tracing::warn!(error = %err, id = %entry.id, "storing a backfilled vector failed");
                     self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    if stale {
+                        self.settle(false);
+                    }
+                    continue;
                 }
+            }
+            if stale {
+                self.settle(true);
             }
         }
     }

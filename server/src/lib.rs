@@ -40,7 +40,8 @@
 //! responses), [`admin`] (authenticated operator routes), [`shadow`] and [`feedback`] (what
 //! semantic matching would have served in shadow mode, and operators' verdicts that veto or approve
 //! matches; the lookup consults them), [`serve`] (connections: timeouts, the connection cap, refused
-//! request heads), [`state`] (the shared `AppState` and how it is assembled at start), and
+//! request heads), [`state`] (the shared `AppState` and how it is assembled at start), [`reembed`]
+//! (a local store re-embedded at start after a change of embedding model), and
 //! [`app`]/[`run`] here.
 
 #![warn(unreachable_pub)]
@@ -66,6 +67,7 @@ pub mod outcome;
 pub(crate) mod pipeline;
 pub mod policy;
 pub mod record;
+pub mod reembed;
 pub mod render;
 pub mod replica;
 pub mod savings;
@@ -169,6 +171,8 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
             "fallback_reasons": s.fallbacks(),
             // Entries stored without a vector (under overload) still waiting for the backfill.
             "backfill_pending": s.backfill.stats().pending,
+            // After a change of model: how far re-embedding the store got (null when none runs).
+            "reembedding": s.backfill.stats().reembedding,
         }),
         (None, why) => json!({"status": "disabled", "detail": why.as_deref()}),
     };

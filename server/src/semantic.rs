@@ -19,6 +19,7 @@ use crate::entry::{Entry, EntryId};
 use crate::guard::{Guard, Guards, Literals};
 use crate::index::{HnswIndex, IndexConfig, VectorIndex};
 use crate::lock::lock;
+use crate::reembed;
 use crate::store::Store;
 use crate::timing::unix_ms;
 
@@ -195,7 +196,7 @@ impl Semantic {
             return Status::Disabled("semantic matching is turned off (semantic = false)".into());
         }
         if let Some(embedder) = embedder {
-            return Status::Ready(Self::around(embedder, config, store));
+            return Self::around(embedder, config, store);
         }
         let embed_config = EmbedConfig {
             model_dir: config.model_dir.clone(),
@@ -216,20 +217,56 @@ impl Semantic {
                 ))
             }
         };
-        Status::Ready(Self::around(embedder, config, store))
+        Self::around(embedder, config, store)
     }
 
-    /// The stage around a loaded embedder: the index, its maintenance and the backfill.
-    fn around(embedder: Arc<Embedder>, config: &Config, store: &Arc<dyn Store>) -> Arc<Self> {
+    /// The stage around a loaded embedder: the index, its maintenance and the backfill. A local
+    /// store whose vectors are another model's starts with an empty index and is re-embedded
+    /// (a shared store's model is checked by the state, against the other replicas').
+    fn around(embedder: Arc<Embedder>, config: &Config, store: &Arc<dyn Store>) -> Status {
         let index_dir = config.data_dir.join("index");
-        let (index, unembedded) = load_or_rebuild(&index_dir, embedder.dimension(), store);
+        let plan = match store.feed() {
+            Some(_) => Ok(reembed::Plan::Load),
+            // A store degraded at start reads as empty: that must not pass for a store without vectors.
+            None => reembed::plan(&config.data_dir, embedder.fingerprint(), || {
+                store.ids().map_err(|e| e.to_string())?;
+                let ids = stored_ids(store.as_ref());
+                match store.degraded() {
+                    Some(d) => Err(d.reason),
+                    None => Ok(ids),
+                }
+            }),
+        };
+        let (index, unembedded, stale, migration) = match plan {
+            Ok(reembed::Plan::Load) => {
+                let (index, unembedded) = load_or_rebuild(&index_dir, embedder.dimension(), store);
+                (index, unembedded, BTreeSet::new(), None)
+            }
+            Ok(reembed::Plan::Reembed {
+                migration,
+                stale,
+                unembedded,
+            }) => {
+                let empty =
+                    SwappableIndex::ready(HnswIndex::new(index_config(embedder.dimension())));
+                (empty, unembedded, stale, Some(migration))
+            }
+            Err(why) => return Status::Disabled(why),
+        };
         if !unembedded.is_empty() {
             tracing::info!(
                 entries = unembedded.len(),
                 "stored entries without a vector will be embedded in the background"
             );
         }
-        let backfill = Backfill::start(embedder.clone(), index.clone(), store.clone(), unembedded);
+        let backfill = Backfill::start_reembedding(
+            embedder.clone(),
+            index.clone(),
+            store.clone(),
+            unembedded,
+            stale,
+            migration,
+        );
         let (stop_tx, stop_rx) = std::sync::mpsc::channel();
         let semantic = Arc::new(Self {
             embedder,
@@ -250,7 +287,7 @@ impl Semantic {
             .spawn(move || maintain(weak, stop_rx, every))
             .ok();
         *lock(&semantic.maintenance) = thread;
-        semantic
+        Status::Ready(semantic)
     }
 
     /// Fallbacks so far, by reason.

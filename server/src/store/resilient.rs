@@ -490,6 +490,10 @@ impl Store for ResilientStore {
         self.write(|| Err(refused()), |s| s.set_vector(id, vector))
     }
 
+    fn replace_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
+        self.write(|| Err(refused()), |s| s.replace_vector(id, vector))
+    }
+
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
         self.with(|| Ok(Vec::new()), |s| s.list_newest(before, limit))
     }

@@ -777,6 +777,13 @@ impl Store for SledStore {
         self.update(id, |entry| entry.fill_vector(vector))
     }
 
+    fn replace_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
+        self.update(id, |entry| {
+            entry.vector = Some(vector.to_vec());
+            true
+        })
+    }
+
     fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
         let start = after.map_or(Bound::Unbounded, |id| Bound::Excluded(id.0.to_be_bytes()));
         self.decode_page(self.entries.range((start, Bound::Unbounded)), limit)

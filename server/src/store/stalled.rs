@@ -48,6 +48,10 @@ impl Store for StalledStore {
         Ok(false)
     }
 
+    fn replace_vector(&self, _: EntryId, _: &[f32]) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
     fn list_newest(&self, _: Option<EntryId>, _: usize) -> Result<Vec<Entry>, StoreError> {
         Ok(Vec::new())
     }

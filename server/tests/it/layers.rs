@@ -53,6 +53,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("cache/", 5),
     ("semantic.rs", 5),
     ("backfill.rs", 5),
+    ("reembed.rs", 5),
     ("feedback.rs", 5),
     ("shadow.rs", 5),
     ("replica.rs", 5),

@@ -69,6 +69,10 @@ impl Store for SlowReads {
         self.inner.set_vector(id, vector)
     }
 
+    fn replace_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
+        self.inner.replace_vector(id, vector)
+    }
+
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
         self.inner.list_newest(before, limit)
     }

@@ -554,6 +554,10 @@ impl Store for BlindExact {
         self.0.set_vector(id, vector)
     }
 
+    fn replace_vector(&self, id: EntryId, vector: &[f32]) -> Result<bool, StoreError> {
+        self.0.replace_vector(id, vector)
+    }
+
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
         self.0.list_newest(before, limit)
     }
