@@ -5,8 +5,6 @@
 //! batch is validated whole before anything is stored: one bad item stores nothing. Warmed entries
 //! make no claim of prefill time saved, because no upstream was ever timed for them.
 
-use std::sync::Arc;
-
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::Json;
@@ -16,7 +14,6 @@ use utoipa::ToSchema;
 
 use crate::entry::{Entry, EntryId, RequestSummary};
 use crate::error::GatewayError;
-use crate::index::VectorIndex;
 use crate::ingress::Route;
 use crate::key::{KeyInput, Keys, Tenant};
 use crate::state::AppState;
@@ -24,6 +21,10 @@ use crate::timing::unix_ms;
 use crate::timing::Phases;
 
 use crate::policy::MAX_TTL_S;
+
+/// How long warming waits for the writer to store one entry: it may first finish a disk-budget
+/// rebuild of the store, which takes seconds on a large one.
+const WARM_PUT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// One prompt/response pair to pre-load.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -362,8 +363,7 @@ pub(crate) async fn warm(
         }
         None => vec![None; prepared.len()],
     };
-    let store = state.cache.store.clone();
-    let index: Option<Arc<dyn VectorIndex>> = state.cache.index.clone();
+    let cache = state.cache.clone();
     let data = tokio::task::spawn_blocking(move || {
         let now = unix_ms();
         let mut data = Vec::with_capacity(prepared.len());
@@ -383,18 +383,30 @@ pub(crate) async fn warm(
                 ttl_ms: p.ttl_s.saturating_mul(1000),
                 hit_count: 0,
                 last_hit_ms: 0,
-                vector: vector.clone(),
+                vector,
                 hit_history: Vec::new(),
                 warmed: true,
             };
             let prompt = entry.summary.prompt.clone();
-            // Stored now, not through the writer queue: after the 201 the entry is served.
-            let id = store.put(entry).map_err(|e| GatewayError::Internal {
-                detail: format!("storing a warmed entry: {e}"),
-            })?;
-            if let (Some(index), Some(vector)) = (&index, vector) {
-                index.insert(id.0, p.keys.partition.0, &vector);
-            }
+            // Stored before the 201, so the entry is served once it is answered; through the
+            // writer, which also adds its vector to the index, so it never meets the store in the
+            // middle of the disk budget's rebuild.
+            let id = match cache.store_now(entry, WARM_PUT_WAIT) {
+                Some(Ok(id)) => id,
+                Some(Err(e)) => {
+                    return Err(GatewayError::Internal {
+                        detail: format!("storing a warmed entry: {e}"),
+                    })
+                }
+                None => {
+                    return Err(GatewayError::Internal {
+                        detail: format!(
+                            "storing a warmed entry: the cache writer did not store it within {} s (entries before it are stored)",
+                            WARM_PUT_WAIT.as_secs()
+                        ),
+                    })
+                }
+            };
             data.push(WarmedEntry {
                 id: id.to_string(),
                 prompt,

@@ -168,6 +168,17 @@ impl Cache {
         ))
     }
 
+    /// Stores `entry` now, through the writer thread (so it never races the disk budget's rebuild
+    /// of the store), and adds its vector to the index: for blocking threads that answer only once
+    /// the entry is served (warming). `None` when the writer did not store it within `within`.
+    pub fn store_now(
+        &self,
+        entry: crate::entry::Entry,
+        within: Duration,
+    ) -> Option<Result<EntryId, crate::store::StoreError>> {
+        self.writer.put_now(entry, within)
+    }
+
     /// Records a hit on an entry (batched by the writer thread).
     pub fn note_hit(&self, id: EntryId, hit: HitEvent) {
         self.writer.note_hit(id, hit);

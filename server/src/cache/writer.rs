@@ -16,7 +16,7 @@ use crate::entry::{Entry, EntryId, HitEvent, StoredEvent, HIT_HISTORY};
 use crate::index::VectorIndex;
 use crate::key::CacheKey;
 use crate::lock::lock;
-use crate::store::{ClaimToken, Store};
+use crate::store::{ClaimToken, Store, StoreError};
 use crate::timing::unix_ms;
 
 pub(super) enum WriteOp {
@@ -26,6 +26,9 @@ pub(super) enum WriteOp {
     /// costs ten times its bytes, and entries queued with theirs added up while the disk was busy.
     PutRecorded(Box<Entry>, Vec<(f64, bytes::Bytes)>),
     Flush(mpsc::Sender<()>),
+    /// An entry its sender waits for (`POST /admin/entries`: after the 201 the entry is served):
+    /// stored here like any other, so it never races the disk budget's rebuild of the store.
+    PutNow(Box<Entry>, mpsc::Sender<Result<EntryId, StoreError>>),
     /// Releases a replica-wide claim on a key (see [`super::remote`]): queued after the answer's
     /// `Put`, so that a replica waiting for the answer finds it stored once the claim is gone.
     Release(CacheKey, ClaimToken),
@@ -92,6 +95,19 @@ impl Writer {
         }
     }
 
+    /// Stores `entry` through the writer and waits for its id, at most `within`: for a caller on a
+    /// blocking thread that must answer only once the entry is stored. `None` when the writer has
+    /// stopped or did not get to it in time (the entry may still be stored).
+    pub(super) fn put_now(
+        &self,
+        entry: Entry,
+        within: Duration,
+    ) -> Option<Result<EntryId, StoreError>> {
+        let (tx, rx) = mpsc::channel();
+        self.send(WriteOp::PutNow(Box::new(entry), tx));
+        rx.recv_timeout(within).ok()
+    }
+
     /// Waits until every write queued so far has landed and the store is flushed, at most `within`.
     pub(super) fn flush(&self, within: Duration) {
         let (tx, rx) = mpsc::channel();
@@ -130,17 +146,18 @@ fn put(
     index: Option<&dyn VectorIndex>,
     backfill: Option<&Backfill>,
     entry: Box<Entry>,
-) {
+) -> Result<EntryId, StoreError> {
     let vector = entry.vector.clone().map(|v| (entry.partition.0, v));
     let unembedded = crate::backfill::wants_vector(&entry);
-    match store.put(*entry) {
+    let stored = store.put(*entry);
+    match &stored {
         Ok(id) => {
             if let (Some(index), Some((partition, vector))) = (index, vector) {
                 index.insert(id.0, partition, &vector);
             }
             // Its miss skipped the embedding: the vector comes later, off this path.
             if let Some(backfill) = backfill.filter(|_| unembedded) {
-                backfill.enqueue(id);
+                backfill.enqueue(*id);
             }
         }
         // At debug: a failing store logs its state once, not once per answer.
@@ -148,6 +165,7 @@ fn put(
     }
     // Now, before a disk-budget rebuild replaces the store and what it noted.
     forget_dropped(store, index);
+    stored
 }
 
 /// Removes from the index the entries the store dropped on its own (a put's older entry of the
@@ -185,7 +203,7 @@ fn writer_loop(
         let op = rx.recv_timeout(interval);
         match op {
             Ok(WriteOp::Put(entry)) => {
-                put(store.as_ref(), index.as_deref(), backfill.as_deref(), entry);
+                let _ = put(store.as_ref(), index.as_deref(), backfill.as_deref(), entry);
                 dirty = true;
                 // sled's log grows with every put, and one burst can write many budgets' worth
                 // between two sweeps: checked here (a stat), the files pass their budget by one
@@ -206,9 +224,19 @@ fn writer_loop(
                 // The recorder parsed the same bytes before it sent them: always `Some`.
                 if let Some(events) = events {
                     entry.events = events;
-                    put(store.as_ref(), index.as_deref(), backfill.as_deref(), entry);
+                    let _ = put(store.as_ref(), index.as_deref(), backfill.as_deref(), entry);
                     dirty = true;
                 }
+            }
+            Ok(WriteOp::PutNow(entry, reply)) => {
+                let _ = reply.send(put(
+                    store.as_ref(),
+                    index.as_deref(),
+                    backfill.as_deref(),
+                    entry,
+                ));
+                dirty = true;
+                store.enforce_disk_budget(budget.max_bytes);
             }
             Ok(WriteOp::Flush(done)) => {
                 apply_touches(store.as_ref(), &mut take());
