@@ -16,9 +16,15 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reprise_server::embed::{EmbedConfig, Embedder};
 use reprise_server::index::quant::{
-    cosine_f16, cosine_f32_i8, cosine_i8, dot_f32_f16, encode_f16, encode_i8, DistF16, DistI8,
+    cosine_f16, cosine_f32_i8, cosine_i8, dot_f16, dot_f32_f16, encode_f16, encode_i8,
+    portable_dot_f16, portable_dot_f32_f16, DistF16, DistI8,
 };
 use reprise_server::index::{dot, HnswIndex, IndexConfig, VectorIndex};
+
+// The gateway's allocator (server/src/main.rs), so RSS per vector and the cost of `hnsw_rs`'s many
+// small allocations are what a replica sees.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 type Args = HashMap<String, String>;
 /// Similarity of vector `q` to vector `j` in one form.
@@ -237,14 +243,27 @@ fn dist(flags: &Args) {
         "| f32 · int8 cosine (scan, re-rank) | {:.1} |",
         time(&|| cosine_f32_i8(black_box(&a), black_box(&ib)))
     );
-    println!(
-        "| f16 · f16 (`DistF16`, graph) | {:.1} |",
-        time(&|| DistF16.eval(black_box(&ha), black_box(&hb)))
-    );
-    println!(
-        "| f32 · f16 (scan, re-rank) | {:.1} |",
-        time(&|| dot_f32_f16(black_box(&a), black_box(&hb)))
-    );
+    // Before/after alternating, so a change of load hits both sides.
+    for round in 1..=2 {
+        println!(
+            "| f16 · f16, baseline x86-64 loop (before), round {round} | {:.1} |",
+            time(&|| portable_dot_f16(black_box(&ha), black_box(&hb)))
+        );
+        println!(
+            "| f16 · f16 (`DistF16`, graph), run-time dispatch, round {round} | {:.1} |",
+            time(&|| DistF16.eval(black_box(&ha), black_box(&hb)))
+        );
+        println!(
+            "| f32 · f16, baseline x86-64 loop (before), round {round} | {:.1} |",
+            time(&|| portable_dot_f32_f16(black_box(&a), black_box(&hb)))
+        );
+        println!(
+            "| f32 · f16 (scan, re-rank), run-time dispatch, round {round} | {:.1} |",
+            time(&|| dot_f32_f16(black_box(&a), black_box(&hb)))
+        );
+    }
+    let (exact, fast) = (dot(&a, &b), dot_f16(&ha, &hb));
+    println!("\nf16 · f16 {fast} against f32 {exact} (difference {:.1e})", (fast - exact).abs());
 }
 
 /// Embeds one text per line of `--texts` with the provisioned model into `--out` (f32 LE rows).
@@ -333,6 +352,8 @@ fn index(flags: &Args) {
     let efc_list = list(flags, "efc", "200");
     let ef_list = list(flags, "ef", "64,128");
     let dump_dir = flags.get("dump").map(PathBuf::from);
+    // Passes over the queries per width (more samples for p99, a longer window for a profiler).
+    let rounds = flag(flags, "rounds", 1usize).max(1);
 
     let t = Instant::now();
     let base = vectors(&kind, n, dim, 42);
@@ -385,14 +406,32 @@ fn index(flags: &Args) {
             };
             let before = rss_bytes();
             let t = Instant::now();
-            let index = HnswIndex::build(
-                config.clone(),
-                base.iter()
-                    .enumerate()
-                    .map(|(i, v)| (i as u64, tag_of(i), v.clone())),
-            );
+            // `--load DIR`: search a dump made by an earlier run (same n, kind; `--dump DIR`)
+            // instead of building, so widths can be swept on one graph; "build s" is then the load.
+            let index = match flags.get("load") {
+                Some(dir) => {
+                    let ids: BTreeSet<u64> = (0..n as u64).collect();
+                    match HnswIndex::load(&PathBuf::from(dir), config.clone(), &ids) {
+                        Ok(index) => index,
+                        Err(e) => {
+                            eprintln!("load {dir}: {e}");
+                            std::process::exit(1);
+                        }
+                    }
+                }
+                None => HnswIndex::build(
+                    config.clone(),
+                    base.iter()
+                        .enumerate()
+                        .map(|(i, v)| (i as u64, tag_of(i), v.clone())),
+                ),
+            };
             let build = t.elapsed();
             let grown = rss_bytes().saturating_sub(before);
+            eprintln!(
+                "index: M {m} ef_construction {efc} built in {build:.1?} (pid {}), searching",
+                std::process::id()
+            );
             let mut index = index;
             for &ef in &ef_list {
                 index.set_ef_search(ef);
@@ -403,7 +442,7 @@ fn index(flags: &Args) {
                 ] {
                     let mut times = Vec::new();
                     let mut hits = 0usize;
-                    for (q, query) in queries.iter().enumerate() {
+                    for (q, query) in (0..rounds).flat_map(|_| queries.iter().enumerate()) {
                         if !range.contains(&sources[q]) {
                             continue;
                         }
