@@ -263,7 +263,10 @@ fn dist(flags: &Args) {
         );
     }
     let (exact, fast) = (dot(&a, &b), dot_f16(&ha, &hb));
-    println!("\nf16 · f16 {fast} against f32 {exact} (difference {:.1e})", (fast - exact).abs());
+    println!(
+        "\nf16 · f16 {fast} against f32 {exact} (difference {:.1e})",
+        (fast - exact).abs()
+    );
 }
 
 /// Embeds one text per line of `--texts` with the provisioned model into `--out` (f32 LE rows).
@@ -324,6 +327,22 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// CPU seconds this process has used (user + system, all threads): under load, wall time says
+/// how long the build waited for a core, this says what it costs.
+fn cpu_seconds() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name (which may hold spaces) start at ") ".
+            let rest = s.rsplit_once(") ")?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks =
+                fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+            Some(ticks / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
 fn percentile(times: &mut [Duration], f: f64) -> Duration {
     times.sort();
     times
@@ -348,6 +367,8 @@ fn index(flags: &Args) {
     let queries_n = flag(flags, "queries", 500usize);
     let noise = flag(flags, "noise", 0.3f32);
     let small = flag(flags, "small", 2_000usize).min(n / 2);
+    // Partitions up to this many vectors are scanned exactly (`brute_force_below`).
+    let flat = flag(flags, "flat", 10_000usize);
     let ms_list = list(flags, "m", "16");
     let efc_list = list(flags, "efc", "200");
     let ef_list = list(flags, "ef", "64,128");
@@ -395,16 +416,17 @@ fn index(flags: &Args) {
         1.0 / (1.0 + noise * noise).sqrt(),
         load_average()
     );
-    println!("\n| M | ef_construction | build s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|");
+    println!("\n| M | ef_construction | build s | build CPU s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|");
     for &m in &ms_list {
         for &efc in &efc_list {
             let config = IndexConfig {
                 max_connections: m,
                 ef_construction: efc,
-                brute_force_below: 10_000,
+                brute_force_below: flat,
                 ..IndexConfig::new(dim)
             };
             let before = rss_bytes();
+            let cpu_before = cpu_seconds();
             let t = Instant::now();
             // `--load DIR`: search a dump made by an earlier run (same n, kind; `--dump DIR`)
             // instead of building, so widths can be swept on one graph; "build s" is then the load.
@@ -427,6 +449,7 @@ fn index(flags: &Args) {
                 ),
             };
             let build = t.elapsed();
+            let build_cpu = cpu_seconds() - cpu_before;
             let grown = rss_bytes().saturating_sub(before);
             eprintln!(
                 "index: M {m} ef_construction {efc} built in {build:.1?} (pid {}), searching",
@@ -438,7 +461,15 @@ fn index(flags: &Args) {
                 let searcher = &index;
                 for (label, tag, range) in [
                     ("big", big, &big_range),
-                    ("small (flat)", little, &small_range),
+                    (
+                        if small > flat {
+                            "small (graph)"
+                        } else {
+                            "small (flat)"
+                        },
+                        little,
+                        &small_range,
+                    ),
                 ] {
                     let mut times = Vec::new();
                     let mut hits = 0usize;
@@ -456,7 +487,7 @@ fn index(flags: &Args) {
                     }
                     let count = times.len();
                     println!(
-                        "| {m} | {efc} | {:.1} | {:.0} | {:.0} | {ef} | {label} ({}) | {:.4} | {:.3} | {:.3} |",
+                        "| {m} | {efc} | {:.1} | {build_cpu:.0} | {:.0} | {:.0} | {ef} | {label} ({}) | {:.4} | {:.3} | {:.3} |",
                         build.as_secs_f64(),
                         grown as f64 / 1e6,
                         grown as f64 / n as f64,
@@ -488,7 +519,7 @@ fn index(flags: &Args) {
                         Err(e) => format!("failed: {e}"),
                     }
                 );
-                println!("\n| M | ef_construction | build s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|");
+                println!("\n| M | ef_construction | build s | build CPU s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|");
             }
         }
     }
