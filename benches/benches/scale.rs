@@ -12,6 +12,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use cpu_time::{ProcessTime, ThreadTime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reprise_server::embed::{EmbedConfig, Embedder};
@@ -327,22 +328,6 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// CPU seconds this process has used (user + system, all threads): under load, wall time says
-/// how long the build waited for a core, this says what it costs.
-fn cpu_seconds() -> f64 {
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| {
-            // Fields after the command name (which may hold spaces) start at ") ".
-            let rest = s.rsplit_once(") ")?.1;
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let ticks =
-                fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-            Some(ticks / 100.0)
-        })
-        .unwrap_or(0.0)
-}
-
 fn percentile(times: &mut [Duration], f: f64) -> Duration {
     times.sort();
     times
@@ -416,7 +401,7 @@ fn index(flags: &Args) {
         1.0 / (1.0 + noise * noise).sqrt(),
         load_average()
     );
-    println!("\n| M | ef_construction | build s | build CPU s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("\n| M | ef_construction | build s | build CPU s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &m in &ms_list {
         for &efc in &efc_list {
             let config = IndexConfig {
@@ -426,7 +411,9 @@ fn index(flags: &Args) {
                 ..IndexConfig::new(dim)
             };
             let before = rss_bytes();
-            let cpu_before = cpu_seconds();
+            // CPU time of all threads: under load, wall time says how long the build waited for a
+            // core, this what it costs.
+            let cpu_before = ProcessTime::now();
             let t = Instant::now();
             // `--load DIR`: search a dump made by an earlier run (same n, kind; `--dump DIR`)
             // instead of building, so widths can be swept on one graph; "build s" is then the load.
@@ -449,7 +436,7 @@ fn index(flags: &Args) {
                 ),
             };
             let build = t.elapsed();
-            let build_cpu = cpu_seconds() - cpu_before;
+            let build_cpu = cpu_before.elapsed().as_secs_f64();
             let grown = rss_bytes().saturating_sub(before);
             eprintln!(
                 "index: M {m} ef_construction {efc} built in {build:.1?} (pid {}), searching",
@@ -472,14 +459,18 @@ fn index(flags: &Args) {
                     ),
                 ] {
                     let mut times = Vec::new();
+                    // The search's own CPU time (it runs on this thread): what a query costs when
+                    // it is not waiting for a core, which on a loaded machine wall time hides.
+                    let mut cpu_times = Vec::new();
                     let mut hits = 0usize;
                     for (q, query) in (0..rounds).flat_map(|_| queries.iter().enumerate()) {
                         if !range.contains(&sources[q]) {
                             continue;
                         }
-                        let t = Instant::now();
+                        let (t, cpu) = (Instant::now(), ThreadTime::now());
                         let found = searcher.search(&tag, query, 1);
                         times.push(t.elapsed());
+                        cpu_times.push(cpu.elapsed());
                         hits += usize::from(found.first().map(|f| f.id as usize) == Some(truth[q]));
                     }
                     if times.is_empty() {
@@ -487,7 +478,7 @@ fn index(flags: &Args) {
                     }
                     let count = times.len();
                     println!(
-                        "| {m} | {efc} | {:.1} | {build_cpu:.0} | {:.0} | {:.0} | {ef} | {label} ({}) | {:.4} | {:.3} | {:.3} |",
+                        "| {m} | {efc} | {:.1} | {build_cpu:.0} | {:.0} | {:.0} | {ef} | {label} ({}) | {:.4} | {:.3} | {:.3} | {:.3} | {:.3} |",
                         build.as_secs_f64(),
                         grown as f64 / 1e6,
                         grown as f64 / n as f64,
@@ -495,6 +486,8 @@ fn index(flags: &Args) {
                         hits as f64 / count as f64,
                         ms(percentile(&mut times, 0.5)),
                         ms(percentile(&mut times, 0.99)),
+                        ms(percentile(&mut cpu_times, 0.5)),
+                        ms(percentile(&mut cpu_times, 0.99)),
                     );
                 }
             }
@@ -519,7 +512,7 @@ fn index(flags: &Args) {
                         Err(e) => format!("failed: {e}"),
                     }
                 );
-                println!("\n| M | ef_construction | build s | build CPU s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|");
+                println!("\n| M | ef_construction | build s | build CPU s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
             }
         }
     }
