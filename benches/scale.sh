@@ -8,7 +8,7 @@
 # same index, and dump write and load times (start-up with a dump). All from
 # benches/benches/scale.rs; synthetic vectors, no upstream, no gateway.
 #
-# Usage: benches/scale.sh [--sizes "100000 1000000"] [--m "12 16"] [--efc "100"] [--ef "32,64,128"]
+# Usage: benches/scale.sh [--sizes "100000 1000000"] [--m "12 16"] [--efc "100"] [--ef "64,128,192,256"]
 #                         [--out FILE]
 #   Writes benches/results/<date>-scale.md by default. 1M vectors take about 2 GB for the vectors
 #   and exact answers plus the index, and tens of minutes to build on two cores.
@@ -25,7 +25,7 @@ fi
 sizes="100000 1000000"
 ms="16"
 efcs="100"
-efs="32,64,128"
+efs="64,128,192,256"
 out="benches/results/$(date -u +%F)-scale.md"
 while [ $# -gt 0 ]; do
   case "$1" in

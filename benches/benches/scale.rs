@@ -12,13 +12,20 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use cpu_time::{ProcessTime, ThreadTime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reprise_server::embed::{EmbedConfig, Embedder};
 use reprise_server::index::quant::{
-    cosine_f16, cosine_f32_i8, cosine_i8, dot_f32_f16, encode_f16, encode_i8, DistF16, DistI8,
+    cosine_f16, cosine_f32_i8, cosine_i8, dot_f16, dot_f32_f16, encode_f16, encode_i8,
+    portable_dot_f16, portable_dot_f32_f16, DistF16, DistI8,
 };
 use reprise_server::index::{dot, HnswIndex, IndexConfig, VectorIndex};
+
+// The gateway's allocator (server/src/main.rs), so RSS per vector and the cost of `hnsw_rs`'s many
+// small allocations are what a replica sees.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 type Args = HashMap<String, String>;
 /// Similarity of vector `q` to vector `j` in one form.
@@ -237,13 +244,29 @@ fn dist(flags: &Args) {
         "| f32 · int8 cosine (scan, re-rank) | {:.1} |",
         time(&|| cosine_f32_i8(black_box(&a), black_box(&ib)))
     );
+    // Before/after alternating, so a change of load hits both sides.
+    for round in 1..=2 {
+        println!(
+            "| f16 · f16, baseline x86-64 loop (before), round {round} | {:.1} |",
+            time(&|| portable_dot_f16(black_box(&ha), black_box(&hb)))
+        );
+        println!(
+            "| f16 · f16 (`DistF16`, graph), run-time dispatch, round {round} | {:.1} |",
+            time(&|| DistF16.eval(black_box(&ha), black_box(&hb)))
+        );
+        println!(
+            "| f32 · f16, baseline x86-64 loop (before), round {round} | {:.1} |",
+            time(&|| portable_dot_f32_f16(black_box(&a), black_box(&hb)))
+        );
+        println!(
+            "| f32 · f16 (scan, re-rank), run-time dispatch, round {round} | {:.1} |",
+            time(&|| dot_f32_f16(black_box(&a), black_box(&hb)))
+        );
+    }
+    let (exact, fast) = (dot(&a, &b), dot_f16(&ha, &hb));
     println!(
-        "| f16 · f16 (`DistF16`, graph) | {:.1} |",
-        time(&|| DistF16.eval(black_box(&ha), black_box(&hb)))
-    );
-    println!(
-        "| f32 · f16 (scan, re-rank) | {:.1} |",
-        time(&|| dot_f32_f16(black_box(&a), black_box(&hb)))
+        "\nf16 · f16 {fast} against f32 {exact} (difference {:.1e})",
+        (fast - exact).abs()
     );
 }
 
@@ -329,10 +352,14 @@ fn index(flags: &Args) {
     let queries_n = flag(flags, "queries", 500usize);
     let noise = flag(flags, "noise", 0.3f32);
     let small = flag(flags, "small", 2_000usize).min(n / 2);
+    // Partitions up to this many vectors are scanned exactly (`brute_force_below`).
+    let flat = flag(flags, "flat", 10_000usize);
     let ms_list = list(flags, "m", "16");
     let efc_list = list(flags, "efc", "200");
     let ef_list = list(flags, "ef", "64,128");
     let dump_dir = flags.get("dump").map(PathBuf::from);
+    // Passes over the queries per width (more samples for p99, a longer window for a profiler).
+    let rounds = flag(flags, "rounds", 1usize).max(1);
 
     let t = Instant::now();
     let base = vectors(&kind, n, dim, 42);
@@ -374,42 +401,76 @@ fn index(flags: &Args) {
         1.0 / (1.0 + noise * noise).sqrt(),
         load_average()
     );
-    println!("\n| M | ef_construction | build s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|");
+    println!("\n| M | ef_construction | build s | build CPU s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &m in &ms_list {
         for &efc in &efc_list {
             let config = IndexConfig {
                 max_connections: m,
                 ef_construction: efc,
-                brute_force_below: 10_000,
+                brute_force_below: flat,
                 ..IndexConfig::new(dim)
             };
             let before = rss_bytes();
+            // CPU time of all threads: under load, wall time says how long the build waited for a
+            // core, this what it costs.
+            let cpu_before = ProcessTime::now();
             let t = Instant::now();
-            let index = HnswIndex::build(
-                config.clone(),
-                base.iter()
-                    .enumerate()
-                    .map(|(i, v)| (i as u64, tag_of(i), v.clone())),
-            );
+            // `--load DIR`: search a dump made by an earlier run (same n, kind; `--dump DIR`)
+            // instead of building, so widths can be swept on one graph; "build s" is then the load.
+            let index = match flags.get("load") {
+                Some(dir) => {
+                    let ids: BTreeSet<u64> = (0..n as u64).collect();
+                    match HnswIndex::load(&PathBuf::from(dir), config.clone(), &ids) {
+                        Ok(index) => index,
+                        Err(e) => {
+                            eprintln!("load {dir}: {e}");
+                            std::process::exit(1);
+                        }
+                    }
+                }
+                None => HnswIndex::build(
+                    config.clone(),
+                    base.iter()
+                        .enumerate()
+                        .map(|(i, v)| (i as u64, tag_of(i), v.clone())),
+                ),
+            };
             let build = t.elapsed();
+            let build_cpu = cpu_before.elapsed().as_secs_f64();
             let grown = rss_bytes().saturating_sub(before);
+            eprintln!(
+                "index: M {m} ef_construction {efc} built in {build:.1?} (pid {}), searching",
+                std::process::id()
+            );
             let mut index = index;
             for &ef in &ef_list {
                 index.set_ef_search(ef);
                 let searcher = &index;
                 for (label, tag, range) in [
                     ("big", big, &big_range),
-                    ("small (flat)", little, &small_range),
+                    (
+                        if small > flat {
+                            "small (graph)"
+                        } else {
+                            "small (flat)"
+                        },
+                        little,
+                        &small_range,
+                    ),
                 ] {
                     let mut times = Vec::new();
+                    // The search's own CPU time (it runs on this thread): what a query costs when
+                    // it is not waiting for a core, which on a loaded machine wall time hides.
+                    let mut cpu_times = Vec::new();
                     let mut hits = 0usize;
-                    for (q, query) in queries.iter().enumerate() {
+                    for (q, query) in (0..rounds).flat_map(|_| queries.iter().enumerate()) {
                         if !range.contains(&sources[q]) {
                             continue;
                         }
-                        let t = Instant::now();
+                        let (t, cpu) = (Instant::now(), ThreadTime::now());
                         let found = searcher.search(&tag, query, 1);
                         times.push(t.elapsed());
+                        cpu_times.push(cpu.elapsed());
                         hits += usize::from(found.first().map(|f| f.id as usize) == Some(truth[q]));
                     }
                     if times.is_empty() {
@@ -417,7 +478,7 @@ fn index(flags: &Args) {
                     }
                     let count = times.len();
                     println!(
-                        "| {m} | {efc} | {:.1} | {:.0} | {:.0} | {ef} | {label} ({}) | {:.4} | {:.3} | {:.3} |",
+                        "| {m} | {efc} | {:.1} | {build_cpu:.0} | {:.0} | {:.0} | {ef} | {label} ({}) | {:.4} | {:.3} | {:.3} | {:.3} | {:.3} |",
                         build.as_secs_f64(),
                         grown as f64 / 1e6,
                         grown as f64 / n as f64,
@@ -425,6 +486,8 @@ fn index(flags: &Args) {
                         hits as f64 / count as f64,
                         ms(percentile(&mut times, 0.5)),
                         ms(percentile(&mut times, 0.99)),
+                        ms(percentile(&mut cpu_times, 0.5)),
+                        ms(percentile(&mut cpu_times, 0.99)),
                     );
                 }
             }
@@ -449,7 +512,7 @@ fn index(flags: &Args) {
                         Err(e) => format!("failed: {e}"),
                     }
                 );
-                println!("\n| M | ef_construction | build s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|");
+                println!("\n| M | ef_construction | build s | build CPU s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
             }
         }
     }

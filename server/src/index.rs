@@ -884,18 +884,18 @@ impl HnswIndex {
             )));
         }
 
-        let mut graphs = Vec::with_capacity(manifest.graphs.len());
-        for graph_ref in &manifest.graphs {
-            let graph = load_graph(dir, graph_ref)?;
-            if graph.get_nb_point() != graph_ref.points {
-                return Err(IndexError::Corrupt(
-                    "graph point count differs from the manifest".into(),
-                ));
-            }
-            graphs.push((graph_ref.part, graph));
-        }
+        // `hnsw_rs` reads a graph on one thread: graphs load side by side, one thread per core,
+        // while another reads and checks the entries file.
+        let (graphs, entries) = std::thread::scope(|s| {
+            let entries = s.spawn(|| read_checked(dir, &manifest.entries));
+            let graphs = load_graphs(dir, &manifest.graphs);
+            let entries = entries
+                .join()
+                .unwrap_or_else(|_| Err(IndexError::Corrupt("entries reader panicked".into())));
+            (graphs, entries)
+        });
         let mut state = State::empty(&config);
-        read_entries(dir, &manifest.entries, &mut state, graphs)?;
+        read_entries(&manifest.entries, &entries?, &mut state, graphs?)?;
         if state.live.len() != manifest.count
             || !expected_ids.iter().all(|id| state.live.contains_key(id))
             || state.parts.iter().map(Part::points).sum::<usize>() != manifest.graph_points
@@ -1255,17 +1255,16 @@ fn verify_file(dir: &Path, file: &FileRef) -> Result<(), IndexError> {
     check_hash(file, hasher.finalize())
 }
 
-/// Reads the entries file into `state`'s live map and rows.
-/// Reads the entries file into `state`, giving each graph partition its loaded graph.
+/// Parses the entries file (`bytes`, checked against `file`) into `state`, giving each graph
+/// partition its loaded graph.
 fn read_entries(
-    dir: &Path,
     file: &FileRef,
+    bytes: &[u8],
     state: &mut State,
     graphs: Vec<(u32, Graph)>,
 ) -> Result<(), IndexError> {
-    let bytes = read_checked(dir, file)?;
     let corrupt = |what: &str| IndexError::Corrupt(format!("{}: {what}", file.name));
-    let mut rest = bytes.as_slice();
+    let mut rest = bytes;
     let mut take = |n: usize| -> Result<&[u8], IndexError> {
         let (head, tail) = rest
             .split_at_checked(n)
@@ -1374,6 +1373,42 @@ fn checksum_file(dir: &Path, name: &str) -> Result<FileRef, IndexError> {
         name: name.to_string(),
         len: file.metadata()?.len(),
         blake3: hasher.finalize().to_hex().to_string(),
+    })
+}
+
+/// Loads every graph of the manifest, on as many threads as there are cores (and graphs), each
+/// checked against the point count the manifest recorded.
+fn load_graphs(dir: &Path, refs: &[GraphRef]) -> Result<Vec<(u32, Graph)>, IndexError> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, refs.len().max(1));
+    let load_share = |first: usize| -> Result<Vec<(u32, Graph)>, IndexError> {
+        refs.iter()
+            .skip(first)
+            .step_by(threads)
+            .map(|graph_ref| {
+                let graph = load_graph(dir, graph_ref)?;
+                if graph.get_nb_point() != graph_ref.points {
+                    return Err(IndexError::Corrupt(
+                        "graph point count differs from the manifest".into(),
+                    ));
+                }
+                Ok((graph_ref.part, graph))
+            })
+            .collect()
+    };
+    std::thread::scope(|s| {
+        let shares: Vec<_> = (0..threads)
+            .map(|first| s.spawn(move || load_share(first)))
+            .collect();
+        let mut graphs = Vec::with_capacity(refs.len());
+        for share in shares {
+            let share = share
+                .join()
+                .unwrap_or_else(|_| Err(IndexError::Corrupt("graph loader panicked".into())));
+            graphs.extend(share?);
+        }
+        Ok(graphs)
     })
 }
 
@@ -1821,6 +1856,8 @@ mod tests {
             .map(|id| (id, tag(1), unit(&mut rng, dimension)))
             .collect();
         items.extend((5_000..5_010u64).map(|id| (id, tag(2), unit(&mut rng, dimension))));
+        // A second graph, so the graphs load side by side.
+        items.extend((6_000..6_500u64).map(|id| (id, tag(3), unit(&mut rng, dimension))));
         let config = IndexConfig {
             brute_force_below: 100,
             ..small_config(dimension)
@@ -1837,7 +1874,7 @@ mod tests {
         assert_eq!(loaded.tombstones(), index.tombstones());
         for _ in 0..100 {
             let q = unit(&mut rng, dimension);
-            for p in [tag(1), tag(2)] {
+            for p in [tag(1), tag(2), tag(3)] {
                 assert_eq!(loaded.search(&p, &q, 5), index.search(&p, &q, 5));
             }
         }
@@ -1860,6 +1897,8 @@ mod tests {
                 "entries-2.bin",
                 "graph-2-0.hnsw.data",
                 "graph-2-0.hnsw.graph",
+                "graph-2-2.hnsw.data",
+                "graph-2-2.hnsw.graph",
                 "manifest.json"
             ]
         );
