@@ -165,6 +165,18 @@ pub fn header(response: &reqwest::Response, name: &str) -> Option<String> {
 }
 
 /// `x-reprise-cache`, or `none`.
+/// The gateway's `/healthz` body.
+pub async fn health(gw: &Gateway) -> Value {
+    client()
+        .get(gw.url("/healthz"))
+        .send()
+        .await
+        .expect("healthz")
+        .json()
+        .await
+        .expect("json")
+}
+
 pub fn outcome(response: &reqwest::Response) -> String {
     header(response, "x-reprise-cache").unwrap_or_else(|| "none".to_owned())
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common::*;
-use crate::redis::{ask, health, on_redis, RedisServer};
+use crate::redis::{ask, on_redis, RedisServer};
 use crate::semantic::{models, semantic_config};
 
 /// Propagation through the feed takes a read of at most a second; this leaves room for a busy

@@ -129,17 +129,6 @@ async fn probe(gw: &Gateway, prompt: &str) -> String {
     got
 }
 
-async fn health(gw: &Gateway) -> Value {
-    client()
-        .get(gw.url("/healthz"))
-        .send()
-        .await
-        .expect("healthz")
-        .json()
-        .await
-        .expect("json")
-}
-
 fn recorded(dir: &Path) -> String {
     std::fs::read_to_string(dir.join(MODEL_RECORD_FILE))
         .expect("model record")

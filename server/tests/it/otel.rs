@@ -433,14 +433,7 @@ async fn with_tracing_off_nothing_is_sent_and_traceparent_passes_untouched() {
             Some("congo=t61rcWkgMzE".to_owned())
         )
     );
-    let health: Value = client()
-        .get(gw.url("/healthz"))
-        .send()
-        .await
-        .expect("healthz")
-        .json()
-        .await
-        .expect("json");
+    let health = health(&gw).await;
     assert!(health["tracing"].is_null(), "{health}");
     gw.shutdown().await.expect("shutdown");
     assert!(receiver.raw().is_empty());
@@ -484,14 +477,7 @@ async fn a_dead_collector_is_retried_with_backoff_and_gets_the_queued_spans_when
     );
     let dropped = metric(&text, "reprise_trace_spans_total{result=\"dropped\"}").expect("metric");
     assert!(dropped > 0, "{text}");
-    let health: Value = client()
-        .get(gw.url("/healthz"))
-        .send()
-        .await
-        .expect("healthz")
-        .json()
-        .await
-        .expect("json");
+    let health = health(&gw).await;
     assert_eq!(health["tracing"]["dropped"], dropped, "{health}");
     assert_eq!(health["tracing"]["exported"], 0, "{health}");
 

@@ -430,17 +430,6 @@ pub(crate) async fn ask(gw: &Gateway, content: &str) -> reqwest::Response {
         .expect("the gateway answers")
 }
 
-pub(crate) async fn health(gw: &Gateway) -> Value {
-    client()
-        .get(gw.url("/healthz"))
-        .send()
-        .await
-        .expect("healthz")
-        .json()
-        .await
-        .expect("json")
-}
-
 #[tokio::test]
 async fn an_answer_cached_through_one_replica_is_an_exact_hit_on_another() {
     let Some(redis) = RedisServer::start() else {

@@ -292,31 +292,20 @@ async fn embedding_failures_fall_back_to_exact_matching() {
         header(&ask(&gw, "sk-a", QUESTION, &[]).await, "x-reprise-cache").as_deref(),
         Some("hit")
     );
-    let health: Value = client()
-        .get(gw.url("/healthz"))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+    let fell_back = health(&gw).await;
     assert!(
-        health["semantic"]["fallbacks"].as_u64().expect("fallbacks") >= 1,
-        "{health}"
+        fell_back["semantic"]["fallbacks"]
+            .as_u64()
+            .expect("fallbacks")
+            >= 1,
+        "{fell_back}"
     );
 
     // A model that cannot be loaded: the gateway starts in exact-only mode and says so.
     let mut broken = semantic_config(sim.base_url(), &models);
     broken.model_dir = models.join("no-such-model");
     let gw = start(broken).await;
-    let health: Value = client()
-        .get(gw.url("/healthz"))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+    let health = health(&gw).await;
     assert_eq!(health["mode"], "exact-only");
     assert_eq!(health["semantic"]["status"], "disabled");
     assert!(

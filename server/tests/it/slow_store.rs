@@ -14,7 +14,7 @@ use reprise_server::store::{SledStore, Store, StoreError, Upkeep};
 use reprise_server::AppState;
 
 use crate::common::*;
-use crate::redis::{ask, health, on_redis_url, RedisServer};
+use crate::redis::{ask, on_redis_url, RedisServer};
 
 /// The sled store, with every exact-key read taking `delay` of wall time once `slow` is set: a
 /// Redis behind a slow link, or a disk that stalls.

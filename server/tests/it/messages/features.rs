@@ -150,14 +150,7 @@ async fn healthz_names_the_anthropic_upstream() {
     config.anthropic_upstream_url = "http://127.0.0.1:9/anthropic/v1".into();
     config.validate().expect("valid");
     let gw = start(config).await;
-    let health: Value = client()
-        .get(gw.url("/healthz"))
-        .send()
-        .await
-        .expect("healthz")
-        .json()
-        .await
-        .expect("json");
+    let health = health(&gw).await;
     assert_eq!(
         health["anthropic_upstream"], "http://127.0.0.1:9/anthropic/v1",
         "{health}"
