@@ -200,7 +200,9 @@ impl Upstream {
         }
         if err.is_connect() {
             return GatewayError::UpstreamUnreachable {
-                upstream: self.base_url.clone(),
+                upstream: err
+                    .url()
+                    .map_or_else(|| self.base_url.clone(), requested_upstream),
                 detail: error_chain(err),
             };
         }
@@ -249,6 +251,18 @@ pub(crate) fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
 }
 
 /// `reqwest` errors hide their cause (connection refused, DNS…) in the source chain.
+/// The upstream a failed request went to, as an operator would name it: a route may have its own
+/// (the Messages API goes to `anthropic_upstream_url`, not `upstream_url`), so the error names the
+/// one that was tried, without credentials, query or fragment.
+fn requested_upstream(url: &reqwest::Url) -> String {
+    let mut url = url.clone();
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.set_query(None);
+    url.set_fragment(None);
+    url.to_string()
+}
+
 pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();

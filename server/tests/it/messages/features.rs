@@ -156,6 +156,19 @@ async fn healthz_names_the_anthropic_upstream() {
         "{health}"
     );
     assert_ne!(health["upstream"], health["anthropic_upstream"]);
+    // Nothing listens there: the error names the upstream this route tried, not the OpenAI one.
+    // Anthropic's own status for it (500 `api_error`, which its SDKs retry).
+    let response = create(&gw, "sk-a", &ask("Hello", false), &[]).await;
+    assert_eq!(response.status(), 500);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(
+        (&body["type"], &body["error"]["type"]),
+        (&json!("error"), &json!("api_error")),
+        "{body}"
+    );
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(message.contains("127.0.0.1:9/anthropic/v1"), "{message}");
+    assert!(!message.contains(&sim.base_url()), "{message}");
 }
 
 #[tokio::test]
