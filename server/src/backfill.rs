@@ -698,30 +698,9 @@ mod tests {
 
     /// An entry of `route` stored without a vector, in partition 1, under `key`.
     fn unembedded(route: &str, prompt: &str, key: [u8; 32]) -> Entry {
-        Entry {
-            id: EntryId(0),
-            key: crate::key::CacheKey(key),
-            partition: crate::key::PartitionKey([1; 32]),
-            summary: crate::entry::RequestSummary {
-                route: route.into(),
-                model: "m".into(),
-                namespace: None,
-                tenant: "shared".into(),
-                prompt: prompt.into(),
-                stream: false,
-            },
-            events: Vec::new(),
-            body: json!({"choices": []}),
-            usage: None,
-            phases: crate::timing::Phases::default(),
-            created_at_ms: unix_ms(),
-            ttl_ms: 60_000,
-            hit_count: 0,
-            last_hit_ms: 0,
-            vector: None,
-            hit_history: Vec::new(),
-            warmed: false,
-        }
+        let mut entry = Entry::for_test(prompt, key);
+        entry.summary.route = route.into();
+        entry
     }
 
     /// `n` chat entries without a vector, in one partition; their ids.

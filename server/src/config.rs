@@ -288,6 +288,10 @@ pub struct ServeArgs {
     /// Embedding deadline in ms; a later embedding falls back to exact matching [default: 250].
     #[arg(long, env = "REPRISE_EMBED_DEADLINE_MS")]
     pub embed_deadline_ms: Option<u64>,
+    /// ONNX Runtime threads per model call (the embed worker counts as one); under load from other
+    /// processes, 1 can be faster than one per core [default: one per core].
+    #[arg(long, env = "REPRISE_EMBED_THREADS")]
+    pub embed_threads: Option<usize>,
     /// Longest expected wait, in ms, for a miss's vector (queued model calls ahead of it and its
     /// own, with batching); beyond it the miss skips semantic matching at once
     /// (`x-reprise-semantic: skipped; reason=overload`). 0: only while the model is idle [default: 100].
@@ -400,6 +404,8 @@ pub struct Config {
     pub ort_lib: PathBuf,
     pub semantic: bool,
     pub embed_deadline_ms: u64,
+    /// ONNX Runtime intra-op threads; `None`: one per core.
+    pub embed_threads: Option<usize>,
     /// Longest expected wait for a miss's vector before it skips semantic matching.
     pub embed_queue_budget_ms: u64,
     /// Race semantic matching against the upstream request instead of waiting for it.
@@ -477,6 +483,7 @@ impl Default for Config {
             ort_lib: PathBuf::from("models/onnxruntime/libonnxruntime.so"),
             semantic: true,
             embed_deadline_ms: 250,
+            embed_threads: None,
             embed_queue_budget_ms: crate::embed::DEFAULT_QUEUE_BUDGET_MS,
             semantic_overlap: false,
             embed_max_batch: 16,
@@ -583,6 +590,7 @@ impl Config {
             semantic,
             similarity_threshold,
             embed_deadline_ms,
+            embed_threads,
             embed_queue_budget_ms,
             semantic_overlap,
             semantic_guards,
@@ -650,6 +658,9 @@ impl Config {
         set(&mut self.semantic, semantic);
         set(&mut self.live.similarity_threshold, similarity_threshold);
         set(&mut self.embed_deadline_ms, embed_deadline_ms);
+        if embed_threads.is_some() {
+            self.embed_threads = embed_threads;
+        }
         set(&mut self.embed_queue_budget_ms, embed_queue_budget_ms);
         set(&mut self.semantic_overlap, semantic_overlap);
         set(&mut self.live.semantic_guards, semantic_guards);
@@ -759,6 +770,17 @@ impl Config {
                     "must be greater than 0 (leave it unset to derive it from the open-file limit)"
                         .into(),
             });
+        }
+        // More threads than a machine has cores only contend; 256 is past any of them.
+        if let Some(threads) = self.embed_threads {
+            if !(1..=256).contains(&threads) {
+                return Err(ConfigError::Invalid {
+                    field: "embed_threads",
+                    reason: format!(
+                        "{threads} is not between 1 and 256 (leave it unset for one per core)"
+                    ),
+                });
+            }
         }
         self.live.validate()?;
         self.validate_judge()?;
@@ -1181,6 +1203,20 @@ mod tests {
                     ..ServeArgs::default()
                 },
                 "max_connections",
+            ),
+            (
+                ServeArgs {
+                    embed_threads: Some(0),
+                    ..ServeArgs::default()
+                },
+                "embed_threads",
+            ),
+            (
+                ServeArgs {
+                    embed_threads: Some(100_000),
+                    ..ServeArgs::default()
+                },
+                "embed_threads",
             ),
         ] {
             let err = Config::load(&args).expect_err(field);

@@ -213,6 +213,38 @@ impl Entry {
     }
 }
 
+#[cfg(test)]
+impl Entry {
+    /// A chat entry for unit tests: `prompt` under `key` in partition 1, no answer events, an
+    /// empty body, stored now for a minute, no vector. Tests set the fields they are about.
+    pub(crate) fn for_test(prompt: &str, key: [u8; 32]) -> Entry {
+        Entry {
+            id: EntryId(0),
+            key: CacheKey(key),
+            partition: PartitionKey([1; 32]),
+            summary: RequestSummary {
+                route: "chat.completions".into(),
+                model: "m".into(),
+                namespace: None,
+                tenant: "shared".into(),
+                prompt: prompt.into(),
+                stream: false,
+            },
+            events: Vec::new(),
+            body: serde_json::json!({"choices": []}),
+            usage: None,
+            phases: Phases::default(),
+            created_at_ms: crate::timing::unix_ms(),
+            ttl_ms: 60_000,
+            hit_count: 0,
+            last_hit_ms: 0,
+            vector: None,
+            hit_history: Vec::new(),
+            warmed: false,
+        }
+    }
+}
+
 /// The stored cold half of an entry: every field but `events` and `body`, spelled as [`Entry`]
 /// spells them, so that it reads back as an [`Entry`] with those two empty.
 #[derive(Serialize)]

@@ -205,7 +205,9 @@ impl Semantic {
             max_batch: config.embed_max_batch,
             max_wait: Duration::from_millis(config.embed_max_wait_ms),
             queue_budget: Duration::from_millis(config.embed_queue_budget_ms),
-            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            threads: config
+                .embed_threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
         };
         let embedder = match Embedder::load(&embed_config) {
             Ok(e) => Arc::new(e),
@@ -775,28 +777,12 @@ mod tests {
     /// An entry in partition 1 with the prompt `question {n}`, a vector when `vector`.
     fn stored(n: u64, vector: bool) -> Entry {
         Entry {
-            id: EntryId(0),
-            key: crate::key::CacheKey(*blake3::hash(&n.to_le_bytes()).as_bytes()),
-            partition: crate::key::PartitionKey([1; 32]),
-            summary: crate::entry::RequestSummary {
-                route: "chat.completions".into(),
-                model: "m".into(),
-                namespace: None,
-                tenant: "shared".into(),
-                prompt: format!("question {n}"),
-                stream: false,
-            },
-            events: Vec::new(),
             body: serde_json::json!({"choices": [{"message": {"content": "answer"}}]}),
-            usage: None,
-            phases: crate::timing::Phases::default(),
-            created_at_ms: unix_ms(),
-            ttl_ms: 60_000,
-            hit_count: 0,
-            last_hit_ms: 0,
             vector: vector.then(|| unit(n as u32)),
-            hit_history: Vec::new(),
-            warmed: false,
+            ..Entry::for_test(
+                &format!("question {n}"),
+                *blake3::hash(&n.to_le_bytes()).as_bytes(),
+            )
         }
     }
 

@@ -145,10 +145,18 @@ pub async fn stream_text(response: reqwest::Response) -> String {
 
 /// A chat request to the gateway as tenant `sk-tenant-a`, with extra headers.
 pub async fn post(gw: &Gateway, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
-    let mut request = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth("sk-tenant-a")
-        .json(body);
+    let auth = [("authorization", "Bearer sk-tenant-a")];
+    post_to(gw, "/v1/chat/completions", body, &[&auth, headers].concat()).await
+}
+
+/// `body` as JSON to `path` of the gateway, with `headers` (credentials included).
+pub async fn post_to(
+    gw: &Gateway,
+    path: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut request = client().post(gw.url(path)).json(body);
     for (k, v) in headers {
         request = request.header(*k, *v);
     }

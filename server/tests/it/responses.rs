@@ -23,14 +23,9 @@ async fn create(
     body: &Value,
     headers: &[(&str, &str)],
 ) -> reqwest::Response {
-    let mut request = client()
-        .post(gw.url("/v1/responses"))
-        .bearer_auth(key)
-        .json(body);
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    request.send().await.expect("send")
+    let bearer = format!("Bearer {key}");
+    let auth = [("authorization", bearer.as_str())];
+    post_to(gw, "/v1/responses", body, &[&auth, headers].concat()).await
 }
 
 /// What a Responses API stream says, read from its events.

@@ -39,15 +39,8 @@ pub(super) async fn create(
     body: &Value,
     headers: &[(&str, &str)],
 ) -> reqwest::Response {
-    let mut request = client()
-        .post(gw.url("/v1/messages"))
-        .header("x-api-key", key)
-        .header("anthropic-version", "2023-06-01")
-        .json(body);
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    request.send().await.expect("send")
+    let auth = [("x-api-key", key), ("anthropic-version", "2023-06-01")];
+    post_to(gw, "/v1/messages", body, &[&auth, headers].concat()).await
 }
 
 /// What a Messages API stream says, read from its events.
