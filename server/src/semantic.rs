@@ -530,6 +530,26 @@ const PAGE: usize = 512;
 fn stored_ids(store: &dyn Store) -> (BTreeSet<u64>, Vec<u64>) {
     let mut with_vector = BTreeSet::new();
     let mut unembedded = Vec::new();
+    // A store that knows which entries have a vector (sled's ledger) spares reading those: only
+    // the others are read, to tell which of them should have one.
+    if let Some((with, without)) = store.vector_ids() {
+        with_vector.extend(with.into_iter().map(|id| id.0));
+        for page in without.chunks(PAGE) {
+            match store.cold(page) {
+                Ok(entries) => unembedded.extend(
+                    entries
+                        .iter()
+                        .filter(|entry| wants_vector(entry))
+                        .map(|entry| entry.id.0),
+                ),
+                Err(err) => {
+                    tracing::warn!(error = %err, "reading stored entries failed");
+                    break;
+                }
+            }
+        }
+        return (with_vector, unembedded);
+    }
     let ids = match store.ids() {
         Ok(ids) => ids,
         Err(err) => {

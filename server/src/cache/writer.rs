@@ -254,7 +254,11 @@ fn writer_loop(
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 apply_touches(store.as_ref(), &mut take());
-                let _ = store.flush();
+                forget_dropped(store.as_ref(), index.as_deref());
+                // The last write: the store may leave what makes the next start fast.
+                if let Err(err) = store.close() {
+                    tracing::warn!(error = %err, "closing the store failed; the next start scans it");
+                }
                 return;
             }
         }

@@ -1,6 +1,7 @@
 //! The bookkeeping both stores keep alike (what a hit records, the order they evict in, shedding
 //! down to the caps), and the sled store's in-memory ledger: the id, key, expiry, recency and size
-//! of every entry, built by one scan at open. The ledger makes `len`/`bytes` O(1) and lets `sweep`
+//! of every entry, built by one scan at open (or read back from the file a clean close wrote,
+//! `ledger_file.rs`). The ledger makes `len`/`bytes` O(1) and lets `sweep`
 //! find expired entries and sample eviction candidates without reading payloads from disk. It must
 //! not touch a backend: the stores call it, and the sled store keeps the ledger in step with what
 //! it writes, under the lock every write takes.
@@ -83,6 +84,8 @@ pub(super) struct Slot {
     pub(super) recency_ms: u64,
     /// Encoded size on disk.
     pub(super) size: u64,
+    /// Whether the entry holds a vector (what the vector index must hold at start-up).
+    pub(super) vector: bool,
 }
 
 impl Slot {
@@ -93,6 +96,7 @@ impl Slot {
             expires_at_ms: entry.expires_at_ms(),
             recency_ms: recency_ms(entry.created_at_ms, entry.last_hit_ms),
             size: size as u64,
+            vector: entry.vector.is_some(),
         }
     }
 }
@@ -120,6 +124,17 @@ impl Ledger {
             bytes: 0,
             rng: nanos | 1,
         }
+    }
+
+    /// A ledger of `slots` (read back from the file a clean close wrote).
+    pub(super) fn from_slots(slots: Vec<Slot>) -> Self {
+        let mut ledger = Self::new();
+        ledger.position.reserve(slots.len());
+        ledger.slots.reserve(slots.len());
+        for slot in slots {
+            ledger.insert(slot);
+        }
+        ledger
     }
 
     pub(super) fn get(&self, id: u64) -> Option<&Slot> {

@@ -45,6 +45,7 @@ mod compact;
 pub mod connect;
 pub mod feed;
 mod ledger;
+mod ledger_file;
 pub mod offload;
 mod redis;
 mod resilient;
@@ -204,6 +205,11 @@ pub trait Store: Upkeep {
     fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError>;
     /// Every stored entry id, without decoding the entries.
     fn ids(&self) -> Result<Vec<EntryId>, StoreError>;
+    /// The stored ids with a vector and those without, in id order, when the store knows them
+    /// without reading entries (sled's ledger); `None` otherwise, and the caller reads [`Store::cold`].
+    fn vector_ids(&self) -> Option<(Vec<EntryId>, Vec<EntryId>)> {
+        None
+    }
     /// Entries `ids` without their answers (`events` and `body` left empty), in `ids`' order,
     /// skipping those gone or unreadable: what start-up and a rebuild of the vector index read
     /// (vector, partition, route, prompt), a page at a time, so that a million entries are never
@@ -263,6 +269,12 @@ pub trait Upkeep: Send + Sync + 'static {
     ) -> Result<(usize, usize), StoreError>;
     /// Makes every write so far durable.
     fn flush(&self) -> Result<(), StoreError>;
+    /// The last call at shutdown, after the last write: flushes, and may leave what makes the next
+    /// open fast (sled: its ledger, so the next open reads no entry). A write after it is still
+    /// safe, only that shortcut is lost.
+    fn close(&self) -> Result<(), StoreError> {
+        self.flush()
+    }
     /// Caps the store holds at every write from now on: a put (or a rewrite that grows an entry)
     /// first evicts, by the same approximate LRU as `sweep`, what it needs to stay within both,
     /// and an entry larger than `max_bytes` alone is refused ([`StoreError::TooLarge`]). Evicts

@@ -517,6 +517,12 @@ impl Store for ResilientStore {
         self.with(|| Ok(Vec::new()), |s| s.cold(ids))
     }
 
+    fn vector_ids(&self) -> Option<(Vec<EntryId>, Vec<EntryId>)> {
+        self.with(|| Ok(None), |s| Ok(s.vector_ids()))
+            .ok()
+            .flatten()
+    }
+
     fn len(&self) -> usize {
         match &self.redis {
             Some(redis) => redis.len(),
@@ -547,6 +553,10 @@ impl Upkeep for ResilientStore {
 
     fn flush(&self) -> Result<(), StoreError> {
         self.with(|| Err(refused()), |s| s.flush())
+    }
+
+    fn close(&self) -> Result<(), StoreError> {
+        self.with(|| Err(refused()), |s| s.close())
     }
 
     fn set_caps(&self, max_entries: usize, max_bytes: u64) -> Result<(), StoreError> {

@@ -30,7 +30,9 @@
 //! [`disk_budget`] (see [`ResilientStore::enforce_disk_budget`]).
 //!
 //! Beside sled, the in-memory [`Ledger`] (`ledger.rs`) mirrors every entry's id, key, expiry,
-//! recency and size, built by one scan at open.
+//! recency, size and whether it has a vector, built by one scan at open, which reads every entry
+//! and answer and cleans up what a crash or damage left. A clean close writes the ledger to a file
+//! (`ledger_file.rs`) that the next open reads instead, when nothing has written to sled since.
 //!
 //! [`CHUNK`]: super::CHUNK
 //! [`compact`]: super::compact
@@ -41,7 +43,7 @@ use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use serde::Deserialize;
@@ -54,6 +56,7 @@ use super::codec::{
     Resolved, TxResult, FORMAT_JSON, FORMAT_REPLAY,
 };
 use super::ledger::{self, recency_ms, Ledger, Slot};
+use super::ledger_file;
 use super::{compact, salvage, MigrationError, Store, StoreError, Upkeep, SCHEMA_VERSION};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
@@ -90,6 +93,12 @@ pub struct SledStore {
     max_bytes: AtomicU64,
     /// Entries removed since [`Store::take_dropped`] last took them.
     dropped: Mutex<Vec<EntryId>>,
+    /// The data directory (where [`Upkeep::close`] writes the ledger file).
+    dir: PathBuf,
+    /// Set by [`Upkeep::close`]: the ledger file stands for the store, so the next write removes it.
+    closed: AtomicBool,
+    /// Whether the ledger came from the file a clean close wrote (else from a scan).
+    ledger_from_file: bool,
 }
 
 /// The id floor recorded in `meta`.
@@ -331,6 +340,18 @@ impl SledStore {
         })?;
         remove_unfinished_snapshots(dir);
         compact::finish_or_discard(dir)?;
+        // Taken before sled opens (and may write): a crash from here on leaves no file to trust.
+        let saved = ledger_file::take(dir).map_err(|source| StoreError::Io {
+            what: "removing the ledger file".into(),
+            source,
+        })?;
+        let saved = saved.filter(|(print, _)| {
+            let matches = ledger_file::fingerprint(dir).is_ok_and(|now| now == *print);
+            if !matches {
+                warn!("sled's files changed since the ledger file was written; scanning the store");
+            }
+            matches
+        });
         let mut db = open_db(dir)?;
         let found = reprise_migrations::migrate(&db)?;
         if found != SCHEMA_VERSION {
@@ -340,8 +361,11 @@ impl SledStore {
                 "upgraded data directory schema"
             );
         }
+        // A migration or a rebuild rewrites what the file describes: scan.
+        let mut saved = saved.filter(|_| found == SCHEMA_VERSION);
         if rebuild || compact::has_blobs(dir) {
             db = compact::rebuild(dir, db)?;
+            saved = None;
         }
         let entries = db.open_tree(layout::ENTRIES)?;
         let chunks = db.open_tree(layout::CHUNKS)?;
@@ -355,11 +379,18 @@ impl SledStore {
             replays: &replays,
             replay_chunks: &replay_chunks,
         };
-        let ledger = load_ledger(&trees, &exact)?;
+        let started = std::time::Instant::now();
+        let ledger_from_file = saved.is_some();
+        let ledger = match saved {
+            Some((_, slots)) => Ledger::from_slots(slots),
+            None => load_ledger(&trees, &exact)?,
+        };
         info!(
             dir = %dir.display(),
             entries = ledger.slots.len(),
             bytes = ledger.bytes,
+            ledger = if ledger_from_file { "file" } else { "scan" },
+            ledger_ms = started.elapsed().as_millis() as u64,
             "opened cache store"
         );
         Ok(Self {
@@ -377,7 +408,15 @@ impl SledStore {
             ledger: Mutex::new(ledger),
             quarantine: Mutex::new(HashSet::new()),
             dropped: Mutex::new(Vec::new()),
+            dir: dir.to_owned(),
+            closed: AtomicBool::new(false),
+            ledger_from_file,
         })
+    }
+
+    /// Whether this open read the ledger from the file a clean close wrote instead of scanning.
+    pub fn ledger_from_file(&self) -> bool {
+        self.ledger_from_file
     }
 
     /// Writes the exact-key row of every entry that has none (a salvage copies no index rows:
@@ -403,12 +442,22 @@ impl SledStore {
         Ok(())
     }
 
+    /// The ledger, for a write: every write takes it.
     fn lock_ledger(&self) -> MutexGuard<'_, Ledger> {
         // A panic while holding the lock cannot leave sled half-written (transactions), and the
         // ledger is at worst stale by one write, which sweep tolerates: keep going.
-        self.ledger
+        let ledger = self
+            .ledger
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // A write after the close: the file no longer stands for the store. Should removing it
+        // fail, the write still changes sled's files, which the next open compares.
+        if self.closed.swap(false, Ordering::SeqCst) {
+            if let Err(e) = ledger_file::remove(&self.dir) {
+                error!(error = %e, "removing the ledger file after a late write failed");
+            }
+        }
+        ledger
     }
 
     fn lock_quarantine(&self) -> MutexGuard<'_, HashSet<u64>> {
@@ -795,13 +844,29 @@ impl Store for SledStore {
     }
 
     fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
-        let mut out = Vec::with_capacity(self.len());
-        for key in self.entries.iter().keys() {
-            if let Some(id) = parse_id(&key?) {
-                out.push(EntryId(id));
+        // From the ledger, which mirrors the `entries` tree: iterating the tree's keys would read
+        // every cold half from disk.
+        let ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ids: Vec<EntryId> = ledger.slots.iter().map(|s| EntryId(s.id)).collect();
+        drop(ledger);
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    fn vector_ids(&self) -> Option<(Vec<EntryId>, Vec<EntryId>)> {
+        let ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut with, mut without): (Vec<EntryId>, Vec<EntryId>) = (Vec::new(), Vec::new());
+        for slot in &ledger.slots {
+            if slot.vector {
+                with.push(EntryId(slot.id));
+            } else {
+                without.push(EntryId(slot.id));
             }
         }
-        Ok(out)
+        drop(ledger);
+        with.sort_unstable();
+        without.sort_unstable();
+        Some((with, without))
     }
 
     fn take_dropped(&self) -> Vec<EntryId> {
@@ -884,6 +949,29 @@ impl Upkeep for SledStore {
         Ok(())
     }
 
+    fn close(&self) -> Result<(), StoreError> {
+        // Under the ledger lock: no write lands between the flush and the file.
+        let ledger = self.lock_ledger();
+        self.db.flush()?;
+        let written = ledger_file::fingerprint(&self.dir)
+            .and_then(|print| ledger_file::write(&self.dir, &print, &ledger.slots));
+        match written {
+            Ok(()) => {
+                self.closed.store(true, Ordering::SeqCst);
+                debug!(entries = ledger.slots.len(), "wrote the ledger file");
+                Ok(())
+            }
+            Err(source) => {
+                // No file, or a partial one the next open ignores: it scans, as after a crash.
+                let _ = ledger_file::remove(&self.dir);
+                Err(StoreError::Io {
+                    what: "writing the ledger file".into(),
+                    source,
+                })
+            }
+        }
+    }
+
     fn set_caps(&self, max_entries: usize, max_bytes: u64) -> Result<(), StoreError> {
         self.max_entries.store(max_entries, Ordering::Relaxed);
         self.max_bytes.store(max_bytes, Ordering::Relaxed);
@@ -944,6 +1032,9 @@ struct EntryHead {
     created_at_ms: u64,
     ttl_ms: u64,
     last_hit_ms: u64,
+    /// Present (and not null) when the entry has a vector; its value is not decoded.
+    #[serde(default)]
+    vector: Option<serde::de::IgnoredAny>,
 }
 
 /// The trees an entry's two halves live in.
@@ -1023,6 +1114,7 @@ fn load_ledger(trees: &Trees<'_>, exact: &sled::Tree) -> Result<Ledger, StoreErr
             expires_at_ms: head.created_at_ms.saturating_add(head.ttl_ms),
             recency_ms: recency_ms(head.created_at_ms, head.last_hit_ms),
             size: cold_len as u64 + replay_len,
+            vector: head.vector.is_some(),
         });
     }
     for raw_id in unreadable {
@@ -1832,6 +1924,104 @@ mod tests {
         // New ids keep increasing after a restart.
         let next = store.put(entry(9, 1_000, 60_000)).expect("put");
         assert!(ids.iter().all(|id| *id < next));
+        assert_consistent(&store);
+    }
+
+    /// A store of five entries, the odd ones with a vector, one touched; closed. Its ids, bytes
+    /// and the ledger as it was (id, expiry, recency, size, vector), in id order.
+    #[allow(clippy::type_complexity)]
+    fn closed_store(dir: &Path) -> (Vec<EntryId>, u64, Vec<(u64, u64, u64, u64, bool)>) {
+        let store = open(dir);
+        let ids: Vec<EntryId> = (0..5)
+            .map(|n| {
+                let mut e = entry(n, 1_000 + n, 60_000);
+                e.vector = (n % 2 == 1).then(|| vec![0.5; 4]);
+                store.put(e).expect("put")
+            })
+            .collect();
+        store.touch(ids[2], 4, &hits(4, 3_000)).expect("touch");
+        let slots = ledger_rows(&store);
+        let bytes = store.bytes();
+        store.close().expect("close");
+        (ids, bytes, slots)
+    }
+
+    fn ledger_rows(store: &SledStore) -> Vec<(u64, u64, u64, u64, bool)> {
+        let ledger = store.lock_ledger();
+        let mut rows: Vec<_> = ledger
+            .slots
+            .iter()
+            .map(|s| (s.id, s.expires_at_ms, s.recency_ms, s.size, s.vector))
+            .collect();
+        rows.sort_unstable();
+        rows
+    }
+
+    #[test]
+    fn a_clean_close_reopens_from_the_ledger_file_with_the_same_ledger() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ids, bytes, before) = closed_store(dir.path());
+        let store = open(dir.path());
+        assert!(store.ledger_from_file(), "read from the file, no scan");
+        assert!(
+            !dir.path().join(ledger_file::FILE).exists(),
+            "taken at open: a crash from here scans"
+        );
+        assert_eq!(ledger_rows(&store), before);
+        assert_eq!((store.len(), store.bytes()), (5, bytes));
+        assert_eq!(store.ids().expect("ids"), ids);
+        let (with, without) = store.vector_ids().expect("sled knows");
+        assert_eq!(with, vec![ids[1], ids[3]]);
+        assert_eq!(without, vec![ids[0], ids[2], ids[4]]);
+        // The ledger drives what follows: expiry, eviction (LRU: the touched one stays), puts.
+        assert_eq!(store.sweep(61_001, 100, u64::MAX).expect("sweep"), (2, 0));
+        assert_eq!(store.sweep(0, 2, u64::MAX).expect("sweep"), (0, 1));
+        assert!(store.get(ids[2]).expect("get").is_some(), "recently hit");
+        store.put(entry(9, 1_000, 60_000)).expect("put");
+        assert_consistent(&store);
+        drop(store);
+        // Dropped without a close (a crash, as far as the file goes): the next open scans.
+        let store = open(dir.path());
+        assert!(!store.ledger_from_file());
+        assert_eq!(store.len(), 3);
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn a_write_after_the_close_removes_the_ledger_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open(dir.path());
+        store.put(entry(1, 1_000, 60_000)).expect("put");
+        store.close().expect("close");
+        assert!(dir.path().join(ledger_file::FILE).exists());
+        let late = store.put(entry(2, 1_000, 60_000)).expect("a late put");
+        assert!(!dir.path().join(ledger_file::FILE).exists());
+        drop(store);
+        let store = open(dir.path());
+        assert!(!store.ledger_from_file());
+        assert_eq!(store.len(), 2);
+        assert!(store.get(late).expect("get").is_some());
+        assert_consistent(&store);
+    }
+
+    #[test]
+    fn a_ledger_file_older_than_sleds_files_is_not_trusted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        closed_store(dir.path());
+        let file = dir.path().join(ledger_file::FILE);
+        let stale = std::fs::read(&file).expect("ledger file");
+        // What a process that knows nothing of the file does (an older Reprise): open, write, and
+        // close without writing it; the file it left is put back.
+        {
+            let store = open(dir.path());
+            store.put(entry(7, 1_000, 60_000)).expect("put");
+            store.delete(store.ids().expect("ids")[0]).expect("delete");
+            store.flush().expect("flush");
+        }
+        std::fs::write(&file, stale).expect("put the stale file back");
+        let store = open(dir.path());
+        assert!(!store.ledger_from_file(), "sled's files changed since");
+        assert_eq!(store.len(), 5);
         assert_consistent(&store);
     }
 

@@ -291,7 +291,13 @@ async fn entries_survive_a_restart_on_the_same_data_dir() {
     let store = std::sync::Arc::downgrade(&gw.state.cache.store);
     gw.shutdown().await.expect("shutdown");
     assert!(store.upgrade().is_none(), "shutdown releases the store");
+    // A clean shutdown leaves the store's ledger, which the next start reads instead of every entry.
+    assert!(
+        dir.path().join("ledger").exists(),
+        "ledger written at close"
+    );
     let gw = start(config_in(sim.base_url(), dir.path().to_owned())).await;
+    assert!(!dir.path().join("ledger").exists(), "taken at open");
     let before = upstream_calls(&sim);
     let hit = post(&gw, &body, &[]).await;
     assert_eq!(outcome(&hit), "hit");
