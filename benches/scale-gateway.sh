@@ -131,17 +131,6 @@ started() {
   exit 1
 }
 
-# embedding PORT: the embedding counters as "batches texts overload busy_seconds".
-embedding() {
-  local busy
-  busy=$(curl -sf -H "authorization: Bearer $token" http://127.0.0.1:"$1"/metrics \
-    | awk '$1 == "reprise_embedding_batch_seconds_sum" { print $2 }')
-  curl -sf -H "authorization: Bearer $token" http://127.0.0.1:"$1"/admin/stats | python3 -c '
-import json, sys
-e = json.load(sys.stdin)["embedding"]
-print(e["batches"], e["texts"], e["fallback_reasons"]["overload"], sys.argv[1] or 0)' "$busy"
-}
-
 # keep: copies what the report is made of to target/scale-gateway-last/ (outside git), so a run
 # stopped early still leaves its measurements.
 keep() { mkdir -p target/scale-gateway-last && cp "$WORK"/results.jsonl "$WORK"/[sej]-*.* target/scale-gateway-last/ 2>/dev/null || true; }
@@ -154,11 +143,11 @@ serve() {
   [ "$code" = 201 ] || { echo "warming $name: HTTP $code: $(head -c 300 "$WORK/warm-answer")" >&2; exit 1; }
   for c in $concurrency; do
     local e0 e1
-    e0=$(embedding "$port")
+    e0=$(embedding "$port" "$token")
     REPRISE_ADMIN_TOKEN=$token "$bin/reprise-client" bench --url http://127.0.0.1:"$port"/v1 --pairs "$WORK/pairs.jsonl" \
       --namespace support --rounds "$rounds" --concurrency "$c" --samples "$WORK/s-$name-$c.jsonl" -q --json \
       >"$WORK/j-$name-$c.json"
-    e1=$(embedding "$port")
+    e1=$(embedding "$port" "$token")
     echo "$e0 $e1" >"$WORK/e-$name-$c.txt"
   done
   local vectors
@@ -205,7 +194,9 @@ for n in $sizes; do
       echo "==> $n entries into sled (scale-gateway --store-only)" >&2
       kinds="rebuild dump"
       t0=$(now)
-      REPRISE_ADMIN_TOKEN=$token "$bin/scale-gateway" --entries "$n" --store-only --semantic false --data-dir "$data" \
+      # With the model loaded, so that the data dir records it: a dir without a record is taken
+      # as holding the previous model's vectors, and the restarts would re-embed every entry.
+      REPRISE_ADMIN_TOKEN=$token "$bin/scale-gateway" --entries "$n" --store-only --data-dir "$data" \
         "${model_flags[@]}" --listen 127.0.0.1:"$port" --upstream-url http://127.0.0.1:"$sim_port"/v1 >"$WORK/sled-loader-$n.log" 2>&1
       load_s=$(python3 -c "print($(now) - $t0)")
       start "probe-$n" "$bin/reprise" "$port" "$data" serve --semantic false

@@ -12,13 +12,15 @@
 # `/admin/stats` before and after each run. Writes benches/results/<date>-semantic-floor-ab.md.
 #
 # Usage: benches/semantic-floor.sh --before DIR --after DIR [--before-models M --after-models M]
+#                                  [--before-flags "FLAGS" --after-flags "FLAGS"]
 #                                  [--rounds N] [--reps N] [--concurrency "1 8"]
 #   DIR holds reprise, reprise-sim and reprise-client (e.g. target/release of each revision). Both
 #   gateways are driven by the after build's client and simulator, so only the gateway differs.
 #   M is a models directory as scripts/provision-models.sh lays it out (all-MiniLM-L6-v2/ and
 #   onnxruntime/): each gateway runs the model in its own, so one build (the same DIR twice) compares
 #   two models; given, they are used as they are (not provisioned). Without them both gateways run
-#   ./models, provisioned first.
+#   ./models, provisioned first. FLAGS are extra `reprise serve` flags of one side (split on
+#   spaces), so one build compares two settings, e.g. --before-flags "" --after-flags "--embed-threads 1".
 #   Defaults: 10 rounds (300 asks a run), 3 reps, concurrency 1 and 8.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,12 +32,16 @@ reps=3
 concurrencies="1 8"
 before_models=
 after_models=
+before_flags=
+after_flags=
 while [ $# -gt 0 ]; do
   case "$1" in
     --before) before=$2; shift 2 ;;
     --after) after=$2; shift 2 ;;
     --before-models) before_models=$2; shift 2 ;;
     --after-models) after_models=$2; shift 2 ;;
+    --before-flags) before_flags=$2; shift 2 ;;
+    --after-flags) after_flags=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --concurrency) concurrencies=$2; shift 2 ;;
@@ -69,6 +75,7 @@ fi
 before_models=$(cd "$before_models" && pwd)
 after_models=$(cd "$after_models" && pwd)
 declare -A models=([before]=$before_models [after]=$after_models)
+declare -A flags=([before]=$before_flags [after]=$after_flags)
 
 . scripts/lib-procs.sh
 client="$after/reprise-client"
@@ -95,29 +102,17 @@ for side in before after; do
   REPRISE_ADMIN_TOKEN=$token "$bin" serve --listen 127.0.0.1:"${port[$side]}" \
     --upstream-url http://127.0.0.1:"$sim_port"/v1 --data-dir "$WORK/data-$side" \
     --model-dir "${models[$side]}/all-MiniLM-L6-v2" --ort-lib "${models[$side]}/onnxruntime/libonnxruntime.so" \
-    >"$WORK/gateway-$side.log" 2>&1 &
+    ${flags[$side]} >"$WORK/gateway-$side.log" 2>&1 &
   PIDS+=($!)
   wait_ready http://127.0.0.1:"${port[$side]}"/healthz "gateway ($side)" "$WORK/gateway-$side.log"
   curl -sf http://127.0.0.1:"${port[$side]}"/healthz | grep -q '"mode":"semantic"' \
     || { echo "the $side gateway runs without semantic matching (model missing?)" >&2; exit 1; }
 done
 
-# embedding PORT: the gateway's embedding counters as "batches texts overload busy_seconds" (the
-# last: the model calls' total time, from /metrics).
-embedding() {
-  local busy
-  busy=$(curl -sf -H "authorization: Bearer $token" http://127.0.0.1:"$1"/metrics \
-    | awk '$1 == "reprise_embedding_batch_seconds_sum" { print $2 }')
-  curl -sf -H "authorization: Bearer $token" http://127.0.0.1:"$1"/admin/stats | python3 -c '
-import json, sys
-e = json.load(sys.stdin)["embedding"]
-print(e["batches"], e["texts"], e["fallback_reasons"]["overload"], sys.argv[1] or 0)' "$busy"
-}
-
 # run SIDE C REP: one bench run; its samples and the embedding counters' change go to $WORK.
 run() {
   local side=$1 c=$2 rep=$3 p=${port[$1]} start end
-  start=$(embedding "$p")
+  start=$(embedding "$p" "$token")
   # The driver gives up when a stored question is not yet an exact hit 30 s after seeding (the
   # writer behind on a loaded machine): such a run is tried once more.
   for try in 1 2; do
@@ -127,7 +122,7 @@ run() {
     [ "$try" = 2 ] && exit 1
     echo "    (retrying the run)" >&2
   done
-  end=$(embedding "$p")
+  end=$(embedding "$p" "$token")
   echo "$start $end" >"$WORK/e-$side-$c-$rep.txt"
 }
 
@@ -149,7 +144,7 @@ sides=()
 for side in before after; do
   bin=$before
   [ "$side" = after ] && bin=$after
-  sides+=("$side: gateway $bin/reprise, model $(sha256sum "${models[$side]}/all-MiniLM-L6-v2/model.onnx" | cut -c1-12) in ${models[$side]}")
+  sides+=("$side: gateway $bin/reprise${flags[$side]:+ ${flags[$side]}}, model $(sha256sum "${models[$side]}/all-MiniLM-L6-v2/model.onnx" | cut -c1-12) in ${models[$side]}")
 done
 python3 - "$WORK" "$reps" "$concurrencies" "$rounds" "$(git rev-parse --short HEAD)" "${loads[*]}" "${sides[@]}" >"$out" <<'PY'
 import json, sys, statistics

@@ -1,6 +1,6 @@
 # Shared by the scripts that start reprise processes (sourced, not run): a temporary folder WORK,
 # the started processes (append their PIDs to PIDS) stopped and WORK removed on exit, a free
-# loopback port, and waiting until a URL answers.
+# loopback port, waiting until a URL answers, and a gateway's embedding counters.
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/reprise.XXXXXX")
 PIDS=()
@@ -32,4 +32,17 @@ wait_ready() {
     tail -n 40 "$3" >&2
   fi
   exit 1
+}
+
+# embedding PORT TOKEN: a gateway's embedding counters as "batches texts overload busy_seconds"
+# (the last: the model calls' total time, from /metrics), read with admin token TOKEN. Benches take
+# it before and after a run: the difference is what the run cost the model.
+embedding() {
+  local busy
+  busy=$(curl -sf -H "authorization: Bearer $2" http://127.0.0.1:"$1"/metrics \
+    | awk '$1 == "reprise_embedding_batch_seconds_sum" { print $2 }')
+  curl -sf -H "authorization: Bearer $2" http://127.0.0.1:"$1"/admin/stats | python3 -c '
+import json, sys
+e = json.load(sys.stdin)["embedding"]
+print(e["batches"], e["texts"], e["fallback_reasons"]["overload"], sys.argv[1] or 0)' "$busy"
 }
