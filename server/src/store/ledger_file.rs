@@ -9,14 +9,18 @@
 //! - The next open takes the file away before it opens sled, so a process that crashes after
 //!   the open leaves none behind (a crash always means a full scan, which also cleans up what a
 //!   crash can leave).
-//! - It names the length and modification time of every file sled keeps. A process that wrote
-//!   to the directory without knowing of this file (an older Reprise, a restore from backup)
-//!   changed them, so a file that no longer matches is ignored.
+//! - It carries a random token that the close also writes into sled (`meta`), so a file belongs to
+//!   the database it was written with (not to a restored or copied one). The open removes it there.
+//! - A process that wrote to the directory without knowing of this file (an older Reprise) gave
+//!   every entry it stored a new id, above all others: the open compares the largest id in the
+//!   `entries` tree with the largest in the file. What such a process can do without a new id
+//!   (remove entries, record hits) leaves the ledger naming entries that are gone, which read as
+//!   absent and leave it when eviction picks them. sled's files themselves are no guide: sled
+//!   rewrites them on its own (it moves pages out of old segments) after the last flush.
 //! - A blake3 digest covers the whole file: a torn or damaged file is ignored.
 //!
-//! Layout (little-endian): magic, the fingerprint (a count, then per file its name, length and
-//! modification time), the slot count, each slot (id, key, expiry, recency, size, has-vector), and
-//! the blake3 digest of everything before it.
+//! Layout (little-endian): magic, the token, the slot count, each slot (id, key, expiry, recency,
+//! size, has-vector), and the blake3 digest of everything before it.
 
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Write};
@@ -29,49 +33,30 @@ use crate::key::CacheKey;
 /// The file's name in the data directory.
 pub(super) const FILE: &str = "ledger";
 /// Format tag: a different layout gets a different tag, and an unknown one is ignored.
-const MAGIC: &[u8; 8] = b"RPRLDG01";
+const MAGIC: &[u8; 8] = b"RPRLDG02";
 /// Bytes of one slot in the file.
 const SLOT_BYTES: usize = 8 + 32 + 8 + 8 + 8 + 1;
 
-/// What identifies sled's files as they were when the ledger was written: each file's name,
-/// length and modification time (ns since the epoch), in name order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Fingerprint(Vec<(String, u64, u128)>);
+/// The random token that ties a file to the database whose `meta` holds it.
+pub(super) type Token = [u8; 16];
 
-/// sled's files in `dir` as they are now: `conf`, `db`, its snapshots (`snap.*`) and the files
-/// under `blobs/`. Reprise's own files beside them (the index dump, this file) are not sled's.
-pub(super) fn fingerprint(dir: &Path) -> io::Result<Fingerprint> {
-    let mut files = Vec::new();
-    let mut add = |path: &Path, name: String| -> io::Result<()> {
-        let meta = fs::metadata(path)?;
-        let mtime = meta
-            .modified()?
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        files.push((name, meta.len(), mtime));
-        Ok(())
-    };
-    for item in fs::read_dir(dir)? {
-        let item = item?;
-        let name = item.file_name().to_string_lossy().into_owned();
-        if name == "conf" || name == "db" || name.starts_with("snap.") {
-            add(&item.path(), name)?;
-        }
-    }
-    if let Ok(blobs) = fs::read_dir(dir.join("blobs")) {
-        for item in blobs {
-            let item = item?;
-            let name = format!("blobs/{}", item.file_name().to_string_lossy());
-            add(&item.path(), name)?;
-        }
-    }
-    files.sort();
-    Ok(Fingerprint(files))
+/// A token for a close: unique enough (time, process, and how much is being written).
+pub(super) fn new_token(slots: usize) -> Token {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&nanos.to_le_bytes());
+    hasher.update(&std::process::id().to_le_bytes());
+    hasher.update(&(slots as u64).to_le_bytes());
+    let mut token = [0u8; 16];
+    token.copy_from_slice(&hasher.finalize().as_bytes()[..16]);
+    token
 }
 
-/// Writes the ledger's `slots` with the `fingerprint` of sled's files (taken after the final
-/// flush) as `dir/ledger`: a temporary file, synced, renamed over, and the directory synced.
-pub(super) fn write(dir: &Path, fingerprint: &Fingerprint, slots: &[Slot]) -> io::Result<()> {
+/// Writes the ledger's `slots` with `token` as `dir/ledger`: a temporary file, synced, renamed
+/// over, and the directory synced.
+pub(super) fn write(dir: &Path, token: &Token, slots: &[Slot]) -> io::Result<()> {
     let tmp = dir.join(format!("{FILE}.tmp"));
     let file = File::create(&tmp)?;
     let mut out = HashingWriter {
@@ -79,13 +64,7 @@ pub(super) fn write(dir: &Path, fingerprint: &Fingerprint, slots: &[Slot]) -> io
         hasher: blake3::Hasher::new(),
     };
     out.write_all(MAGIC)?;
-    out.write_all(&(fingerprint.0.len() as u64).to_le_bytes())?;
-    for (name, len, mtime) in &fingerprint.0 {
-        out.write_all(&(name.len() as u64).to_le_bytes())?;
-        out.write_all(name.as_bytes())?;
-        out.write_all(&len.to_le_bytes())?;
-        out.write_all(&mtime.to_le_bytes())?;
-    }
+    out.write_all(token)?;
     out.write_all(&(slots.len() as u64).to_le_bytes())?;
     for slot in slots {
         let Slot {
@@ -122,11 +101,11 @@ pub(super) fn remove(dir: &Path) -> io::Result<()> {
     }
 }
 
-/// Takes `dir/ledger` away and returns what it held, when it is whole: its fingerprint and slots.
+/// Takes `dir/ledger` away and returns what it held, when it is whole: its token and slots.
 /// `Ok(None)` when there is none or it is torn, damaged or of another format; `Err` only when the
 /// file could not be removed (then it must not be used, and the store must not open: a later
 /// open would trust it).
-pub(super) fn take(dir: &Path) -> io::Result<Option<(Fingerprint, Vec<Slot>)>> {
+pub(super) fn take(dir: &Path) -> io::Result<Option<(Token, Vec<Slot>)>> {
     let bytes = match fs::read(dir.join(FILE)) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -147,7 +126,7 @@ pub(super) fn take(dir: &Path) -> io::Result<Option<(Fingerprint, Vec<Slot>)>> {
     Ok(parsed)
 }
 
-fn parse(bytes: &[u8]) -> Option<(Fingerprint, Vec<Slot>)> {
+fn parse(bytes: &[u8]) -> Option<(Token, Vec<Slot>)> {
     let body = bytes.get(..bytes.len().checked_sub(32)?)?;
     if blake3::hash(body).as_bytes()[..] != bytes[body.len()..] {
         return None;
@@ -158,17 +137,8 @@ fn parse(bytes: &[u8]) -> Option<(Fingerprint, Vec<Slot>)> {
     if &magic != MAGIC {
         return None;
     }
-    let files = u64_of(&mut r)?;
-    let mut fingerprint = Vec::new();
-    for _ in 0..files {
-        let len = usize::try_from(u64_of(&mut r)?).ok()?;
-        let name = String::from_utf8(r.get(..len)?.to_vec()).ok()?;
-        r = &r[len..];
-        let size = u64_of(&mut r)?;
-        let mut mtime = [0u8; 16];
-        r.read_exact(&mut mtime).ok()?;
-        fingerprint.push((name, size, u128::from_le_bytes(mtime)));
-    }
+    let mut token = [0u8; 16];
+    r.read_exact(&mut token).ok()?;
     let count = usize::try_from(u64_of(&mut r)?).ok()?;
     if r.len() != count.checked_mul(SLOT_BYTES)? {
         return None;
@@ -187,7 +157,7 @@ fn parse(bytes: &[u8]) -> Option<(Fingerprint, Vec<Slot>)> {
             }
         })
         .collect();
-    Some((Fingerprint(fingerprint), slots))
+    Some((token, slots))
 }
 
 fn u64_of(r: &mut &[u8]) -> Option<u64> {
@@ -242,12 +212,11 @@ mod tests {
     #[test]
     fn a_written_ledger_is_taken_back_whole_once() {
         let dir = tempfile::tempdir().expect("tempdir");
-        fs::write(dir.path().join("db"), b"sled").expect("db");
-        let print = fingerprint(dir.path()).expect("fingerprint");
-        assert_eq!(print.0.len(), 1, "{print:?}");
-        write(dir.path(), &print, &slots()).expect("write");
+        let token = new_token(3);
+        assert_ne!(token, new_token(3), "another close, another token");
+        write(dir.path(), &token, &slots()).expect("write");
         let (read, back) = take(dir.path()).expect("take").expect("whole");
-        assert_eq!(read, print);
+        assert_eq!(read, token);
         assert!(same(&back, &slots()));
         assert!(
             take(dir.path()).expect("take").is_none(),
@@ -258,33 +227,17 @@ mod tests {
     #[test]
     fn a_damaged_or_torn_ledger_is_ignored_and_removed() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let print = fingerprint(dir.path()).expect("fingerprint");
         for damage in [
             |b: &mut Vec<u8>| b[20] ^= 1,
             |b: &mut Vec<u8>| b.truncate(b.len() - 1),
             |b: &mut Vec<u8>| b.clear(),
         ] {
-            write(dir.path(), &print, &slots()).expect("write");
+            write(dir.path(), &new_token(3), &slots()).expect("write");
             let mut bytes = fs::read(dir.path().join(FILE)).expect("read");
             damage(&mut bytes);
             fs::write(dir.path().join(FILE), &bytes).expect("damage");
             assert!(take(dir.path()).expect("take").is_none());
             assert!(!dir.path().join(FILE).exists(), "removed");
         }
-    }
-
-    #[test]
-    fn the_fingerprint_changes_when_sleds_files_do_and_only_then() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        fs::write(dir.path().join("db"), b"sled").expect("db");
-        fs::write(dir.path().join("conf"), b"conf").expect("conf");
-        let before = fingerprint(dir.path()).expect("fingerprint");
-        // Reprise's own files are not sled's.
-        fs::create_dir(dir.path().join("index")).expect("index");
-        fs::write(dir.path().join("embedding-model"), b"m").expect("model record");
-        assert_eq!(fingerprint(dir.path()).expect("fingerprint"), before);
-        // A write by anyone else: another length.
-        fs::write(dir.path().join("db"), b"sled, written again").expect("db");
-        assert_ne!(fingerprint(dir.path()).expect("fingerprint"), before);
     }
 }

@@ -67,6 +67,9 @@ use reprise_migrations::layout;
 /// starts its generator at zero, and entry ids must never be reused.
 pub(super) const ID_FLOOR_KEY: &str = "id_floor";
 
+/// `meta` key of the token the last clean close wrote into its ledger file (see `ledger_file.rs`).
+const LEDGER_TOKEN_KEY: &str = "ledger_token";
+
 /// Entries removed per locked step of `sweep`, so that puts wait at most one small batch.
 const SWEEP_BATCH: usize = 64;
 
@@ -345,13 +348,6 @@ impl SledStore {
             what: "removing the ledger file".into(),
             source,
         })?;
-        let saved = saved.filter(|(print, _)| {
-            let matches = ledger_file::fingerprint(dir).is_ok_and(|now| now == *print);
-            if !matches {
-                warn!("sled's files changed since the ledger file was written; scanning the store");
-            }
-            matches
-        });
         let mut db = open_db(dir)?;
         let found = reprise_migrations::migrate(&db)?;
         if found != SCHEMA_VERSION {
@@ -372,7 +368,32 @@ impl SledStore {
         let replays = db.open_tree(layout::REPLAYS)?;
         let replay_chunks = db.open_tree(layout::REPLAY_CHUNKS)?;
         let exact = db.open_tree(layout::EXACT)?;
-        let id_floor = id_floor(&db.open_tree(layout::META)?)?;
+        let meta = db.open_tree(layout::META)?;
+        let id_floor = id_floor(&meta)?;
+        // The file must be this database's (the token its close wrote), and no entry may have
+        // been stored since without it (the newest id). Either way the token goes: it was for
+        // this open only.
+        let token = meta.remove(LEDGER_TOKEN_KEY)?;
+        let saved = match saved {
+            Some((file_token, slots)) if token.as_deref() == Some(&file_token[..]) => {
+                let newest_stored = entries.last()?.and_then(|(id, _)| parse_id(&id));
+                let newest_known = slots.iter().map(|s| s.id).max();
+                if newest_stored == newest_known {
+                    Some(slots)
+                } else {
+                    warn!(
+                        "entries were stored since the ledger file was written (by a version that \
+                         does not know it?); scanning the store"
+                    );
+                    None
+                }
+            }
+            Some(_) => {
+                warn!("the ledger file is not this store's; scanning the store");
+                None
+            }
+            None => None,
+        };
         let trees = Trees {
             entries: &entries,
             chunks: &chunks,
@@ -382,7 +403,7 @@ impl SledStore {
         let started = std::time::Instant::now();
         let ledger_from_file = saved.is_some();
         let ledger = match saved {
-            Some((_, slots)) => Ledger::from_slots(slots),
+            Some(slots) => Ledger::from_slots(slots),
             None => load_ledger(&trees, &exact)?,
         };
         info!(
@@ -952,9 +973,12 @@ impl Upkeep for SledStore {
     fn close(&self) -> Result<(), StoreError> {
         // Under the ledger lock: no write lands between the flush and the file.
         let ledger = self.lock_ledger();
+        let token = ledger_file::new_token(ledger.slots.len());
+        self.db
+            .open_tree(layout::META)?
+            .insert(LEDGER_TOKEN_KEY, &token[..])?;
         self.db.flush()?;
-        let written = ledger_file::fingerprint(&self.dir)
-            .and_then(|print| ledger_file::write(&self.dir, &print, &ledger.slots));
+        let written = ledger_file::write(&self.dir, &token, &ledger.slots);
         match written {
             Ok(()) => {
                 self.closed.store(true, Ordering::SeqCst);
@@ -2005,24 +2029,44 @@ mod tests {
     }
 
     #[test]
-    fn a_ledger_file_older_than_sleds_files_is_not_trusted() {
+    fn a_ledger_file_is_not_trusted_after_another_store_or_a_newer_entry() {
         let dir = tempfile::tempdir().expect("tempdir");
         closed_store(dir.path());
         let file = dir.path().join(ledger_file::FILE);
         let stale = std::fs::read(&file).expect("ledger file");
-        // What a process that knows nothing of the file does (an older Reprise): open, write, and
-        // close without writing it; the file it left is put back.
+        let token = {
+            let db = open_db(dir.path()).expect("sled");
+            let meta = db.open_tree(layout::META).expect("meta");
+            meta.get(LEDGER_TOKEN_KEY)
+                .expect("get")
+                .expect("the close wrote it")
+        };
+        // What a process that knows nothing of the file does (an older Reprise): opens, stores an
+        // entry and leaves the token and the file as they were.
         {
             let store = open(dir.path());
             store.put(entry(7, 1_000, 60_000)).expect("put");
-            store.delete(store.ids().expect("ids")[0]).expect("delete");
             store.flush().expect("flush");
         }
-        std::fs::write(&file, stale).expect("put the stale file back");
+        std::fs::write(&file, &stale).expect("the file as it was");
+        {
+            let db = open_db(dir.path()).expect("sled");
+            let meta = db.open_tree(layout::META).expect("meta");
+            meta.insert(LEDGER_TOKEN_KEY, token)
+                .expect("the token as it was");
+            db.flush().expect("flush");
+        }
         let store = open(dir.path());
-        assert!(!store.ledger_from_file(), "sled's files changed since");
-        assert_eq!(store.len(), 5);
+        assert!(!store.ledger_from_file(), "an entry newer than the file");
+        assert_eq!(store.len(), 6);
         assert_consistent(&store);
+        store.close().expect("close");
+        drop(store);
+        // A file from another close of this store (its token was consumed by the open after it).
+        std::fs::write(&file, &stale).expect("an old file");
+        let store = open(dir.path());
+        assert!(!store.ledger_from_file(), "not this store's token");
+        assert_eq!(store.len(), 6);
     }
 
     #[test]
