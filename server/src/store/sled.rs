@@ -471,9 +471,16 @@ impl SledStore {
             .ledger
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // A write after the close: the file no longer stands for the store. Should removing it
-        // fail, the write still changes sled's files, which the next open compares.
+        // A write after the close: the file no longer stands for the store. The token goes
+        // first, so that a file that cannot be removed is still not this store's.
         if self.closed.swap(false, Ordering::SeqCst) {
+            let token_removed = self
+                .db
+                .open_tree(layout::META)
+                .and_then(|meta| meta.remove(LEDGER_TOKEN_KEY));
+            if let Err(e) = token_removed {
+                error!(error = %e, "removing the ledger token after a late write failed");
+            }
             if let Err(e) = ledger_file::remove(&self.dir) {
                 error!(error = %e, "removing the ledger file after a late write failed");
             }
@@ -2020,6 +2027,12 @@ mod tests {
         assert!(dir.path().join(ledger_file::FILE).exists());
         let late = store.put(entry(2, 1_000, 60_000)).expect("a late put");
         assert!(!dir.path().join(ledger_file::FILE).exists());
+        let token = store
+            .db
+            .open_tree(layout::META)
+            .expect("meta")
+            .get(LEDGER_TOKEN_KEY);
+        assert!(token.expect("get").is_none(), "token gone too");
         drop(store);
         let store = open(dir.path());
         assert!(!store.ledger_from_file());
