@@ -527,37 +527,25 @@ const PAGE: usize = 512;
 /// The ids of the stored entries that have a vector (what the index must hold), and of those
 /// that should have one and have none (for the backfill). Reads the cold halves a page at a time
 /// and keeps no vector: at a million entries, holding them all as f32 took 1.5 GB beside the index.
+/// A store that knows which entries have a vector (sled's ledger) spares reading those: only the
+/// others are read, to tell which of them should have one.
 fn stored_ids(store: &dyn Store) -> (BTreeSet<u64>, Vec<u64>) {
     let mut with_vector = BTreeSet::new();
     let mut unembedded = Vec::new();
-    // A store that knows which entries have a vector (sled's ledger) spares reading those: only
-    // the others are read, to tell which of them should have one.
-    if let Some((with, without)) = store.vector_ids() {
-        with_vector.extend(with.into_iter().map(|id| id.0));
-        for page in without.chunks(PAGE) {
-            match store.cold(page) {
-                Ok(entries) => unembedded.extend(
-                    entries
-                        .iter()
-                        .filter(|entry| wants_vector(entry))
-                        .map(|entry| entry.id.0),
-                ),
-                Err(err) => {
-                    tracing::warn!(error = %err, "reading stored entries failed");
-                    break;
-                }
+    let to_read = match store.vector_ids() {
+        Some((with, without)) => {
+            with_vector.extend(with.into_iter().map(|id| id.0));
+            without
+        }
+        None => match store.ids() {
+            Ok(ids) => ids,
+            Err(err) => {
+                tracing::warn!(error = %err, "reading stored entry ids failed");
+                return (with_vector, unembedded);
             }
-        }
-        return (with_vector, unembedded);
-    }
-    let ids = match store.ids() {
-        Ok(ids) => ids,
-        Err(err) => {
-            tracing::warn!(error = %err, "reading stored entry ids failed");
-            return (with_vector, unembedded);
-        }
+        },
     };
-    for page in ids.chunks(PAGE) {
+    for page in to_read.chunks(PAGE) {
         let entries = match store.cold(page) {
             Ok(entries) => entries,
             Err(err) => {
