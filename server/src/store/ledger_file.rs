@@ -106,19 +106,16 @@ pub(super) fn remove(dir: &Path) -> io::Result<()> {
 /// file could not be removed (then it must not be used, and the store must not open: a later
 /// open would trust it).
 pub(super) fn take(dir: &Path) -> io::Result<Option<(Token, Vec<Slot>)>> {
-    let bytes = match fs::read(dir.join(FILE)) {
+    let read = fs::read(dir.join(FILE));
+    remove(dir)?;
+    let bytes = match read {
         Ok(bytes) => bytes,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            remove(dir)?;
-            return Ok(None);
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => {
             tracing::warn!(error = %e, "the ledger file could not be read; scanning the store");
-            remove(dir)?;
             return Ok(None);
         }
     };
-    remove(dir)?;
     let parsed = parse(&bytes);
     if parsed.is_none() {
         tracing::warn!("the ledger file is damaged or of another version; scanning the store");
