@@ -114,6 +114,12 @@ impl Route {
     }
 }
 
+/// Every route's [`Route::name`], for what is keyed by route name below the adapters (the
+/// metrics' `route` label).
+pub fn route_names() -> [&'static str; 5] {
+    Route::ALL.map(Route::name)
+}
+
 /// How a route's answers stream, which a replay record reproduces. It sits on the route rather than
 /// in the adapters because the store, below them, rebuilds a replay record from a stored entry,
 /// which knows its route only by name.

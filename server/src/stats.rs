@@ -28,6 +28,7 @@ pub(crate) use reprise_wire::{Savings, TokensSaved};
 pub(crate) const NO_NAMESPACE: &str = "(none)";
 
 use crate::guard::Guard;
+use crate::ingress::route_names;
 use crate::lock::lock;
 use crate::outcome::{CacheOutcome, Completion};
 use crate::timing::unix_ms;
@@ -346,6 +347,15 @@ impl Stats {
             ),
             registry,
         };
+        // Every route's outcomes start at 0 rather than appearing with their first request:
+        // Prometheus takes a series' first sample as its baseline, so `increase()` over a window in
+        // which a series appeared loses the counts of its first scrape, and the dashboard's hit rate
+        // after a restart (the first misses uncounted) reads too high.
+        for route in route_names() {
+            for cache in CacheOutcome::ALL {
+                stats.requests.with_label_values(&[route, cache.as_str()]);
+            }
+        }
         let collectors: [Box<dyn prometheus::core::Collector>; 20] = [
             Box::new(stats.store_errors.clone()),
             Box::new(stats.store_skipped.clone()),
@@ -883,6 +893,17 @@ mod tests {
         assert_eq!(starts, [590_000, 600_000]);
         trim_timeline(&mut timeline, 10_000_000);
         assert!(timeline.is_empty(), "an idle gateway shows no old traffic");
+    }
+
+    #[test]
+    fn every_route_and_outcome_is_exported_at_zero_before_any_request() {
+        let text = Stats::new().render_prometheus(&Gauges::default());
+        for (route, cache) in [("messages", "miss"), ("chat.completions", "semantic-hit")] {
+            let series = format!("reprise_requests_total{{cache=\"{cache}\",route=\"{route}\"}} 0");
+            assert!(text.contains(&series), "{series} missing from {text}");
+        }
+        let series = text.matches("reprise_requests_total{").count();
+        assert_eq!(series, route_names().len() * CacheOutcome::ALL.len());
     }
 
     #[test]
