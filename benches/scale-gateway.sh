@@ -19,9 +19,12 @@
 # `reprise` binary of another build) the restarts and the Redis load run both builds alternately.
 #
 # Usage: benches/scale-gateway.sh [--sizes "100000"] [--redis-sizes "100000"] [--writer-sizes "100000"] [--rounds N]
-#                                 [--concurrency "1 8"] [--before DIR] [--out FILE]
+#                                 [--concurrency "1 8"] [--before DIR] [--keep-data] [--out FILE]
 #   Writes benches/results/<date>-scale-gateway.md by default. Disk: about 3 GB per 100k entries
-#   (sled and its dump, Redis in memory); all of it in a temporary folder removed at exit.
+#   (sled and its dump, Redis in memory); all of it in a temporary folder removed at exit. With
+#   `--keep-data`, each size's data dir (sled, its ledger file and the last index dump) is moved to
+#   target/scale-gateway-last/data-N instead, to restart a gateway on it again without the hour a
+#   1M cache takes to build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +34,7 @@ writer_sizes="100000"
 rounds=3
 concurrency="1 8"
 before=""
+keep_data=""
 out="benches/results/$(date -u +%F)-scale-gateway.md"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -40,6 +44,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --concurrency) concurrency=$2; shift 2 ;;
     --before) before=$2; shift 2 ;;
+    --keep-data) keep_data=1; shift ;;
     --out) out=$2; shift 2 ;;
     *) echo "scale-gateway: unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -131,9 +136,9 @@ started() {
   exit 1
 }
 
-# keep: copies what the report is made of to target/scale-gateway-last/ (outside git), so a run
+# keep: copies what the report is made of, and the gateways' logs, to target/scale-gateway-last/ (outside git), so a run
 # stopped early still leaves its measurements.
-keep() { mkdir -p target/scale-gateway-last && cp "$WORK"/results.jsonl "$WORK"/[sej]-*.* target/scale-gateway-last/ 2>/dev/null || true; }
+keep() { mkdir -p target/scale-gateway-last && cp "$WORK"/results.jsonl "$WORK"/[sej]-*.* "$WORK"/gw-*.log target/scale-gateway-last/ 2>/dev/null || true; }
 
 # serve NAME PORT PID SIZE KIND SIDE [EXTRA_JSON]: the serving phase, then one result line.
 serve() {
@@ -229,7 +234,12 @@ for n in $sizes; do
       stop "$gw_pid"
     done
   done
-  rm -rf "$data"
+  if [ -n "$keep_data" ]; then
+    mkdir -p target/scale-gateway-last && rm -rf target/scale-gateway-last/data-"$n"
+    mv "$data" target/scale-gateway-last/data-"$n"
+  else
+    rm -rf "$data"
+  fi
 
   case " $redis_sizes " in *" $n "*) ;; *) continue ;; esac
   redis_port=$(free_port)
