@@ -420,8 +420,12 @@ fn index(flags: &Args) {
             let index = match flags.get("load") {
                 Some(dir) => {
                     let ids: BTreeSet<u64> = (0..n as u64).collect();
-                    match HnswIndex::load(&PathBuf::from(dir), config.clone(), &ids) {
-                        Ok(index) => index,
+                    match HnswIndex::load(&PathBuf::from(dir), config.clone()) {
+                        Ok(index) if index.ids() == ids => index,
+                        Ok(_) => {
+                            eprintln!("load {dir}: the dump holds other ids (another --n?)");
+                            std::process::exit(1);
+                        }
                         Err(e) => {
                             eprintln!("load {dir}: {e}");
                             std::process::exit(1);
@@ -500,7 +504,15 @@ fn index(flags: &Args) {
                 let ids: BTreeSet<u64> = (0..n as u64).collect();
                 drop(index);
                 let t = Instant::now();
-                let loaded = HnswIndex::load(dir, config.clone(), &ids);
+                let loaded = HnswIndex::load(dir, config.clone())
+                    .map_err(|e| e.to_string())
+                    .and_then(|i| {
+                        if i.ids() == ids {
+                            Ok(i)
+                        } else {
+                            Err("other ids than were saved".into())
+                        }
+                    });
                 let load = t.elapsed();
                 println!(
                     "\nM {m}, ef_construction {efc}: dump written in {:.1} s ({} MB), loaded in {:.1} s ({})",

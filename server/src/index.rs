@@ -135,8 +135,6 @@ pub enum IndexError {
     Missing,
     #[error("index dump is corrupt: {0}")]
     Corrupt(String),
-    #[error("index dump does not hold the store's entries")]
-    Stale,
     #[error("index dump has dimension {found}, expected {expected}")]
     Dimension { expected: usize, found: usize },
     #[error("index i/o: {0}")]
@@ -677,6 +675,11 @@ impl HnswIndex {
         Self::from_state(config, Some(state))
     }
 
+    /// The live ids, sorted.
+    pub fn ids(&self) -> BTreeSet<VectorId> {
+        read(&self.state).live.keys().copied().collect()
+    }
+
     /// Changes the search width (benches compare widths on one graph without rebuilding it).
     pub fn set_ef_search(&mut self, ef_search: usize) {
         self.config.ef_search = ef_search.max(1);
@@ -841,17 +844,15 @@ impl HnswIndex {
         Ok(())
     }
 
-    /// Loads a dump made by [`HnswIndex::save`].
+    /// Loads a dump made by [`HnswIndex::save`], whatever ids it holds: a dump saved some minutes
+    /// before a crash, or by a replica of a shared store that others wrote to since, is brought up to
+    /// date by its caller (the ids the store has and [`HnswIndex::ids`] lacks, and the reverse).
     ///
     /// Errors: [`IndexError::Missing`] without a manifest; [`IndexError::Dimension`] when made for
-    /// another dimension; [`IndexError::Stale`] when its live ids are not exactly `expected_ids` (the
-    /// store's ids); [`IndexError::Corrupt`] on a bad checksum, length, format or file name.
+    /// another dimension; [`IndexError::Corrupt`] on a bad checksum, length, format or file name, or
+    /// entries that do not match the manifest.
     /// A graph keeps the `max_connections`/`ef_construction` it was built with until its next rebuild.
-    pub fn load(
-        dir: &Path,
-        config: IndexConfig,
-        expected_ids: &BTreeSet<VectorId>,
-    ) -> Result<Self, IndexError> {
+    pub fn load(dir: &Path, config: IndexConfig) -> Result<Self, IndexError> {
         let config = config.sanitized();
         let manifest = match fs::read(dir.join(MANIFEST)) {
             Ok(bytes) => serde_json::from_slice::<Manifest>(&bytes)
@@ -870,12 +871,6 @@ impl HnswIndex {
                 expected: config.dimension,
                 found: manifest.dimension,
             });
-        }
-        // Compare id sets before reading hundreds of megabytes.
-        if manifest.count != expected_ids.len()
-            || manifest.ids_fingerprint != fingerprint(expected_ids.iter().copied())
-        {
-            return Err(IndexError::Stale);
         }
         if manifest.distance != std::any::type_name::<DistF16>() {
             return Err(IndexError::Corrupt(format!(
@@ -896,8 +891,10 @@ impl HnswIndex {
         });
         let mut state = State::empty(&config);
         read_entries(&manifest.entries, &entries?, &mut state, graphs?)?;
+        let mut ids: Vec<VectorId> = state.live.keys().copied().collect();
+        ids.sort_unstable();
         if state.live.len() != manifest.count
-            || !expected_ids.iter().all(|id| state.live.contains_key(id))
+            || manifest.ids_fingerprint != fingerprint(ids.into_iter())
             || state.parts.iter().map(Part::points).sum::<usize>() != manifest.graph_points
         {
             return Err(IndexError::Corrupt(
@@ -1081,7 +1078,7 @@ struct Manifest {
     count: usize,
     /// Points in the graph dumps, tombstones included.
     graph_points: usize,
-    /// blake3 of the sorted live ids, so staleness is known before the big files are read.
+    /// blake3 of the sorted live ids: the entries file read must name exactly these.
     ids_fingerprint: String,
     /// The graphs' distance type; `hnsw_rs` refuses a dump made with another.
     distance: String,
@@ -1844,10 +1841,6 @@ mod tests {
         assert_eq!(index.search(&tag(1), &b, 1)[0].id, 10);
     }
 
-    fn live_ids(index: &HnswIndex) -> BTreeSet<VectorId> {
-        read(&index.state).live.keys().copied().collect()
-    }
-
     #[test]
     fn save_and_load_roundtrip() {
         let dimension = 16;
@@ -1868,8 +1861,8 @@ mod tests {
         }
         let dir = tempfile::tempdir().expect("tempdir");
         index.save(dir.path()).expect("save");
-        let ids = live_ids(&index);
-        let loaded = HnswIndex::load(dir.path(), config.clone(), &ids).expect("load");
+        let loaded = HnswIndex::load(dir.path(), config.clone()).expect("load");
+        assert_eq!(loaded.ids(), index.ids());
         assert_eq!(loaded.len(), index.len());
         assert_eq!(loaded.tombstones(), index.tombstones());
         for _ in 0..100 {
@@ -1884,7 +1877,7 @@ mod tests {
         loaded.insert(9_999, tag(1), &v);
         assert_eq!(loaded.search(&tag(1), &v, 1)[0].id, 9_999);
         loaded.save(dir.path()).expect("second save");
-        let again = HnswIndex::load(dir.path(), config, &live_ids(&loaded)).expect("second load");
+        let again = HnswIndex::load(dir.path(), config).expect("second load");
         assert_eq!(again.search(&tag(1), &v, 1)[0].id, 9_999);
         let mut names: Vec<String> = fs::read_dir(dir.path())
             .expect("listing")
@@ -1910,7 +1903,7 @@ mod tests {
         HnswIndex::new(small_config(4))
             .save(dir.path())
             .expect("save");
-        let loaded = HnswIndex::load(dir.path(), small_config(4), &BTreeSet::new()).expect("load");
+        let loaded = HnswIndex::load(dir.path(), small_config(4)).expect("load");
         assert_eq!((loaded.len(), loaded.tombstones()), (0, 0));
         loaded.insert(1, tag(1), &[1.0, 0.0, 0.0, 0.0]);
         assert_eq!(loaded.search(&tag(1), &[1.0, 0.0, 0.0, 0.0], 1)[0].id, 1);
@@ -1928,42 +1921,28 @@ mod tests {
             ..small_config(dimension)
         };
         let index = HnswIndex::build(config.clone(), items);
-        let ids = live_ids(&index);
         let root = tempfile::tempdir().expect("tempdir");
 
         let missing = root.path().join("nowhere");
         assert!(matches!(
-            HnswIndex::load(&missing, config.clone(), &ids),
+            HnswIndex::load(&missing, config.clone()),
             Err(IndexError::Missing)
         ));
 
         let dir = root.path().join("dump");
         index.save(&dir).expect("save");
-        let mut other = ids.clone();
-        other.insert(12_345);
         assert!(matches!(
-            HnswIndex::load(&dir, config.clone(), &other),
-            Err(IndexError::Stale)
-        ));
-        other.remove(&12_345);
-        other.remove(&0);
-        other.insert(12_345);
-        assert!(matches!(
-            HnswIndex::load(&dir, config.clone(), &other),
-            Err(IndexError::Stale)
-        ));
-        assert!(matches!(
-            HnswIndex::load(&dir, IndexConfig::new(9), &ids),
+            HnswIndex::load(&dir, IndexConfig::new(9)),
             Err(IndexError::Dimension {
                 expected: 9,
                 found: 8
             })
         ));
-        assert!(HnswIndex::load(&dir, config.clone(), &ids).is_ok());
+        assert!(HnswIndex::load(&dir, config.clone()).is_ok());
 
         // Each corruption on a fresh copy of the dump.
         type Corruption = (&'static str, fn(&Path));
-        let corruptions: [Corruption; 5] = [
+        let corruptions: [Corruption; 6] = [
             ("truncated entries", |d| {
                 let p = d.join("entries-1.bin");
                 let len = fs::metadata(&p).expect("meta").len();
@@ -1996,6 +1975,15 @@ mod tests {
             ("garbage manifest", |d| {
                 fs::write(d.join(MANIFEST), b"{ not json").expect("write")
             }),
+            ("manifest naming other ids", |d| {
+                let mut manifest = read_manifest(d).expect("manifest");
+                manifest.ids_fingerprint = fingerprint([1, 2, 3].into_iter());
+                fs::write(
+                    d.join(MANIFEST),
+                    serde_json::to_vec(&manifest).expect("json"),
+                )
+                .expect("write")
+            }),
         ];
         for (what, corrupt) in corruptions {
             let copy = root.path().join(what.replace(' ', "-"));
@@ -2005,7 +1993,7 @@ mod tests {
                 fs::copy(entry.path(), copy.join(entry.file_name())).expect("copy");
             }
             corrupt(&copy);
-            let result = HnswIndex::load(&copy, config.clone(), &ids);
+            let result = HnswIndex::load(&copy, config.clone());
             assert!(
                 matches!(result, Err(IndexError::Corrupt(_))),
                 "{what}: {result:?}",

@@ -237,6 +237,78 @@ async fn semantic_hits_survive_restarts_with_and_without_the_index_dump() {
     }
 }
 
+/// Copies the files of `from` (an index dump: no subfolders) into `to`, created if need be.
+fn copy_files(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("listing") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+    }
+}
+
+#[tokio::test]
+async fn a_dump_behind_the_store_is_caught_up_not_rebuilt() {
+    let Some(models) = models() else { return };
+    let sim = sim_default().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = || {
+        let mut c = semantic_config(sim.base_url(), &models);
+        c.data_dir = dir.path().to_owned();
+        c
+    };
+    // A dump that holds UNRELATED only, kept aside.
+    let gw = start(config()).await;
+    seed(&gw, "sk-a", UNRELATED).await;
+    gw.shutdown().await.expect("shutdown");
+    let old_dump = tempfile::tempdir().expect("tempdir");
+    copy_files(&dir.path().join("index"), old_dump.path());
+
+    // Then UNRELATED leaves the store and QUESTION comes in; the dump saved at this shutdown is
+    // replaced by the old one, as if the process had died before saving it.
+    let gw = start(config()).await;
+    let gone = gw
+        .state
+        .cache
+        .store
+        .list(None, 10)
+        .expect("list")
+        .pop()
+        .expect("entry");
+    assert!(gw.state.cache.store.delete(gone.id).expect("delete"));
+    seed(&gw, "sk-a", QUESTION).await;
+    gw.shutdown().await.expect("shutdown");
+    std::fs::remove_dir_all(dir.path().join("index")).expect("rm dump");
+    copy_files(old_dump.path(), &dir.path().join("index"));
+
+    let gw = start(config()).await;
+    let semantic = gw.state.semantic.as_ref().expect("semantic");
+    for _ in 0..500 {
+        if !semantic.index.is_building() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!semantic.index.is_building());
+    // The dump was loaded and brought up to the store: QUESTION added, UNRELATED removed.
+    assert!(semantic.index.from_dump(), "loaded, not rebuilt");
+    let index = semantic.index.current();
+    let stored: std::collections::BTreeSet<u64> = gw
+        .state
+        .cache
+        .store
+        .list(None, 10)
+        .expect("list")
+        .iter()
+        .map(|e| e.id.0)
+        .collect();
+    assert_eq!((index.ids(), stored.len()), (stored, 1));
+    assert_eq!(
+        header(&ask(&gw, "sk-a", PARAPHRASE, &[]).await, "x-reprise-cache").as_deref(),
+        Some("semantic-hit")
+    );
+    gw.shutdown().await.expect("shutdown");
+}
+
 #[tokio::test]
 async fn deleted_and_expired_entries_are_never_served() {
     let Some(models) = models() else { return };
