@@ -680,6 +680,23 @@ impl HnswIndex {
         read(&self.state).live.keys().copied().collect()
     }
 
+    /// Whether `id` is held in `partition` with this vector, as the index encodes it (a loaded
+    /// dump is checked against the store this way).
+    pub fn holds(&self, id: VectorId, partition: &PartitionTag, vector: &[f32]) -> bool {
+        let Some(vector) = normalized(vector, self.config.dimension) else {
+            return false;
+        };
+        let digest = digest(&encode_f16(&vector));
+        let state = read(&self.state);
+        state.live.get(&id).is_some_and(|placed| {
+            placed.digest == digest
+                && state
+                    .parts
+                    .get(placed.part as usize)
+                    .is_some_and(|part| part.tag == *partition)
+        })
+    }
+
     /// Changes the search width (benches compare widths on one graph without rebuilding it).
     pub fn set_ef_search(&mut self, ef_search: usize) {
         self.config.ef_search = ef_search.max(1);

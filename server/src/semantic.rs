@@ -689,9 +689,14 @@ enum DumpUnused {
     Unreadable(#[from] IndexError),
     #[error("the dump lacks {missing} of the store's {stored} vectors: a rebuild on every core is quicker than adding them one at a time")]
     FarBehind { missing: usize, stored: usize },
+    #[error("the dump holds another vector for entry {id} than the store: it was saved for another store (one whose ids started over)")]
+    OtherStore { id: u64 },
+    #[error("the dump could not be checked against the store: {0}")]
+    Unchecked(String),
 }
 
-/// Loads the index dump and brings it up to the store's `expected` ids. A dump is saved at shutdown
+/// Loads the index dump and brings it up to the store's `expected` ids (after checking that it
+/// was saved for this store). A dump is saved at shutdown
 /// and every `index_save_interval_s` while the index changes, so after a crash it lacks the last
 /// minutes' entries (and holds some the store dropped since), and a replica of a shared store
 /// restarts behind what the others wrote: the difference is applied here instead of rebuilding a
@@ -716,6 +721,27 @@ fn load_dump(
             missing: missing.len(),
             stored: expected.len(),
         });
+    }
+    // An id names one entry for the life of a store, but a store that starts over (Redis
+    // emptied, or a data dir pointed at another Redis) gives the same ids to other entries: a
+    // page of the ids both hold, spread over them, must have the dump's vector and partition.
+    let both: Vec<u64> = held.intersection(expected).copied().collect();
+    let sample: Vec<EntryId> = both
+        .iter()
+        .step_by((both.len() / PAGE).max(1))
+        .map(|&id| EntryId(id))
+        .collect();
+    let entries = store
+        .cold(&sample)
+        .map_err(|e| DumpUnused::Unchecked(e.to_string()))?;
+    for entry in entries {
+        let held_as_stored = entry
+            .vector
+            .as_ref()
+            .is_some_and(|v| index.holds(entry.id.0, &entry.partition.0, v));
+        if !held_as_stored {
+            return Err(DumpUnused::OtherStore { id: entry.id.0 });
+        }
     }
     let gone: Vec<u64> = held.difference(expected).copied().collect();
     for &id in &gone {
@@ -912,6 +938,45 @@ mod tests {
                 (entry.partition.0, entry.vector)
             );
         }
+    }
+
+    #[test]
+    fn a_dump_is_brought_up_to_the_store_unless_it_was_another_stores() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> =
+            Arc::new(crate::store::SledStore::open(&dir.path().join("db")).expect("open"));
+        let ids: Vec<u64> = (0..6)
+            .map(|i| store.put(stored(i, true)).expect("put").0)
+            .collect();
+        // Saved when the store held the first four; since, the last two were stored and the
+        // first deleted.
+        let saved = dir.path().join("index");
+        let vectors =
+            |ids: &[u64]| StoredVectors::new(store.as_ref(), ids.iter().copied().collect());
+        HnswIndex::build(index_config(8), vectors(&ids[..4]))
+            .save(&saved)
+            .expect("save");
+        assert!(store.delete(EntryId(ids[0])).expect("delete"));
+        let (expected, _) = stored_ids(store.as_ref());
+        assert_eq!(expected, ids[1..].iter().copied().collect());
+        let (index, caught_up) = load_dump(&saved, 8, &store, &expected).expect("caught up");
+        assert_eq!((caught_up.added, caught_up.removed), (2, 1));
+        assert_eq!(index.ids(), expected);
+        let newest = store.get(EntryId(ids[5])).expect("get").expect("there");
+        let vector = newest.vector.expect("vector");
+        assert_eq!(index.search(&newest.partition.0, &vector, 1)[0].id, ids[5]);
+
+        // The same ids with other vectors: a dump of another store, rebuilt from this one.
+        let other = dir.path().join("other");
+        let opposite = vectors(&ids[1..])
+            .map(|(id, partition, v)| (id, partition, v.iter().map(|x| -x).collect()));
+        HnswIndex::build(index_config(8), opposite.collect::<Vec<_>>())
+            .save(&other)
+            .expect("save");
+        assert!(matches!(
+            load_dump(&other, 8, &store, &expected),
+            Err(DumpUnused::OtherStore { .. })
+        ));
     }
 
     #[test]
