@@ -468,7 +468,13 @@ impl Semantic {
         if self.index.is_building() {
             return;
         }
-        if let Err(err) = self.index.current().save(&self.index_dir) {
+        // The dump holds the index's writer lock while it writes (1.5 GB and tens of seconds at a
+        // million vectors): inserts and removals wait for it in a list instead of blocking the
+        // cache's writer thread, and with it every store write.
+        self.index.defer_changes();
+        let saved = self.index.current().save(&self.index_dir);
+        self.index.apply_deferred();
+        if let Err(err) = saved {
             tracing::warn!(error = %err, dir = %self.index_dir.display(), "saving the vector index failed");
         }
     }
@@ -761,10 +767,21 @@ fn load_dump(
     ))
 }
 
-/// A change made while a rebuild runs, replayed into the rebuilt index before it replaces the old.
+/// A change made while a rebuild runs, replayed into the rebuilt index before it replaces the old,
+/// or while a dump is written, applied after it.
+#[derive(Clone)]
 enum Change {
     Insert(u64, [u8; 32], Vec<f32>),
     Remove(u64),
+}
+
+impl Change {
+    fn apply(self, index: &HnswIndex) {
+        match self {
+            Change::Insert(id, partition, vector) => index.insert(id, partition, &vector),
+            Change::Remove(id) => index.remove(id),
+        }
+    }
 }
 
 /// The index the gateway searches: swappable, so a rebuild can run while requests are served.
@@ -774,6 +791,9 @@ pub struct SwappableIndex {
     pending: Mutex<Option<Vec<Change>>>,
     /// Whether the index in service came from the dump at start (else built or rebuilt).
     from_dump: AtomicBool,
+    /// `Some` while a dump is written: the changes made meanwhile, applied once it is done.
+    /// Locked after `pending`.
+    deferred: Mutex<Option<Vec<Change>>>,
 }
 
 impl SwappableIndex {
@@ -782,6 +802,7 @@ impl SwappableIndex {
             slot: std::sync::RwLock::new(Arc::new(index)),
             pending: Mutex::new(None),
             from_dump: AtomicBool::new(false),
+            deferred: Mutex::new(None),
         })
     }
 
@@ -790,6 +811,7 @@ impl SwappableIndex {
             slot: std::sync::RwLock::new(Arc::new(empty)),
             pending: Mutex::new(Some(Vec::new())),
             from_dump: AtomicBool::new(false),
+            deferred: Mutex::new(None),
         })
     }
 
@@ -819,15 +841,57 @@ impl SwappableIndex {
         true
     }
 
+    /// From now until [`SwappableIndex::apply_deferred`], inserts and removals are kept in a list
+    /// instead of reaching the index (searches do not see them meanwhile; a removed entry found
+    /// is still checked against the store, so never served).
+    fn defer_changes(&self) {
+        let _pending = lock(&self.pending);
+        lock(&self.deferred).get_or_insert_with(Vec::new);
+    }
+
+    /// Applies the changes kept since [`SwappableIndex::defer_changes`], a batch at a time outside
+    /// the lock (changes made meanwhile join the list, so the order holds), then lets changes
+    /// reach the index directly again.
+    fn apply_deferred(&self) {
+        loop {
+            let batch = {
+                let _pending = lock(&self.pending);
+                let mut deferred = lock(&self.deferred);
+                match deferred.as_mut() {
+                    Some(changes) if !changes.is_empty() => std::mem::take(changes),
+                    _ => {
+                        *deferred = None;
+                        return;
+                    }
+                }
+            };
+            let current = self.current();
+            for change in batch {
+                change.apply(&current);
+            }
+        }
+    }
+
+    /// Applies `change` to the index in service, or keeps it while a dump is written; a running
+    /// rebuild records it too.
+    fn change(&self, change: Change) {
+        let mut pending = lock(&self.pending);
+        let mut deferred = lock(&self.deferred);
+        if let Some(changes) = pending.as_mut() {
+            changes.push(change.clone());
+        }
+        match deferred.as_mut() {
+            Some(later) => later.push(change),
+            None => change.apply(&self.current()),
+        }
+    }
+
     /// Replays the changes made meanwhile into `built` and puts it in service. The pending lock is
     /// held throughout, so no insert or removal can fall between the replay and the swap.
     fn finish(&self, built: HnswIndex) {
         let mut pending = lock(&self.pending);
         for change in pending.take().unwrap_or_default() {
-            match change {
-                Change::Insert(id, partition, vector) => built.insert(id, partition, &vector),
-                Change::Remove(id) => built.remove(id),
-            }
+            change.apply(&built);
         }
         *self.slot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(built);
     }
@@ -835,19 +899,11 @@ impl SwappableIndex {
 
 impl VectorIndex for SwappableIndex {
     fn insert(&self, id: u64, partition: [u8; 32], vector: &[f32]) {
-        let mut pending = lock(&self.pending);
-        self.current().insert(id, partition, vector);
-        if let Some(changes) = pending.as_mut() {
-            changes.push(Change::Insert(id, partition, vector.to_vec()));
-        }
+        self.change(Change::Insert(id, partition, vector.to_vec()));
     }
 
     fn remove(&self, id: u64) {
-        let mut pending = lock(&self.pending);
-        self.current().remove(id);
-        if let Some(changes) = pending.as_mut() {
-            changes.push(Change::Remove(id));
-        }
+        self.change(Change::Remove(id));
     }
 
     fn search(&self, partition: &[u8; 32], query: &[f32], k: usize) -> Vec<crate::index::Neighbor> {
@@ -977,6 +1033,34 @@ mod tests {
             load_dump(&other, 8, &store, &expected),
             Err(DumpUnused::OtherStore { .. })
         ));
+    }
+
+    #[test]
+    fn changes_made_while_a_dump_is_written_wait_for_it_in_order() {
+        let config = || IndexConfig::new(8);
+        let ids = |live: &SwappableIndex| live.current().ids().into_iter().collect::<Vec<_>>();
+        let live = SwappableIndex::ready(HnswIndex::build(
+            config(),
+            (1..=3)
+                .map(|i| (i, [1; 32], unit(i as u32)))
+                .collect::<Vec<_>>(),
+        ));
+        live.defer_changes();
+        // The index being written is left alone: no insert waits for its writer lock.
+        live.insert(100, [1; 32], &unit(100));
+        live.remove(2);
+        live.remove(100);
+        live.insert(101, [1; 32], &unit(101));
+        assert_eq!(ids(&live), [1, 2, 3]);
+        live.apply_deferred();
+        // Applied in the order made: 100 inserted then removed.
+        assert_eq!(ids(&live), [1, 3, 101]);
+        live.insert(102, [1; 32], &unit(102));
+        assert_eq!(
+            ids(&live),
+            [1, 3, 101, 102],
+            "straight in once the dump is written"
+        );
     }
 
     #[test]
