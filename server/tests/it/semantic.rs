@@ -218,13 +218,7 @@ async fn semantic_hits_survive_restarts_with_and_without_the_index_dump() {
         }
         let gw = start(config()).await;
         // The dump loads, or without it the index is rebuilt, in the background; wait for it.
-        let semantic = gw.state.semantic.as_ref().expect("semantic");
-        for _ in 0..500 {
-            if !semantic.index.is_building() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let semantic = index_ready(&gw).await;
         // The ids the store's ledger says have a vector are the dump's: it loads, no rebuild.
         assert_eq!(semantic.index.from_dump(), !delete_dump);
         let hit = ask(&gw, "sk-a", PARAPHRASE, &[]).await;
@@ -235,6 +229,19 @@ async fn semantic_hits_survive_restarts_with_and_without_the_index_dump() {
         );
         gw.shutdown().await.expect("shutdown");
     }
+}
+
+/// The gateway's semantic stage once its index is whole (the dump loaded, or the index rebuilt, in
+/// the background after a start); fails after 5 s.
+async fn index_ready(gw: &Gateway) -> &reprise_server::semantic::Semantic {
+    let semantic = gw.state.semantic.as_ref().expect("semantic");
+    for _ in 0..500 {
+        if !semantic.index.is_building() {
+            return semantic;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the index was still building after 5 s");
 }
 
 /// Copies the files of `from` (an index dump: no subfolders) into `to`, created if need be.
@@ -281,14 +288,7 @@ async fn a_dump_behind_the_store_is_caught_up_not_rebuilt() {
     copy_files(old_dump.path(), &dir.path().join("index"));
 
     let gw = start(config()).await;
-    let semantic = gw.state.semantic.as_ref().expect("semantic");
-    for _ in 0..500 {
-        if !semantic.index.is_building() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(!semantic.index.is_building());
+    let semantic = index_ready(&gw).await;
     // The dump was loaded and brought up to the store: QUESTION added, UNRELATED removed.
     assert!(semantic.index.from_dump(), "loaded, not rebuilt");
     let index = semantic.index.current();
