@@ -120,6 +120,9 @@ pub fn route_names() -> [&'static str; 5] {
     Route::ALL.map(Route::name)
 }
 
+/// The `route` of a request outside the cached routes, forwarded as it is (always a `pass`).
+pub const PASSTHROUGH: &str = "passthrough";
+
 /// How a route's answers stream, which a replay record reproduces. It sits on the route rather than
 /// in the adapters because the store, below them, rebuilds a replay record from a stored entry,
 /// which knows its route only by name.

@@ -28,7 +28,7 @@ pub(crate) use reprise_wire::{Savings, TokensSaved};
 pub(crate) const NO_NAMESPACE: &str = "(none)";
 
 use crate::guard::Guard;
-use crate::ingress::route_names;
+use crate::ingress::{route_names, PASSTHROUGH};
 use crate::lock::lock;
 use crate::outcome::{CacheOutcome, Completion};
 use crate::timing::unix_ms;
@@ -356,6 +356,9 @@ impl Stats {
                 stats.requests.with_label_values(&[route, cache.as_str()]);
             }
         }
+        stats
+            .requests
+            .with_label_values(&[PASSTHROUGH, CacheOutcome::Pass.as_str()]);
         let collectors: [Box<dyn prometheus::core::Collector>; 20] = [
             Box::new(stats.store_errors.clone()),
             Box::new(stats.store_skipped.clone()),
@@ -898,12 +901,16 @@ mod tests {
     #[test]
     fn every_route_and_outcome_is_exported_at_zero_before_any_request() {
         let text = Stats::new().render_prometheus(&Gauges::default());
-        for (route, cache) in [("messages", "miss"), ("chat.completions", "semantic-hit")] {
+        for (route, cache) in [
+            ("messages", "miss"),
+            ("chat.completions", "semantic-hit"),
+            ("passthrough", "pass"),
+        ] {
             let series = format!("reprise_requests_total{{cache=\"{cache}\",route=\"{route}\"}} 0");
             assert!(text.contains(&series), "{series} missing from {text}");
         }
         let series = text.matches("reprise_requests_total{").count();
-        assert_eq!(series, route_names().len() * CacheOutcome::ALL.len());
+        assert_eq!(series, route_names().len() * CacheOutcome::ALL.len() + 1);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use tokio::time::timeout_at;
 use crate::cache::Recorder;
 use crate::downstream::Source;
 use crate::error::{ErrorShape, GatewayError};
-use crate::ingress::{Ingress, Provider};
+use crate::ingress::{Ingress, Provider, PASSTHROUGH};
 use crate::outcome::{CacheOutcome, Completion};
 use crate::pipeline::Exchange;
 use crate::record::{set_cache_outcome, set_request_id, Finisher, Nearest, RecordMeta};
@@ -645,7 +645,7 @@ pub(crate) async fn passthrough(
         id: request_id.clone(),
         started_at_ms: unix_ms(),
         method: parts.method.to_string(),
-        route: "passthrough".to_owned(),
+        route: PASSTHROUGH.to_owned(),
         model: None,
         stream: false,
         cache: CacheOutcome::Pass,
