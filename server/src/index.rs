@@ -861,6 +861,12 @@ impl HnswIndex {
         Ok(())
     }
 
+    /// The live vectors of the dump in `dir`, as its manifest says (`None` without a readable
+    /// one): what a caller can weigh before loading it.
+    pub fn dump_len(dir: &Path) -> Option<usize> {
+        read_manifest(dir).map(|manifest| manifest.count)
+    }
+
     /// Loads a dump made by [`HnswIndex::save`], whatever ids it holds: a dump saved some minutes
     /// before a crash, or by a replica of a shared store that others wrote to since, is brought up to
     /// date by its caller (the ids the store has and [`HnswIndex::ids`] lacks, and the reverse).
@@ -1430,9 +1436,11 @@ fn load_graphs(dir: &Path, refs: &[GraphRef]) -> Result<Vec<(u32, Graph)>, Index
 /// record even exits the process) instead of returning errors, so it must only ever see files whose
 /// checksum matched; a panic left over is still caught and reported as corruption.
 fn load_graph(dir: &Path, graph_ref: &GraphRef) -> Result<Graph, IndexError> {
+    let started = std::time::Instant::now();
     for file in [&graph_ref.graph, &graph_ref.data] {
         verify_file(dir, file)?;
     }
+    let verified = started.elapsed();
     if graph_ref.graph.name != format!("{}.hnsw.graph", graph_ref.basename)
         || graph_ref.data.name != format!("{}.hnsw.data", graph_ref.basename)
     {
@@ -1451,6 +1459,12 @@ fn load_graph(dir: &Path, graph_ref: &GraphRef) -> Result<Graph, IndexError> {
     .map_err(|e| IndexError::Corrupt(format!("graph: {e}")))?;
     // The loader turns this on; keep inserts as cheap as in a freshly built graph.
     graph.set_extend_candidates(false);
+    tracing::debug!(
+        points = graph_ref.points,
+        verify_ms = verified.as_millis() as u64,
+        load_ms = (started.elapsed() - verified).as_millis() as u64,
+        "index graph loaded"
+    );
     Ok(graph)
 }
 

@@ -465,15 +465,14 @@ impl Semantic {
     /// Saves the index dump (periodically and at shutdown); not while a rebuild is still running,
     /// when the graph is incomplete.
     pub fn save(&self) {
-        if self.index.is_building() {
-            return;
-        }
         // The dump holds the index's writer lock while it writes (1.5 GB and tens of seconds at a
         // million vectors): inserts and removals wait for it in a list instead of blocking the
-        // cache's writer thread, and with it every store write.
-        self.index.defer_changes();
+        // cache's writer thread, and with it every store write. They are applied when the guard
+        // drops, a panicking save included.
+        let Some(_deferring) = self.index.defer_changes() else {
+            return;
+        };
         let saved = self.index.current().save(&self.index_dir);
-        self.index.apply_deferred();
         if let Err(err) = saved {
             tracing::warn!(error = %err, dir = %self.index_dir.display(), "saving the vector index failed");
         }
@@ -630,6 +629,7 @@ fn load_or_rebuild(
 ) -> (Arc<SwappableIndex>, Vec<u64>) {
     let started = std::time::Instant::now();
     let (expected, unembedded) = stored_ids(store.as_ref());
+    let ids_read = started.elapsed();
     if expected.is_empty() {
         // Nothing to index: a dump could only hold what the store no longer has.
         return (
@@ -650,6 +650,7 @@ fn load_or_rebuild(
                         vectors = index.len(),
                         added = caught_up.added,
                         removed = caught_up.removed,
+                        ids_ms = ids_read.as_millis() as u64,
                         ms = started.elapsed().as_millis() as u64,
                         "vector index loaded from its dump"
                     );
@@ -715,18 +716,29 @@ fn load_dump(
     store: &Arc<dyn Store>,
     expected: &BTreeSet<u64>,
 ) -> Result<(HnswIndex, CaughtUp), DumpUnused> {
-    let index = HnswIndex::load(dir, index_config(dimension))?;
-    let held = index.ids();
-    let missing: BTreeSet<u64> = expected.difference(&held).copied().collect();
     // The missing are inserted one at a time on this thread, where a rebuild inserts every vector
     // with all cores: past `expected / cores` the rebuild is the quicker (and leaves no tombstones).
     // Below a page (512), adding takes well under a second at any size.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if missing.len() > (expected.len() / cores).max(PAGE) {
-        return Err(DumpUnused::FarBehind {
-            missing: missing.len(),
-            stored: expected.len(),
-        });
+    let most_missing = (expected.len() / cores).max(PAGE);
+    let far_behind = |missing: usize| DumpUnused::FarBehind {
+        missing,
+        stored: expected.len(),
+    };
+    // The manifest's count bounds what is missing from below: a dump too far behind is refused
+    // before its graphs are read (11-14 s at a million vectors).
+    if let Some(count) = HnswIndex::dump_len(dir) {
+        if expected.len().saturating_sub(count) > most_missing {
+            return Err(far_behind(expected.len() - count));
+        }
+    }
+    let started = std::time::Instant::now();
+    let index = HnswIndex::load(dir, index_config(dimension))?;
+    let loaded = started.elapsed();
+    let held = index.ids();
+    let missing: BTreeSet<u64> = expected.difference(&held).copied().collect();
+    if missing.len() > most_missing {
+        return Err(far_behind(missing.len()));
     }
     // An id names one entry for the life of a store, but a store that starts over (Redis
     // emptied, or a data dir pointed at another Redis) gives the same ids to other entries: a
@@ -749,22 +761,46 @@ fn load_dump(
             return Err(DumpUnused::OtherStore { id: entry.id.0 });
         }
     }
-    let gone: Vec<u64> = held.difference(expected).copied().collect();
-    for &id in &gone {
-        index.remove(id);
+    // Removed once the store confirms it lacks them: a scan cut short by a store error (Redis,
+    // which has no ledger of ids) lists fewer ids than the store holds, and those must stay.
+    let mut removed = 0;
+    let gone: Vec<EntryId> = held.difference(expected).map(|&id| EntryId(id)).collect();
+    for page in gone.chunks(PAGE) {
+        let stored: BTreeSet<EntryId> = match store.cold(page) {
+            Ok(entries) => entries.into_iter().map(|e| e.id).collect(),
+            Err(err) => {
+                tracing::warn!(error = %err, "reading the store failed; the dump's entries it may still hold are kept");
+                continue;
+            }
+        };
+        for id in page.iter().filter(|id| !stored.contains(id)) {
+            index.remove(id.0);
+            removed += 1;
+        }
     }
+    let checked = started.elapsed();
     let mut added = 0;
     for (id, partition, vector) in StoredVectors::new(store.as_ref(), missing) {
         index.insert(id, partition, &vector);
         added += 1;
     }
-    Ok((
-        index,
-        CaughtUp {
-            added,
-            removed: gone.len(),
-        },
-    ))
+    tracing::debug!(
+        load_ms = loaded.as_millis() as u64,
+        check_ms = (checked - loaded).as_millis() as u64,
+        catch_up_ms = (started.elapsed() - checked).as_millis() as u64,
+        "index dump loaded, checked and caught up"
+    );
+    Ok((index, CaughtUp { added, removed }))
+}
+
+/// Changes are deferred while this lives: see [`SwappableIndex::defer_changes`].
+#[must_use = "changes are applied when the guard drops"]
+struct Deferring<'a>(&'a SwappableIndex);
+
+impl Drop for Deferring<'_> {
+    fn drop(&mut self) {
+        self.0.apply_deferred();
+    }
 }
 
 /// A change made while a rebuild runs, replayed into the rebuilt index before it replaces the old,
@@ -841,18 +877,40 @@ impl SwappableIndex {
         true
     }
 
-    /// From now until [`SwappableIndex::apply_deferred`], inserts and removals are kept in a list
-    /// instead of reaching the index (searches do not see them meanwhile; a removed entry found
-    /// is still checked against the store, so never served).
-    fn defer_changes(&self) {
-        let _pending = lock(&self.pending);
+    /// From now until the guard drops, inserts and removals are kept in a list instead of reaching
+    /// the index (searches do not see them meanwhile; a removed entry found is still checked
+    /// against the store, so never served). `None` while a rebuild runs: the graph in service is
+    /// then the old one, not worth a dump.
+    fn defer_changes(&self) -> Option<Deferring<'_>> {
+        let pending = lock(&self.pending);
+        if pending.is_some() {
+            return None;
+        }
         lock(&self.deferred).get_or_insert_with(Vec::new);
+        Some(Deferring(self))
     }
 
     /// Applies the changes kept since [`SwappableIndex::defer_changes`], a batch at a time outside
     /// the lock (changes made meanwhile join the list, so the order holds), then lets changes
     /// reach the index directly again.
     fn apply_deferred(&self) {
+        // Should applying a change panic, changes still reach the index directly afterwards
+        // (only that batch's rest is lost), rather than piling up in the list for good.
+        struct EndOnUnwind<'a> {
+            index: &'a SwappableIndex,
+            done: bool,
+        }
+        impl Drop for EndOnUnwind<'_> {
+            fn drop(&mut self) {
+                if !self.done {
+                    *lock(&self.index.deferred) = None;
+                }
+            }
+        }
+        let mut end = EndOnUnwind {
+            index: self,
+            done: false,
+        };
         loop {
             let batch = {
                 let _pending = lock(&self.pending);
@@ -861,6 +919,7 @@ impl SwappableIndex {
                     Some(changes) if !changes.is_empty() => std::mem::take(changes),
                     _ => {
                         *deferred = None;
+                        end.done = true;
                         return;
                     }
                 }
@@ -1022,6 +1081,36 @@ mod tests {
         let vector = newest.vector.expect("vector");
         assert_eq!(index.search(&newest.partition.0, &vector, 1)[0].id, ids[5]);
 
+        // A scan of the store cut short by an error lists fewer ids than it holds: an entry the
+        // dump has and the store still holds stays, whatever the list says.
+        let mut cut_short = expected.clone();
+        cut_short.remove(&ids[2]);
+        let (index, caught_up) = load_dump(&saved, 8, &store, &cut_short).expect("caught up");
+        assert_eq!((caught_up.added, caught_up.removed), (2, 1));
+        assert_eq!(index.ids(), expected);
+
+        // Far behind the store by its manifest's count alone: refused before anything else of
+        // it is read (here there is nothing else).
+        let behind = dir.path().join("behind");
+        HnswIndex::new(index_config(8)).save(&behind).expect("save");
+        for file in std::fs::read_dir(&behind).expect("list") {
+            let path = file.expect("entry").path();
+            if path.file_name() != Some(std::ffi::OsStr::new("manifest.json")) {
+                std::fs::remove_file(path).expect("rm");
+            }
+        }
+        let many: BTreeSet<u64> = (1..=4 * PAGE as u64).collect();
+        let refused = load_dump(&behind, 8, &store, &many);
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+            assert!(
+                matches!(refused, Err(DumpUnused::FarBehind { stored, .. }) if stored == many.len())
+            );
+        } else {
+            // On one core a rebuild is no quicker than adding them: the dump is read (and found
+            // incomplete here).
+            assert!(matches!(refused, Err(DumpUnused::Unreadable(_))));
+        }
+
         // The same ids with other vectors: a dump of another store, rebuilt from this one.
         let other = dir.path().join("other");
         let opposite = vectors(&ids[1..])
@@ -1045,14 +1134,14 @@ mod tests {
                 .map(|i| (i, [1; 32], unit(i as u32)))
                 .collect::<Vec<_>>(),
         ));
-        live.defer_changes();
+        let deferring = live.defer_changes().expect("no rebuild running");
         // The index being written is left alone: no insert waits for its writer lock.
         live.insert(100, [1; 32], &unit(100));
         live.remove(2);
         live.remove(100);
         live.insert(101, [1; 32], &unit(101));
         assert_eq!(ids(&live), [1, 2, 3]);
-        live.apply_deferred();
+        drop(deferring);
         // Applied in the order made: 100 inserted then removed.
         assert_eq!(ids(&live), [1, 3, 101]);
         live.insert(102, [1; 32], &unit(102));
@@ -1061,6 +1150,22 @@ mod tests {
             [1, 3, 101, 102],
             "straight in once the dump is written"
         );
+
+        // A dump that panics still ends the deferral: what was kept is applied, and what comes
+        // after reaches the index directly instead of piling up in the list for good.
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _deferring = live.defer_changes().expect("no rebuild running");
+            live.remove(1);
+            panic!("the dump failed");
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(ids(&live), [3, 101, 102]);
+        live.insert(103, [1; 32], &unit(103));
+        assert_eq!(ids(&live), [3, 101, 102, 103]);
+
+        // No dump of a graph a rebuild is about to replace.
+        assert!(live.begin_rebuild());
+        assert!(live.defer_changes().is_none());
     }
 
     #[test]
