@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::common::*;
-use crate::semantic::{models, semantic_config};
+use crate::semantic::{models, semantic_config, semantic_config_in};
 
 const QUESTION: &str = "how do I reset my password";
 const PARAPHRASE: &str = "I forgot my password, how can I reset it";
@@ -203,11 +203,7 @@ async fn feedback_wrong_stops_a_semantic_hit_for_good_also_after_restart() {
     let Some(models) = models() else { return };
     let sim = sim_default().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = || {
-        let mut c = semantic_config(sim.base_url(), &models);
-        c.data_dir = dir.path().to_owned();
-        c
-    };
+    let config = || semantic_config_in(sim.base_url(), &models, dir.path());
     let gw = start(config()).await;
     let original = seed(&gw, QUESTION).await;
     let hit = ask(&gw, PARAPHRASE, &[]).await;

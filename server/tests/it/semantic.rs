@@ -46,6 +46,17 @@ pub fn semantic_config(
     config
 }
 
+/// As [`semantic_config`], keeping the store (and the index dump) in `dir`, for tests that restart.
+pub fn semantic_config_in(
+    upstream: String,
+    models: &std::path::Path,
+    dir: &std::path::Path,
+) -> reprise_server::config::Config {
+    let mut config = semantic_config(upstream, models);
+    config.data_dir = dir.to_owned();
+    config
+}
+
 async fn ask(gw: &Gateway, key: &str, content: &str, extra: &[(&str, &str)]) -> reqwest::Response {
     ask_body(gw, key, &chat_body(content, false), extra).await
 }
@@ -199,11 +210,7 @@ async fn semantic_hits_survive_restarts_with_and_without_the_index_dump() {
     let Some(models) = models() else { return };
     let sim = sim_default().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = || {
-        let mut c = semantic_config(sim.base_url(), &models);
-        c.data_dir = dir.path().to_owned();
-        c
-    };
+    let config = || semantic_config_in(sim.base_url(), &models, dir.path());
     let gw = start(config()).await;
     seed(&gw, "sk-a", QUESTION).await;
     gw.shutdown().await.expect("shutdown");
@@ -258,11 +265,7 @@ async fn a_dump_behind_the_store_is_caught_up_not_rebuilt() {
     let Some(models) = models() else { return };
     let sim = sim_default().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = || {
-        let mut c = semantic_config(sim.base_url(), &models);
-        c.data_dir = dir.path().to_owned();
-        c
-    };
+    let config = || semantic_config_in(sim.base_url(), &models, dir.path());
     // A dump that holds UNRELATED only, kept aside.
     let gw = start(config()).await;
     seed(&gw, "sk-a", UNRELATED).await;
