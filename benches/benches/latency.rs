@@ -209,7 +209,7 @@ fn startup() {
     };
     for label in ["rebuild (no index dump)", "reload (index dump present)"] {
         let started = Instant::now();
-        let semantic = match Semantic::start(&config, &store, None) {
+        let semantic = match Semantic::start(&config, &store, None, None) {
             Status::Ready(s) => s,
             Status::Disabled(why) => {
                 println!("start-up: semantic disabled: {why}");

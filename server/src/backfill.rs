@@ -818,7 +818,7 @@ mod tests {
             ..Config::default()
         };
         let crate::semantic::Status::Ready(semantic) =
-            crate::semantic::Semantic::start(&config, &store, Some(embedder))
+            crate::semantic::Semantic::start(&config, &store, Some(embedder), None)
         else {
             panic!("semantic stage did not start");
         };

@@ -861,10 +861,18 @@ impl HnswIndex {
         Ok(())
     }
 
-    /// The live vectors of the dump in `dir`, as its manifest says (`None` without a readable
-    /// one): what a caller can weigh before loading it.
-    pub fn dump_len(dir: &Path) -> Option<usize> {
-        read_manifest(dir).map(|manifest| manifest.count)
+    /// What the manifest of the dump in `dir` says of it (`None` without a readable one): what a
+    /// caller can weigh before loading it.
+    pub fn dump_summary(dir: &Path) -> Option<DumpSummary> {
+        read_manifest(dir).map(|manifest| DumpSummary {
+            vectors: manifest.count,
+            dimension: manifest.dimension,
+        })
+    }
+
+    /// The dimension of the vectors this index holds.
+    pub fn dimension(&self) -> usize {
+        self.config.dimension
     }
 
     /// Loads a dump made by [`HnswIndex::save`], whatever ids it holds: a dump saved some minutes
@@ -926,6 +934,14 @@ impl HnswIndex {
         }
         Ok(Self::from_state(config, Some(state)))
     }
+}
+
+/// A dump as its manifest describes it: [`HnswIndex::dump_summary`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DumpSummary {
+    /// Live vectors.
+    pub vectors: usize,
+    pub dimension: usize,
 }
 
 /// The normalized vector if `id` and `vector` can be indexed; warns otherwise.

@@ -186,17 +186,19 @@ impl Semantic {
     /// Loads the model and the index (from its dump in the data dir when it matches the store,
     /// otherwise rebuilt from the vectors stored with the entries).
     ///
-    /// `embedder` replaces the configured model when given (tests drive the stage with a fake).
+    /// `embedder` replaces the configured model when given (tests drive the stage with a fake);
+    /// `preload` is the dump's load started before the store opened, if any.
     pub fn start(
         config: &Config,
         store: &Arc<dyn Store>,
         embedder: Option<Arc<Embedder>>,
+        preload: Option<DumpPreload>,
     ) -> Status {
         if !config.semantic {
             return Status::Disabled("semantic matching is turned off (semantic = false)".into());
         }
         if let Some(embedder) = embedder {
-            return Self::around(embedder, config, store);
+            return Self::around(embedder, config, store, preload);
         }
         let embed_config = EmbedConfig {
             model_dir: config.model_dir.clone(),
@@ -219,13 +221,18 @@ impl Semantic {
                 ))
             }
         };
-        Self::around(embedder, config, store)
+        Self::around(embedder, config, store, preload)
     }
 
     /// The stage around a loaded embedder: the index, its maintenance and the backfill. A local
     /// store whose vectors are another model's starts with an empty index and is re-embedded
     /// (a shared store's model is checked by the state, against the other replicas').
-    fn around(embedder: Arc<Embedder>, config: &Config, store: &Arc<dyn Store>) -> Status {
+    fn around(
+        embedder: Arc<Embedder>,
+        config: &Config,
+        store: &Arc<dyn Store>,
+        preload: Option<DumpPreload>,
+    ) -> Status {
         let index_dir = config.data_dir.join("index");
         let plan = match store.feed() {
             Some(_) => Ok(reembed::Plan::Load),
@@ -241,7 +248,8 @@ impl Semantic {
         };
         let (index, unembedded, stale, migration) = match plan {
             Ok(reembed::Plan::Load) => {
-                let (index, unembedded) = load_or_rebuild(&index_dir, embedder.dimension(), store);
+                let (index, unembedded) =
+                    load_or_rebuild(&index_dir, embedder.dimension(), store, preload);
                 (index, unembedded, BTreeSet::new(), None)
             }
             Ok(reembed::Plan::Reembed {
@@ -626,6 +634,7 @@ fn load_or_rebuild(
     dir: &Path,
     dimension: usize,
     store: &Arc<dyn Store>,
+    preload: Option<DumpPreload>,
 ) -> (Arc<SwappableIndex>, Vec<u64>) {
     let started = std::time::Instant::now();
     let (expected, unembedded) = stored_ids(store.as_ref());
@@ -644,7 +653,7 @@ fn load_or_rebuild(
     let spawned = std::thread::Builder::new()
         .name("reprise-index-build".into())
         .spawn(move || {
-            let index = match load_dump(&dir, dimension, &store, &expected) {
+            let index = match load_dump(&dir, dimension, &store, &expected, preload) {
                 Ok((index, caught_up)) => {
                     tracing::info!(
                         vectors = index.len(),
@@ -678,6 +687,51 @@ fn load_or_rebuild(
         tracing::error!("could not start the index load thread");
     }
     (live, unembedded)
+}
+
+/// The index dump's load, started on its own thread before the store opens, which `AppState`
+/// does when the open will scan the store (after a crash: a minute or more at a million entries,
+/// beside the load's 10-14 s); neither needs the other until the dump is brought up to the
+/// store's ids. It loads at the dimension its manifest names; one that is not the model's is
+/// refused then. Dropped unused (semantic matching disabled, the store re-embedded or empty),
+/// its thread finishes and frees what it read.
+pub struct DumpPreload(std::thread::JoinHandle<Result<HnswIndex, IndexError>>);
+
+impl DumpPreload {
+    /// Starts loading `<data dir>/index`; `None` with semantic matching off or no dump there.
+    pub fn start(config: &Config) -> Option<Self> {
+        if !config.semantic {
+            return None;
+        }
+        let dir = config.data_dir.join("index");
+        let dump = HnswIndex::dump_summary(&dir)?;
+        std::thread::Builder::new()
+            .name("reprise-index-load".into())
+            .spawn(move || {
+                // Behind the store's open (the gateway listens once it is done) and then the
+                // first requests: a nice value of 10, which the loader's own threads inherit.
+                let background = thread_priority::ThreadPriorityValue::try_from(22)
+                    .map(thread_priority::ThreadPriority::Crossplatform);
+                if let Err(err) = background
+                    .map_err(|e| e.to_string())
+                    .and_then(|p| thread_priority::set_current_thread_priority(p).map_err(|e| e.to_string()))
+                {
+                    tracing::debug!(error = %err, "the dump's load keeps the normal priority");
+                }
+                HnswIndex::load(&dir, index_config(dump.dimension))
+            })
+            .inspect_err(|e| tracing::warn!(error = %e, "could not start the index dump's load early; it loads once the store is open"))
+            .ok()
+            .map(Self)
+    }
+
+    fn join(self) -> Result<HnswIndex, IndexError> {
+        self.0.join().unwrap_or_else(|_| {
+            Err(IndexError::Corrupt(
+                "the dump's load thread panicked".into(),
+            ))
+        })
+    }
 }
 
 /// What loading a dump changed to match the store.
@@ -715,6 +769,7 @@ fn load_dump(
     dimension: usize,
     store: &Arc<dyn Store>,
     expected: &BTreeSet<u64>,
+    preload: Option<DumpPreload>,
 ) -> Result<(HnswIndex, CaughtUp), DumpUnused> {
     // The missing are inserted one at a time on this thread, where a rebuild inserts every vector
     // with all cores: past `expected / cores` the rebuild is the quicker (and leaves no tombstones).
@@ -725,15 +780,28 @@ fn load_dump(
         missing,
         stored: expected.len(),
     };
-    // The manifest's count bounds what is missing from below: a dump too far behind is refused
-    // before its graphs are read (11-14 s at a million vectors).
-    if let Some(count) = HnswIndex::dump_len(dir) {
-        if expected.len().saturating_sub(count) > most_missing {
-            return Err(far_behind(expected.len() - count));
-        }
-    }
     let started = std::time::Instant::now();
-    let index = HnswIndex::load(dir, index_config(dimension))?;
+    let index = match preload {
+        // Waited for even when it is not used: it holds the whole index until then.
+        Some(preload) => preload.join()?,
+        None => {
+            // The manifest's count bounds what is missing from below: a dump too far behind is
+            // refused before its graphs are read (11-14 s at a million vectors).
+            if let Some(dump) = HnswIndex::dump_summary(dir) {
+                if expected.len().saturating_sub(dump.vectors) > most_missing {
+                    return Err(far_behind(expected.len() - dump.vectors));
+                }
+            }
+            HnswIndex::load(dir, index_config(dimension))?
+        }
+    };
+    if index.dimension() != dimension {
+        return Err(IndexError::Dimension {
+            expected: dimension,
+            found: index.dimension(),
+        }
+        .into());
+    }
     let loaded = started.elapsed();
     let held = index.ids();
     let missing: BTreeSet<u64> = expected.difference(&held).copied().collect();
@@ -1074,7 +1142,14 @@ mod tests {
         assert!(store.delete(EntryId(ids[0])).expect("delete"));
         let (expected, _) = stored_ids(store.as_ref());
         assert_eq!(expected, ids[1..].iter().copied().collect());
-        let (index, caught_up) = load_dump(&saved, 8, &store, &expected).expect("caught up");
+        // Loaded as the gateway does, started before the store's ids were read.
+        let preload = DumpPreload::start(&Config {
+            data_dir: dir.path().to_owned(),
+            ..Config::default()
+        });
+        assert!(preload.is_some(), "a dump to preload");
+        let (index, caught_up) =
+            load_dump(&saved, 8, &store, &expected, preload).expect("caught up");
         assert_eq!((caught_up.added, caught_up.removed), (2, 1));
         assert_eq!(index.ids(), expected);
         let newest = store.get(EntryId(ids[5])).expect("get").expect("there");
@@ -1085,7 +1160,7 @@ mod tests {
         // dump has and the store still holds stays, whatever the list says.
         let mut cut_short = expected.clone();
         cut_short.remove(&ids[2]);
-        let (index, caught_up) = load_dump(&saved, 8, &store, &cut_short).expect("caught up");
+        let (index, caught_up) = load_dump(&saved, 8, &store, &cut_short, None).expect("caught up");
         assert_eq!((caught_up.added, caught_up.removed), (2, 1));
         assert_eq!(index.ids(), expected);
 
@@ -1100,7 +1175,7 @@ mod tests {
             }
         }
         let many: BTreeSet<u64> = (1..=4 * PAGE as u64).collect();
-        let refused = load_dump(&behind, 8, &store, &many);
+        let refused = load_dump(&behind, 8, &store, &many, None);
         if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
             assert!(
                 matches!(refused, Err(DumpUnused::FarBehind { stored, .. }) if stored == many.len())
@@ -1111,6 +1186,27 @@ mod tests {
             assert!(matches!(refused, Err(DumpUnused::Unreadable(_))));
         }
 
+        // A dump of vectors of another dimension (another model's) loads early at its own, and
+        // is refused once the model's is known.
+        let elsewhere = tempfile::tempdir().expect("tempdir");
+        HnswIndex::build(
+            index_config(4),
+            [(ids[1], [1; 32], vec![1.0, 0.0, 0.0, 0.0])],
+        )
+        .save(&elsewhere.path().join("index"))
+        .expect("save");
+        let preload = DumpPreload::start(&Config {
+            data_dir: elsewhere.path().to_owned(),
+            ..Config::default()
+        });
+        assert!(matches!(
+            load_dump(&saved, 8, &store, &expected, preload),
+            Err(DumpUnused::Unreadable(IndexError::Dimension {
+                expected: 8,
+                found: 4
+            }))
+        ));
+
         // The same ids with other vectors: a dump of another store, rebuilt from this one.
         let other = dir.path().join("other");
         let opposite = vectors(&ids[1..])
@@ -1119,7 +1215,7 @@ mod tests {
             .save(&other)
             .expect("save");
         assert!(matches!(
-            load_dump(&other, 8, &store, &expected),
+            load_dump(&other, 8, &store, &expected, None),
             Err(DumpUnused::OtherStore { .. })
         ));
     }
