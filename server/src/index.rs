@@ -36,7 +36,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{BufWriter, Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use hnsw_rs::api::AnnT;
 use hnsw_rs::hnsw::Hnsw;
@@ -521,8 +521,25 @@ fn new_graph(config: &IndexConfig, capacity: usize) -> Graph {
     graph
 }
 
+/// The threads index builds insert on: one per core, at a lower priority than serving (a rebuild
+/// of a million vectors keeps every core busy for half an hour, and a partition's rebuild for
+/// minutes, while the gateway serves). `None` when the pool cannot be started: builds then use
+/// rayon's global pool.
+fn build_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("reprise-index-insert-{i}"))
+            .start_handler(|_| crate::priority::lower_this_thread())
+            .build()
+            .inspect_err(|e| tracing::warn!(error = %e, "could not start the index build threads; builds share rayon's global pool"))
+            .ok()
+    })
+    .as_ref()
+}
+
 /// Builds a graph whose slot `i` is row `i` of `codes`, with `hnsw_rs`'s rayon-parallel insertion
-/// (all cores).
+/// (all cores, on [`build_pool`]).
 fn build_graph(config: &IndexConfig, codes: &[Code]) -> Graph {
     let batch: Vec<(&[Code], usize)> = codes
         .chunks_exact(config.dimension)
@@ -530,7 +547,10 @@ fn build_graph(config: &IndexConfig, codes: &[Code]) -> Graph {
         .map(|(slot, code)| (code, slot))
         .collect();
     let graph = new_graph(config, batch.len());
-    graph.parallel_insert_slice(&batch);
+    match build_pool() {
+        Some(pool) => pool.install(|| graph.parallel_insert_slice(&batch)),
+        None => graph.parallel_insert_slice(&batch),
+    }
     graph
 }
 
@@ -1886,6 +1906,29 @@ mod tests {
         let found = index.search(&tag(1), &a, 10);
         assert_eq!(found.iter().filter(|n| n.id == 10).count(), 1, "{found:?}");
         assert_eq!(index.search(&tag(1), &b, 1)[0].id, 10);
+    }
+
+    /// A rebuild keeps every core busy for minutes at scale: its threads must yield to requests.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn builds_insert_on_threads_at_a_lower_priority() {
+        let nice_of_this_thread = || {
+            let stat = fs::read_to_string("/proc/thread-self/stat").expect("stat");
+            // Fields after the command's closing parenthesis; the nice value is the 19th field.
+            let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+            rest.split(' ')
+                .nth(16)
+                .expect("nice")
+                .parse::<i32>()
+                .expect("number")
+        };
+        let caller = nice_of_this_thread();
+        let pool = build_pool().expect("the build pool starts");
+        let nice: Vec<i32> = pool.broadcast(|_| nice_of_this_thread());
+        assert_eq!(nice.len(), pool.current_num_threads());
+        // 10, or the test's own if it already runs nicer (raising priority needs privileges).
+        assert!(nice.iter().all(|&n| n == caller.max(10)), "{nice:?}");
+        assert_eq!(nice_of_this_thread(), caller, "the caller keeps its own");
     }
 
     #[test]

@@ -66,6 +66,7 @@ pub(crate) mod otel;
 pub mod outcome;
 pub(crate) mod pipeline;
 pub mod policy;
+pub(crate) mod priority;
 pub mod record;
 pub mod reembed;
 pub mod render;

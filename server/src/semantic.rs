@@ -709,15 +709,8 @@ impl DumpPreload {
             .name("reprise-index-load".into())
             .spawn(move || {
                 // Behind the store's open (the gateway listens once it is done) and then the
-                // first requests: a nice value of 10, which the loader's own threads inherit.
-                let background = thread_priority::ThreadPriorityValue::try_from(22)
-                    .map(thread_priority::ThreadPriority::Crossplatform);
-                if let Err(err) = background
-                    .map_err(|e| e.to_string())
-                    .and_then(|p| thread_priority::set_current_thread_priority(p).map_err(|e| e.to_string()))
-                {
-                    tracing::debug!(error = %err, "the dump's load keeps the normal priority");
-                }
+                // first requests; the loader's own threads inherit it.
+                crate::priority::lower_this_thread();
                 HnswIndex::load(&dir, index_config(dump.dimension))
             })
             .inspect_err(|e| tracing::warn!(error = %e, "could not start the index dump's load early; it loads once the store is open"))

@@ -26,6 +26,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("sse.rs", 1),
     ("downstream.rs", 1),
     ("lock.rs", 1),
+    ("priority.rs", 1),
     // 2. What a request is: its body, policy, keys and the entry it becomes.
     ("ingress.rs", 2),
     ("policy.rs", 2),
