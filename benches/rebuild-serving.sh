@@ -7,14 +7,15 @@
 # POST /admin/entries, waits until the rebuild inserts (--wait seconds after the start; reading a
 # million vectors takes about 20 s on a warm page cache), then sends exact hits from 1 and 4
 # clients (400 and 800 requests, keep-alive) and prints their latency percentiles. --keep-dump
-# measures the same with the dump loaded instead (no rebuild): the baseline.
+# measures the same with the dump loaded instead (no rebuild): the baseline. The 20 probes stay in
+# DATA_DIR's store.
 #
 # Usage: benches/rebuild-serving.sh DATA_DIR [--bin DIR] [--wait 45] [--keep-dump]
 #   --bin: the directory of the `reprise` binary (default target/release, built by the caller).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: benches/rebuild-serving.sh DATA_DIR [--bin DIR] [--wait S] [--keep-dump]" >&2; exit 2; }
-data=$1
+data=${1%/}
 shift
 bin=target/release
 wait_s=45

@@ -1912,23 +1912,17 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn builds_insert_on_threads_at_a_lower_priority() {
-        let nice_of_this_thread = || {
-            let stat = fs::read_to_string("/proc/thread-self/stat").expect("stat");
-            // Fields after the command's closing parenthesis; the nice value is the 19th field.
-            let rest = &stat[stat.rfind(')').expect("comm") + 2..];
-            rest.split(' ')
-                .nth(16)
-                .expect("nice")
-                .parse::<i32>()
-                .expect("number")
-        };
-        let caller = nice_of_this_thread();
+        let nice = || crate::priority::nice_of_this_thread().expect("a nice value");
+        let caller = nice();
         let pool = build_pool().expect("the build pool starts");
-        let nice: Vec<i32> = pool.broadcast(|_| nice_of_this_thread());
-        assert_eq!(nice.len(), pool.current_num_threads());
-        // 10, or the test's own if it already runs nicer (raising priority needs privileges).
-        assert!(nice.iter().all(|&n| n == caller.max(10)), "{nice:?}");
-        assert_eq!(nice_of_this_thread(), caller, "the caller keeps its own");
+        let lowered: Vec<i32> = pool.broadcast(|_| nice());
+        assert_eq!(lowered.len(), pool.current_num_threads());
+        // 10, or the test's own when it already runs nicer (never raised).
+        assert!(lowered.iter().all(|&n| n == caller.max(10)), "{lowered:?}");
+        assert_eq!(nice(), caller, "the caller keeps its own");
+        // rayon's shared pool, started before the first thread was lowered, is not lowered.
+        let shared: Vec<i32> = rayon::broadcast(|_| nice());
+        assert!(shared.iter().all(|&n| n == caller), "{shared:?}");
     }
 
     #[test]

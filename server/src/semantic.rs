@@ -955,8 +955,10 @@ impl SwappableIndex {
     /// the lock (changes made meanwhile join the list, so the order holds), then lets changes
     /// reach the index directly again.
     fn apply_deferred(&self) {
-        // Should applying a change panic, changes still reach the index directly afterwards
-        // (only that batch's rest is lost), rather than piling up in the list for good.
+        // Should applying a change panic, changes still reach the index directly afterwards,
+        // rather than piling up in the list for good. The batch's rest and what was queued
+        // meanwhile are lost: inserts are not found semantically until a rebuild, and a removed
+        // entry a search still finds is checked against the store, so never served.
         struct EndOnUnwind<'a> {
             index: &'a SwappableIndex,
             done: bool,
