@@ -480,8 +480,7 @@ impl Semantic {
         let Some(_deferring) = self.index.defer_changes() else {
             return;
         };
-        let saved = self.index.current().save(&self.index_dir);
-        if let Err(err) = saved {
+        if let Err(err) = self.index.current().save(&self.index_dir) {
             tracing::warn!(error = %err, dir = %self.index_dir.display(), "saving the vector index failed");
         }
     }
