@@ -26,10 +26,14 @@ pub(crate) struct Receiver {
 
 impl Receiver {
     pub(crate) async fn start() -> Self {
-        Self::start_on("127.0.0.1:0".parse().expect("addr")).await
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        Self::serve(listener)
     }
 
-    async fn start_on(addr: SocketAddr) -> Self {
+    /// Serves on `listener` (a socket the test kept bound).
+    fn serve(listener: tokio::net::TcpListener) -> Self {
         let bodies = Arc::new(Mutex::new(Vec::new()));
         let kept = bodies.clone();
         let app = axum::Router::new().route(
@@ -43,7 +47,6 @@ impl Receiver {
                 }
             }),
         );
-        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -448,10 +451,13 @@ fn metric(text: &str, name: &str) -> Option<u64> {
 
 #[tokio::test]
 async fn a_dead_collector_is_retried_with_backoff_and_gets_the_queued_spans_when_back() {
-    // A port with nothing on it: every export is refused at connect.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port");
+    // A port with nothing listening on it: every export is refused at connect. The socket stays
+    // bound meanwhile, so no other test can take the port before the collector comes back on it.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .expect("bind");
+    let dead = socket.local_addr().expect("port");
     let sim = sim_default().await;
     let mut config = config_for(sim.base_url());
     config.semantic = false;
@@ -482,7 +488,7 @@ async fn a_dead_collector_is_retried_with_backoff_and_gets_the_queued_spans_when
     assert_eq!(health["tracing"]["exported"], 0, "{health}");
 
     // The collector comes back on the same port: the queued spans reach it at the next retry.
-    let receiver = Receiver::start_on(dead).await;
+    let receiver = Receiver::serve(socket.listen(1024).expect("listen"));
     let mut spans = 0;
     for _ in 0..600 {
         spans = receiver.spans().len();
