@@ -20,7 +20,7 @@ use utoipa::ToSchema;
 use crate::feedback::{Encounter, Feedback, Shared, SharedVerdict};
 use crate::index::VectorIndex;
 use crate::live::{ConfigPatch, CurrentSettings, LiveSettings};
-use crate::semantic::Semantic;
+use crate::semantic::{Rebuild, Semantic};
 use crate::store::feed::{Cursor, FeedError};
 use crate::store::{Change, Store};
 use crate::timing::unix_ms;
@@ -186,7 +186,10 @@ fn apply(parts: &Parts, change: &Change) {
         }
         Change::Clear => {
             if let Some(semantic) = &parts.semantic {
-                semantic.resync(parts.store.as_ref());
+                if let Rebuild::Incomplete(err) = semantic.resync(parts.store.as_ref()) {
+                    // The entries cleared are not served meanwhile: a search checks the store.
+                    tracing::warn!(error = %err, "rebuilding the vector index after a clear failed; it keeps the cleared entries until the next rebuild");
+                }
             }
         }
         Change::Config(body) => apply_patch(&parts.live, body.clone()),
@@ -236,9 +239,16 @@ fn catch_up(parts: &Parts) {
 /// Rebuilds what this replica keeps from the shared store.
 fn resync(parts: &Parts) {
     if let Some(semantic) = &parts.semantic {
-        // A rebuild already running (the start's) reads the store itself.
-        while !semantic.resync(parts.store.as_ref()) && !parts.stop.is_cancelled() {
-            std::thread::sleep(Duration::from_millis(200));
+        while !parts.stop.is_cancelled() {
+            match semantic.resync(parts.store.as_ref()) {
+                Rebuild::Done(_) => break,
+                // The start's rebuild reads the store itself, but from before the feed's gap.
+                Rebuild::Busy => std::thread::sleep(Duration::from_millis(200)),
+                Rebuild::Incomplete(err) => {
+                    tracing::warn!(error = %err, "rebuilding the vector index from the shared store failed; retrying");
+                    std::thread::sleep(RETRY);
+                }
+            }
         }
     }
     catch_up(parts);

@@ -20,7 +20,7 @@ use crate::guard::{Guard, Guards, Literals};
 use crate::index::{HnswIndex, IndexConfig, IndexError, VectorIndex};
 use crate::lock::lock;
 use crate::reembed;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::timing::unix_ms;
 
 /// How many neighbours a lookup considers: the best may be a tombstone the index has not seen yet.
@@ -238,45 +238,49 @@ impl Semantic {
             Some(_) => Ok(reembed::Plan::Load),
             // A store degraded at start reads as empty: that must not pass for a store without vectors.
             None => reembed::plan(&config.data_dir, embedder.fingerprint(), || {
-                store.ids().map_err(|e| e.to_string())?;
-                let ids = stored_ids(store.as_ref());
+                let ids = stored_ids(store.as_ref(), PATIENCE).map_err(|e| e.to_string())?;
                 match store.degraded() {
                     Some(d) => Err(d.reason),
                     None => Ok(ids),
                 }
             }),
         };
-        let (index, unembedded, stale, migration) = match plan {
+        let (index, backfill) = match plan {
             Ok(reembed::Plan::Load) => {
-                let (index, unembedded) =
-                    load_or_rebuild(&index_dir, embedder.dimension(), store, preload);
-                (index, unembedded, BTreeSet::new(), None)
+                let index =
+                    SwappableIndex::building(HnswIndex::new(index_config(embedder.dimension())));
+                let backfill =
+                    Backfill::start(embedder.clone(), index.clone(), store.clone(), Vec::new());
+                load_in_background(
+                    &index_dir,
+                    embedder.dimension(),
+                    store,
+                    preload,
+                    &index,
+                    &backfill,
+                    PATIENCE,
+                );
+                (index, backfill)
             }
             Ok(reembed::Plan::Reembed {
                 migration,
                 stale,
                 unembedded,
             }) => {
-                let empty =
+                let index =
                     SwappableIndex::ready(HnswIndex::new(index_config(embedder.dimension())));
-                (empty, unembedded, stale, Some(migration))
+                let backfill = Backfill::start_reembedding(
+                    embedder.clone(),
+                    index.clone(),
+                    store.clone(),
+                    unembedded,
+                    stale,
+                    Some(migration),
+                );
+                (index, backfill)
             }
             Err(why) => return Status::Disabled(why),
         };
-        if !unembedded.is_empty() {
-            tracing::info!(
-                entries = unembedded.len(),
-                "stored entries without a vector will be embedded in the background"
-            );
-        }
-        let backfill = Backfill::start_reembedding(
-            embedder.clone(),
-            index.clone(),
-            store.clone(),
-            unembedded,
-            stale,
-            migration,
-        );
         let (stop_tx, stop_rx) = std::sync::mpsc::channel();
         let semantic = Arc::new(Self {
             embedder,
@@ -353,23 +357,14 @@ impl Semantic {
 
     /// Rebuilds the index from the vectors in the store, for a replica that missed changes of the
     /// shared store. Blocking. The old index serves meanwhile; changes made meanwhile are kept.
-    /// Does nothing while another rebuild runs (it reads the store too).
-    pub fn resync(&self, store: &dyn Store) -> bool {
-        if !self.index.begin_rebuild() {
-            return false;
+    pub fn resync(&self, store: &dyn Store) -> Rebuild {
+        let rebuilt = self
+            .index
+            .rebuild(store, self.embedder.dimension(), PATIENCE);
+        if let Rebuild::Done(vectors) = rebuilt {
+            tracing::info!(vectors, "vector index rebuilt from the shared store");
         }
-        let (ids, _unembedded) = stored_ids(store);
-        let built = HnswIndex::build(
-            index_config(self.embedder.dimension()),
-            StoredVectors::new(store, ids),
-        );
-        let count = built.len();
-        self.index.finish(built);
-        tracing::info!(
-            vectors = count,
-            "vector index rebuilt from the shared store"
-        );
-        true
+        rebuilt
     }
 
     /// Embeds a prompt for a search or for storing with its answer, with the time it took. `None`
@@ -536,12 +531,53 @@ pub fn index_config(dimension: usize) -> IndexConfig {
 /// Entries read per store call at start-up and in a rebuild: one round trip to Redis each.
 const PAGE: usize = 512;
 
+/// How a read of the whole store (start-up, a rebuild) retries a page that failed: a Redis
+/// failover or a network blip lasts seconds, while a rebuild of a million vectors reads its pages
+/// over half an hour, which one failed page must not cut short.
+#[derive(Debug, Clone, Copy)]
+struct Patience {
+    attempts: u32,
+    first_wait: Duration,
+}
+
+/// 0.5 + 1 + 2 + 4 s between five attempts.
+const PATIENCE: Patience = Patience {
+    attempts: 5,
+    first_wait: Duration::from_millis(500),
+};
+
+impl Patience {
+    /// `read`'s result, retried with doubling waits while it fails, at most `attempts` times.
+    fn read<T>(
+        self,
+        what: &str,
+        mut read: impl FnMut() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let (mut attempt, mut wait) = (1, self.first_wait);
+        loop {
+            match read() {
+                Err(err) if attempt < self.attempts => {
+                    tracing::warn!(error = %err, attempt, what, "reading the store failed; retrying");
+                    std::thread::sleep(wait);
+                    attempt += 1;
+                    wait = wait.saturating_mul(2);
+                }
+                done => return done,
+            }
+        }
+    }
+}
+
 /// The ids of the stored entries that have a vector (what the index must hold), and of those
 /// that should have one and have none (for the backfill). Reads the cold halves a page at a time
 /// and keeps no vector: at a million entries, holding them all as f32 took 1.5 GB beside the index.
 /// A store that knows which entries have a vector (sled's ledger) spares reading those: only the
-/// others are read, to tell which of them should have one.
-fn stored_ids(store: &dyn Store) -> (BTreeSet<u64>, Vec<u64>) {
+/// others are read, to tell which of them should have one. An error once a read failed
+/// `patience.attempts` times: a list missing some ids would make an index that lacks them.
+fn stored_ids(
+    store: &dyn Store,
+    patience: Patience,
+) -> Result<(BTreeSet<u64>, Vec<u64>), StoreError> {
     let mut with_vector = BTreeSet::new();
     let mut unembedded = Vec::new();
     let to_read = match store.vector_ids() {
@@ -549,23 +585,10 @@ fn stored_ids(store: &dyn Store) -> (BTreeSet<u64>, Vec<u64>) {
             with_vector.extend(with.into_iter().map(|id| id.0));
             without
         }
-        None => match store.ids() {
-            Ok(ids) => ids,
-            Err(err) => {
-                tracing::warn!(error = %err, "reading stored entry ids failed");
-                return (with_vector, unembedded);
-            }
-        },
+        None => patience.read("the stored ids", || store.ids())?,
     };
     for page in to_read.chunks(PAGE) {
-        let entries = match store.cold(page) {
-            Ok(entries) => entries,
-            Err(err) => {
-                tracing::warn!(error = %err, "reading stored vectors failed");
-                break;
-            }
-        };
-        for entry in entries {
+        for entry in patience.read("stored entries", || store.cold(page))? {
             if wants_vector(&entry) {
                 unembedded.push(entry.id.0);
             }
@@ -574,26 +597,36 @@ fn stored_ids(store: &dyn Store) -> (BTreeSet<u64>, Vec<u64>) {
             }
         }
     }
-    (with_vector, unembedded)
+    Ok((with_vector, unembedded))
 }
 
 /// The stored vectors of `ids`, read from the store a page at a time as the index build consumes
 /// them (the build encodes each as it comes), so no more than a page of f32 vectors is held.
 /// An entry deleted since its id was read is skipped; one changed since is read as it is now
-/// (a rebuild replays the changes made meanwhile on top).
+/// (a rebuild replays the changes made meanwhile on top). A page that cannot be read after
+/// `patience` ends the stream, and [`StoredVectors::failed`] says why.
 struct StoredVectors<S> {
     store: S,
     ids: std::vec::IntoIter<u64>,
     page: std::vec::IntoIter<Entry>,
+    patience: Patience,
+    failed: Option<StoreError>,
 }
 
 impl<S: std::ops::Deref<Target = T>, T: Store + ?Sized> StoredVectors<S> {
-    fn new(store: S, ids: BTreeSet<u64>) -> Self {
+    fn new(store: S, ids: BTreeSet<u64>, patience: Patience) -> Self {
         Self {
             store,
             ids: ids.into_iter().collect::<Vec<_>>().into_iter(),
             page: Vec::new().into_iter(),
+            patience,
+            failed: None,
         }
+    }
+
+    /// Why the stream ended before its last id, if it did.
+    fn failed(self) -> Option<StoreError> {
+        self.failed
     }
 }
 
@@ -607,16 +640,20 @@ impl<S: std::ops::Deref<Target = T>, T: Store + ?Sized> Iterator for StoredVecto
                     return Some((entry.id.0, entry.partition.0, vector));
                 }
             }
+            if self.failed.is_some() {
+                return None;
+            }
             let ids: Vec<EntryId> = self.ids.by_ref().take(PAGE).map(EntryId).collect();
             if ids.is_empty() {
                 return None;
             }
-            match self.store.cold(&ids) {
+            match self
+                .patience
+                .read("stored vectors", || self.store.cold(&ids))
+            {
                 Ok(entries) => self.page = entries.into_iter(),
                 Err(err) => {
-                    // The rest is not indexed: the entries stay reachable by exact key, and the
-                    // next rebuild (tombstones, a resync) reads them again.
-                    tracing::warn!(error = %err, "reading stored vectors failed; the index misses the rest");
+                    self.failed = Some(err);
                     return None;
                 }
             }
@@ -624,69 +661,144 @@ impl<S: std::ops::Deref<Target = T>, T: Store + ?Sized> Iterator for StoredVecto
     }
 }
 
-/// The index of the stored vectors, filled on a background thread from the dump when it matches
-/// the store, or else rebuilt from the stored vectors (minutes at 100k entries). The gateway starts
-/// serving at once with an empty index (exact matches, and new entries), `/healthz` showing
+/// Builds the index of the stored vectors of `ids`, and says why it lacks the rest if the store
+/// could not be read whole (the rest stays reachable by exact key).
+fn build_from_store(
+    store: &dyn Store,
+    dimension: usize,
+    ids: BTreeSet<u64>,
+    patience: Patience,
+) -> (HnswIndex, Option<StoreError>) {
+    let mut vectors = StoredVectors::new(store, ids, patience);
+    let built = HnswIndex::build(index_config(dimension), &mut vectors);
+    (built, vectors.failed())
+}
+
+/// Fills `index`, which serves meanwhile (in its building state), on a background thread: reads
+/// the stored ids, hands those without a vector to `backfill`, and loads the dump when it matches
+/// the store, or else rebuilds from the stored vectors (minutes at 100k entries). The gateway
+/// serves at once with the empty index (exact matches, and new entries), `/healthz` showing
 /// `index_rebuilding` until the whole index replaces it: a dump of a million vectors takes about
-/// 11 s to load, which the gateway used to spend before it listened.
-fn load_or_rebuild(
+/// 11 s to load, which the gateway used to spend before it listened, and so did the scan of a
+/// shared store's ids. A store that cannot be read whole (after [`PATIENCE`]) is read again with
+/// growing waits, up to [`MOST_PATIENT`], until it is: what was read serves meanwhile, no longer
+/// kept as if it were the whole index.
+fn load_in_background(
     dir: &Path,
     dimension: usize,
     store: &Arc<dyn Store>,
     preload: Option<DumpPreload>,
-) -> (Arc<SwappableIndex>, Vec<u64>) {
-    let started = std::time::Instant::now();
-    let (expected, unembedded) = stored_ids(store.as_ref());
-    let ids_read = started.elapsed();
-    if expected.is_empty() {
-        // Nothing to index: a dump could only hold what the store no longer has.
-        return (
-            SwappableIndex::ready(HnswIndex::new(index_config(dimension))),
-            unembedded,
-        );
-    }
-    let live = SwappableIndex::building(HnswIndex::new(index_config(dimension)));
-    let target = live.clone();
-    let store = store.clone();
+    index: &Arc<SwappableIndex>,
+    backfill: &Arc<Backfill>,
+    patience: Patience,
+) {
+    let (target, store, backfill) = (index.clone(), store.clone(), backfill.clone());
     let dir = dir.to_owned();
     let spawned = std::thread::Builder::new()
         .name("reprise-index-build".into())
         .spawn(move || {
-            let index = match load_dump(&dir, dimension, &store, &expected, preload) {
-                Ok((index, caught_up)) => {
-                    tracing::info!(
-                        vectors = index.len(),
-                        added = caught_up.added,
-                        removed = caught_up.removed,
-                        ids_ms = ids_read.as_millis() as u64,
-                        ms = started.elapsed().as_millis() as u64,
-                        "vector index loaded from its dump"
-                    );
-                    target.from_dump.store(true, Ordering::Relaxed);
-                    index
-                }
-                Err(reason) => {
-                    let count = expected.len();
-                    tracing::warn!(vectors = count, %reason, "rebuilding the vector index in the background; semantic hits resume when it is done");
-                    let built = HnswIndex::build(
-                        index_config(dimension),
-                        StoredVectors::new(store, expected),
-                    );
-                    tracing::info!(
-                        vectors = built.len(),
-                        ms = started.elapsed().as_millis() as u64,
-                        "vector index rebuilt from the store"
-                    );
-                    built
+            let started = std::time::Instant::now();
+            let mut wait = patience.first_wait;
+            let mut pause = || {
+                std::thread::sleep(wait);
+                wait = wait.saturating_mul(2).min(MOST_PATIENT);
+            };
+            let (expected, unembedded) = loop {
+                match stored_ids(store.as_ref(), patience) {
+                    Ok(ids) => break ids,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "the stored entries' ids could not be read: the vector index waits for the store (exact matches meanwhile)");
+                        pause();
+                    }
                 }
             };
-            target.finish(index);
+            if !unembedded.is_empty() {
+                tracing::info!(
+                    entries = unembedded.len(),
+                    "stored entries without a vector will be embedded in the background"
+                );
+            }
+            for id in unembedded {
+                backfill.enqueue(EntryId(id));
+            }
+            tracing::debug!(
+                ms = started.elapsed().as_millis() as u64,
+                "stored ids read for the vector index"
+            );
+            let whole = if expected.is_empty() {
+                // Nothing to index: a dump could only hold what the store no longer has.
+                target.finish(HnswIndex::new(index_config(dimension)));
+                true
+            } else {
+                load_or_rebuild(&dir, dimension, &store, &expected, preload, &target, patience)
+            };
+            if whole {
+                return;
+            }
+            tracing::warn!("the store could not be read whole: the vector index lacks the rest until a rebuild reads it, retried until one does");
+            loop {
+                pause();
+                match target.rebuild(store.as_ref(), dimension, patience) {
+                    Rebuild::Done(vectors) => {
+                        tracing::info!(vectors, "vector index rebuilt from the store");
+                        return;
+                    }
+                    Rebuild::Busy => {}
+                    Rebuild::Incomplete(err) => {
+                        tracing::warn!(error = %err, "rebuilding the vector index from the store failed again");
+                    }
+                }
+            }
         });
     if spawned.is_err() {
         tracing::error!("could not start the index load thread");
     }
-    (live, unembedded)
 }
+
+/// Puts the dump in service, brought up to the store's `expected` ids, or else an index rebuilt
+/// from the stored vectors; false when the store could not be read whole for it.
+fn load_or_rebuild(
+    dir: &Path,
+    dimension: usize,
+    store: &Arc<dyn Store>,
+    expected: &BTreeSet<u64>,
+    preload: Option<DumpPreload>,
+    target: &SwappableIndex,
+    patience: Patience,
+) -> bool {
+    let started = std::time::Instant::now();
+    match load_dump(dir, dimension, store, expected, preload, patience) {
+        Ok((index, caught_up)) => {
+            tracing::info!(
+                vectors = index.len(),
+                added = caught_up.added,
+                removed = caught_up.removed,
+                ms = started.elapsed().as_millis() as u64,
+                "vector index loaded from its dump"
+            );
+            target.from_dump.store(true, Ordering::Relaxed);
+            target.finish(index);
+            caught_up.failed.is_none()
+        }
+        Err(reason) => {
+            let count = expected.len();
+            tracing::warn!(vectors = count, %reason, "rebuilding the vector index in the background; semantic hits resume when it is done");
+            let (built, failed) =
+                build_from_store(store.as_ref(), dimension, expected.clone(), patience);
+            tracing::info!(
+                vectors = built.len(),
+                whole = failed.is_none(),
+                ms = started.elapsed().as_millis() as u64,
+                "vector index rebuilt from the store"
+            );
+            target.finish(built);
+            failed.is_none()
+        }
+    }
+}
+
+/// The longest wait between two reads of a store that cannot be read whole at start.
+const MOST_PATIENT: Duration = Duration::from_secs(60);
 
 /// The index dump's load, started on its own thread before the store opens, which `AppState`
 /// does when the open will scan the store (after a crash: a minute or more at a million entries,
@@ -733,6 +845,8 @@ struct CaughtUp {
     /// Entries of the dump the store no longer has, removed (tombstones until the partition's
     /// next rebuild).
     removed: usize,
+    /// Why some of the missing could not be read (the index lacks them), if so.
+    failed: Option<StoreError>,
 }
 
 /// Why the dump was not used; every case means a rebuild from the store.
@@ -762,6 +876,7 @@ fn load_dump(
     store: &Arc<dyn Store>,
     expected: &BTreeSet<u64>,
     preload: Option<DumpPreload>,
+    patience: Patience,
 ) -> Result<(HnswIndex, CaughtUp), DumpUnused> {
     // The missing are inserted one at a time on this thread, where a rebuild inserts every vector
     // with all cores: past `expected / cores` the rebuild is the quicker (and leaves no tombstones).
@@ -809,8 +924,8 @@ fn load_dump(
         .step_by((both.len() / PAGE).max(1))
         .map(|&id| EntryId(id))
         .collect();
-    let entries = store
-        .cold(&sample)
+    let entries = patience
+        .read("a sample of the stored entries", || store.cold(&sample))
         .map_err(|e| DumpUnused::Unchecked(e.to_string()))?;
     for entry in entries {
         let held_as_stored = entry
@@ -826,7 +941,7 @@ fn load_dump(
     let mut removed = 0;
     let gone: Vec<EntryId> = held.difference(expected).map(|&id| EntryId(id)).collect();
     for page in gone.chunks(PAGE) {
-        let stored: BTreeSet<EntryId> = match store.cold(page) {
+        let stored: BTreeSet<EntryId> = match patience.read("stored entries", || store.cold(page)) {
             Ok(entries) => entries.into_iter().map(|e| e.id).collect(),
             Err(err) => {
                 tracing::warn!(error = %err, "reading the store failed; the dump's entries it may still hold are kept");
@@ -840,7 +955,8 @@ fn load_dump(
     }
     let checked = started.elapsed();
     let mut added = 0;
-    for (id, partition, vector) in StoredVectors::new(store.as_ref(), missing) {
+    let mut vectors = StoredVectors::new(store.as_ref(), missing, patience);
+    for (id, partition, vector) in &mut vectors {
         index.insert(id, partition, &vector);
         added += 1;
     }
@@ -850,7 +966,14 @@ fn load_dump(
         catch_up_ms = (started.elapsed() - checked).as_millis() as u64,
         "index dump loaded, checked and caught up"
     );
-    Ok((index, CaughtUp { added, removed }))
+    Ok((
+        index,
+        CaughtUp {
+            added,
+            removed,
+            failed: vectors.failed(),
+        },
+    ))
 }
 
 /// Changes are deferred while this lives: see [`SwappableIndex::defer_changes`].
@@ -878,6 +1001,17 @@ impl Change {
             Change::Remove(id) => index.remove(id),
         }
     }
+}
+
+/// What a rebuild of the index from the store came to.
+#[derive(Debug)]
+pub enum Rebuild {
+    /// In service, with this many vectors.
+    Done(usize),
+    /// Another rebuild was running; nothing done.
+    Busy,
+    /// The store could not be read whole; worth another try later.
+    Incomplete(StoreError),
 }
 
 /// The index the gateway searches: swappable, so a rebuild can run while requests are served.
@@ -925,6 +1059,44 @@ impl SwappableIndex {
     /// store), not rebuilt.
     pub fn from_dump(&self) -> bool {
         self.from_dump.load(Ordering::Relaxed)
+    }
+
+    /// Rebuilds from the store's vectors while this index serves; changes made meanwhile are
+    /// kept. Blocking. `Busy` while another rebuild runs (it reads the store too). When the store
+    /// cannot be read whole, what was read replaces the index in service only if it holds more
+    /// vectors (the old one may have missed changes, not whole pages of entries), and the caller
+    /// tries again later.
+    fn rebuild(&self, store: &dyn Store, dimension: usize, patience: Patience) -> Rebuild {
+        if !self.begin_rebuild() {
+            return Rebuild::Busy;
+        }
+        let ids = match stored_ids(store, patience) {
+            Ok((ids, _)) => ids,
+            Err(err) => {
+                self.abandon_rebuild();
+                return Rebuild::Incomplete(err);
+            }
+        };
+        match build_from_store(store, dimension, ids, patience) {
+            (built, None) => {
+                let vectors = built.len();
+                self.finish(built);
+                Rebuild::Done(vectors)
+            }
+            (partial, Some(err)) => {
+                if partial.len() > self.len() {
+                    self.finish(partial);
+                } else {
+                    self.abandon_rebuild();
+                }
+                Rebuild::Incomplete(err)
+            }
+        }
+    }
+
+    /// Ends a rebuild without a swap: the changes it recorded reached the index in service too.
+    fn abandon_rebuild(&self) {
+        *lock(&self.pending) = None;
     }
 
     /// Starts recording changes for a rebuild; false when one already runs.
@@ -1052,6 +1224,7 @@ impl VectorIndex for SwappableIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::faulty::FaultyReads;
 
     fn unit(seed: u32) -> Vec<f32> {
         let mut v: Vec<f32> = (0..8)
@@ -1066,6 +1239,12 @@ mod tests {
         v.iter_mut().for_each(|x| *x /= n);
         v
     }
+
+    /// Retries of whole-store reads, without the waits.
+    const QUICK: Patience = Patience {
+        attempts: 3,
+        first_wait: Duration::from_millis(1),
+    };
 
     /// An entry in partition 1 with the prompt `question {n}`, a vector when `vector`.
     fn stored(n: u64, vector: bool) -> Entry {
@@ -1095,13 +1274,14 @@ mod tests {
                 with_vector.insert(id);
             }
         }
-        let (ids, unembedded) = stored_ids(&store);
+        let (ids, unembedded) = stored_ids(&store, QUICK).expect("read");
         assert_eq!(ids, with_vector);
         assert_eq!(unembedded, without, "the backfill gets the rest");
         // Deleted after its id was read: skipped, not an error.
         let gone = *ids.iter().nth(PAGE + 1).expect("an id on the second page");
         assert!(store.delete(EntryId(gone)).expect("delete"));
-        let streamed: Vec<(u64, [u8; 32], Vec<f32>)> = StoredVectors::new(&store, ids).collect();
+        let streamed: Vec<(u64, [u8; 32], Vec<f32>)> =
+            StoredVectors::new(&store, ids, QUICK).collect();
         let expected: Vec<u64> = with_vector
             .iter()
             .copied()
@@ -1117,6 +1297,129 @@ mod tests {
         }
     }
 
+    /// A sled store behind [`FaultyReads`] (read as Redis is: no ledger of ids) holding `n`
+    /// entries, those whose number is `without` a vector stored without.
+    fn faulty_store(
+        dir: &Path,
+        n: u64,
+        without: impl Fn(u64) -> bool,
+    ) -> Arc<FaultyReads<crate::store::SledStore>> {
+        let store = FaultyReads::new(crate::store::SledStore::open(dir).expect("open"));
+        for i in 0..n {
+            store.put(stored(i, !without(i))).expect("put");
+        }
+        Arc::new(store)
+    }
+
+    /// Issue 22's last note: one failed read of the store cut the start's list of ids short, and
+    /// the index built from it lacked the rest for good. A failed page is now read again, and
+    /// one that keeps failing is an error, never a shorter list.
+    #[test]
+    fn whole_store_reads_retry_a_failed_page_and_report_one_that_keeps_failing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let n = 2 * PAGE as u64 + 7;
+        let store = faulty_store(dir.path(), n, |_| false);
+        // The ids and then the first page failing once each: within patience.
+        store.fail(1, 0);
+        let (ids, _) = stored_ids(store.as_ref(), QUICK).expect("read whole");
+        assert_eq!(ids.len() as u64, n);
+        store.fail(2, 1);
+        assert_eq!(stored_ids(store.as_ref(), QUICK).expect("whole").0, ids);
+        // The second page failing as often as the patience tries: an error.
+        store.fail(3, 2);
+        assert!(stored_ids(store.as_ref(), QUICK).is_err());
+
+        store.fail(2, 1);
+        let mut vectors = StoredVectors::new(store.as_ref(), ids.clone(), QUICK);
+        assert_eq!((&mut vectors).count() as u64, n);
+        assert!(vectors.failed().is_none());
+        store.fail(3, 1);
+        let mut vectors = StoredVectors::new(store.as_ref(), ids, QUICK);
+        assert_eq!((&mut vectors).count(), PAGE, "the first page only");
+        assert!(vectors.failed().is_some(), "and says why it ended");
+    }
+
+    #[test]
+    fn a_rebuild_that_cannot_read_the_store_whole_keeps_the_larger_index_until_one_can() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let n = 2 * PAGE as u64 + 7;
+        let store = faulty_store(dir.path(), n, |_| false);
+        let index = SwappableIndex::ready(HnswIndex::new(index_config(8)));
+        // The ids and every entry read (three pages), then the build's first page of vectors
+        // but not its second: half an index beats none.
+        store.fail(3, 5);
+        let rebuilt = index.rebuild(store.as_ref(), 8, QUICK);
+        assert!(matches!(rebuilt, Rebuild::Incomplete(_)), "{rebuilt:?}");
+        assert_eq!(index.len(), PAGE);
+        assert!(!index.is_building(), "the next rebuild may start");
+        // Not even the ids: the larger index stays.
+        store.fail(3, 0);
+        let rebuilt = index.rebuild(store.as_ref(), 8, QUICK);
+        assert!(matches!(rebuilt, Rebuild::Incomplete(_)), "{rebuilt:?}");
+        assert_eq!(index.len(), PAGE);
+        let rebuilt = index.rebuild(store.as_ref(), 8, QUICK);
+        assert!(
+            matches!(rebuilt, Rebuild::Done(m) if m as u64 == n),
+            "{rebuilt:?}"
+        );
+        assert_eq!(index.len() as u64, n);
+    }
+
+    /// A unit vector per text, of 8 dimensions.
+    struct Hashed;
+
+    impl crate::embed::EmbedModel for Hashed {
+        fn embed(&mut self, texts: &[String]) -> Result<Vec<Vec<f32>>, String> {
+            Ok(texts
+                .iter()
+                .map(|t| unit(blake3::hash(t.as_bytes()).as_bytes()[0].into()))
+                .collect())
+        }
+
+        fn dimension(&self) -> usize {
+            8
+        }
+    }
+
+    /// The start's load, with the store failing: its ids first, then a page of its vectors. The
+    /// index is whole once the store reads, and the entries without a vector are embedded.
+    #[test]
+    fn the_start_waits_for_a_failing_store_and_retries_until_the_index_is_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let n = 2 * PAGE as u64 + 7;
+        let faulty = faulty_store(&dir.path().join("db"), n, |i| i % 5 == 0);
+        let store: Arc<dyn Store> = faulty.clone();
+        let embedder = Arc::new(
+            Embedder::with_model(Box::new(Hashed), &EmbedConfig::default()).expect("fake"),
+        );
+        let until = |what: &str, done: &dyn Fn() -> bool| {
+            let started = std::time::Instant::now();
+            while !done() {
+                assert!(started.elapsed() < Duration::from_secs(60), "{what}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        // The ids failing past patience once; then, with every entry read (the ids and three
+        // pages), the build's second page failing past it.
+        for (failures, good_reads, to_embed) in [(4, 0, n.div_ceil(5)), (3, 5, 0)] {
+            faulty.fail(failures, good_reads);
+            let index = SwappableIndex::building(HnswIndex::new(index_config(8)));
+            let backfill = Backfill::start(embedder.clone(), index.clone(), store.clone(), vec![]);
+            let no_dump = dir.path().join("index");
+            load_in_background(&no_dump, 8, &store, None, &index, &backfill, QUICK);
+            until("the whole index", &|| {
+                !index.is_building() && index.len() as u64 == n
+            });
+            assert_eq!(faulty.failures.load(Ordering::SeqCst), 0);
+            // Those without a vector were found and embedded (in the first round).
+            until("the backfill", &|| backfill.stats().pending == 0);
+            assert_eq!(backfill.stats().embedded, to_embed);
+            backfill.stop();
+            let entries = store.list(None, n as usize).expect("list");
+            assert!(entries.iter().all(|e| e.vector.is_some()));
+        }
+    }
+
     #[test]
     fn a_dump_is_brought_up_to_the_store_unless_it_was_another_stores() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -1129,12 +1432,12 @@ mod tests {
         // first deleted.
         let saved = dir.path().join("index");
         let vectors =
-            |ids: &[u64]| StoredVectors::new(store.as_ref(), ids.iter().copied().collect());
+            |ids: &[u64]| StoredVectors::new(store.as_ref(), ids.iter().copied().collect(), QUICK);
         HnswIndex::build(index_config(8), vectors(&ids[..4]))
             .save(&saved)
             .expect("save");
         assert!(store.delete(EntryId(ids[0])).expect("delete"));
-        let (expected, _) = stored_ids(store.as_ref());
+        let (expected, _) = stored_ids(store.as_ref(), QUICK).expect("read");
         assert_eq!(expected, ids[1..].iter().copied().collect());
         // Loaded as the gateway does, started before the store's ids were read.
         let preload = DumpPreload::start(&Config {
@@ -1143,18 +1446,19 @@ mod tests {
         });
         assert!(preload.is_some(), "a dump to preload");
         let (index, caught_up) =
-            load_dump(&saved, 8, &store, &expected, preload).expect("caught up");
+            load_dump(&saved, 8, &store, &expected, preload, QUICK).expect("caught up");
         assert_eq!((caught_up.added, caught_up.removed), (2, 1));
         assert_eq!(index.ids(), expected);
         let newest = store.get(EntryId(ids[5])).expect("get").expect("there");
         let vector = newest.vector.expect("vector");
         assert_eq!(index.search(&newest.partition.0, &vector, 1)[0].id, ids[5]);
 
-        // A scan of the store cut short by an error lists fewer ids than it holds: an entry the
-        // dump has and the store still holds stays, whatever the list says.
+        // Should a list of the store's ids lack one (a scan cut short), an entry the dump has and
+        // the store still holds stays, whatever the list says.
         let mut cut_short = expected.clone();
         cut_short.remove(&ids[2]);
-        let (index, caught_up) = load_dump(&saved, 8, &store, &cut_short, None).expect("caught up");
+        let (index, caught_up) =
+            load_dump(&saved, 8, &store, &cut_short, None, QUICK).expect("caught up");
         assert_eq!((caught_up.added, caught_up.removed), (2, 1));
         assert_eq!(index.ids(), expected);
 
@@ -1169,7 +1473,7 @@ mod tests {
             }
         }
         let many: BTreeSet<u64> = (1..=4 * PAGE as u64).collect();
-        let refused = load_dump(&behind, 8, &store, &many, None);
+        let refused = load_dump(&behind, 8, &store, &many, None, QUICK);
         if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
             assert!(
                 matches!(refused, Err(DumpUnused::FarBehind { stored, .. }) if stored == many.len())
@@ -1194,7 +1498,7 @@ mod tests {
             ..Config::default()
         });
         assert!(matches!(
-            load_dump(&saved, 8, &store, &expected, preload),
+            load_dump(&saved, 8, &store, &expected, preload, QUICK),
             Err(DumpUnused::Unreadable(IndexError::Dimension {
                 expected: 8,
                 found: 4
@@ -1209,7 +1513,7 @@ mod tests {
             .save(&other)
             .expect("save");
         assert!(matches!(
-            load_dump(&other, 8, &store, &expected, None),
+            load_dump(&other, 8, &store, &expected, None, QUICK),
             Err(DumpUnused::OtherStore { .. })
         ));
     }

@@ -43,6 +43,8 @@ mod claim;
 mod codec;
 mod compact;
 pub mod connect;
+#[cfg(test)]
+pub(crate) mod faulty;
 pub mod feed;
 mod ledger;
 mod ledger_file;
