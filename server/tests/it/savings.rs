@@ -165,7 +165,9 @@ async fn hits_say_what_they_saved_and_every_total_matches_the_records() {
         Some(format!("{:.6}", cost(SUPPORT_PRICE, input, output)))
     );
 
-    // A stream without include_usage: counted with a tokenizer, and said so.
+    // A stream without include_usage: counted with a tokenizer, and said so. Its tables are
+    // built first: hits served before they are estimate (`approx:bytes/4`, a unit test's case).
+    let _built = reprise_server::savings::tokenizer("sim-model");
     let (_, hit) = miss_then_hit(
         &gw,
         "/v1/chat/completions",
