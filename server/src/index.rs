@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLo
 
 use hnsw_rs::api::AnnT;
 use hnsw_rs::hnsw::Hnsw;
-use hnsw_rs::hnswio::HnswIo;
+use hnsw_rs::hnswio::{HnswIo, ReloadOptions};
 use hnsw_rs::prelude::Distance;
 use serde::{Deserialize, Serialize};
 
@@ -825,7 +825,14 @@ impl HnswIndex {
         // for the whole dump never stalls searches.
         let state = read(&self.state);
         fs::create_dir_all(dir)?;
-        let generation = read_manifest(dir).map_or(1, |m| m.generation + 1);
+        // Never a generation with files on disk: `hnsw_rs` truncates the files it dumps to, and a
+        // loaded graph's vectors are mapped from its data file, which truncating would pull from
+        // under this process (SIGBUS). A manifest lost while serving could name one again.
+        let mut generation = read_manifest(dir).map_or(1, |m| m.generation + 1);
+        let taken = generations_on_disk(dir);
+        while taken.contains(&generation) {
+            generation += 1;
+        }
 
         let mut order: Vec<(&VectorId, &Placement)> = state.live.iter().collect();
         order.sort_unstable_by_key(|(id, _)| **id);
@@ -1484,12 +1491,22 @@ fn load_graph(dir: &Path, graph_ref: &GraphRef) -> Result<Graph, IndexError> {
             "graph file names do not match the basename".into(),
         ));
     }
-    // `load_hnsw_with_dist` ties the graph's lifetime to the loader (for mmap mode, unused here:
-    // points are read into owned vectors). Leaking the loader, a few hundred bytes per load at
-    // start-up, gives the `'static` graph the index stores, without unsafe code.
-    let loader: &'static HnswIo = Box::leak(Box::new(HnswIo::new(dir, &graph_ref.basename)));
-    let mut graph = catch_unwind(AssertUnwindSafe(|| {
-        loader.load_hnsw_with_dist::<Code, DistF16>(DistF16)
+    // The vectors are mapped from the data file rather than copied to the heap: at a million
+    // vectors the loaded replica's anonymous memory went from 4.27 to 3.00 GB (the 768 MB of
+    // vectors, and the holes `hnsw_rs`'s loader leaves in the heap when it frees its neighbour
+    // lists, allocated amid the points), its resident set from 4.32 to 3.80 GB (the mapped
+    // file's pages count, but the kernel can drop them under pressure), with the same load time
+    // and search latency (`benches/results/2026-12-06-index-mmap.md`). A data file is never
+    // written once saved (a save writes a new generation), and one deleted by a later save stays
+    // on disk until the process exits. `load_hnsw` ties the graph's lifetime to its loader, which
+    // owns the mapping: leaking it (a few hundred bytes per graph loaded at start-up) gives the
+    // `'static` graph the index stores, without unsafe code.
+    let mut loader = HnswIo::new(dir, &graph_ref.basename);
+    loader.set_options(ReloadOptions::default().set_mmap(true));
+    let loader: &'static mut HnswIo = Box::leak(Box::new(loader));
+    let mut graph = catch_unwind(AssertUnwindSafe(move || {
+        let loader = loader;
+        HnswIo::load_hnsw::<Code, DistF16>(loader)
     }))
     .map_err(|_| IndexError::Corrupt("hnsw_rs panicked while loading the graph".into()))?
     .map_err(|e| IndexError::Corrupt(format!("graph: {e}")))?;
@@ -1513,27 +1530,43 @@ fn sync_dir(dir: &Path) -> Result<(), IndexError> {
     Ok(())
 }
 
+/// The generation a file of ours belongs to: `entries-<gen>.bin`, `graph-<gen>-<part>.hnsw.*`
+/// (and format 1's `graph-<gen>.hnsw.*`).
+fn generation_of(name: &str) -> Option<u64> {
+    name.strip_prefix("entries-")
+        .and_then(|rest| rest.strip_suffix(".bin"))
+        .or_else(|| {
+            let rest = name.strip_prefix("graph-")?;
+            let rest = rest
+                .strip_suffix(".hnsw.graph")
+                .or_else(|| rest.strip_suffix(".hnsw.data"))?;
+            Some(rest.split_once('-').map_or(rest, |(g, _)| g))
+        })
+        .and_then(|g| g.parse::<u64>().ok())
+}
+
+/// Our files in `dir`, with their generation.
+fn our_files(dir: &Path) -> Vec<(u64, fs::DirEntry)> {
+    let Ok(listing) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    listing
+        .flatten()
+        .filter_map(|entry| Some((generation_of(&entry.file_name().to_string_lossy())?, entry)))
+        .collect()
+}
+
+/// The generations that have files in `dir`.
+fn generations_on_disk(dir: &Path) -> BTreeSet<u64> {
+    our_files(dir).into_iter().map(|(g, _)| g).collect()
+}
+
 /// Deletes our files of other generations. Best effort: a leftover file only costs disk space.
 fn remove_other_generations(dir: &Path, keep: u64) {
-    let Ok(listing) = fs::read_dir(dir) else {
-        return;
-    };
-    for entry in listing.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        // `entries-<gen>.bin`, `graph-<gen>-<part>.hnsw.*` (and format 1's `graph-<gen>.hnsw.*`).
-        let generation = name
-            .strip_prefix("entries-")
-            .and_then(|rest| rest.strip_suffix(".bin"))
-            .or_else(|| {
-                let rest = name.strip_prefix("graph-")?;
-                let rest = rest
-                    .strip_suffix(".hnsw.graph")
-                    .or_else(|| rest.strip_suffix(".hnsw.data"))?;
-                Some(rest.split_once('-').map_or(rest, |(g, _)| g))
-            })
-            .and_then(|g| g.parse::<u64>().ok());
-        if generation.is_some_and(|g| g != keep) {
+    for (generation, entry) in our_files(dir) {
+        if generation != keep {
             if let Err(e) = fs::remove_file(entry.path()) {
+                let name = entry.file_name().to_string_lossy().into_owned();
                 tracing::warn!(file = %name, error = %e, "could not delete an old index dump file");
             }
         }
@@ -1979,6 +2012,54 @@ mod tests {
                 "manifest.json"
             ]
         );
+    }
+
+    /// A loaded graph's vectors are mapped from its data file. A save never dumps over a file
+    /// on disk (even with the manifest gone, which would restart the generations at 1), and the
+    /// loaded graph keeps serving from its data file once a later save has deleted it.
+    #[test]
+    fn a_loaded_graph_serves_from_its_data_file_and_no_save_writes_over_it() {
+        let dimension = 16;
+        let mut rng = StdRng::seed_from_u64(11);
+        let items: Vec<_> = (0..1_000u64)
+            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
+            .collect();
+        let config = IndexConfig {
+            brute_force_below: 100,
+            ..small_config(dimension)
+        };
+        let built = HnswIndex::build(config.clone(), items);
+        let dir = tempfile::tempdir().expect("tempdir");
+        built.save(dir.path()).expect("save");
+        let loaded = HnswIndex::load(dir.path(), config.clone()).expect("load");
+        let data = dir.path().join("graph-1-0.hnsw.data");
+        #[cfg(target_os = "linux")]
+        {
+            let maps = fs::read_to_string("/proc/self/maps").expect("maps");
+            assert!(maps.contains(&*data.to_string_lossy()), "mapped, not read");
+        }
+        let before = fs::metadata(&data).expect("generation 1's data file");
+        fs::remove_file(dir.path().join(MANIFEST)).expect("manifest gone");
+        loaded.save(dir.path()).expect("save without a manifest");
+        assert_eq!(read_manifest(dir.path()).expect("manifest").generation, 2);
+        assert!(!data.exists(), "generation 1 deleted once 2 is saved");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let after = fs::metadata(dir.path().join("graph-2-0.hnsw.data")).expect("gen 2");
+            assert_ne!(
+                before.ino(),
+                after.ino(),
+                "a new file, not the old one rewritten"
+            );
+        }
+        let _ = before;
+        for _ in 0..50 {
+            let q = unit(&mut rng, dimension);
+            assert_eq!(loaded.search(&tag(1), &q, 5), built.search(&tag(1), &q, 5));
+        }
+        let again = HnswIndex::load(dir.path(), config).expect("load generation 2");
+        assert_eq!(again.ids(), built.ids());
     }
 
     #[test]
