@@ -31,9 +31,6 @@ done
 
 . scripts/lib-procs.sh
 token=crash
-# As benches/scale-gateway.sh: the default caps would evict part of the cache under test.
-model_flags=(--model-dir models/all-MiniLM-L6-v2 --ort-lib models/onnxruntime/libonnxruntime.so
-  --max-entries 100000000 --max-bytes 1000000000000)
 now() { date +%s.%N; }
 since() { python3 -c "print(round($(now) - $1, 2))"; }
 port=$(free_port)
@@ -42,7 +39,7 @@ port=$(free_port)
 start() {
   t_start=$(now)
   REPRISE_ADMIN_TOKEN=$token "$bin/reprise" serve --listen 127.0.0.1:"$port" --upstream-url http://127.0.0.1:9/v1 \
-    --data-dir "$data" "${model_flags[@]}" >"$WORK/gw-$1.log" 2>&1 &
+    --data-dir "$data" "${SCALE_FLAGS[@]}" >"$WORK/gw-$1.log" 2>&1 &
   gw_pid=$!
   PIDS+=("$gw_pid")
 }

@@ -54,9 +54,7 @@ for round in $(seq 1 "$rounds"); do
     log="$WORK/gateway-$round.log"
     started=$(date +%s.%N)
     REPRISE_ADMIN_TOKEN=$token RUST_LOG=reprise_server=info "$bin" serve --listen 127.0.0.1:"$port" \
-      --upstream-url http://127.0.0.1:"$sim_port"/v1 --data-dir "$data" \
-      --model-dir models/all-MiniLM-L6-v2 --ort-lib models/onnxruntime/libonnxruntime.so \
-      --max-entries 100000000 --max-bytes 1000000000000 >"$log" 2>&1 &
+      --upstream-url http://127.0.0.1:"$sim_port"/v1 --data-dir "$data" "${SCALE_FLAGS[@]}" >"$log" 2>&1 &
     gateway=$!
     PIDS+=("$gateway")
     for _ in $(seq 1 6000); do

@@ -43,8 +43,7 @@ token=rebuild
 port=$(free_port)
 t_start=$(date +%s)
 REPRISE_ADMIN_TOKEN=$token "$bin/reprise" serve --listen 127.0.0.1:"$port" --upstream-url http://127.0.0.1:9/v1 \
-  --data-dir "$data" --model-dir models/all-MiniLM-L6-v2 --ort-lib models/onnxruntime/libonnxruntime.so \
-  --max-entries 100000000 --max-bytes 1000000000000 >"$WORK/gw.log" 2>&1 &
+  --data-dir "$data" "${SCALE_FLAGS[@]}" >"$WORK/gw.log" 2>&1 &
 gw_pid=$!
 PIDS+=("$gw_pid")
 wait_ready http://127.0.0.1:"$port"/healthz gateway "$WORK/gw.log" 1200

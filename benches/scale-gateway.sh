@@ -63,9 +63,6 @@ bin=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys
 sides="after"
 [ -n "$before" ] && sides="before after"
 token=scale
-# The default caps (100,000 entries, 1 GiB) would evict part of the cache under test.
-model_flags=(--model-dir models/all-MiniLM-L6-v2 --ort-lib models/onnxruntime/libonnxruntime.so
-  --max-entries 100000000 --max-bytes 1000000000000)
 results=$WORK/results.jsonl
 : >"$results"
 rm -rf target/scale-gateway-last
@@ -99,7 +96,7 @@ start() {
   shift 4
   t_start=$(now)
   REPRISE_ADMIN_TOKEN=$token "$binary" "$@" --listen 127.0.0.1:"$port" --upstream-url http://127.0.0.1:"$sim_port"/v1 \
-    --data-dir "$data" "${model_flags[@]}" >"$WORK/gw-$name.log" 2>&1 &
+    --data-dir "$data" "${SCALE_FLAGS[@]}" >"$WORK/gw-$name.log" 2>&1 &
   gw_pid=$!
   PIDS+=("$gw_pid")
 }
@@ -202,7 +199,7 @@ for n in $sizes; do
       # With the model loaded, so that the data dir records it: a dir without a record is taken
       # as holding the previous model's vectors, and the restarts would re-embed every entry.
       REPRISE_ADMIN_TOKEN=$token "$bin/scale-gateway" --entries "$n" --store-only --data-dir "$data" \
-        "${model_flags[@]}" --listen 127.0.0.1:"$port" --upstream-url http://127.0.0.1:"$sim_port"/v1 >"$WORK/sled-loader-$n.log" 2>&1
+        "${SCALE_FLAGS[@]}" --listen 127.0.0.1:"$port" --upstream-url http://127.0.0.1:"$sim_port"/v1 >"$WORK/sled-loader-$n.log" 2>&1
       load_s=$(python3 -c "print($(now) - $t0)")
       start "probe-$n" "$bin/reprise" "$port" "$data" serve --semantic false
       probe="" started "probe-$n" "$port"
@@ -253,7 +250,7 @@ for n in $sizes; do
   echo "==> $n entries into Redis (scale-gateway --store-only)" >&2
   t0=$(now)
   REPRISE_ADMIN_TOKEN=$token "$bin/scale-gateway" --entries "$n" --store-only --semantic false --store redis --redis-url "$url" \
-    "${model_flags[@]}" --listen 127.0.0.1:"$(free_port)" --upstream-url http://127.0.0.1:"$sim_port"/v1 --data-dir "$WORK/redis-loader" \
+    "${SCALE_FLAGS[@]}" --listen 127.0.0.1:"$(free_port)" --upstream-url http://127.0.0.1:"$sim_port"/v1 --data-dir "$WORK/redis-loader" \
     >"$WORK/redis-loader-$n.log" 2>&1
   redis_load_s=$(python3 -c "print($(now) - $t0)")
   redis_mem=$(redis-cli -p "$redis_port" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')

@@ -13,6 +13,12 @@ trap procs_cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# SCALE_FLAGS: what a gateway on a data dir of the scale benches (benches/scale-gateway.sh and
+# those run on the data dirs it keeps) starts with: the provisioned model, and caps no bench's
+# cache reaches (the defaults, 100,000 entries and 1 GiB, would evict part of the cache under test).
+SCALE_FLAGS=(--model-dir models/all-MiniLM-L6-v2 --ort-lib models/onnxruntime/libonnxruntime.so
+  --max-entries 100000000 --max-bytes 1000000000000)
+
 # free_port: a loopback port the kernel just handed out (and took back).
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
