@@ -33,13 +33,7 @@ for tool in reprise-sim reprise-client; do
 done
 
 . scripts/lib-procs.sh
-python3 - "$WORK/pairs.jsonl" <<'PY'
-import json, sys
-lines = [l.rstrip("\n") for l in open("benches/workloads/paraphrases.txt")]
-with open(sys.argv[1], "w") as out:
-    for i, (a, b) in enumerate(zip(lines[:30], lines[30:60])):
-        out.write(json.dumps({"id": f"p{i:02}", "category": "paraphrase", "a": a, "b": b, "same_answer": True}) + "\n")
-PY
+paraphrase_pairs "$WORK/pairs.jsonl"
 sim_port=$(free_port)
 "$release/reprise-sim" --listen 127.0.0.1:"$sim_port" --ttft-ms 50 --itl-ms 2 --tokens 32 >"$WORK/sim.log" 2>&1 &
 PIDS+=($!)

@@ -67,14 +67,11 @@ results=$WORK/results.jsonl
 : >"$results"
 rm -rf target/scale-gateway-last
 
-python3 - "$WORK/pairs.jsonl" "$WORK/bank.jsonl" <<'PY'
+paraphrase_pairs "$WORK/pairs.jsonl"
+python3 - "$WORK/bank.jsonl" <<'PY'
 import json, sys
-lines = [l.rstrip("\n") for l in open("benches/workloads/paraphrases.txt")]
-with open(sys.argv[1], "w") as out:
-    for i, (a, b) in enumerate(zip(lines[:30], lines[30:60])):
-        out.write(json.dumps({"id": f"p{i:02}", "category": "paraphrase", "a": a, "b": b, "same_answer": True}) + "\n")
 answer = "A short answer that names the steps the question asked about, in about forty tokens of plain text, as a support answer would."
-with open(sys.argv[2], "w") as out:
+with open(sys.argv[1], "w") as out:
     for line in open("benches/workloads/bank.jsonl"):
         out.write(json.dumps({"model": "sim-model", "prompt": json.loads(line)["prompt"], "response": answer,
                               "namespace": "support", "api_key": ""}) + "\n")

@@ -81,14 +81,7 @@ declare -A flags=([before]=$before_flags [after]=$after_flags)
 client="$after/reprise-client"
 token=semantic-floor
 
-# The pairs: the first 30 lines of paraphrases.txt are the stored questions, the next 30 ask them again.
-python3 - "$WORK/pairs.jsonl" <<'PY'
-import json, sys
-lines = [l.rstrip("\n") for l in open("benches/workloads/paraphrases.txt")]
-with open(sys.argv[1], "w") as out:
-    for i, (a, b) in enumerate(zip(lines[:30], lines[30:60])):
-        out.write(json.dumps({"id": f"p{i:02}", "category": "paraphrase", "a": a, "b": b, "same_answer": True}) + "\n")
-PY
+paraphrase_pairs "$WORK/pairs.jsonl"
 
 sim_port=$(free_port)
 "$after/reprise-sim" --listen 127.0.0.1:"$sim_port" --ttft-ms 50 --itl-ms 2 --tokens 32 >"$WORK/sim.log" 2>&1 &

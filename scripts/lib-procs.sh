@@ -19,6 +19,19 @@ trap 'exit 143' TERM
 SCALE_FLAGS=(--model-dir models/all-MiniLM-L6-v2 --ort-lib models/onnxruntime/libonnxruntime.so
   --max-entries 100000000 --max-bytes 1000000000000)
 
+# paraphrase_pairs FILE: the benches' 30 paraphrase pairs as `reprise-client bench --pairs` reads
+# them: the first 30 lines of benches/workloads/paraphrases.txt are the questions stored, the next
+# 30 ask them again in other words.
+paraphrase_pairs() {
+  python3 - "$1" <<'PY'
+import json, sys
+lines = [l.rstrip("\n") for l in open("benches/workloads/paraphrases.txt")]
+with open(sys.argv[1], "w") as out:
+    for i, (a, b) in enumerate(zip(lines[:30], lines[30:60])):
+        out.write(json.dumps({"id": f"p{i:02}", "category": "paraphrase", "a": a, "b": b, "same_answer": True}) + "\n")
+PY
+}
+
 # free_port: a loopback port the kernel just handed out (and took back).
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
