@@ -5,7 +5,8 @@
 # dump), and the search phase of 90 streamed paraphrase lookups at concurrency 1 (30 fow-style
 # pairs of benches/workloads/paraphrases.txt, three rounds, in the `support` namespace, the big
 # partition of `benches/scale.sh --gateway --keep-data`'s data dirs). Each gateway is stopped with
-# SIGTERM, which saves its dump again. DATA_DIR keeps the 30 answers the pairs store.
+# SIGTERM, which saves the dump again since the pairs changed the index. DATA_DIR keeps the 30
+# answers the pairs store.
 #
 # Usage: benches/dump-load.sh DATA_DIR [--rounds 2] BIN [BIN...]
 #   BIN: a `reprise` binary (for example target/release/reprise, or a copy of an older build's).

@@ -910,7 +910,20 @@ impl HnswIndex {
     /// another dimension; [`IndexError::Corrupt`] on a bad checksum, length, format or file name, or
     /// entries that do not match the manifest.
     /// A graph keeps the `max_connections`/`ef_construction` it was built with until its next rebuild.
+    /// The graphs' vectors are mapped from the dump's data files, not copied (see `load_graph`).
     pub fn load(dir: &Path, config: IndexConfig) -> Result<Self, IndexError> {
+        Self::load_as(dir, config, Vectors::Mapped)
+    }
+
+    /// [`HnswIndex::load`] with the graphs' vectors read into the heap, for a load that runs while
+    /// something may move the dump (the store's open, which moves a corrupt store's index aside):
+    /// `hnsw_rs` opens the data files again by path to map them, and exits the process when it
+    /// cannot.
+    pub fn load_in_memory(dir: &Path, config: IndexConfig) -> Result<Self, IndexError> {
+        Self::load_as(dir, config, Vectors::InMemory)
+    }
+
+    fn load_as(dir: &Path, config: IndexConfig, vectors: Vectors) -> Result<Self, IndexError> {
         let config = config.sanitized();
         let manifest = match fs::read(dir.join(MANIFEST)) {
             Ok(bytes) => serde_json::from_slice::<Manifest>(&bytes)
@@ -941,7 +954,7 @@ impl HnswIndex {
         // while another reads and checks the entries file.
         let (graphs, entries) = std::thread::scope(|s| {
             let entries = s.spawn(|| read_checked(dir, &manifest.entries));
-            let graphs = load_graphs(dir, &manifest.graphs);
+            let graphs = load_graphs(dir, &manifest.graphs, vectors);
             let entries = entries
                 .join()
                 .unwrap_or_else(|_| Err(IndexError::Corrupt("entries reader panicked".into())));
@@ -1441,7 +1454,18 @@ fn checksum_file(dir: &Path, name: &str) -> Result<FileRef, IndexError> {
 
 /// Loads every graph of the manifest, on as many threads as there are cores (and graphs), each
 /// checked against the point count the manifest recorded.
-fn load_graphs(dir: &Path, refs: &[GraphRef]) -> Result<Vec<(u32, Graph)>, IndexError> {
+/// Where a loaded graph's vectors are: see [`load_graph`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Vectors {
+    Mapped,
+    InMemory,
+}
+
+fn load_graphs(
+    dir: &Path,
+    refs: &[GraphRef],
+    vectors: Vectors,
+) -> Result<Vec<(u32, Graph)>, IndexError> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, refs.len().max(1));
@@ -1450,7 +1474,7 @@ fn load_graphs(dir: &Path, refs: &[GraphRef]) -> Result<Vec<(u32, Graph)>, Index
             .skip(first)
             .step_by(threads)
             .map(|graph_ref| {
-                let graph = load_graph(dir, graph_ref)?;
+                let graph = load_graph(dir, graph_ref, vectors)?;
                 if graph.get_nb_point() != graph_ref.points {
                     return Err(IndexError::Corrupt(
                         "graph point count differs from the manifest".into(),
@@ -1478,7 +1502,7 @@ fn load_graphs(dir: &Path, refs: &[GraphRef]) -> Result<Vec<(u32, Graph)>, Index
 /// Verifies the graph files, then has `hnsw_rs` read them. `hnsw_rs` asserts (and on a bad data
 /// record even exits the process) instead of returning errors, so it must only ever see files whose
 /// checksum matched; a panic left over is still caught and reported as corruption.
-fn load_graph(dir: &Path, graph_ref: &GraphRef) -> Result<Graph, IndexError> {
+fn load_graph(dir: &Path, graph_ref: &GraphRef, vectors: Vectors) -> Result<Graph, IndexError> {
     let started = std::time::Instant::now();
     for file in [&graph_ref.graph, &graph_ref.data] {
         verify_file(dir, file)?;
@@ -1491,18 +1515,22 @@ fn load_graph(dir: &Path, graph_ref: &GraphRef) -> Result<Graph, IndexError> {
             "graph file names do not match the basename".into(),
         ));
     }
-    // The vectors are mapped from the data file rather than copied to the heap: at a million
-    // vectors the loaded replica's anonymous memory went from 4.27 to 3.00 GB (the 768 MB of
+    // Mapped, the vectors are read from the data file's pages rather than copied to the heap: at
+    // a million vectors the loaded replica's anonymous memory went from 4.27 to 3.00 GB (the 768 MB of
     // vectors, and the holes `hnsw_rs`'s loader leaves in the heap when it frees its neighbour
     // lists, allocated amid the points), its resident set from 4.32 to 3.80 GB (the mapped
     // file's pages count, but the kernel can drop them under pressure), with the same load time
     // and search latency (`benches/results/2026-12-06-index-mmap.md`). A data file is never
-    // written once saved (a save writes a new generation), and one deleted by a later save stays
-    // on disk until the process exits. `load_hnsw` ties the graph's lifetime to its loader, which
-    // owns the mapping: leaking it (a few hundred bytes per graph loaded at start-up) gives the
-    // `'static` graph the index stores, without unsafe code.
+    // written once saved (a save writes a new generation). `load_hnsw` ties the graph's lifetime
+    // to its loader, which owns the mapping and `hnsw_rs`'s map of each point's place in the file
+    // (about 40 MB at a million points): leaking it gives the `'static` graph the index stores,
+    // without unsafe code, and keeps both until the process exits, the graph rebuilt or dropped
+    // or not; a data file a later save deletes keeps its disk space until then too. `hnsw_rs`
+    // opens the files again by path to map them, and exits the process if it cannot: the
+    // semantic stage never deletes a dump while one loads, and a load beside the store's open
+    // (which moves a corrupt store's index aside) reads them into the heap.
     let mut loader = HnswIo::new(dir, &graph_ref.basename);
-    loader.set_options(ReloadOptions::default().set_mmap(true));
+    loader.set_options(ReloadOptions::default().set_mmap(vectors == Vectors::Mapped));
     let loader: &'static mut HnswIo = Box::leak(Box::new(loader));
     let mut graph = catch_unwind(AssertUnwindSafe(move || {
         let loader = loader;

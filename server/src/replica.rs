@@ -29,6 +29,8 @@ use crate::timing::unix_ms;
 const READ_WAIT: Duration = Duration::from_secs(1);
 /// Pause after a failed read (Redis down): the store's own health check decides when it is back.
 const RETRY: Duration = Duration::from_secs(1);
+/// The longest wait between two resyncs that could not read the shared store whole.
+const MOST_PATIENT: Duration = Duration::from_secs(60);
 /// Notes waiting to be shared; beyond this they are dropped (feedback on those requests is then
 /// accepted only by the replica that served them).
 const NOTE_QUEUE: usize = 4096;
@@ -239,14 +241,16 @@ fn catch_up(parts: &Parts) {
 /// Rebuilds what this replica keeps from the shared store.
 fn resync(parts: &Parts) {
     if let Some(semantic) = &parts.semantic {
+        let mut wait = RETRY;
         while !parts.stop.is_cancelled() {
             match semantic.resync(parts.store.as_ref()) {
                 Rebuild::Done(_) => break,
                 // The start's rebuild reads the store itself, but from before the feed's gap.
                 Rebuild::Busy => std::thread::sleep(Duration::from_millis(200)),
                 Rebuild::Incomplete(err) => {
-                    tracing::warn!(error = %err, "rebuilding the vector index from the shared store failed; retrying");
-                    std::thread::sleep(RETRY);
+                    tracing::warn!(error = %err, retry_in_s = wait.as_secs(), "rebuilding the vector index from the shared store failed");
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(MOST_PATIENT);
                 }
             }
         }

@@ -227,7 +227,9 @@ impl Table {
                 self.bpe();
             });
         if let Err(err) = built {
-            tracing::debug!(error = %err, "could not build the tokenizer ahead of its first use");
+            // Tried again at the next hit that needs it, rather than estimating for good.
+            WARMED[self.slot()].store(false, Ordering::Relaxed);
+            tracing::debug!(error = %err, "could not start building the tokenizer");
         }
     }
 

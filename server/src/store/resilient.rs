@@ -1,6 +1,7 @@
 //! A [`Store`] that keeps the gateway answering when the disk under the store fails (full, I/O
 //! errors, a store that could not be opened at start): it reports itself degraded, reads as empty
-//! (every lookup a miss, so requests pass through), refuses writes at once, logs the failure once
+//! (every lookup a miss, so requests pass through; a read of the whole store, for the vector
+//! index, fails instead), refuses writes at once, logs the failure once
 //! rather than per request, and reopens the store when space returns. It must never make a
 //! request wait on recovery.
 //!
@@ -502,8 +503,11 @@ impl Store for ResilientStore {
         self.with(|| Ok(Vec::new()), |s| s.list(after, limit))
     }
 
+    /// Unlike a lookup, a read of the whole store fails rather than reading as empty: a list
+    /// missing the entries it could not read makes an index that lacks them (or empties one),
+    /// and a dump saved of it replaces a whole one.
     fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
-        self.with(|| Ok(Vec::new()), |s| s.ids())
+        self.with(|| Err(refused()), |s| s.ids())
     }
 
     fn take_dropped(&self) -> Vec<EntryId> {
@@ -513,8 +517,9 @@ impl Store for ResilientStore {
         }
     }
 
+    /// Fails as [`ResilientStore::ids`] does: entries not read are not entries gone.
     fn cold(&self, ids: &[EntryId]) -> Result<Vec<Entry>, StoreError> {
-        self.with(|| Ok(Vec::new()), |s| s.cold(ids))
+        self.with(|| Err(refused()), |s| s.cold(ids))
     }
 
     fn vector_ids(&self) -> Option<(Vec<EntryId>, Vec<EntryId>)> {
