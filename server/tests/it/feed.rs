@@ -211,6 +211,56 @@ async fn a_replica_that_loses_its_place_in_the_feed_rebuilds() {
     .await;
 }
 
+/// A replica started while Redis is down must not take the store for empty: its index waits, and
+/// fills once Redis is back. It used to start with an empty index taken for the whole one, and a
+/// resync that ran before the replica noticed Redis was back read the store as empty again.
+#[tokio::test]
+async fn a_replica_started_while_redis_is_down_indexes_the_store_once_it_is_back() {
+    let Some(models) = models() else { return };
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let sim = sim_default().await;
+    let a = start(on_redis(semantic_config(sim.base_url(), &models), &redis)).await;
+    let questions = [
+        "how do I reset my password",
+        "how do I change the email address on my account",
+        "how do I cancel my subscription",
+    ];
+    for question in questions {
+        assert_eq!(outcome(&ask(&a, question).await), "miss");
+    }
+    eventually(&a, "A's entries in its index", |s| vectors(s) == 3).await;
+    a.shutdown().await.expect("shutdown");
+
+    redis.save_and_stop();
+    let b = start(on_redis(semantic_config(sim.base_url(), &models), &redis)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stats = admin(&b, reqwest::Method::GET, "/admin/stats", None).await;
+    assert_eq!(
+        (vectors(&stats), &stats["index"]["rebuilding"]),
+        (0, &json!(true)),
+        "waiting for the store, not an empty index: {stats}"
+    );
+
+    redis.start_again();
+    // The store's recovery (every 2 s) and the index's next try (its waits grow from 0.5 s).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = admin(&b, reqwest::Method::GET, "/admin/stats", None).await;
+        if vectors(&stats) == 3 && stats["index"]["rebuilding"] == false {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B never indexed the store: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let hit = ask(&b, "I forgot my password, how can I reset it").await;
+    assert_eq!(outcome(&hit), "semantic-hit");
+}
+
 #[tokio::test]
 async fn a_replica_with_another_embedding_model_refuses_semantic_matching() {
     let Some(models) = models() else { return };

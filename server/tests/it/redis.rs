@@ -126,6 +126,23 @@ impl RedisServer {
         self.spawn(&redis_server_binary().expect("redis-server"));
     }
 
+    /// Writes what it holds to its folder and stops: [`RedisServer::start_again`] brings it back
+    /// with its data, as a Redis with persistence after an outage.
+    pub(crate) fn save_and_stop(&mut self) {
+        use std::io::{Read, Write};
+        // An inline command, as redis-cli would send it.
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        conn.write_all(b"SAVE\r\n").expect("send SAVE");
+        let mut reply = [0u8; 5];
+        conn.read_exact(&mut reply).expect("SAVE's reply");
+        assert_eq!(&reply, b"+OK\r\n");
+        self.kill();
+    }
+
+    pub(crate) fn start_again(&mut self) {
+        self.spawn(&redis_server_binary().expect("redis-server"));
+    }
+
     fn store(&self) -> RedisStore {
         let store = RedisStore::new(&self.url()).expect("url");
         store.refresh_counts().expect("reachable");
