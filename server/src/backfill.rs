@@ -246,11 +246,19 @@ impl Worker {
             };
             self.counters.pending.fetch_sub(1, Ordering::Relaxed);
             // The cold half alone: the answer is not needed, and a re-embedding reads every entry.
-            let entry = self
-                .store
-                .cold(&[EntryId(id)])
-                .ok()
-                .and_then(|mut e| e.pop());
+            let entry = match self.store.cold(&[EntryId(id)]) {
+                Ok(mut read) => read.pop(),
+                Err(err) => {
+                    // Not read is not gone: a stale entry counted as settled would let the
+                    // re-embedding finish with this entry's old vector still stored.
+                    tracing::debug!(error = %err, id, "reading an entry to backfill failed; it stays exact-only");
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    if self.stale.remove(&id) {
+                        self.settle(false);
+                    }
+                    continue;
+                }
+            };
             if self.stale.remove(&id) {
                 // Every one, expired or not: no vector of the old model may stay in the store once
                 // the record names the new one, or the next start would index it.
@@ -757,6 +765,69 @@ mod tests {
         let sizes: Vec<usize> = embedder.recent_batches().iter().map(|b| b.size).collect();
         assert_eq!(sizes, vec![16, 16, 16, 16, 16, 16, 4], "full batches");
         backfill.stop();
+    }
+
+    /// A stale entry the store could not read is not gone: counted as settled, it let the
+    /// re-embedding finish (and the record name the new model) with its old vector still stored.
+    #[test]
+    fn a_stale_entry_not_read_keeps_the_re_embedding_unfinished() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(crate::store::faulty::FaultyReads::new(
+            crate::store::SledStore::open(&dir.path().join("db")).expect("store"),
+        ));
+        let ids: Vec<u64> = (0..3u8)
+            .map(|n| {
+                let mut entry = unembedded("chat.completions", &format!("question {n}"), [n; 32]);
+                entry.vector = Some(vector("an old model's vector"));
+                store.put(entry).expect("put").0
+            })
+            .collect();
+        std::fs::write(
+            dir.path().join(crate::reembed::MODEL_RECORD_FILE),
+            "model-a\n",
+        )
+        .expect("record");
+        let plan = crate::reembed::plan(dir.path(), "model-b", || {
+            Ok((ids.iter().copied().collect(), Vec::new()))
+        })
+        .expect("plan");
+        let crate::reembed::Plan::Reembed {
+            migration, stale, ..
+        } = plan
+        else {
+            panic!("a re-embedding");
+        };
+        store.fail(usize::MAX, 0);
+        let embedder =
+            Arc::new(Embedder::with_model(Box::new(Slow), &EmbedConfig::default()).expect("fake"));
+        let index: Arc<dyn VectorIndex> = Arc::new(crate::index::HnswIndex::new(
+            crate::index::IndexConfig::new(8),
+        ));
+        let backfill = Backfill::start_reembedding(
+            embedder,
+            index,
+            store.clone(),
+            Vec::new(),
+            stale,
+            Some(migration.clone()),
+        );
+        for _ in 0..1000 {
+            if backfill.stats().pending == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        backfill.stop();
+        let progress = migration.progress();
+        assert_eq!((progress.done, progress.failed), (0, 3), "{progress:?}");
+        assert!(!progress.finished);
+        let record = std::fs::read_to_string(dir.path().join(crate::reembed::MODEL_RECORD_FILE))
+            .expect("record");
+        assert_eq!(
+            record.trim(),
+            "model-a",
+            "the store is not recorded as re-embedded"
+        );
     }
 
     /// Shutdown must not wait for the whole backlog (it once did, for minutes after a load test).
