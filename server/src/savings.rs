@@ -395,10 +395,22 @@ impl Accounting {
         model: &str,
         namespace: Option<&str>,
     ) -> TokensSaved {
+        self.saved_with(entry, request, model, namespace, Table::built)
+    }
+
+    /// [`Accounting::saved`], with the tokenizers' tables as `tables` gives them (built or not).
+    fn saved_with(
+        &self,
+        entry: &Replay,
+        request: &Map<String, Value>,
+        model: &str,
+        namespace: Option<&str>,
+        tables: impl Fn(Table) -> Option<&'static CoreBPE>,
+    ) -> TokensSaved {
         let stamp = entry.stamp();
         let known = lock(&self.remembered).get(&stamp).copied();
         let tokens = known.unwrap_or_else(|| {
-            let tokens = Self::tokens_of(entry, request, model);
+            let tokens = Self::tokens_of(entry, request, model, tables);
             // An estimate is made again until the tokenizer can count.
             if tokens.counted != Some(ESTIMATED) {
                 lock(&self.remembered).put(stamp, tokens);
@@ -419,7 +431,12 @@ impl Accounting {
         }
     }
 
-    fn tokens_of(entry: &Replay, request: &Map<String, Value>, model: &str) -> Tokens {
+    fn tokens_of(
+        entry: &Replay,
+        request: &Map<String, Value>,
+        model: &str,
+        tables: impl Fn(Table) -> Option<&'static CoreBPE>,
+    ) -> Tokens {
         let json = entry.body_json();
         let reported = serde_json::from_slice::<UsageOnly>(&json)
             .ok()
@@ -434,7 +451,9 @@ impl Accounting {
             };
         }
         let body = serde_json::from_slice::<Value>(&json).unwrap_or(Value::Null);
-        let (input, output, label) = count(model, request, &body);
+        let (table, label) = table(model);
+        let (input, output, label) =
+            count_with(tables(table).map(|bpe| (bpe, label)), request, &body);
         Tokens {
             input,
             output,
@@ -607,6 +626,33 @@ mod tests {
         let anthropic =
             json!({"content": [{"type": "text", "text": "Bonjour"}], "stop_reason": "end_turn"});
         assert!(count("claude-3-5-haiku", request, &anthropic).1 > 0);
+    }
+
+    /// A hit served before the tables were built is estimated; the estimate is not kept for the
+    /// entry, so its next hit is counted with them, and that count is kept.
+    #[test]
+    fn an_estimate_is_not_remembered_and_the_count_after_it_is() {
+        let accounting = Accounting::load(None, &NamespacePrices::new()).expect("defaults");
+        let mut entry = crate::entry::Entry::for_test("Hello there", [7; 32]);
+        entry.body = json!({"id": "chatcmpl-1", "object": "chat.completion", "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi! How can I help?"}}]});
+        let replay = Replay::of(&entry);
+        let request =
+            json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "Hello there"}]});
+        let request = request.as_object().expect("an object");
+        let saved = |tables: &dyn Fn(Table) -> Option<&'static CoreBPE>| {
+            accounting.saved_with(&replay, request, "gpt-4o", None, tables)
+        };
+        let estimated = saved(&|_| None);
+        assert_eq!(estimated.tokenizer.as_deref(), Some(ESTIMATED));
+        assert_eq!((estimated.input_tokens, estimated.output_tokens), (3, 5));
+        assert!(lock(&accounting.remembered).is_empty(), "not remembered");
+        let counted = saved(&|t| Some(t.bpe()));
+        assert_eq!(counted.tokenizer.as_deref(), Some("o200k_base"));
+        // Kept: a later hit reads it, built tables or not.
+        let again = saved(&|_| None);
+        assert_eq!(again.tokenizer.as_deref(), Some("o200k_base"));
+        assert_eq!(again.output_tokens, counted.output_tokens);
     }
 
     #[test]
