@@ -320,13 +320,8 @@ fn answer_text(body: &Value) -> String {
 /// The label of tokens estimated while the tokenizer's tables are still being built.
 pub const ESTIMATED: &str = "approx:bytes/4";
 
-/// Counts what a request and its stored answer would have cost in tokens, without a `usage`;
-/// estimated ([`ESTIMATED`]) while the model's tokenizer is not built yet.
-pub fn count(model: &str, request: &Map<String, Value>, body: &Value) -> (u64, u64, &'static str) {
-    let (table, label) = table(model);
-    count_with(table.built().map(|bpe| (bpe, label)), request, body)
-}
-
+/// Counts what a request and its stored answer would have cost in tokens, without a `usage`, with
+/// `tokenizer` and its label; estimated ([`ESTIMATED`]) without one (its tables not built yet).
 fn count_with(
     tokenizer: Option<(&CoreBPE, &'static str)>,
     request: &Map<String, Value>,
@@ -610,8 +605,7 @@ mod tests {
             {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi! How can I help?"}}]});
         // Before the tables are built, an estimate, said to be one: 22 and 20 bytes of text.
         assert_eq!(count_with(None, request, &body), (6, 5, ESTIMATED));
-        let _built = tokenizer("gpt-4o");
-        let (input, output, label) = count("gpt-4o", request, &body);
+        let (input, output, label) = count_with(Some(tokenizer("gpt-4o")), request, &body);
         assert_eq!(label, "o200k_base");
         // The words only: no role, type, id or finish reason is counted.
         let bpe = tiktoken_rs::o200k_base_singleton();
@@ -625,7 +619,7 @@ mod tests {
         );
         let anthropic =
             json!({"content": [{"type": "text", "text": "Bonjour"}], "stop_reason": "end_turn"});
-        assert!(count("claude-3-5-haiku", request, &anthropic).1 > 0);
+        assert!(count_with(Some(tokenizer("claude-3-5-haiku")), request, &anthropic).1 > 0);
     }
 
     /// A hit served before the tables were built is estimated; the estimate is not kept for the

@@ -730,15 +730,15 @@ fn load_in_background(
                 let filled = if expected.is_empty() {
                     // Nothing to index: a dump could only hold what the store no longer has.
                     target.finish(HnswIndex::new(index_config(dimension)));
-                    Filled::Whole
+                    Ok(Installed::Whole)
                 } else {
                     let preloaded = preloaded.take();
                     load_or_rebuild(&dir, dimension, &store, &expected, preloaded, &target, patience)
                 };
                 match filled {
-                    Filled::Whole => return,
-                    Filled::Partial => break,
-                    Filled::Unchecked(why) => {
+                    Ok(Installed::Partial) => break,
+                    Ok(Installed::Whole | Installed::AsDumped) => return,
+                    Err(why) => {
                         tracing::warn!(%why, "the index dump could not be checked against the store: loaded again once the store reads");
                         pause();
                     }
@@ -770,18 +770,9 @@ fn load_in_background(
     }
 }
 
-/// What [`load_or_rebuild`] put in service.
-enum Filled {
-    /// The whole index.
-    Whole,
-    /// An index that lacks the entries the store could not read.
-    Partial,
-    /// Nothing: the dump could not be checked against the store, which did not read.
-    Unchecked(String),
-}
-
 /// Puts the dump in service, brought up to the store's `expected` ids, or else an index rebuilt
-/// from the stored vectors.
+/// from the stored vectors, and says which it holds; nothing, and why, when the dump could not be
+/// checked against the store (which did not read).
 fn load_or_rebuild(
     dir: &Path,
     dimension: usize,
@@ -790,7 +781,7 @@ fn load_or_rebuild(
     preloaded: Preloaded,
     target: &SwappableIndex,
     patience: Patience,
-) -> Filled {
+) -> Result<Installed, String> {
     let started = std::time::Instant::now();
     match load_dump(dir, dimension, store, expected, preloaded, patience) {
         Ok((index, caught_up)) => {
@@ -802,22 +793,21 @@ fn load_or_rebuild(
                 "vector index loaded from its dump"
             );
             target.from_dump.store(true, Ordering::Relaxed);
-            if caught_up.failed.is_some() {
-                target.install(index, Installed::Partial);
-                return Filled::Partial;
-            }
-            let as_dumped = caught_up.added == 0 && caught_up.removed == 0;
-            target.install(
-                index,
-                if as_dumped {
-                    Installed::AsDumped
-                } else {
-                    Installed::Whole
-                },
-            );
-            Filled::Whole
+            let what = match caught_up {
+                CaughtUp {
+                    failed: Some(_), ..
+                } => Installed::Partial,
+                CaughtUp {
+                    added: 0,
+                    removed: 0,
+                    ..
+                } => Installed::AsDumped,
+                _ => Installed::Whole,
+            };
+            target.install(index, what);
+            Ok(what)
         }
-        Err(DumpUnused::Unchecked(why)) => Filled::Unchecked(why),
+        Err(DumpUnused::Unchecked(why)) => Err(why),
         Err(reason) => {
             let count = expected.len();
             tracing::warn!(vectors = count, %reason, "rebuilding the vector index in the background; semantic hits resume when it is done");
@@ -829,16 +819,12 @@ fn load_or_rebuild(
                 ms = started.elapsed().as_millis() as u64,
                 "vector index rebuilt from the store"
             );
-            match failed {
-                None => {
-                    target.finish(built);
-                    Filled::Whole
-                }
-                Some(_) => {
-                    target.install(built, Installed::Partial);
-                    Filled::Partial
-                }
-            }
+            let what = match failed {
+                None => Installed::Whole,
+                Some(_) => Installed::Partial,
+            };
+            target.install(built, what);
+            Ok(what)
         }
     }
 }
@@ -1104,21 +1090,19 @@ const NOT_ON_DISK: u64 = u64::MAX;
 
 impl SwappableIndex {
     fn ready(index: HnswIndex) -> Arc<Self> {
-        Arc::new(Self {
-            slot: std::sync::RwLock::new(Arc::new(index)),
-            pending: Mutex::new(None),
-            from_dump: AtomicBool::new(false),
-            deferred: Mutex::new(None),
-            version: AtomicU64::new(0),
-            on_disk: AtomicU64::new(NOT_ON_DISK),
-            partial: AtomicBool::new(false),
-        })
+        Self::serving(index, None)
     }
 
+    /// Serving `empty` until a background build, which records the changes made meanwhile,
+    /// [`finish`](SwappableIndex::finish)es.
     fn building(empty: HnswIndex) -> Arc<Self> {
+        Self::serving(empty, Some(Vec::new()))
+    }
+
+    fn serving(index: HnswIndex, pending: Option<Vec<Change>>) -> Arc<Self> {
         Arc::new(Self {
-            slot: std::sync::RwLock::new(Arc::new(empty)),
-            pending: Mutex::new(Some(Vec::new())),
+            slot: std::sync::RwLock::new(Arc::new(index)),
+            pending: Mutex::new(pending),
             from_dump: AtomicBool::new(false),
             deferred: Mutex::new(None),
             version: AtomicU64::new(0),
