@@ -9,7 +9,8 @@
 # benches/benches/scale.rs; synthetic vectors, no upstream, no gateway.
 #
 # Usage: benches/scale.sh [--sizes "100000 1000000"] [--m "12 16"] [--efc "100"] [--ef "64,128,192,256"]
-#                         [--out FILE]
+#                         [--segment POINTS] [--out FILE]
+#   --segment: points per graph segment (the gateway's default, 262,144, unless given).
 #   Writes benches/results/<date>-scale.md by default. 1M vectors take about 2 GB for the vectors
 #   and exact answers plus the index, and tens of minutes to build on two cores.
 #        benches/scale.sh --gateway [flags of benches/scale-gateway.sh]: the whole gateway at scale
@@ -26,6 +27,7 @@ sizes="100000 1000000"
 ms="16"
 efcs="100"
 efs="64,128,192,256"
+segment=()
 out="benches/results/$(date -u +%F)-scale.md"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,6 +35,7 @@ while [ $# -gt 0 ]; do
     --m) ms=$2; shift 2 ;;
     --efc) efcs=$2; shift 2 ;;
     --ef) efs=$2; shift 2 ;;
+    --segment) segment=(--segment "$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "scale: unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -94,7 +97,7 @@ mkdir -p "$(dirname "$out")"
       echo
       echo "## $n $kind vectors"
       scale index --n "$n" --kind "$kind" --m "${ms// /,}" --efc "${efcs// /,}" --ef "$efs" \
-        --queries 500 --dump "$work/dump-$n-$kind"
+        --queries 500 "${segment[@]}" --dump "$work/dump-$n-$kind"
       rm -rf "$work/dump-$n-$kind"
     done
   done

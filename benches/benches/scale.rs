@@ -354,6 +354,8 @@ fn index(flags: &Args) {
     let small = flag(flags, "small", 2_000usize).min(n / 2);
     // Partitions up to this many vectors are scanned exactly (`brute_force_below`).
     let flat = flag(flags, "flat", 10_000usize);
+    // Points per graph segment (`segment_points`; the gateway's default unless given).
+    let segment = flag(flags, "segment", IndexConfig::new(dim).segment_points);
     let ms_list = list(flags, "m", "16");
     let efc_list = list(flags, "efc", "200");
     let ef_list = list(flags, "ef", "64,128");
@@ -397,7 +399,7 @@ fn index(flags: &Args) {
     );
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "\n{n} {kind} vectors of {dim} dims, {queries_n} paraphrase queries (noise {noise}: cosine ≈ {:.2} to their source), {threads} threads, load {}",
+        "\n{n} {kind} vectors of {dim} dims in graph segments of at most {segment}, {queries_n} paraphrase queries (noise {noise}: cosine ≈ {:.2} to their source), {threads} threads, load {}",
         1.0 / (1.0 + noise * noise).sqrt(),
         load_average()
     );
@@ -408,6 +410,7 @@ fn index(flags: &Args) {
                 max_connections: m,
                 ef_construction: efc,
                 brute_force_below: flat,
+                segment_points: segment,
                 ..IndexConfig::new(dim)
             };
             let before = rss_bytes();

@@ -15,6 +15,12 @@
 //!   graph of its own, which holds its codes (the only copy); the index keeps, per graph point (a
 //!   *slot*), the id it was inserted for. So a small partition inside a big index is never searched
 //!   through a graph full of other partitions' points, and a graph search needs no filter.
+//! - A partition's graph is split into *segments* of at most `segment_points` points, each an
+//!   `hnsw_rs` graph whose points carry the partition's slot numbers as their data ids. `hnsw_rs`
+//!   reads a dumped graph on one thread: segments load side by side on every core, where one
+//!   600k-point graph alone took 10.4 s of a 1M restart. A search queries the segments in
+//!   parallel and merges their results; a smaller graph also needs a narrower search for the same
+//!   recall.
 //! - Per id, one 24-byte [`Placement`] (partition number, slot, version, code digest) in a flat hash
 //!   map; no per-entry heap object outside `hnsw_rs`'s own points.
 //! - `hnsw_rs` cannot delete, so [`VectorIndex::remove`] only drops the id from the live map (a
@@ -36,12 +42,14 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{BufWriter, Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use hnsw_rs::api::AnnT;
-use hnsw_rs::hnsw::Hnsw;
+use hnsw_rs::hnsw::{Hnsw, Point};
 use hnsw_rs::hnswio::{HnswIo, ReloadOptions};
 use hnsw_rs::prelude::Distance;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::lock::lock;
@@ -100,6 +108,9 @@ pub struct IndexConfig {
     /// Partitions with at most this many live vectors are held flat and scanned exactly; larger
     /// ones get a graph of their own.
     pub brute_force_below: usize,
+    /// A partition's graph is split into graphs of at most this many points (segments), which
+    /// load and are searched in parallel.
+    pub segment_points: usize,
     /// [`HnswIndex::maybe_rebuild`] rebuilds a partition's graph once its tombstones exceed this
     /// share of its points.
     pub rebuild_tombstone_ratio: f32,
@@ -113,6 +124,7 @@ impl IndexConfig {
             ef_construction: 200,
             ef_search: 64,
             brute_force_below: 2_000,
+            segment_points: 262_144,
             rebuild_tombstone_ratio: 0.2,
         }
     }
@@ -124,6 +136,7 @@ impl IndexConfig {
         self.max_connections = self.max_connections.clamp(2, 255);
         self.ef_construction = self.ef_construction.max(1);
         self.ef_search = self.ef_search.max(1);
+        self.segment_points = self.segment_points.max(1);
         self
     }
 }
@@ -237,10 +250,29 @@ struct Flat {
     codes: Vec<Code>,
 }
 
-/// A large partition's own graph; point `slot` was inserted for `slots[slot]`.
+/// A large partition's own graph, in segments (oldest first); the point whose data id is `slot`,
+/// in whichever segment, was inserted for `slots[slot]`.
 struct OwnGraph {
-    graph: Arc<Graph>,
+    segments: Vec<Arc<Graph>>,
     slots: Vec<VectorId>,
+}
+
+impl OwnGraph {
+    /// The segment the next point goes to: the last one while it holds fewer than `limit`
+    /// points; `None` when a new one must be started.
+    fn open_segment(&self, limit: usize) -> Option<Arc<Graph>> {
+        self.segments
+            .last()
+            .filter(|s| s.get_nb_point() < limit)
+            .map(Arc::clone)
+    }
+
+    /// Every point of every segment.
+    fn points(&self) -> impl Iterator<Item = Arc<Point<'static, Code>>> + '_ {
+        self.segments
+            .iter()
+            .flat_map(|s| s.get_point_indexation().into_iter())
+    }
 }
 
 enum Body {
@@ -409,7 +441,7 @@ impl State {
                 }
             }
             Body::Graph(g) => {
-                for point in g.graph.get_point_indexation() {
+                for point in g.points() {
                     if let Some(id) = self.live_slot(part, g, point.get_origin_id()) {
                         if let Some(l) = placed(&id) {
                             rows.push(id, l.version, l.digest, point.get_v());
@@ -438,9 +470,7 @@ impl State {
     /// Exact scan of a graph's live points (a fallback, and for operators).
     fn scan_graph(&self, part: u32, graph: &OwnGraph, query: &[f32], k: usize) -> Vec<Neighbor> {
         let found = graph
-            .graph
-            .get_point_indexation()
-            .into_iter()
+            .points()
             .filter_map(|point| {
                 let id = self.live_slot(part, graph, point.get_origin_id())?;
                 Some(Neighbor {
@@ -453,7 +483,8 @@ impl State {
     }
 
     /// Graph search: live points only (a replaced vector's old point is skipped by its slot), the
-    /// best `k · RERANK_PER_RESULT` re-scored with the f32 query.
+    /// best `k · RERANK_PER_RESULT` of each segment re-scored with the f32 query. Segments are
+    /// searched in parallel (rayon's global pool, not the low-priority build pool).
     fn graph_search(
         &self,
         part: u32,
@@ -463,21 +494,26 @@ impl State {
         k: usize,
         ef: usize,
     ) -> Vec<Neighbor> {
-        let points = graph.graph.get_point_indexation();
-        let found = graph
-            .graph
-            .search(code, ef, ef)
-            .into_iter()
-            .filter_map(|n| Some((self.live_slot(part, graph, n.d_id)?, n.p_id)))
-            .take(k.saturating_mul(RERANK_PER_RESULT))
-            .filter_map(|(id, p_id)| {
-                Some(Neighbor {
-                    id,
-                    similarity: dot_f32_f16(query, &points.get_point_data(&p_id)?),
+        let search = |segment: &Arc<Graph>| -> Vec<Neighbor> {
+            let points = segment.get_point_indexation();
+            let found = segment
+                .search(code, ef, ef)
+                .into_iter()
+                .filter_map(|n| Some((self.live_slot(part, graph, n.d_id)?, n.p_id)))
+                .take(k.saturating_mul(RERANK_PER_RESULT))
+                .filter_map(|(id, p_id)| {
+                    Some(Neighbor {
+                        id,
+                        similarity: dot_f32_f16(query, &points.get_point_data(&p_id)?),
+                    })
                 })
-            })
-            .collect();
-        top_k(found, k)
+                .collect();
+            top_k(found, k)
+        };
+        match graph.segments.as_slice() {
+            [one] => search(one),
+            segments => top_k(segments.par_iter().flat_map_iter(search).collect(), k),
+        }
     }
 }
 
@@ -538,20 +574,48 @@ fn build_pool() -> Option<&'static rayon::ThreadPool> {
     .as_ref()
 }
 
-/// Builds a graph whose slot `i` is row `i` of `codes`, with `hnsw_rs`'s rayon-parallel insertion
-/// (all cores, on [`build_pool`]).
-fn build_graph(config: &IndexConfig, codes: &[Code]) -> Graph {
-    let batch: Vec<(&[Code], usize)> = codes
-        .chunks_exact(config.dimension)
+/// Builds the segments of a graph whose slot `i` is row `i` of `codes`: as few as
+/// `segment_points` allows, of equal size, each with `hnsw_rs`'s rayon-parallel insertion (all
+/// cores, on [`build_pool`]).
+fn build_graph(config: &IndexConfig, codes: &[Code]) -> Vec<Arc<Graph>> {
+    let dim = config.dimension;
+    let rows = codes.len() / dim;
+    let per_segment = rows
+        .div_ceil(rows.div_ceil(config.segment_points).max(1))
+        .max(1);
+    codes
+        .chunks(per_segment * dim)
         .enumerate()
-        .map(|(slot, code)| (code, slot))
-        .collect();
-    let graph = new_graph(config, batch.len());
-    match build_pool() {
-        Some(pool) => pool.install(|| graph.parallel_insert_slice(&batch)),
-        None => graph.parallel_insert_slice(&batch),
-    }
-    graph
+        .map(|(n, chunk)| {
+            let first = n * per_segment;
+            let batch: Vec<(&[Code], usize)> = chunk
+                .chunks_exact(dim)
+                .enumerate()
+                .map(|(row, code)| (code, first + row))
+                .collect();
+            let graph = new_graph(config, batch.len());
+            match build_pool() {
+                Some(pool) => pool.install(|| graph.parallel_insert_slice(&batch)),
+                None => graph.parallel_insert_slice(&batch),
+            }
+            Arc::new(graph)
+        })
+        .collect()
+}
+
+/// Adds `code` as point `slot` to the open segment of `segments`, starting a new one when the
+/// last is full.
+fn append_point(config: &IndexConfig, segments: &mut Vec<Arc<Graph>>, code: &[Code], slot: usize) {
+    let open = segments
+        .last()
+        .filter(|s| s.get_nb_point() < config.segment_points)
+        .map(Arc::clone);
+    let segment = open.unwrap_or_else(|| {
+        let segment = Arc::new(new_graph(config, config.segment_points));
+        segments.push(Arc::clone(&segment));
+        segment
+    });
+    segment.insert_slice((code, slot));
 }
 
 /// Checks and L2-normalizes a vector; `None` when it cannot be indexed or searched.
@@ -592,7 +656,7 @@ fn install(
     state: &mut State,
     part: u32,
     rows: &Rows,
-    graph: Option<Graph>,
+    graph: Option<Vec<Arc<Graph>>>,
     keep: impl Fn(&State, VectorId, u64) -> bool,
 ) -> Option<Body> {
     let dim = config.dimension;
@@ -622,8 +686,8 @@ fn install(
         ));
     }
     let body = match graph {
-        Some(graph) => Body::Graph(OwnGraph {
-            graph: Arc::new(graph),
+        Some(segments) => Body::Graph(OwnGraph {
+            segments,
             slots: rows.ids.clone(),
         }),
         None => Body::Flat(flat),
@@ -767,7 +831,7 @@ impl HnswIndex {
             armed: true,
         };
         let mut rows = rows;
-        let graph = (rows.ids.len() > self.config.brute_force_below)
+        let mut graph = (rows.ids.len() > self.config.brute_force_below)
             .then(|| build_graph(&self.config, &rows.codes));
 
         let mut writer = lock(&self.writer);
@@ -791,8 +855,8 @@ impl HnswIndex {
         };
         // `writer` is held: nothing changes the state until the swap.
         for (id, version, digest, code) in replay {
-            if let Some(graph) = &graph {
-                graph.insert_slice((&code, rows.ids.len()));
+            if let Some(segments) = &mut graph {
+                append_point(&self.config, segments, &code, rows.ids.len());
             }
             rows.push(id, version, digest, &code);
         }
@@ -812,8 +876,8 @@ impl HnswIndex {
     /// Dumps the index to `dir`, a directory it owns (other files named like ours are deleted).
     ///
     /// Files: `entries-<gen>.bin` (ours: partitions, then ids with their partition and slot, and
-    /// the codes of flat partitions), `graph-<gen>-<part>.hnsw.graph` and `.hnsw.data` per graph
-    /// (`hnsw_rs`'s dump, which holds the graph's codes), and `manifest.json` naming them with
+    /// the codes of flat partitions), `graph-<gen>-<part>-<segment>.hnsw.graph` and `.hnsw.data`
+    /// per graph segment (`hnsw_rs`'s dump, which holds the segment's codes), and `manifest.json` naming them with
     /// length and blake3. A generation's files stay unreferenced until `manifest.json.tmp` is
     /// renamed over `manifest.json`; that rename is the commit, so a crash leaves the previous dump
     /// whole. The previous generation's files are deleted afterwards.
@@ -847,18 +911,21 @@ impl HnswIndex {
             let Body::Graph(g) = &p.body else {
                 continue;
             };
-            let basename = format!("graph-{generation}-{part}");
-            // `file_dump` panics when it cannot create its files; make that an error.
-            let dumped = catch_unwind(AssertUnwindSafe(|| g.graph.file_dump(dir, &basename)))
-                .map_err(|_| std::io::Error::other("hnsw_rs panicked while dumping the graph"))?
-                .map_err(|e| std::io::Error::other(format!("hnsw_rs dump: {e}")))?;
-            graphs.push(GraphRef {
-                part: u32::try_from(part).unwrap_or(u32::MAX),
-                points: g.slots.len(),
-                graph: checksum_file(dir, &format!("{dumped}.hnsw.graph"))?,
-                data: checksum_file(dir, &format!("{dumped}.hnsw.data"))?,
-                basename: dumped,
-            });
+            for (segment, graph) in g.segments.iter().enumerate() {
+                let basename = format!("graph-{generation}-{part}-{segment}");
+                // `file_dump` panics when it cannot create its files; make that an error.
+                let dumped = catch_unwind(AssertUnwindSafe(|| graph.file_dump(dir, &basename)))
+                    .map_err(|_| std::io::Error::other("hnsw_rs panicked while dumping the graph"))?
+                    .map_err(|e| std::io::Error::other(format!("hnsw_rs dump: {e}")))?;
+                graphs.push(GraphRef {
+                    part: u32::try_from(part).unwrap_or(u32::MAX),
+                    segment: u32::try_from(segment).unwrap_or(u32::MAX),
+                    points: graph.get_nb_point(),
+                    graph: checksum_file(dir, &format!("{dumped}.hnsw.graph"))?,
+                    data: checksum_file(dir, &format!("{dumped}.hnsw.data"))?,
+                    basename: dumped,
+                });
+            }
         }
 
         let manifest = Manifest {
@@ -931,9 +998,9 @@ impl HnswIndex {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(IndexError::Missing),
             Err(e) => return Err(e.into()),
         };
-        if manifest.format_version != FORMAT_VERSION {
+        if !FORMATS_READ.contains(&manifest.format_version) {
             return Err(IndexError::Corrupt(format!(
-                "format version {}, this build reads {FORMAT_VERSION}",
+                "format version {}, this build reads {FORMATS_READ:?}",
                 manifest.format_version
             )));
         }
@@ -1034,21 +1101,31 @@ impl VectorIndex for HnswIndex {
                 return; // already there
             }
             let graph = match state.part(part).map(|p| &p.body) {
-                Some(Body::Graph(g)) => Some((Arc::clone(&g.graph), g.slots.len())),
+                Some(Body::Graph(g)) => {
+                    Some((g.open_segment(self.config.segment_points), g.slots.len()))
+                }
                 _ => None,
             };
             (part, graph)
         };
         let version = match graph {
-            Some((graph, slot)) => {
+            Some((open, slot)) => {
                 // The slow part runs outside the state lock, so searches go on; the point stays
-                // invisible to them until `slots` names it. `writer` keeps the body from being swapped.
-                graph.insert_slice((&code, slot));
+                // invisible to them until `slots` names it, and a new segment until it is added.
+                // `writer` keeps the body from being swapped.
+                let started = open.is_none();
+                let segment = open.unwrap_or_else(|| {
+                    Arc::new(new_graph(&self.config, self.config.segment_points))
+                });
+                segment.insert_slice((&code, slot));
                 let mut state = write(&self.state);
                 state.unset(id);
                 if let Some(Body::Graph(g)) =
                     state.parts.get_mut(part as usize).map(|p| &mut p.body)
                 {
+                    if started {
+                        g.segments.push(segment);
+                    }
                     g.slots.push(id);
                 }
                 state.place(id, part, u32::try_from(slot).unwrap_or(u32::MAX), digest)
@@ -1134,8 +1211,10 @@ impl VectorIndex for HnswIndex {
 // Persistence
 // ---------------------------------------------------------------------------------------------
 
-/// 2: f16 vectors, one graph per large partition (1 held f32 vectors and one shared graph).
-const FORMAT_VERSION: u32 = 2;
+/// 3: a large partition's graph in segments. 2 (one graph per large partition, which loads as a
+/// single segment) is still read; 1 held f32 vectors and one shared graph.
+const FORMAT_VERSION: u32 = 3;
+const FORMATS_READ: [u32; 2] = [2, 3];
 const MANIFEST: &str = "manifest.json";
 const MANIFEST_TMP: &str = "manifest.json.tmp";
 const ENTRIES_MAGIC: &[u8; 8] = b"RPXENT02";
@@ -1162,7 +1241,7 @@ struct Manifest {
     /// The graphs' distance type; `hnsw_rs` refuses a dump made with another.
     distance: String,
     entries: FileRef,
-    /// One per partition that has a graph.
+    /// One per segment of each partition that has a graph.
     graphs: Vec<GraphRef>,
 }
 
@@ -1179,7 +1258,10 @@ struct FileRef {
 struct GraphRef {
     /// The partition's number in the entries file.
     part: u32,
-    /// Points (slots) in the graph, tombstones included.
+    /// The segment's place among the partition's (format 2 has one, and no field).
+    #[serde(default)]
+    segment: u32,
+    /// Points in the segment, tombstones included.
     points: usize,
     /// `hnsw_rs` reads `<basename>.hnsw.graph` and `<basename>.hnsw.data`.
     basename: String,
@@ -1337,7 +1419,7 @@ fn read_entries(
     file: &FileRef,
     bytes: &[u8],
     state: &mut State,
-    graphs: Vec<(u32, Graph)>,
+    graphs: Vec<(u32, u32, Graph)>,
 ) -> Result<(), IndexError> {
     let corrupt = |what: &str| IndexError::Corrupt(format!("{}: {what}", file.name));
     let mut rest = bytes;
@@ -1369,19 +1451,34 @@ fn read_entries(
     }
     let parts = le_u32(&header[4..8])?;
     let count = le_u64(&header[8..16])?;
-    let mut graphs: HashMap<u32, Graph> = graphs.into_iter().collect();
+    // Each graph partition's segments, in order: 0, 1, … with none missing or repeated.
+    let mut graphs: HashMap<u32, Vec<(u32, Graph)>> =
+        graphs
+            .into_iter()
+            .fold(HashMap::new(), |mut by_part, (part, segment, graph)| {
+                by_part.entry(part).or_default().push((segment, graph));
+                by_part
+            });
     for part in 0..parts {
         let record = take(PART_RECORD)?;
         let tag: PartitionTag = record[..32].try_into().map_err(|_| corrupt("tag"))?;
         let body = match record[32] {
             0 => Body::Flat(Flat::default()),
             1 => {
-                let graph = graphs
+                let mut segments = graphs
                     .remove(&part)
                     .ok_or_else(|| corrupt("a graph partition has no graph dump"))?;
-                let points = graph.get_nb_point();
+                segments.sort_unstable_by_key(|(segment, _)| *segment);
+                if segments
+                    .iter()
+                    .enumerate()
+                    .any(|(n, (segment, _))| *segment as usize != n)
+                {
+                    return Err(corrupt("a graph's segments are not numbered 0, 1, …"));
+                }
+                let points = segments.iter().map(|(_, g)| g.get_nb_point()).sum();
                 Body::Graph(OwnGraph {
-                    graph: Arc::new(graph),
+                    segments: segments.into_iter().map(|(_, g)| Arc::new(g)).collect(),
                     slots: vec![NO_ID; points],
                 })
             }
@@ -1452,8 +1549,6 @@ fn checksum_file(dir: &Path, name: &str) -> Result<FileRef, IndexError> {
     })
 }
 
-/// Loads every graph of the manifest, on as many threads as there are cores (and graphs), each
-/// checked against the point count the manifest recorded.
 /// Where a loaded graph's vectors are: see [`load_graph`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Vectors {
@@ -1461,33 +1556,45 @@ enum Vectors {
     InMemory,
 }
 
+/// Loads every graph segment of the manifest as `(part, segment, graph)`, each checked against
+/// the point count the manifest recorded, on as many threads as there are cores (and segments).
+/// Each thread takes the largest segment left: the load ends when the last thread's does.
 fn load_graphs(
     dir: &Path,
     refs: &[GraphRef],
     vectors: Vectors,
-) -> Result<Vec<(u32, Graph)>, IndexError> {
+) -> Result<Vec<(u32, u32, Graph)>, IndexError> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, refs.len().max(1));
-    let load_share = |first: usize| -> Result<Vec<(u32, Graph)>, IndexError> {
-        refs.iter()
-            .skip(first)
-            .step_by(threads)
-            .map(|graph_ref| {
-                let graph = load_graph(dir, graph_ref, vectors)?;
-                if graph.get_nb_point() != graph_ref.points {
-                    return Err(IndexError::Corrupt(
-                        "graph point count differs from the manifest".into(),
-                    ));
-                }
-                Ok((graph_ref.part, graph))
-            })
-            .collect()
+    let mut queue: Vec<&GraphRef> = refs.iter().collect();
+    queue.sort_by_key(|graph_ref| std::cmp::Reverse(graph_ref.points));
+    let next = AtomicUsize::new(0);
+    // One bad segment fails the load: the other threads stop taking more.
+    let failed = AtomicBool::new(false);
+    let load_one = |graph_ref: &GraphRef| -> Result<Graph, IndexError> {
+        let graph = load_graph(dir, graph_ref, vectors)?;
+        if graph.get_nb_point() != graph_ref.points {
+            return Err(IndexError::Corrupt(
+                "graph point count differs from the manifest".into(),
+            ));
+        }
+        Ok(graph)
+    };
+    let load_share = || -> Result<Vec<(u32, u32, Graph)>, IndexError> {
+        let mut loaded = Vec::new();
+        while let Some(graph_ref) = queue.get(next.fetch_add(1, AtomicOrdering::Relaxed)) {
+            if failed.load(AtomicOrdering::Relaxed) {
+                break;
+            }
+            let graph =
+                load_one(graph_ref).inspect_err(|_| failed.store(true, AtomicOrdering::Relaxed))?;
+            loaded.push((graph_ref.part, graph_ref.segment, graph));
+        }
+        Ok(loaded)
     };
     std::thread::scope(|s| {
-        let shares: Vec<_> = (0..threads)
-            .map(|first| s.spawn(move || load_share(first)))
-            .collect();
+        let shares: Vec<_> = (0..threads).map(|_| s.spawn(load_share)).collect();
         let mut graphs = Vec::with_capacity(refs.len());
         for share in shares {
             let share = share
@@ -1913,6 +2020,147 @@ mod tests {
         }
     }
 
+    /// The sizes of partition `tag`'s graph segments.
+    fn segment_sizes(index: &HnswIndex, partition: PartitionTag) -> Vec<usize> {
+        let state = read(&index.state);
+        let part = state.part_of[&partition];
+        match &state.parts[part as usize].body {
+            Body::Graph(g) => g.segments.iter().map(|s| s.get_nb_point()).collect(),
+            Body::Flat(_) => Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_large_partition_is_split_into_segments_that_search_load_and_rebuild_as_one_graph() {
+        let dimension = 16;
+        let mut rng = StdRng::seed_from_u64(12);
+        let config = IndexConfig {
+            brute_force_below: 100,
+            segment_points: 400,
+            ..small_config(dimension)
+        };
+        let mut items: Vec<_> = (0..1_500u64)
+            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
+            .collect();
+        let index = HnswIndex::build(config.clone(), items.clone());
+        // As few segments as the limit allows, of equal size.
+        assert_eq!(segment_sizes(&index, tag(1)), [375, 375, 375, 375]);
+        let found_all = |index: &HnswIndex, items: &[(VectorId, PartitionTag, Vec<f32>)]| {
+            for (id, p, v) in items {
+                assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
+            }
+        };
+        found_all(&index, &items);
+        // Results merge across segments: the best of the partition, not of one segment.
+        let mut exact = 0;
+        for _ in 0..200 {
+            let q = unit(&mut rng, dimension);
+            exact +=
+                usize::from(index.search(&tag(1), &q, 1)[0].id == naive_best(&items, &tag(1), &q));
+        }
+        assert!(exact >= 196, "recall@1 {exact}/200");
+
+        // Inserts fill the last segment to the limit, then start another.
+        let more: Vec<_> = (1_500..1_600u64)
+            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
+            .collect();
+        for (id, p, v) in &more {
+            index.insert(*id, *p, v);
+        }
+        items.extend(more);
+        assert_eq!(segment_sizes(&index, tag(1)), [375, 375, 375, 400, 75]);
+        found_all(&index, &items);
+
+        // Removed ids are never returned, from any segment.
+        for id in (0..1_600).step_by(3) {
+            index.remove(id);
+        }
+        items.retain(|(id, _, _)| id % 3 != 0);
+        found_all(&index, &items);
+
+        // A dump names every segment, and loads back as the same graph.
+        let dir = tempfile::tempdir().expect("tempdir");
+        index.save(dir.path()).expect("save");
+        let manifest = read_manifest(dir.path()).expect("manifest");
+        assert_eq!(manifest.format_version, FORMAT_VERSION);
+        let segments: Vec<(u32, usize)> = manifest
+            .graphs
+            .iter()
+            .map(|g| (g.segment, g.points))
+            .collect();
+        assert_eq!(segments, [(0, 375), (1, 375), (2, 375), (3, 400), (4, 75)]);
+        let loaded = HnswIndex::load(dir.path(), config.clone()).expect("load");
+        assert_eq!(segment_sizes(&loaded, tag(1)), [375, 375, 375, 400, 75]);
+        assert_eq!(
+            (loaded.len(), loaded.tombstones()),
+            (index.len(), index.tombstones())
+        );
+        for _ in 0..50 {
+            let q = unit(&mut rng, dimension);
+            assert_eq!(loaded.search(&tag(1), &q, 5), index.search(&tag(1), &q, 5));
+        }
+        found_all(&loaded, &items);
+
+        // A rebuild (a third are tombstones, past the ratio) splits the live rows afresh.
+        assert!(loaded.maybe_rebuild());
+        assert_eq!(loaded.tombstones(), 0);
+        assert_eq!(segment_sizes(&loaded, tag(1)), [356, 356, 354]);
+        found_all(&loaded, &items);
+    }
+
+    #[test]
+    fn a_format_2_dump_loads_as_one_segment_and_grows_new_ones() {
+        let dimension = 8;
+        let mut rng = StdRng::seed_from_u64(13);
+        let items: Vec<_> = (0..500u64)
+            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
+            .collect();
+        let config = IndexConfig {
+            brute_force_below: 100,
+            ..small_config(dimension)
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        HnswIndex::build(config.clone(), items.clone())
+            .save(dir.path())
+            .expect("save");
+        // What the previous build wrote: format 2, `graph-<gen>-<part>` files, no segment field.
+        let mut manifest: serde_json::Value =
+            serde_json::from_slice(&fs::read(dir.path().join(MANIFEST)).expect("read"))
+                .expect("json");
+        manifest["format_version"] = 2.into();
+        let graph = &mut manifest["graphs"][0];
+        graph.as_object_mut().expect("graph ref").remove("segment");
+        graph["basename"] = "graph-1-0".into();
+        for (field, ext) in [("graph", "graph"), ("data", "data")] {
+            let name = format!("graph-1-0.hnsw.{ext}");
+            fs::rename(
+                dir.path().join(format!("graph-1-0-0.hnsw.{ext}")),
+                dir.path().join(&name),
+            )
+            .expect("rename");
+            graph[field]["name"] = name.into();
+        }
+        fs::write(
+            dir.path().join(MANIFEST),
+            serde_json::to_vec(&manifest).expect("json"),
+        )
+        .expect("write");
+
+        let small_segments = IndexConfig {
+            segment_points: 200,
+            ..config
+        };
+        let loaded = HnswIndex::load(dir.path(), small_segments).expect("load");
+        assert_eq!(segment_sizes(&loaded, tag(1)), [500]);
+        for (id, p, v) in &items {
+            assert_eq!(loaded.search(p, v, 1)[0].id, *id, "lost {id}");
+        }
+        let v = unit(&mut rng, dimension);
+        loaded.insert(9_999, tag(1), &v);
+        assert_eq!(segment_sizes(&loaded, tag(1)), [500, 1]);
+        assert_eq!(loaded.search(&tag(1), &v, 1)[0].id, 9_999);
+    }
+
     #[test]
     fn reinsert_replaces_the_vector_and_invalid_input_is_ignored() {
         let dimension = 8;
@@ -2033,10 +2281,10 @@ mod tests {
             names,
             [
                 "entries-2.bin",
-                "graph-2-0.hnsw.data",
-                "graph-2-0.hnsw.graph",
-                "graph-2-2.hnsw.data",
-                "graph-2-2.hnsw.graph",
+                "graph-2-0-0.hnsw.data",
+                "graph-2-0-0.hnsw.graph",
+                "graph-2-2-0.hnsw.data",
+                "graph-2-2-0.hnsw.graph",
                 "manifest.json"
             ]
         );
@@ -2060,7 +2308,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         built.save(dir.path()).expect("save");
         let loaded = HnswIndex::load(dir.path(), config.clone()).expect("load");
-        let data = dir.path().join("graph-1-0.hnsw.data");
+        let data = dir.path().join("graph-1-0-0.hnsw.data");
         #[cfg(target_os = "linux")]
         {
             let maps = fs::read_to_string("/proc/self/maps").expect("maps");
@@ -2078,7 +2326,7 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::MetadataExt;
-            let after = fs::metadata(dir.path().join("graph-2-0.hnsw.data")).expect("gen 2");
+            let after = fs::metadata(dir.path().join("graph-2-0-0.hnsw.data")).expect("gen 2");
             assert_ne!(before, after.ino(), "a new file, not the old one rewritten");
         }
         for _ in 0..50 {
@@ -2134,7 +2382,7 @@ mod tests {
 
         // Each corruption on a fresh copy of the dump.
         type Corruption = (&'static str, fn(&Path));
-        let corruptions: [Corruption; 6] = [
+        let corruptions: [Corruption; 7] = [
             ("truncated entries", |d| {
                 let p = d.join("entries-1.bin");
                 let len = fs::metadata(&p).expect("meta").len();
@@ -2146,14 +2394,14 @@ mod tests {
                     .expect("truncate");
             }),
             ("flipped graph byte", |d| {
-                let p = d.join("graph-1-0.hnsw.graph");
+                let p = d.join("graph-1-0-0.hnsw.graph");
                 let mut bytes = fs::read(&p).expect("read");
                 let mid = bytes.len() / 2;
                 bytes[mid] ^= 0x55;
                 fs::write(&p, bytes).expect("write");
             }),
             ("truncated graph data", |d| {
-                let p = d.join("graph-1-0.hnsw.data");
+                let p = d.join("graph-1-0-0.hnsw.data");
                 File::options()
                     .write(true)
                     .open(&p)
@@ -2162,10 +2410,19 @@ mod tests {
                     .expect("truncate");
             }),
             ("deleted graph", |d| {
-                fs::remove_file(d.join("graph-1-0.hnsw.graph")).expect("rm")
+                fs::remove_file(d.join("graph-1-0-0.hnsw.graph")).expect("rm")
             }),
             ("garbage manifest", |d| {
                 fs::write(d.join(MANIFEST), b"{ not json").expect("write")
+            }),
+            ("a segment missing", |d| {
+                let mut manifest = read_manifest(d).expect("manifest");
+                manifest.graphs[0].segment = 1;
+                fs::write(
+                    d.join(MANIFEST),
+                    serde_json::to_vec(&manifest).expect("json"),
+                )
+                .expect("write")
             }),
             ("manifest naming other ids", |d| {
                 let mut manifest = read_manifest(d).expect("manifest");
