@@ -12,7 +12,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use cpu_time::{ProcessTime, ThreadTime};
+use cpu_time::ProcessTime;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reprise_server::embed::{EmbedConfig, Embedder};
@@ -466,15 +466,18 @@ fn index(flags: &Args) {
                     ),
                 ] {
                     let mut times = Vec::new();
-                    // The search's own CPU time (it runs on this thread): what a query costs when
-                    // it is not waiting for a core, which on a loaded machine wall time hides.
+                    // The process's CPU time over each search (nothing else runs meanwhile): what
+                    // a query costs when it is not waiting for a core, which on a loaded machine
+                    // wall time hides. A partition in several segments is searched on the index's
+                    // search threads, not this one; their brief spin once done counts too, so this
+                    // is an upper bound.
                     let mut cpu_times = Vec::new();
                     let mut hits = 0usize;
                     for (q, query) in (0..rounds).flat_map(|_| queries.iter().enumerate()) {
                         if !range.contains(&sources[q]) {
                             continue;
                         }
-                        let (t, cpu) = (Instant::now(), ThreadTime::now());
+                        let (t, cpu) = (Instant::now(), ProcessTime::now());
                         let found = searcher.search(&tag, query, 1);
                         times.push(t.elapsed());
                         cpu_times.push(cpu.elapsed());

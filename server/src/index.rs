@@ -484,7 +484,7 @@ impl State {
 
     /// Graph search: live points only (a replaced vector's old point is skipped by its slot), the
     /// best `k · RERANK_PER_RESULT` of each segment re-scored with the f32 query. Segments are
-    /// searched in parallel (rayon's global pool, not the low-priority build pool).
+    /// searched in parallel on [`search_pool`].
     fn graph_search(
         &self,
         part: u32,
@@ -510,10 +510,14 @@ impl State {
                 .collect();
             top_k(found, k)
         };
-        match graph.segments.as_slice() {
-            [one] => search(one),
-            segments => top_k(segments.par_iter().flat_map_iter(search).collect(), k),
-        }
+        let found = match (graph.segments.as_slice(), search_pool()) {
+            ([one], _) => return search(one),
+            (segments, Some(pool)) => {
+                pool.install(|| segments.par_iter().flat_map_iter(search).collect())
+            }
+            (segments, None) => segments.iter().flat_map(search).collect(),
+        };
+        top_k(found, k)
     }
 }
 
@@ -572,6 +576,31 @@ fn build_pool() -> Option<&'static rayon::ThreadPool> {
             .ok()
     })
     .as_ref()
+}
+
+/// The threads a search of several segments runs them on: one per core, at the requests'
+/// priority. Not rayon's global pool: `hnsw_rs` frees a graph on it, in parallel, and a search
+/// queued behind that would hold the state lock, and stall every search behind a queued insert.
+/// `None` when the pool cannot be started: segments are then searched one after another.
+fn search_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("reprise-index-search-{i}"))
+            .build()
+            .inspect_err(|e| tracing::warn!(error = %e, "could not start the index search threads; segments are searched one after another"))
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Drops a replaced body on the build threads: `hnsw_rs` frees a graph with a parallel loop, which
+/// would otherwise take rayon's global pool at the requests' priority.
+fn free_on_build_threads(old: Option<Body>) {
+    match build_pool() {
+        Some(pool) => pool.install(move || drop(old)),
+        None => drop(old),
+    }
 }
 
 /// Builds the segments of a graph whose slot `i` is row `i` of `codes`: as few as
@@ -787,7 +816,9 @@ impl HnswIndex {
     }
 
     /// The partition that most needs work, if any: a flat one past `brute_force_below` (gets a
-    /// graph), a graph at or below half of it (goes flat), or a graph whose tombstones pass the ratio.
+    /// graph), a graph at or below half of it (goes flat), a graph whose tombstones pass the ratio,
+    /// or one with a segment larger than `segment_points` (loaded from a format 2 dump, which held
+    /// a partition's graph whole: split once, so it loads on every core at the next start).
     fn part_needing_work(&self, state: &State) -> Option<u32> {
         let limit = self.config.brute_force_below;
         state
@@ -801,6 +832,9 @@ impl HnswIndex {
                         || (tombstones > 0
                             && tombstones as f32
                                 > self.config.rebuild_tombstone_ratio * g.slots.len() as f32)
+                        || g.segments
+                            .iter()
+                            .any(|s| s.get_nb_point() > self.config.segment_points)
                 }
             })
             .and_then(|i| u32::try_from(i).ok())
@@ -869,7 +903,7 @@ impl HnswIndex {
         drop(state);
         drop(writer);
         // Freeing the old graph takes a while; no lock is held here.
-        drop(old);
+        free_on_build_threads(old);
         true
     }
 
@@ -1476,9 +1510,12 @@ fn read_entries(
                 {
                     return Err(corrupt("a graph's segments are not numbered 0, 1, …"));
                 }
-                let points = segments.iter().map(|(_, g)| g.get_nb_point()).sum();
+                let segments: Vec<Arc<Graph>> =
+                    segments.into_iter().map(|(_, g)| Arc::new(g)).collect();
+                let points = holds_its_slots(&segments)
+                    .ok_or_else(|| corrupt("a graph segment holds points of another"))?;
                 Body::Graph(OwnGraph {
-                    segments: segments.into_iter().map(|(_, g)| Arc::new(g)).collect(),
+                    segments,
                     slots: vec![NO_ID; points],
                 })
             }
@@ -1534,6 +1571,27 @@ fn read_entries(
         return Err(corrupt("trailing bytes"));
     }
     Ok(())
+}
+
+/// The points of a graph when each of its segments holds the slots that follow the previous
+/// segment's, each once (as inserts and builds number them). `None` otherwise: a manifest that
+/// names one dump twice, each with its right checksum, would else serve a point's vector for
+/// another id.
+fn holds_its_slots(segments: &[Arc<Graph>]) -> Option<usize> {
+    let total = segments.iter().map(|s| s.get_nb_point()).sum();
+    let mut seen = vec![false; total];
+    let mut first = 0;
+    for segment in segments {
+        let end = first + segment.get_nb_point();
+        for point in segment.get_point_indexation() {
+            let slot = point.get_origin_id();
+            if !(first..end).contains(&slot) || std::mem::replace(&mut seen[slot], true) {
+                return None;
+            }
+        }
+        first = end;
+    }
+    Some(total)
 }
 
 fn checksum_file(dir: &Path, name: &str) -> Result<FileRef, IndexError> {
@@ -1665,8 +1723,9 @@ fn sync_dir(dir: &Path) -> Result<(), IndexError> {
     Ok(())
 }
 
-/// The generation a file of ours belongs to: `entries-<gen>.bin`, `graph-<gen>-<part>.hnsw.*`
-/// (and format 1's `graph-<gen>.hnsw.*`).
+/// The generation a file of ours belongs to: `entries-<gen>.bin`,
+/// `graph-<gen>-<part>-<segment>.hnsw.*` (format 2's `graph-<gen>-<part>.hnsw.*`, format 1's
+/// `graph-<gen>.hnsw.*`).
 fn generation_of(name: &str) -> Option<u64> {
     name.strip_prefix("entries-")
         .and_then(|rest| rest.strip_suffix(".bin"))
@@ -2159,6 +2218,14 @@ mod tests {
         loaded.insert(9_999, tag(1), &v);
         assert_eq!(segment_sizes(&loaded, tag(1)), [500, 1]);
         assert_eq!(loaded.search(&tag(1), &v, 1)[0].id, 9_999);
+        // The oversized segment is split once, by the background rebuild.
+        assert!(loaded.maybe_rebuild());
+        assert_eq!(segment_sizes(&loaded, tag(1)), [167, 167, 167]);
+        assert!(!loaded.maybe_rebuild());
+        for (id, p, v) in &items {
+            assert_eq!(loaded.search(p, v, 1)[0].id, *id, "lost {id}");
+        }
+        assert_eq!(loaded.search(&tag(1), &v, 1)[0].id, 9_999);
     }
 
     #[test]
@@ -2382,7 +2449,7 @@ mod tests {
 
         // Each corruption on a fresh copy of the dump.
         type Corruption = (&'static str, fn(&Path));
-        let corruptions: [Corruption; 7] = [
+        let corruptions: [Corruption; 8] = [
             ("truncated entries", |d| {
                 let p = d.join("entries-1.bin");
                 let len = fs::metadata(&p).expect("meta").len();
@@ -2414,6 +2481,19 @@ mod tests {
             }),
             ("garbage manifest", |d| {
                 fs::write(d.join(MANIFEST), b"{ not json").expect("write")
+            }),
+            ("one dump named as two segments", |d| {
+                let mut manifest = read_manifest(d).expect("manifest");
+                let copy = serde_json::to_value(&manifest.graphs[0]).expect("json");
+                let mut copy: GraphRef = serde_json::from_value(copy).expect("graph ref");
+                copy.segment = 1;
+                manifest.graphs.push(copy);
+                manifest.graph_points *= 2;
+                fs::write(
+                    d.join(MANIFEST),
+                    serde_json::to_vec(&manifest).expect("json"),
+                )
+                .expect("write")
             }),
             ("a segment missing", |d| {
                 let mut manifest = read_manifest(d).expect("manifest");

@@ -499,7 +499,7 @@ fn maintain(
             semantic.index.changed();
             tracing::info!(
                 vectors = semantic.index.len(),
-                "vector index rebuilt without its tombstones"
+                "a partition of the vector index rebuilt (its tombstones dropped, or its graph made, split or made flat)"
             );
         }
         // A save writes nothing when nothing changed since the dump on disk.
