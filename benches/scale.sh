@@ -10,7 +10,7 @@
 #
 # Usage: benches/scale.sh [--sizes "100000 1000000"] [--m "12 16"] [--efc "100"] [--ef "64,128,192,256"]
 #                         [--segment POINTS] [--out FILE]
-#   --segment: points per graph segment (the gateway's default, 262,144, unless given).
+#   --segment: points per graph segment (the gateway's default, 1,048,576, unless given).
 #   Writes benches/results/<date>-scale.md by default. 1M vectors take about 2 GB for the vectors
 #   and exact answers plus the index, and tens of minutes to build on two cores.
 #        benches/scale.sh --gateway [flags of benches/scale-gateway.sh]: the whole gateway at scale

@@ -15,12 +15,13 @@
 //!   graph of its own, which holds its codes (the only copy); the index keeps, per graph point (a
 //!   *slot*), the id it was inserted for. So a small partition inside a big index is never searched
 //!   through a graph full of other partitions' points, and a graph search needs no filter.
-//! - A partition's graph is split into *segments* of at most `segment_points` points, each an
-//!   `hnsw_rs` graph whose points carry the partition's slot numbers as their data ids. `hnsw_rs`
-//!   reads a dumped graph on one thread: segments load side by side on every core, where one
-//!   600k-point graph alone took 10.4 s of a 1M restart. A search queries the segments in
-//!   parallel and merges their results; a smaller graph also needs a narrower search for the same
-//!   recall.
+//! - A partition's graph is split into *segments* of at most `segment_points` points (2^20 by
+//!   default), each an `hnsw_rs` graph whose points carry the partition's slot numbers as their
+//!   data ids. `hnsw_rs` reads a dumped graph on one thread (about 15 µs a point here, 15 s for a
+//!   million): segments load side by side on every core. A search queries them in parallel and
+//!   merges their results, but costs about one graph's search per segment (`hnsw_rs`'s search
+//!   costs nearly as much in a 250k graph as in a 1M one at the same width), so the default keeps
+//!   a partition of up to a million vectors in one graph (`benches/results/2026-12-06-index-segments.md`).
 //! - Per id, one 24-byte [`Placement`] (partition number, slot, version, code digest) in a flat hash
 //!   map; no per-entry heap object outside `hnsw_rs`'s own points.
 //! - `hnsw_rs` cannot delete, so [`VectorIndex::remove`] only drops the id from the live map (a
@@ -109,7 +110,8 @@ pub struct IndexConfig {
     /// ones get a graph of their own.
     pub brute_force_below: usize,
     /// A partition's graph is split into graphs of at most this many points (segments), which
-    /// load and are searched in parallel.
+    /// load and are searched in parallel: a shorter load, for about one graph's search cost per
+    /// segment.
     pub segment_points: usize,
     /// [`HnswIndex::maybe_rebuild`] rebuilds a partition's graph once its tombstones exceed this
     /// share of its points.
@@ -124,7 +126,7 @@ impl IndexConfig {
             ef_construction: 200,
             ef_search: 64,
             brute_force_below: 2_000,
-            segment_points: 262_144,
+            segment_points: 1 << 20,
             rebuild_tombstone_ratio: 0.2,
         }
     }
