@@ -1787,6 +1787,17 @@ mod tests {
         [n; 32]
     }
 
+    /// `(id, partition, random unit vector)` for each id of `ids`.
+    fn random_items(
+        rng: &mut StdRng,
+        ids: std::ops::Range<VectorId>,
+        partition: PartitionTag,
+        dimension: usize,
+    ) -> Vec<(VectorId, PartitionTag, Vec<f32>)> {
+        ids.map(|id| (id, partition, unit(rng, dimension)))
+            .collect()
+    }
+
     /// Exact best id by a naive scan of the items, for reference.
     fn naive_best(
         items: &[(VectorId, PartitionTag, Vec<f32>)],
@@ -1940,10 +1951,8 @@ mod tests {
         // widens, finds the graph no cheaper than a scan, and scans. Either way the answer is exact.
         let dimension = 16;
         let mut rng = StdRng::seed_from_u64(9);
-        let mut items: Vec<_> = (0..3_000u64)
-            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
-            .collect();
-        items.extend((5_000..5_008u64).map(|id| (id, tag(2), unit(&mut rng, dimension))));
+        let mut items = random_items(&mut rng, 0..3_000, tag(1), dimension);
+        items.extend(random_items(&mut rng, 5_000..5_008, tag(2), dimension));
         let config = IndexConfig {
             brute_force_below: 0,
             ..small_config(dimension)
@@ -1966,9 +1975,7 @@ mod tests {
     fn removed_ids_are_never_returned_and_rebuild_compacts() {
         let dimension = 16;
         let mut rng = StdRng::seed_from_u64(4);
-        let items: Vec<_> = (0..3_000u64)
-            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
-            .collect();
+        let items = random_items(&mut rng, 0..3_000, tag(1), dimension);
         // brute_force_below 0 sends every search through the graph.
         let config = IndexConfig {
             brute_force_below: 0,
@@ -2004,12 +2011,8 @@ mod tests {
     fn inserts_during_a_rebuild_are_kept() {
         let dimension = 16;
         let mut rng = StdRng::seed_from_u64(5);
-        let base: Vec<_> = (0..3_000u64)
-            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
-            .collect();
-        let extra: Vec<_> = (10_000..10_300u64)
-            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
-            .collect();
+        let base = random_items(&mut rng, 0..3_000, tag(1), dimension);
+        let extra = random_items(&mut rng, 10_000..10_300, tag(1), dimension);
         let config = IndexConfig {
             brute_force_below: 0,
             ..small_config(dimension)
@@ -2100,9 +2103,7 @@ mod tests {
             segment_points: 400,
             ..small_config(dimension)
         };
-        let mut items: Vec<_> = (0..1_500u64)
-            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
-            .collect();
+        let mut items = random_items(&mut rng, 0..1_500, tag(1), dimension);
         let index = HnswIndex::build(config.clone(), items.clone());
         // As few segments as the limit allows, of equal size.
         assert_eq!(segment_sizes(&index, tag(1)), [375, 375, 375, 375]);
@@ -2122,9 +2123,7 @@ mod tests {
         assert!(exact >= 196, "recall@1 {exact}/200");
 
         // Inserts fill the last segment to the limit, then start another.
-        let more: Vec<_> = (1_500..1_600u64)
-            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
-            .collect();
+        let more = random_items(&mut rng, 1_500..1_600, tag(1), dimension);
         for (id, p, v) in &more {
             index.insert(*id, *p, v);
         }
@@ -2173,9 +2172,7 @@ mod tests {
     fn a_format_2_dump_loads_as_one_segment_and_grows_new_ones() {
         let dimension = 8;
         let mut rng = StdRng::seed_from_u64(13);
-        let items: Vec<_> = (0..500u64)
-            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
-            .collect();
+        let items = random_items(&mut rng, 0..500, tag(1), dimension);
         let config = IndexConfig {
             brute_force_below: 100,
             ..small_config(dimension)
@@ -2271,9 +2268,7 @@ mod tests {
             brute_force_below: 2,
             ..small_config(dimension)
         };
-        let items: Vec<_> = (10..20u64)
-            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
-            .collect();
+        let items = random_items(&mut rng, 10..20, tag(1), dimension);
         let index = HnswIndex::build(config, items);
         index.insert(10, tag(1), &a);
         index.insert(10, tag(1), &a); // idempotent in a graph too
@@ -2307,12 +2302,10 @@ mod tests {
     fn save_and_load_roundtrip() {
         let dimension = 16;
         let mut rng = StdRng::seed_from_u64(7);
-        let mut items: Vec<_> = (0..3_000u64)
-            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
-            .collect();
-        items.extend((5_000..5_010u64).map(|id| (id, tag(2), unit(&mut rng, dimension))));
+        let mut items = random_items(&mut rng, 0..3_000, tag(1), dimension);
+        items.extend(random_items(&mut rng, 5_000..5_010, tag(2), dimension));
         // A second graph, so the graphs load side by side.
-        items.extend((6_000..6_500u64).map(|id| (id, tag(3), unit(&mut rng, dimension))));
+        items.extend(random_items(&mut rng, 6_000..6_500, tag(3), dimension));
         let config = IndexConfig {
             brute_force_below: 100,
             ..small_config(dimension)
@@ -2366,9 +2359,7 @@ mod tests {
     fn a_loaded_graph_serves_from_its_data_file_and_no_save_writes_over_it() {
         let dimension = 16;
         let mut rng = StdRng::seed_from_u64(11);
-        let items: Vec<_> = (0..1_000u64)
-            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
-            .collect();
+        let items = random_items(&mut rng, 0..1_000, tag(1), dimension);
         let config = IndexConfig {
             brute_force_below: 100,
             ..small_config(dimension)
@@ -2422,9 +2413,7 @@ mod tests {
     fn bad_dumps_are_reported_not_panicked_on() {
         let dimension = 8;
         let mut rng = StdRng::seed_from_u64(8);
-        let items: Vec<_> = (0..500u64)
-            .map(|id| (id, tag(1), unit(&mut rng, dimension)))
-            .collect();
+        let items = random_items(&mut rng, 0..500, tag(1), dimension);
         let config = IndexConfig {
             brute_force_below: 100,
             ..small_config(dimension)
