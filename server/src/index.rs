@@ -259,16 +259,16 @@ struct OwnGraph {
     slots: Vec<VectorId>,
 }
 
-impl OwnGraph {
-    /// The segment the next point goes to: the last one while it holds fewer than `limit`
-    /// points; `None` when a new one must be started.
-    fn open_segment(&self, limit: usize) -> Option<Arc<Graph>> {
-        self.segments
-            .last()
-            .filter(|s| s.get_nb_point() < limit)
-            .map(Arc::clone)
-    }
+/// The segment of `segments` the next point goes to: the last one while it holds fewer than
+/// `limit` points; `None` when a new one must be started.
+fn open_segment(segments: &[Arc<Graph>], limit: usize) -> Option<Arc<Graph>> {
+    segments
+        .last()
+        .filter(|s| s.get_nb_point() < limit)
+        .map(Arc::clone)
+}
 
+impl OwnGraph {
     /// Every point of every segment.
     fn points(&self) -> impl Iterator<Item = Arc<Point<'static, Code>>> + '_ {
         self.segments
@@ -637,11 +637,7 @@ fn build_graph(config: &IndexConfig, codes: &[Code]) -> Vec<Arc<Graph>> {
 /// Adds `code` as point `slot` to the open segment of `segments`, starting a new one when the
 /// last is full.
 fn append_point(config: &IndexConfig, segments: &mut Vec<Arc<Graph>>, code: &[Code], slot: usize) {
-    let open = segments
-        .last()
-        .filter(|s| s.get_nb_point() < config.segment_points)
-        .map(Arc::clone);
-    let segment = open.unwrap_or_else(|| {
+    let segment = open_segment(segments, config.segment_points).unwrap_or_else(|| {
         let segment = Arc::new(new_graph(config, config.segment_points));
         segments.push(Arc::clone(&segment));
         segment
@@ -1137,9 +1133,10 @@ impl VectorIndex for HnswIndex {
                 return; // already there
             }
             let graph = match state.part(part).map(|p| &p.body) {
-                Some(Body::Graph(g)) => {
-                    Some((g.open_segment(self.config.segment_points), g.slots.len()))
-                }
+                Some(Body::Graph(g)) => Some((
+                    open_segment(&g.segments, self.config.segment_points),
+                    g.slots.len(),
+                )),
                 _ => None,
             };
             (part, graph)
