@@ -26,21 +26,25 @@ pub enum Api {
 
 impl Api {
     /// A `POST` to this API's endpoint under `base` (a base URL including `/v1`), authenticated as
-    /// its clients do: the bearer token (OpenAI), or `x-api-key` with `anthropic-version`.
+    /// its clients do: the bearer token (OpenAI), or `x-api-key` with `anthropic-version`. An empty
+    /// `api_key` sends no credential, as a client without one: the gateway's anonymous tenant,
+    /// where entries warmed with `"api_key": ""` live (`Bearer ` alone would be a tenant of its own).
     pub fn post(
         self,
         client: &reqwest::Client,
         base: &str,
         api_key: &str,
     ) -> reqwest::RequestBuilder {
-        match self {
-            Self::Openai => client
-                .post(format!("{base}/chat/completions"))
-                .bearer_auth(api_key),
+        let request = match self {
+            Self::Openai => client.post(format!("{base}/chat/completions")),
             Self::Anthropic => client
                 .post(format!("{base}/messages"))
-                .header("x-api-key", api_key)
                 .header("anthropic-version", ANTHROPIC_VERSION),
+        };
+        match (self, api_key.is_empty()) {
+            (_, true) => request,
+            (Self::Openai, false) => request.bearer_auth(api_key),
+            (Self::Anthropic, false) => request.header("x-api-key", api_key),
         }
     }
 
@@ -69,5 +73,30 @@ impl Api {
                 body
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn credentials(api: Api, key: &str) -> Vec<String> {
+        let request = api
+            .post(&reqwest::Client::new(), "http://127.0.0.1:1/v1", key)
+            .build()
+            .expect("request");
+        ["authorization", "x-api-key"]
+            .iter()
+            .filter_map(|name| request.headers().get(*name))
+            .map(|v| v.to_str().expect("ascii").to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn an_empty_key_sends_no_credential() {
+        assert_eq!(credentials(Api::Openai, "sk-1"), ["Bearer sk-1"]);
+        assert_eq!(credentials(Api::Anthropic, "sk-1"), ["sk-1"]);
+        assert!(credentials(Api::Openai, "").is_empty());
+        assert!(credentials(Api::Anthropic, "").is_empty());
     }
 }

@@ -35,7 +35,8 @@ pub struct BenchArgs {
     /// per `content_block_delta`). The gateway serves both, so either can be measured.
     #[arg(long, value_enum, default_value_t = Api::Openai)]
     pub api: Api,
-    /// API key sent as the bearer token (`--api openai`) or as `x-api-key` (`--api anthropic`).
+    /// API key sent as the bearer token (`--api openai`) or as `x-api-key` (`--api anthropic`); `""`
+    /// sends none (the gateway's anonymous tenant, where entries warmed with `"api_key": ""` live).
     #[arg(
         long,
         env = "OPENAI_API_KEY",
