@@ -83,6 +83,17 @@ pub trait VectorIndex: Send + Sync {
     fn remove(&self, id: VectorId);
     /// Best `k` neighbours among live ids of `partition` only, most similar first.
     fn search(&self, partition: &PartitionTag, query: &[f32], k: usize) -> Vec<Neighbor>;
+    /// [`VectorIndex::search`] for the request path: `Err(ScansBusy)` at once, instead of a scan,
+    /// when the partition is still scanned exactly while its graph is built and every core already
+    /// runs such a scan (the request then goes on without semantic matching rather than queue).
+    fn search_now(
+        &self,
+        partition: &PartitionTag,
+        query: &[f32],
+        k: usize,
+    ) -> Result<Vec<Neighbor>, ScansBusy> {
+        Ok(self.search(partition, query, k))
+    }
     /// Exact scan of every live vector, across partitions: at most `k` at or above
     /// `min_similarity`, most similar first. For operators (admin search and invalidation), not the
     /// request path.
@@ -95,6 +106,11 @@ pub trait VectorIndex: Send + Sync {
         self.len() == 0
     }
 }
+
+/// Why [`VectorIndex::search_now`] did not search: the partition awaits its graph, and as many
+/// exact scans of such partitions run as there are cores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScansBusy;
 
 /// Index parameters; [`IndexConfig::new`] gives the defaults for a dimension.
 #[derive(Debug, Clone, PartialEq)]
@@ -203,6 +219,9 @@ const WIDEN_FACTOR: usize = 4;
 const RERANK_PER_RESULT: usize = 8;
 /// The id of a graph slot that stands for nothing live (dumps leave removed slots unnamed).
 const NO_ID: VectorId = VectorId::MAX;
+/// Rows per task of a large flat scan: about a millisecond of dot products, worth a hand-off to
+/// another thread.
+const SCAN_CHUNK: usize = 32_768;
 
 /// Hashes sequential ids with one multiplication (Fibonacci hashing): the live map is probed for
 /// every graph result and SipHash would cost more than the probe.
@@ -455,17 +474,39 @@ impl State {
         rows
     }
 
-    /// Exact scan of a flat partition.
+    /// Exact scan of a flat partition. One larger than [`SCAN_CHUNK`] rows (a partition awaiting
+    /// its graph after a rebuild from the store) is scanned in chunks in parallel on
+    /// [`search_pool`].
     fn scan_flat(&self, rows: &Flat, query: &[f32], k: usize) -> Vec<Neighbor> {
-        let found = rows
+        let dim = self.dimension;
+        let scan = |(ids, codes): (&[VectorId], &[Code])| {
+            best_k(
+                ids.iter()
+                    .zip(codes.chunks_exact(dim))
+                    .map(|(id, code)| Neighbor {
+                        id: *id,
+                        similarity: dot_f32_f16(query, code),
+                    }),
+                k,
+            )
+        };
+        if rows.ids.len() <= SCAN_CHUNK {
+            return scan((&rows.ids, &rows.codes));
+        }
+        let chunks = rows
             .ids
-            .iter()
-            .zip(rows.codes.chunks_exact(self.dimension))
-            .map(|(id, code)| Neighbor {
-                id: *id,
-                similarity: dot_f32_f16(query, code),
-            })
-            .collect();
+            .chunks(SCAN_CHUNK)
+            .zip(rows.codes.chunks(SCAN_CHUNK * dim));
+        let found = match search_pool() {
+            Some(pool) => pool.install(|| {
+                chunks
+                    .collect::<Vec<_>>()
+                    .into_par_iter()
+                    .flat_map_iter(scan)
+                    .collect()
+            }),
+            None => chunks.flat_map(scan).collect(),
+        };
         top_k(found, k)
     }
 
@@ -523,6 +564,14 @@ impl State {
     }
 }
 
+/// Whether a build makes the large partitions' graphs ([`HnswIndex::build`]) or leaves them to
+/// [`HnswIndex::maybe_rebuild`] ([`HnswIndex::build_flat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Graphs {
+    Now,
+    Later,
+}
+
 /// A rebuild in progress: its partition, and the inserts into it made meanwhile
 /// (id, version, digest, code), replayed into the new body before the swap.
 struct Replay {
@@ -541,6 +590,30 @@ pub struct HnswIndex {
     config: IndexConfig,
     state: RwLock<State>,
     writer: Mutex<Writer>,
+    /// Exact scans of partitions awaiting their graph that run now, for [`VectorIndex::search_now`].
+    large_scans: AtomicUsize,
+}
+
+/// One of the exact scans of a partition awaiting its graph that may run at once (one per search
+/// thread): a scan of 600k rows is milliseconds of every core, so more would only queue.
+struct ScanPermit<'a>(&'a AtomicUsize);
+
+impl<'a> ScanPermit<'a> {
+    fn take(running: &'a AtomicUsize) -> Result<Self, ScansBusy> {
+        let most = search_pool().map_or(1, |pool| pool.current_num_threads().max(1));
+        running
+            .fetch_update(AtomicOrdering::AcqRel, AtomicOrdering::Acquire, |n| {
+                (n < most).then_some(n + 1)
+            })
+            .map(|_| Self(running))
+            .map_err(|_| ScansBusy)
+    }
+}
+
+impl Drop for ScanPermit<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, AtomicOrdering::AcqRel);
+    }
 }
 
 // A panic under a lock can only come from `hnsw_rs` internals during a graph insert, before the
@@ -667,6 +740,32 @@ fn by_similarity(a: &Neighbor, b: &Neighbor) -> Ordering {
         .then_with(|| a.id.cmp(&b.id))
 }
 
+/// The best `k` of `found`, most similar first, in one pass holding at most `2k` of them (a flat
+/// scan of hundreds of thousands of rows allocates nothing in proportion).
+fn best_k(found: impl Iterator<Item = Neighbor>, k: usize) -> Vec<Neighbor> {
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut best = Vec::with_capacity(2 * k);
+    // The k-th best so far, once `best` has been cut down to k: anything not better is skipped.
+    let mut floor: Option<Neighbor> = None;
+    for n in found {
+        if floor
+            .as_ref()
+            .is_some_and(|f| by_similarity(&n, f) != Ordering::Less)
+        {
+            continue;
+        }
+        best.push(n);
+        if best.len() == 2 * k {
+            best.select_nth_unstable_by(k - 1, by_similarity);
+            best.truncate(k);
+            floor = best.get(k - 1).cloned();
+        }
+    }
+    top_k(best, k)
+}
+
 fn top_k(mut found: Vec<Neighbor>, k: usize) -> Vec<Neighbor> {
     if found.len() > k {
         found.select_nth_unstable_by(k - 1, by_similarity);
@@ -688,6 +787,11 @@ fn install(
 ) -> Option<Body> {
     let dim = config.dimension;
     let mut flat = Flat::default();
+    if graph.is_none() {
+        // Sized once: a large partition left flat is hundreds of MB of codes.
+        flat.ids.reserve_exact(rows.ids.len());
+        flat.codes.reserve_exact(rows.codes.len());
+    }
     let mut placed = Vec::new();
     for (row, ((id, version), code)) in rows
         .ids
@@ -745,16 +849,37 @@ impl HnswIndex {
         Self {
             state: RwLock::new(state.unwrap_or_else(|| State::empty(&config))),
             writer: Mutex::new(Writer::default()),
+            large_scans: AtomicUsize::new(0),
             config,
         }
     }
 
-    /// Builds from `(id, partition, vector)` triples (start-up rebuild from the store): each vector
-    /// is encoded as it is consumed, then every large partition's graph is built with all cores.
-    /// Invalid vectors are skipped as in [`VectorIndex::insert`]; a repeated id keeps its last vector.
+    /// Builds from `(id, partition, vector)` triples: each vector is encoded as it is consumed,
+    /// then every large partition's graph is built with all cores. Invalid vectors are skipped as
+    /// in [`VectorIndex::insert`]; a repeated id keeps its last vector.
     pub fn build(
         config: IndexConfig,
         items: impl IntoIterator<Item = (VectorId, PartitionTag, Vec<f32>)>,
+    ) -> Self {
+        Self::build_with(config, items, Graphs::Now)
+    }
+
+    /// [`HnswIndex::build`] with every partition flat: seconds where the graphs take half an hour at
+    /// a million vectors, so a gateway that rebuilds from its store searches every vector (exactly)
+    /// as soon as the store is read. [`HnswIndex::maybe_rebuild`] then gives each large partition
+    /// its graph, the largest first, while the index serves.
+    pub fn build_flat(
+        config: IndexConfig,
+        items: impl IntoIterator<Item = (VectorId, PartitionTag, Vec<f32>)>,
+    ) -> Self {
+        Self::build_with(config, items, Graphs::Later)
+    }
+
+    /// [`HnswIndex::build`] or [`HnswIndex::build_flat`], as `graphs` says.
+    pub fn build_with(
+        config: IndexConfig,
+        items: impl IntoIterator<Item = (VectorId, PartitionTag, Vec<f32>)>,
+        graphs: Graphs,
     ) -> Self {
         let config = config.sanitized();
         let mut state = State::empty(&config);
@@ -779,11 +904,66 @@ impl HnswIndex {
         drop(last);
         for (part, rows) in by_part.into_iter().enumerate() {
             let part = u32::try_from(part).unwrap_or(u32::MAX);
-            let graph = (rows.ids.len() > config.brute_force_below)
+            let graph = (graphs == Graphs::Now && rows.ids.len() > config.brute_force_below)
                 .then(|| build_graph(&config, &rows.codes));
             install(&config, &mut state, part, &rows, graph, |_, _, v| v == 1);
         }
         Self::from_state(config, Some(state))
+    }
+
+    /// [`VectorIndex::search`]; with `permit`, a partition awaiting its graph is scanned only with
+    /// a [`ScanPermit`] (`Err(ScansBusy)` when none is free).
+    fn find(
+        &self,
+        partition: &PartitionTag,
+        query: &[f32],
+        k: usize,
+        permit: bool,
+    ) -> Result<Vec<Neighbor>, ScansBusy> {
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let Some(query) = normalized(query, self.config.dimension) else {
+            return Ok(Vec::new());
+        };
+        let state = read(&self.state);
+        let Some(&part) = state.part_of.get(partition) else {
+            return Ok(Vec::new());
+        };
+        let Some(p) = state.part(part) else {
+            return Ok(Vec::new());
+        };
+        match &p.body {
+            Body::Flat(flat) => {
+                let _permit = (permit && flat.ids.len() > self.config.brute_force_below)
+                    .then(|| ScanPermit::take(&self.large_scans))
+                    .transpose()?;
+                Ok(state.scan_flat(flat, &query, k))
+            }
+            Body::Graph(graph) => {
+                let code = encode_f16(&query);
+                let wanted = k.min(p.live);
+                // Too few live results means tombstones crowd the query: widen, then scan.
+                let mut ef = self.config.ef_search.max(k);
+                for _ in 0..WIDEN_ATTEMPTS {
+                    let found = state.graph_search(part, graph, &query, &code, k, ef);
+                    if found.len() >= wanted {
+                        return Ok(found);
+                    }
+                    ef = ef.saturating_mul(WIDEN_FACTOR);
+                }
+                Ok(state.scan_graph(part, graph, &query, k))
+            }
+        }
+    }
+
+    /// Takes every exact-scan permit until the guard drops: tests of what the request path does
+    /// when every core scans.
+    #[cfg(test)]
+    pub(crate) fn hold_every_scan(&self) -> impl Drop + '_ {
+        let held: Vec<ScanPermit<'_>> =
+            std::iter::from_fn(|| ScanPermit::take(&self.large_scans).ok()).collect();
+        held
     }
 
     /// The live ids, sorted.
@@ -816,13 +996,16 @@ impl HnswIndex {
     /// The partition that most needs work, if any: a flat one past `brute_force_below` (gets a
     /// graph), a graph at or below half of it (goes flat), a graph whose tombstones pass the ratio,
     /// or one with a segment larger than `segment_points` (loaded from a format 2 dump, which held
-    /// a partition's graph whole: split once, so it loads on every core at the next start).
+    /// a partition's graph whole: split once, so it loads on every core at the next start). The
+    /// largest first: a flat partition's exact scan costs in proportion to its size, so after a
+    /// [`HnswIndex::build_flat`] the costliest scans go first.
     fn part_needing_work(&self, state: &State) -> Option<u32> {
         let limit = self.config.brute_force_below;
         state
             .parts
             .iter()
-            .position(|p| match &p.body {
+            .enumerate()
+            .filter(|(_, p)| match &p.body {
                 Body::Flat(_) => p.live > limit,
                 Body::Graph(g) => {
                     let tombstones = g.slots.len().saturating_sub(p.live);
@@ -835,7 +1018,20 @@ impl HnswIndex {
                             .any(|s| s.get_nb_point() > self.config.segment_points)
                 }
             })
-            .and_then(|i| u32::try_from(i).ok())
+            // Ties to the first, so the order is stable.
+            .min_by_key(|(i, p)| (std::cmp::Reverse(p.live), *i))
+            .and_then(|(i, _)| u32::try_from(i).ok())
+    }
+
+    /// Partitions scanned exactly until [`HnswIndex::maybe_rebuild`] gives them a graph (after a
+    /// [`HnswIndex::build_flat`], or one that just grew past `brute_force_below`).
+    pub fn graphs_pending(&self) -> usize {
+        let limit = self.config.brute_force_below;
+        read(&self.state)
+            .parts
+            .iter()
+            .filter(|p| matches!(p.body, Body::Flat(_)) && p.live > limit)
+            .count()
     }
 
     /// Does the work one partition needs (see `part_needing_work`) and returns whether it did.
@@ -1180,36 +1376,16 @@ impl VectorIndex for HnswIndex {
     }
 
     fn search(&self, partition: &PartitionTag, query: &[f32], k: usize) -> Vec<Neighbor> {
-        if k == 0 {
-            return Vec::new();
-        }
-        let Some(query) = normalized(query, self.config.dimension) else {
-            return Vec::new();
-        };
-        let state = read(&self.state);
-        let Some(&part) = state.part_of.get(partition) else {
-            return Vec::new();
-        };
-        let Some(p) = state.part(part) else {
-            return Vec::new();
-        };
-        match &p.body {
-            Body::Flat(flat) => state.scan_flat(flat, &query, k),
-            Body::Graph(graph) => {
-                let code = encode_f16(&query);
-                let wanted = k.min(p.live);
-                // Too few live results means tombstones crowd the query: widen, then scan.
-                let mut ef = self.config.ef_search.max(k);
-                for _ in 0..WIDEN_ATTEMPTS {
-                    let found = state.graph_search(part, graph, &query, &code, k, ef);
-                    if found.len() >= wanted {
-                        return found;
-                    }
-                    ef = ef.saturating_mul(WIDEN_FACTOR);
-                }
-                state.scan_graph(part, graph, &query, k)
-            }
-        }
+        self.find(partition, query, k, false).unwrap_or_default()
+    }
+
+    fn search_now(
+        &self,
+        partition: &PartitionTag,
+        query: &[f32],
+        k: usize,
+    ) -> Result<Vec<Neighbor>, ScansBusy> {
+        self.find(partition, query, k, true)
     }
 
     fn scan_all(&self, query: &[f32], min_similarity: f32, k: usize) -> Vec<Neighbor> {
@@ -2078,6 +2254,147 @@ mod tests {
         assert_eq!((index.len(), index.tombstones()), (300, 0));
         for (id, p, v) in items.iter().filter(|(_, p, _)| *p == tag(1)).take(100) {
             assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
+        }
+    }
+
+    /// Whether each partition (in the order first seen) has a graph.
+    fn graph_kinds(index: &HnswIndex) -> Vec<bool> {
+        read(&index.state)
+            .parts
+            .iter()
+            .map(|p| matches!(p.body, Body::Graph(_)))
+            .collect()
+    }
+
+    #[test]
+    fn a_flat_build_serves_every_vector_exactly_and_graphs_follow_the_largest_first() {
+        let dimension = 16;
+        let mut rng = StdRng::seed_from_u64(21);
+        let config = IndexConfig {
+            brute_force_below: 100,
+            ..small_config(dimension)
+        };
+        // Seen first: the smallest large partition, so "largest first" is not "first seen".
+        let mut items = random_items(&mut rng, 0..150, tag(1), dimension);
+        items.extend(random_items(&mut rng, 150..550, tag(2), dimension));
+        items.extend(random_items(&mut rng, 550..600, tag(3), dimension));
+        let index = HnswIndex::build_flat(config, items.clone());
+        assert_eq!(graph_kinds(&index), [false, false, false]);
+        assert_eq!((index.len(), index.graphs_pending()), (600, 2));
+        let exact = |index: &HnswIndex| {
+            for (id, p, v) in &items {
+                let q: Vec<f32> = v.iter().map(|x| x + 0.05).collect();
+                let found = index.search_now(p, &q, 1).expect("a permit is free");
+                assert_eq!(found[0].id, naive_best(&items, p, &q), "query near {id}");
+            }
+        };
+        exact(&index);
+        assert!(index.maybe_rebuild());
+        assert_eq!(graph_kinds(&index), [false, true, false], "400 before 150");
+        assert_eq!(index.graphs_pending(), 1);
+        assert!(index.maybe_rebuild());
+        assert_eq!(graph_kinds(&index), [true, true, false]);
+        assert_eq!(index.graphs_pending(), 0);
+        assert!(!index.maybe_rebuild());
+        assert_eq!(index.len(), 600);
+        for (id, p, v) in &items {
+            assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
+        }
+        // The same as a build with its graphs at once.
+        let built = HnswIndex::build(index.config.clone(), items.clone());
+        assert_eq!(
+            (graph_kinds(&built), built.graphs_pending()),
+            (vec![true, true, false], 0)
+        );
+    }
+
+    #[test]
+    fn a_scan_awaiting_its_graph_is_refused_on_the_request_path_when_every_core_scans() {
+        let dimension = 8;
+        let mut rng = StdRng::seed_from_u64(22);
+        let config = IndexConfig {
+            brute_force_below: 50,
+            ..small_config(dimension)
+        };
+        let mut items = random_items(&mut rng, 0..200, tag(1), dimension);
+        items.extend(random_items(&mut rng, 200..220, tag(2), dimension));
+        let index = HnswIndex::build_flat(config, items.clone());
+        let (large, small) = (&items[3], &items[205]);
+        let mut permits = Vec::new();
+        while let Ok(permit) = ScanPermit::take(&index.large_scans) {
+            permits.push(permit);
+        }
+        assert!(!permits.is_empty());
+        assert_eq!(index.search_now(&large.1, &large.2, 1), Err(ScansBusy));
+        // A small partition is scanned inline, as before; `search` (operators, tests) waits for none.
+        assert_eq!(
+            index.search_now(&small.1, &small.2, 1).expect("small")[0].id,
+            small.0
+        );
+        assert_eq!(index.search(&large.1, &large.2, 1)[0].id, large.0);
+        permits.pop();
+        assert_eq!(
+            index.search_now(&large.1, &large.2, 1).expect("one free")[0].id,
+            large.0
+        );
+        drop(permits);
+        assert_eq!(
+            index.large_scans.load(AtomicOrdering::Relaxed),
+            0,
+            "every permit returned"
+        );
+        // Once the graph is built, no permit is needed.
+        assert!(index.maybe_rebuild());
+        let _all = index.hold_every_scan();
+        assert_eq!(
+            index.search_now(&large.1, &large.2, 1).expect("graph")[0].id,
+            large.0
+        );
+    }
+
+    #[test]
+    fn a_flat_scan_larger_than_a_chunk_is_exact() {
+        let dimension = 8;
+        let mut rng = StdRng::seed_from_u64(23);
+        let n = (2 * SCAN_CHUNK + SCAN_CHUNK / 2) as VectorId;
+        let items = random_items(&mut rng, 0..n, tag(1), dimension);
+        let index = HnswIndex::build_flat(
+            IndexConfig {
+                brute_force_below: n as usize,
+                ..small_config(dimension)
+            },
+            items.clone(),
+        );
+        for (id, p, v) in items.iter().step_by(9_973) {
+            let found = index.search_now(p, v, 3).expect("no large scan");
+            assert_eq!(found[0].id, *id);
+            assert_eq!(found.len(), 3);
+            assert!(found.windows(2).all(|w| w[0].similarity >= w[1].similarity));
+        }
+    }
+
+    #[test]
+    fn best_k_keeps_what_a_full_sort_keeps() {
+        let mut rng = StdRng::seed_from_u64(24);
+        for n in [0usize, 1, 5, 64, 1_000] {
+            // Few distinct similarities, so ties (broken by id) are common.
+            let found: Vec<Neighbor> = (0..n as VectorId)
+                .map(|id| Neighbor {
+                    id,
+                    similarity: f32::from(rng.random_range(0u8..20)) / 20.0,
+                })
+                .collect();
+            for k in [1usize, 2, 7, n, n + 3] {
+                if k == 0 {
+                    continue;
+                }
+                assert_eq!(
+                    best_k(found.iter().cloned(), k),
+                    top_k(found.clone(), k),
+                    "n {n}, k {k}"
+                );
+            }
+            assert!(best_k(found.iter().cloned(), 0).is_empty());
         }
     }
 

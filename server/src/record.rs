@@ -113,7 +113,8 @@ pub struct Nearest {
     /// The guard that refuses the best candidate whatever its similarity (`x-reprise-nearest-guard`):
     /// what the evaluation's threshold sweep needs below the threshold, never counted as a refusal.
     pub nearest_guard: Option<Guard>,
-    /// The fallback reason (`overload`, `deadline`, `failed`) of a lookup that got no vector.
+    /// The fallback reason of a lookup that got no vector (`overload`, `deadline`, `failed`) or no
+    /// search (`scan_busy`).
     pub skipped: Option<&'static str>,
 }
 

@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::embed::{EmbedConfig, EmbedError, Embedder};
 use crate::entry::{Entry, EntryId};
 use crate::guard::{Guard, Guards, Literals};
-use crate::index::{HnswIndex, IndexConfig, IndexError, VectorIndex};
+use crate::index::{Graphs, HnswIndex, IndexConfig, IndexError, ScansBusy, VectorIndex};
 use crate::lock::lock;
 use crate::reembed;
 use crate::store::{Store, StoreError};
@@ -36,9 +36,10 @@ pub struct Semantic {
     /// What the guards read from recent candidates' prompts (0.1–0.2 ms per 2 KB prompt).
     candidates: CandidateLiterals,
     /// The same requests by reason.
-    fallback_reasons: [AtomicU64; 3],
-    /// When the last overload warning was logged (ms since the epoch): one line per interval.
-    overload_warned_ms: AtomicU64,
+    fallback_reasons: [AtomicU64; FallbackReason::ALL.len()],
+    /// When the last warning of a flood (overload, busy scans) was logged, by reason (ms since the
+    /// epoch): one line per interval.
+    flood_warned_ms: [AtomicU64; FallbackReason::ALL.len()],
     /// Embeds the entries stored without a vector.
     pub backfill: Arc<Backfill>,
     /// Closing this stops the maintenance thread.
@@ -94,16 +95,21 @@ pub enum FallbackReason {
     Deadline,
     /// The model failed or its thread stopped.
     Failed,
+    /// Embedded, but the partition is still scanned exactly while its graph is built (after a
+    /// rebuild from the store) and every core already runs such a scan.
+    ScanBusy,
 }
 
 impl FallbackReason {
-    pub const ALL: [FallbackReason; 3] = [Self::Overload, Self::Deadline, Self::Failed];
+    pub const ALL: [FallbackReason; 4] =
+        [Self::Overload, Self::Deadline, Self::Failed, Self::ScanBusy];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::Overload => "overload",
             Self::Deadline => "deadline",
             Self::Failed => "failed",
+            Self::ScanBusy => "scan_busy",
         }
     }
 
@@ -122,6 +128,7 @@ pub struct Fallbacks {
     pub overload: u64,
     pub deadline: u64,
     pub failed: u64,
+    pub scan_busy: u64,
 }
 
 impl Fallbacks {
@@ -131,12 +138,14 @@ impl Fallbacks {
             (FallbackReason::Overload.name(), self.overload),
             (FallbackReason::Deadline.name(), self.deadline),
             (FallbackReason::Failed.name(), self.failed),
+            (FallbackReason::ScanBusy.name(), self.scan_busy),
         ]
     }
 }
 
-/// At most one overload warning per this many milliseconds: under load every miss would log one.
-const OVERLOAD_WARN_EVERY_MS: u64 = 10_000;
+/// At most one warning of a flood (overload, busy scans) per this many milliseconds: under load
+/// every miss would log one.
+const FLOOD_WARN_EVERY_MS: u64 = 10_000;
 
 /// What one search looks for.
 #[derive(Debug, Clone)]
@@ -156,6 +165,7 @@ struct Found {
     nearest_entry: Option<EntryId>,
     nearest_guard: Option<Guard>,
     refused: Option<Guard>,
+    skipped: Option<FallbackReason>,
 }
 
 /// Whether semantic matching runs, and why not when it does not (for logs and `/healthz`).
@@ -179,6 +189,8 @@ pub struct Outcome {
     /// The guard that refused a candidate at or above the threshold when no other was served: a
     /// wrong answer not given (`x-reprise-guard`, counted in `guard_refusals`).
     pub refused: Option<Guard>,
+    /// Why the index was not searched although the query was embedded (busy exact scans).
+    pub skipped: Option<FallbackReason>,
     pub search_ms: Option<f64>,
 }
 
@@ -293,7 +305,7 @@ impl Semantic {
             fallbacks: AtomicU64::new(0),
             candidates: CandidateLiterals::default(),
             fallback_reasons: Default::default(),
-            overload_warned_ms: AtomicU64::new(0),
+            flood_warned_ms: Default::default(),
             backfill,
             stop_tx: Mutex::new(Some(stop_tx)),
             maintenance: Mutex::new(None),
@@ -315,25 +327,27 @@ impl Semantic {
             overload: get(FallbackReason::Overload),
             deadline: get(FallbackReason::Deadline),
             failed: get(FallbackReason::Failed),
+            scan_busy: get(FallbackReason::ScanBusy),
         }
     }
 
-    /// Counts a fallback and says why, once per request for a late or failed embedding, at most
-    /// once per [`OVERLOAD_WARN_EVERY_MS`] for overload (which by nature comes in floods).
-    fn fall_back(&self, err: &EmbedError) {
-        let reason = FallbackReason::of(err);
+    /// Counts a fallback and says why: once per request for a late or failed embedding, at most
+    /// once per [`FLOOD_WARN_EVERY_MS`] for overload and busy scans (which by nature come in floods).
+    fn fall_back(&self, reason: FallbackReason, err: Option<&EmbedError>) {
         self.fallbacks.fetch_add(1, Ordering::Relaxed);
         self.fallback_reasons[reason as usize].fetch_add(1, Ordering::Relaxed);
+        let flood = |reason: FallbackReason| {
+            let warned = &self.flood_warned_ms[reason as usize];
+            let now = unix_ms();
+            let last = warned.load(Ordering::Relaxed);
+            now.saturating_sub(last) >= FLOOD_WARN_EVERY_MS
+                && warned
+                    .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+        };
         match reason {
             FallbackReason::Overload => {
-                let now = unix_ms();
-                let last = self.overload_warned_ms.load(Ordering::Relaxed);
-                if now.saturating_sub(last) >= OVERLOAD_WARN_EVERY_MS
-                    && self
-                        .overload_warned_ms
-                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                        .is_ok()
-                {
+                if flood(reason) {
                     tracing::warn!(
                         overloaded = self.fallbacks().overload,
                         "embedding queue overloaded: misses skip semantic matching at once (exact only); their entries are embedded later"
@@ -343,8 +357,18 @@ impl Semantic {
             FallbackReason::Deadline => tracing::warn!(
                 "embedding missed its deadline; exact matching only for this request"
             ),
-            FallbackReason::Failed => {
-                tracing::warn!(error = %err, "embedding failed; exact matching only for this request")
+            FallbackReason::Failed => tracing::warn!(
+                error = %err.map(ToString::to_string).unwrap_or_default(),
+                "embedding failed; exact matching only for this request"
+            ),
+            FallbackReason::ScanBusy => {
+                if flood(reason) {
+                    tracing::warn!(
+                        busy = self.fallbacks().scan_busy,
+                        graphs_pending = self.index.current().graphs_pending(),
+                        "partitions awaiting their graph are scanned exactly, and every core is scanning: lookups beyond that skip semantic matching until the graphs are built"
+                    );
+                }
             }
         }
     }
@@ -383,8 +407,9 @@ impl Semantic {
         match self.embedder.embed(prompt).await {
             Ok(v) => Ok(Some((v, crate::timing::millis(started.elapsed())))),
             Err(err) => {
-                self.fall_back(&err);
-                Err(FallbackReason::of(&err))
+                let reason = FallbackReason::of(&err);
+                self.fall_back(reason, Some(&err));
+                Err(reason)
             }
         }
     }
@@ -409,6 +434,7 @@ impl Semantic {
             nearest_entry: found.nearest_entry,
             nearest_guard: found.nearest_guard,
             refused: found.refused,
+            skipped: found.skipped,
             search_ms: Some(crate::timing::millis(searched.elapsed())),
         }
     }
@@ -417,7 +443,16 @@ impl Semantic {
     /// best candidate scored. Entries that are gone or expired are tombstoned in the index on the
     /// way, so they are never served.
     fn best_live(&self, store: &dyn Store, query: &[f32], request: &Query) -> Found {
-        let neighbors = self.index.search(&request.partition, query, CANDIDATES);
+        let neighbors = match self.index.search_now(&request.partition, query, CANDIDATES) {
+            Ok(neighbors) => neighbors,
+            Err(ScansBusy) => {
+                self.fall_back(FallbackReason::ScanBusy, None);
+                return Found {
+                    skipped: Some(FallbackReason::ScanBusy),
+                    ..Found::default()
+                };
+            }
+        };
         let now = unix_ms();
         // The request's literals are read once, and only when a guard runs.
         let literals = (!request.guards.is_empty()).then(|| Literals::of(&request.prompt));
@@ -657,16 +692,18 @@ impl<S: std::ops::Deref<Target = T>, T: Store + ?Sized> Iterator for StoredVecto
     }
 }
 
-/// Builds the index of the stored vectors of `ids`, and says why it lacks the rest if the store
-/// could not be read whole (the rest stays reachable by exact key).
+/// Builds the index of the stored vectors of `ids`, its graphs now or left to the maintenance
+/// ([`Graphs`]), and says why it lacks the rest if the store could not be read whole (the rest
+/// stays reachable by exact key).
 fn build_from_store(
     store: &dyn Store,
     dimension: usize,
     ids: BTreeSet<u64>,
     patience: Patience,
+    graphs: Graphs,
 ) -> (HnswIndex, Option<StoreError>) {
     let mut vectors = StoredVectors::new(store, ids, patience);
-    let built = HnswIndex::build(index_config(dimension), &mut vectors);
+    let built = HnswIndex::build_with(index_config(dimension), &mut vectors, graphs);
     (built, vectors.failed())
 }
 
@@ -810,9 +847,16 @@ fn load_or_rebuild(
         Err(DumpUnused::Unchecked(why)) => Err(why),
         Err(reason) => {
             let count = expected.len();
-            tracing::warn!(vectors = count, %reason, "rebuilding the vector index in the background; semantic hits resume when it is done");
-            let (built, failed) =
-                build_from_store(store.as_ref(), dimension, expected.clone(), patience);
+            tracing::warn!(vectors = count, %reason, "rebuilding the vector index in the background: semantic hits resume once the store is read (exact scans), large partitions get their graphs after");
+            // The index in service is empty: every vector is searched (exactly) once the store is
+            // read, in a minute at a million entries, instead of after half an hour of graphs.
+            let (built, failed) = build_from_store(
+                store.as_ref(),
+                dimension,
+                expected.clone(),
+                patience,
+                Graphs::Later,
+            );
             tracing::info!(
                 vectors = built.len(),
                 whole = failed.is_none(),
@@ -1143,7 +1187,15 @@ impl SwappableIndex {
                 return Rebuild::Incomplete(err);
             }
         };
-        match build_from_store(store, dimension, ids, patience) {
+        // An index in service with vectors (a resync, a retry after a partial read) keeps
+        // serving, graphs and all, while the new one builds its own; an empty one is replaced as
+        // soon as the store is read, its large partitions scanned exactly until their graphs are built.
+        let graphs = if self.is_empty() {
+            Graphs::Later
+        } else {
+            Graphs::Now
+        };
+        match build_from_store(store, dimension, ids, patience, graphs) {
             (built, None) => {
                 let vectors = built.len();
                 self.finish(built);
@@ -1325,6 +1377,15 @@ impl VectorIndex for SwappableIndex {
         self.current().search(partition, query, k)
     }
 
+    fn search_now(
+        &self,
+        partition: &[u8; 32],
+        query: &[f32],
+        k: usize,
+    ) -> Result<Vec<crate::index::Neighbor>, ScansBusy> {
+        self.current().search_now(partition, query, k)
+    }
+
     fn scan_all(
         &self,
         query: &[f32],
@@ -1489,6 +1550,36 @@ mod tests {
         assert!(!index.is_partial());
     }
 
+    /// A rebuild from the store puts every vector in service as soon as the store is read: a
+    /// partition past `brute_force_below` is scanned exactly until the maintenance gives it its
+    /// graph (half an hour of both cores at a million vectors).
+    #[test]
+    fn a_rebuild_serves_every_stored_vector_before_the_graphs_are_built() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = crate::store::SledStore::open(dir.path()).expect("open");
+        let n = index_config(8).brute_force_below as u64 + 5;
+        let partition = stored(0, true).partition.0;
+        for i in 0..n {
+            store.put(stored(i, true)).expect("put");
+        }
+        let index = SwappableIndex::ready(HnswIndex::new(index_config(8)));
+        let rebuilt = index.rebuild(&store, 8, QUICK);
+        assert!(
+            matches!(rebuilt, Rebuild::Done(m) if m as u64 == n),
+            "{rebuilt:?}"
+        );
+        assert!(!index.is_building(), "in service with every vector");
+        assert_eq!(index.current().graphs_pending(), 1);
+        let found = index.search_now(&partition, &unit(7), 2).expect("a permit");
+        assert_eq!(found.len(), 2);
+        assert!(found[0].similarity > 0.999, "{found:?}");
+        // A resync replaces an index that serves: its replacement comes with its graphs.
+        let rebuilt = index.rebuild(&store, 8, QUICK);
+        assert!(matches!(rebuilt, Rebuild::Done(_)), "{rebuilt:?}");
+        assert_eq!(index.current().graphs_pending(), 0);
+        assert_eq!(index.len() as u64, n);
+    }
+
     /// The gateway's store is a `ResilientStore`, which reads as empty while degraded: a read of
     /// the whole store must fail instead, or a Redis down at start (or during a resync) makes an
     /// empty index pass for the whole one, and its dump replace the good one.
@@ -1542,6 +1633,73 @@ mod tests {
         }
     }
 
+    /// While a large partition awaits its graph, its lookups scan it exactly; one that finds every
+    /// core scanning goes on at once without semantic matching, counted as `scan_busy`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lookup_that_finds_every_scan_busy_falls_back_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> =
+            Arc::new(crate::store::SledStore::open(dir.path()).expect("store"));
+        let embedder = Arc::new(
+            Embedder::with_model(Box::new(Hashed), &crate::embed::EmbedConfig::default())
+                .expect("fake"),
+        );
+        let config = crate::config::Config {
+            data_dir: dir.path().to_owned(),
+            ..crate::config::Config::default()
+        };
+        let Status::Ready(semantic) = Semantic::start(&config, &store, Some(embedder), None) else {
+            panic!("semantic stage did not start");
+        };
+        let id = store.put(stored(7, true)).expect("put").0;
+        let partition = stored(7, true).partition.0;
+        // Flat, as a rebuild from the store leaves it, and large enough that the maintenance's
+        // graph takes seconds, long after this test's few lookups.
+        let filler = (1..12_000u64).map(|n| {
+            let bytes = blake3::hash(&n.to_le_bytes());
+            let v: Vec<f32> = bytes.as_bytes()[..8]
+                .iter()
+                .map(|b| f32::from(*b) - 127.5)
+                .collect();
+            (id + n, partition, v)
+        });
+        let flat = HnswIndex::build_flat(
+            IndexConfig {
+                brute_force_below: 1_000,
+                ..index_config(8)
+            },
+            std::iter::once((id, partition, unit(7))).chain(filler),
+        );
+        assert!(semantic.index.begin_rebuild());
+        semantic.index.install(flat, Installed::Whole);
+        let query = || Query {
+            partition,
+            prompt: "question 7".into(),
+            threshold: 0.9,
+            guards: Guards::default(),
+            max_age_s: None,
+        };
+        let index = semantic.index.current();
+        assert_eq!(index.graphs_pending(), 1);
+        let held = index.hold_every_scan();
+        let outcome = semantic.search(&store, unit(7), query()).await;
+        assert_eq!(outcome.skipped, Some(FallbackReason::ScanBusy));
+        assert!(outcome.hit.is_none() && outcome.nearest.is_none());
+        assert_eq!(
+            (
+                semantic.fallbacks().scan_busy,
+                semantic.fallbacks().overload
+            ),
+            (1, 0)
+        );
+        drop(held);
+        let outcome = semantic.search(&store, unit(7), query()).await;
+        assert_eq!(outcome.skipped, None);
+        assert_eq!(outcome.hit.map(|(entry, _)| entry.id.0), Some(id));
+        assert_eq!(semantic.fallbacks().scan_busy, 1);
+        semantic.stop();
+    }
+
     /// A dump that could not be checked against the store (its read failed) is loaded again once
     /// the store reads, not thrown away for a rebuild (34 minutes at a million vectors).
     #[test]
@@ -1552,7 +1710,7 @@ mod tests {
         let store: Arc<dyn Store> = faulty.clone();
         let dump = dir.path().join("index");
         let (ids, _) = stored_ids(store.as_ref(), QUICK).expect("read");
-        let (built, failed) = build_from_store(store.as_ref(), 8, ids, QUICK);
+        let (built, failed) = build_from_store(store.as_ref(), 8, ids, QUICK, Graphs::Now);
         assert!(failed.is_none());
         built.save(&dump).expect("save");
         let embedder = Arc::new(

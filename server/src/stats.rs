@@ -80,6 +80,7 @@ pub struct Stats {
     store_bytes: IntGauge,
     index_vectors: IntGauge,
     index_tombstones: IntGauge,
+    index_graphs_pending: IntGauge,
 }
 
 /// One route's requests by cache outcome, and those that failed.
@@ -298,7 +299,7 @@ impl Stats {
             embed_fallbacks: IntCounterVec::new(
                 Opts::new(
                     "reprise_embedding_fallbacks_total",
-                    "Requests that fell back to exact matching, by reason: overload (refused at once), deadline, failed.",
+                    "Requests that fell back to exact matching, by reason: overload (refused at once), deadline, failed (the embedding), scan_busy (every core scanning partitions that await their graph).",
                 ),
                 &["reason"],
             )
@@ -306,7 +307,7 @@ impl Stats {
             semantic_skipped: IntCounterVec::new(
                 Opts::new(
                     "reprise_semantic_skipped_total",
-                    "Lookups that skipped semantic matching (exact only, `x-reprise-semantic: skipped`), by reason: overload, deadline, failed.",
+                    "Lookups that skipped semantic matching (exact only, `x-reprise-semantic: skipped`), by reason: overload, deadline, failed, scan_busy.",
                 ),
                 &["reason"],
             )
@@ -345,6 +346,10 @@ impl Stats {
                 "reprise_index_tombstones",
                 "Index points of removed or replaced vectors, until the next rebuild.",
             ),
+            index_graphs_pending: gauge(
+                "reprise_index_graphs_pending",
+                "Index partitions searched by exact scan until their graph is built (after a rebuild from the store).",
+            ),
             registry,
         };
         // Every route's outcomes start at 0 rather than appearing with their first request:
@@ -359,7 +364,7 @@ impl Stats {
         stats
             .requests
             .with_label_values(&[PASSTHROUGH, CacheOutcome::Pass.as_str()]);
-        let collectors: [Box<dyn prometheus::core::Collector>; 20] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 21] = [
             Box::new(stats.store_errors.clone()),
             Box::new(stats.store_skipped.clone()),
             Box::new(stats.store_degraded.clone()),
@@ -380,6 +385,7 @@ impl Stats {
             Box::new(stats.store_bytes.clone()),
             Box::new(stats.index_vectors.clone()),
             Box::new(stats.index_tombstones.clone()),
+            Box::new(stats.index_graphs_pending.clone()),
         ];
         for c in collectors {
             if let Err(err) = stats.registry.register(c) {
@@ -604,6 +610,8 @@ impl Stats {
         self.store_bytes.set(now.store_bytes as i64);
         self.index_vectors.set(now.index_vectors as i64);
         self.index_tombstones.set(now.index_tombstones as i64);
+        self.index_graphs_pending
+            .set(now.index_graphs_pending as i64);
         self.store_degraded.set(i64::from(now.store_degraded));
         self.feed_behind.set(now.feed_behind_ms as i64);
         // The embedder counts fallbacks itself; the counter catches up to it (never goes back).
@@ -720,8 +728,9 @@ pub struct Gauges {
     pub store_bytes: u64,
     pub index_vectors: u64,
     pub index_tombstones: u64,
+    pub index_graphs_pending: u64,
     /// Semantic lookups that fell back to exact matching, by reason (`overload`, `deadline`,
-    /// `failed`), as the embedder's owner counts them.
+    /// `failed`, `scan_busy`), as the semantic stage counts them.
     pub embed_fallbacks: Vec<(&'static str, u64)>,
     /// Store operations that did not reach the store, by kind (`failed`, `skipped`, `timed_out`).
     pub store_errors: Vec<(&'static str, u64)>,

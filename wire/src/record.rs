@@ -61,7 +61,7 @@ pub struct RequestRecord<Outcome = CacheOutcome, End = Completion> {
     /// match (`x-reprise-guard`; what `guard_refusals` counts).
     #[serde(default)]
     pub guard: Option<String>,
-    /// Why semantic matching was skipped (`overload`, `deadline`, `failed`), as in
+    /// Why semantic matching was skipped (`overload`, `deadline`, `failed`, `scan_busy`), as in
     /// `x-reprise-semantic: skipped; reason=…`.
     #[serde(default)]
     pub semantic_skipped: Option<String>,

@@ -128,6 +128,9 @@ pub(crate) struct IndexStats {
     pub tombstones: u64,
     /// A rebuild from the stored vectors runs in the background.
     pub rebuilding: bool,
+    /// Partitions searched by exact scan until their graph is built (after a rebuild from the
+    /// store, which serves every vector before the graphs are done).
+    pub graphs_pending: u64,
 }
 
 /// The embedding model's work; `null` in exact-only mode.
@@ -253,6 +256,7 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Json<StatsBody> {
                 vectors: s.index.len() as u64,
                 tombstones: s.index.tombstones() as u64,
                 rebuilding: s.index.is_building(),
+                graphs_pending: s.index.current().graphs_pending() as u64,
             }
         }),
         requests: totals.requests,
@@ -306,6 +310,10 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
             .semantic
             .as_ref()
             .map_or(0, |s| s.index.tombstones() as u64),
+        index_graphs_pending: state
+            .semantic
+            .as_ref()
+            .map_or(0, |s| s.index.current().graphs_pending() as u64),
         embed_fallbacks: state
             .semantic
             .as_ref()

@@ -49,7 +49,7 @@ pub(crate) struct Searched {
     /// When the embedding began (a trace places the embed and search phases from it).
     pub began: Option<Instant>,
     pub outcome: Option<semantic::Outcome>,
-    /// Why the search did not run although it was meant to (no vector in time).
+    /// Why the search did not run although it was meant to (no vector in time, busy scans).
     pub skipped: Option<semantic::FallbackReason>,
 }
 
@@ -261,8 +261,8 @@ async fn search(
         vector: Some(vector),
         embed_ms: Some(embed_ms),
         began: Some(began),
+        skipped: outcome.as_ref().and_then(|o| o.skipped),
         outcome,
-        skipped: None,
     }
 }
 
