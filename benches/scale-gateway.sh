@@ -7,11 +7,14 @@
 # index serves), and without it (the same, the index rebuilt in the background: /healthz
 # `index_rebuilding`); with `--redis-sizes`, the entries are also written into a local redis-server
 # (`scale-gateway --store-only`) and a fresh replica loads them from there. Every gateway then gets
-# the same serving phase: the 180 prompts of benches/workloads/bank.jsonl warmed through
-# POST /admin/entries into the `support` namespace (the big partition), then `reprise-client bench
-# --pairs` over the 30 question/paraphrase pairs of paraphrases.txt in that namespace at each
-# concurrency (streamed semantic-hit TTFT against the big index; the embedding's texts per second of
-# model time from /admin/stats and /metrics), then its resident set (VmRSS). RSS per entry is
+# the same serving phase: the prompts of benches/workloads/bank.jsonl that the pairs below do not
+# ask (120) warmed through POST /admin/entries into the `support` namespace (the big partition),
+# then `reprise-client bench --pairs` over the 30 question/paraphrase pairs of paraphrases.txt in
+# that namespace at each concurrency, with no API key, as the synthetic entries were stored: the
+# questions are stored into the big partition and each paraphrase searches it (streamed
+# semantic-hit TTFT against the big index; the embedding's texts per second of model time from
+# /admin/stats and /metrics), then its resident set (VmRSS). Before 2026-12-06 the driver sent its
+# default key, so its lookups searched a partition of their own (the 30 questions), not the big one. RSS per entry is
 # against a gateway on an empty store after the same serving phase (the raw measurements are kept
 # in target/scale-gateway-last/ as they come). Sizes not in `--writer-sizes`
 # (one graph insert at a time is hours at 1M) are written into sled with `--store-only`, and
@@ -71,9 +74,14 @@ paraphrase_pairs "$WORK/pairs.jsonl"
 python3 - "$WORK/bank.jsonl" <<'PY'
 import json, sys
 answer = "A short answer that names the steps the question asked about, in about forty tokens of plain text, as a support answer would."
+# The pairs' own wordings stay out: warmed, a paraphrase would be an exact hit, not a search.
+asked = {line.strip() for line in open("benches/workloads/paraphrases.txt")}
 with open(sys.argv[1], "w") as out:
     for line in open("benches/workloads/bank.jsonl"):
-        out.write(json.dumps({"model": "sim-model", "prompt": json.loads(line)["prompt"], "response": answer,
+        prompt = json.loads(line)["prompt"]
+        if prompt in asked:
+            continue
+        out.write(json.dumps({"model": "sim-model", "prompt": prompt, "response": answer,
                               "namespace": "support", "api_key": ""}) + "\n")
 PY
 
@@ -102,7 +110,9 @@ start() {
 stop() { kill "$1"; wait "$1" 2>/dev/null || true; }
 
 # started NAME PORT: waits (up to 90 min) until the gateway answers, serves the probe as an exact
-# hit and its index is whole; sets t_listen, t_exact, t_index (seconds after start).
+# hit, its index is whole (every vector searched) and every large partition has its graph (after a
+# rebuild from the store they are scanned exactly meanwhile); sets t_listen, t_exact, t_index,
+# t_graphs (seconds after start).
 started() {
   local name=$1 port=$2 t
   until health "$port" >/dev/null 2>&1; do
@@ -119,9 +129,14 @@ started() {
   else
     t_exact=$t_listen
   fi
+  t_index=""
   for _ in $(seq 1 108000); do
-    if health "$port" | field 'd["mode"] != "semantic" or not d["semantic"]["index_rebuilding"]' | grep -q True; then
+    # Builds before 2026-12-06 have no `index_graphs_pending`: their index is whole with its graphs.
+    if [ -z "$t_index" ] && health "$port" | field 'd["mode"] != "semantic" or not d["semantic"]["index_rebuilding"]' | grep -q True; then
       t=$(now); t_index=$(python3 -c "print($t - $t_start)")
+    fi
+    if [ -n "$t_index" ] && health "$port" | field 'd["mode"] != "semantic" or not d["semantic"].get("index_graphs_pending", 0)' | grep -q True; then
+      t=$(now); t_graphs=$(python3 -c "print($t - $t_start)")
       return 0
     fi
     sleep 0.05
@@ -143,8 +158,9 @@ serve() {
   for c in $concurrency; do
     local e0 e1
     e0=$(embedding "$port" "$token")
+    # No key: the synthetic entries' tenant (a client without one), so the lookups search the big partition.
     REPRISE_ADMIN_TOKEN=$token "$bin/reprise-client" bench --url http://127.0.0.1:"$port"/v1 --pairs "$WORK/pairs.jsonl" \
-      --namespace support --rounds "$rounds" --concurrency "$c" --samples "$WORK/s-$name-$c.jsonl" -q --json \
+      --api-key "" --namespace support --rounds "$rounds" --concurrency "$c" --samples "$WORK/s-$name-$c.jsonl" -q --json \
       >"$WORK/j-$name-$c.json"
     e1=$(embedding "$port" "$token")
     echo "$e0 $e1" >"$WORK/e-$name-$c.txt"
@@ -152,11 +168,11 @@ serve() {
   local vectors
   vectors=$(health "$port" | field 'd["semantic"]["vectors"]')
   python3 - "$name" "$size" "$kind" "$side" "$(rss "$pid")" "$vectors" "$(cut -d' ' -f1-3 /proc/loadavg)" \
-    "${t_listen:-0}" "${t_exact:-0}" "${t_index:-0}" "$extra" >>"$results" <<'PY'
+    "${t_listen:-0}" "${t_exact:-0}" "${t_index:-0}" "${t_graphs:-0}" "$extra" >>"$results" <<'PY'
 import json, sys
-name, size, kind, side, rss, vectors, load, tl, te, ti, extra = sys.argv[1:]
+name, size, kind, side, rss, vectors, load, tl, te, ti, tg, extra = sys.argv[1:]
 row = {"name": name, "size": int(size), "kind": kind, "side": side, "rss_kib": int(rss), "vectors": int(vectors),
-       "load": load, "t_listen": float(tl), "t_exact": float(te), "t_index": float(ti)}
+       "load": load, "t_listen": float(tl), "t_exact": float(te), "t_index": float(ti), "t_graphs": float(tg)}
 row.update(json.loads(extra))
 print(json.dumps(row))
 PY
@@ -309,15 +325,18 @@ print("Replicas: **writer**: `scale-gateway`, which wrote the N synthetic entrie
       "**redis**: a fresh replica on a Redis that `scale-gateway --store-only` filled. RSS per entry: (RSS - RSS of "
       "an empty-store gateway of the same build after the same serving phase) / N. Start-up: seconds from exec "
       "until it answers `/healthz` (the store read and, with a dump, the index loaded), until a synthetic entry is "
-      "served as an exact hit, until `/healthz` shows the whole index (`index_rebuilding` false).")
+      "served as an exact hit, until `/healthz` shows the whole index (`index_rebuilding` false: every vector "
+      "searched, exactly where a partition awaits its graph), until every large partition has its graph "
+      "(`index_graphs_pending` 0; the serving phase starts then).")
 print()
-print("| N | replica | build | RSS MiB | per entry B | listens s | exact hit s | full index s | vectors | load |")
-print("|---:|---|---|---:|---:|---:|---:|---:|---:|---|")
+print("| N | replica | build | RSS MiB | per entry B | listens s | exact hit s | full index s | graphs s | vectors | load |")
+print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
 for r in rows:
     base = empty.get(r["side"])
     per = (r["rss_kib"] - base["rss_kib"]) * 1024 / r["size"] if base and r["size"] else float("nan")
     print(f"| {r['size']:,} | {r['kind']} | {r['side']} | {r['rss_kib'] / 1024:,.0f} | {per:,.0f} | "
-          f"{r['t_listen']:.1f} | {r['t_exact']:.1f} | {r['t_index']:.1f} | {r['vectors']:,} | {r['load']} |")
+          f"{r['t_listen']:.1f} | {r['t_exact']:.1f} | {r['t_index']:.1f} | {r.get('t_graphs', r['t_index']):.1f} | "
+          f"{r['vectors']:,} | {r['load']} |")
 print()
 extra = [r for r in rows if "load_s" in r or "disk_kib" in r]
 for r in extra:
