@@ -935,7 +935,11 @@ impl HnswIndex {
         };
         match &p.body {
             Body::Flat(flat) => {
-                let _permit = (permit && flat.ids.len() > self.config.brute_force_below)
+                // Only a scan worth a hand-off is rationed: a partition that just grew past
+                // `brute_force_below` is still scanned inline in about a millisecond until the
+                // maintenance gives it its graph.
+                let large = flat.ids.len() > SCAN_CHUNK.max(self.config.brute_force_below);
+                let _permit = (permit && large)
                     .then(|| ScanPermit::take(&self.large_scans))
                     .transpose()?;
                 Ok(state.scan_flat(flat, &query, k))
@@ -2316,21 +2320,42 @@ mod tests {
             brute_force_below: 50,
             ..small_config(dimension)
         };
-        let mut items = random_items(&mut rng, 0..200, tag(1), dimension);
-        items.extend(random_items(&mut rng, 200..220, tag(2), dimension));
+        // Past `brute_force_below`: one worth parallel chunks, one scanned inline (a partition
+        // that just grew past the limit), and a small one.
+        let large_rows = (SCAN_CHUNK + 100) as VectorId;
+        let mut items = random_items(&mut rng, 0..large_rows, tag(1), dimension);
+        items.extend(random_items(
+            &mut rng,
+            large_rows..large_rows + 200,
+            tag(2),
+            dimension,
+        ));
+        items.extend(random_items(
+            &mut rng,
+            large_rows + 200..large_rows + 220,
+            tag(3),
+            dimension,
+        ));
         let index = HnswIndex::build_flat(config, items.clone());
-        let (large, small) = (&items[3], &items[205]);
+        assert_eq!(index.graphs_pending(), 2);
+        let (large, grown, small) = (
+            &items[3],
+            &items[large_rows as usize + 5],
+            &items[large_rows as usize + 205],
+        );
         let mut permits = Vec::new();
         while let Ok(permit) = ScanPermit::take(&index.large_scans) {
             permits.push(permit);
         }
         assert!(!permits.is_empty());
         assert_eq!(index.search_now(&large.1, &large.2, 1), Err(ScansBusy));
-        // A small partition is scanned inline, as before; `search` (operators, tests) waits for none.
-        assert_eq!(
-            index.search_now(&small.1, &small.2, 1).expect("small")[0].id,
-            small.0
-        );
+        // Smaller partitions are scanned inline, as before; `search` (operators, tests) waits for none.
+        for row in [grown, small] {
+            assert_eq!(
+                index.search_now(&row.1, &row.2, 1).expect("inline")[0].id,
+                row.0
+            );
+        }
         assert_eq!(index.search(&large.1, &large.2, 1)[0].id, large.0);
         permits.pop();
         assert_eq!(

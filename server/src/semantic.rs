@@ -1653,9 +1653,9 @@ mod tests {
         };
         let id = store.put(stored(7, true)).expect("put").0;
         let partition = stored(7, true).partition.0;
-        // Flat, as a rebuild from the store leaves it, and large enough that the maintenance's
-        // graph takes seconds, long after this test's few lookups.
-        let filler = (1..12_000u64).map(|n| {
+        // Flat, as a rebuild from the store leaves it, and large enough to be scanned in parallel
+        // chunks (the maintenance's first tick, which would give it a graph, is seconds away).
+        let filler = (1..40_000u64).map(|n| {
             let bytes = blake3::hash(&n.to_le_bytes());
             let v: Vec<f32> = bytes.as_bytes()[..8]
                 .iter()
