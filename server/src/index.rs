@@ -15,6 +15,14 @@
 //!   graph of its own, which holds its codes (the only copy); the index keeps, per graph point (a
 //!   *slot*), the id it was inserted for. So a small partition inside a big index is never searched
 //!   through a graph full of other partitions' points, and a graph search needs no filter.
+//! - A larger partition is flat too until [`HnswIndex::maybe_rebuild`] gives it its graph: for
+//!   seconds when it grows past the limit, for half an hour at a million vectors after
+//!   [`HnswIndex::build_flat`] (a rebuild from the store serves every vector before the graphs are
+//!   built). Past [`SCAN_CHUNK`] rows such a partition is scanned in chunks in parallel on the
+//!   search threads, and on the request path ([`VectorIndex::search_now`]) only with a
+//!   [`ScanPermit`], one per search thread: a lookup that finds none free is told so at once
+//!   ([`ScansBusy`]) rather than queue. While its graph is built the partition's codes are held
+//!   three times (the flat rows, the rows copied for the build, the graph's own).
 //! - A partition's graph is split into *segments* of at most `segment_points` points (2^20 by
 //!   default), each an `hnsw_rs` graph whose points carry the partition's slot numbers as their
 //!   data ids. `hnsw_rs` reads a dumped graph on one thread (about 15 µs a point here, 15 s for a
@@ -84,8 +92,9 @@ pub trait VectorIndex: Send + Sync {
     /// Best `k` neighbours among live ids of `partition` only, most similar first.
     fn search(&self, partition: &PartitionTag, query: &[f32], k: usize) -> Vec<Neighbor>;
     /// [`VectorIndex::search`] for the request path: `Err(ScansBusy)` at once, instead of a scan,
-    /// when the partition is still scanned exactly while its graph is built and every core already
-    /// runs such a scan (the request then goes on without semantic matching rather than queue).
+    /// when the partition is a large flat one (past 32,768 rows and `brute_force_below`: it awaits
+    /// its graph after a rebuild from the store) and as many such scans run as there are search
+    /// threads (the request then goes on without semantic matching rather than queue).
     fn search_now(
         &self,
         partition: &PartitionTag,
@@ -107,8 +116,8 @@ pub trait VectorIndex: Send + Sync {
     }
 }
 
-/// Why [`VectorIndex::search_now`] did not search: the partition awaits its graph, and as many
-/// exact scans of such partitions run as there are cores.
+/// Why [`VectorIndex::search_now`] did not search: the partition is a large flat one awaiting
+/// its graph, and as many exact scans of such partitions run as there are search threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScansBusy;
 
@@ -219,8 +228,8 @@ const WIDEN_FACTOR: usize = 4;
 const RERANK_PER_RESULT: usize = 8;
 /// The id of a graph slot that stands for nothing live (dumps leave removed slots unnamed).
 const NO_ID: VectorId = VectorId::MAX;
-/// Rows per task of a large flat scan: about a millisecond of dot products, worth a hand-off to
-/// another thread.
+/// Rows per task of a large flat scan (1-2 ms of dot products here), worth a hand-off to another
+/// thread; also the size past which a flat scan needs a [`ScanPermit`] on the request path.
 const SCAN_CHUNK: usize = 32_768;
 
 /// Hashes sequential ids with one multiplication (Fibonacci hashing): the live map is probed for
@@ -741,12 +750,14 @@ fn by_similarity(a: &Neighbor, b: &Neighbor) -> Ordering {
 }
 
 /// The best `k` of `found`, most similar first, in one pass holding at most `2k` of them (a flat
-/// scan of hundreds of thousands of rows allocates nothing in proportion).
+/// scan of hundreds of thousands of rows allocates nothing in proportion). `k` may be
+/// `usize::MAX` (an operator's "every match": then it keeps them all).
 fn best_k(found: impl Iterator<Item = Neighbor>, k: usize) -> Vec<Neighbor> {
     if k == 0 {
         return Vec::new();
     }
-    let mut best = Vec::with_capacity(2 * k);
+    let cut = k.saturating_mul(2);
+    let mut best = Vec::with_capacity(cut.min(found.size_hint().0).min(1 << 16));
     // The k-th best so far, once `best` has been cut down to k: anything not better is skipped.
     let mut floor: Option<Neighbor> = None;
     for n in found {
@@ -757,7 +768,7 @@ fn best_k(found: impl Iterator<Item = Neighbor>, k: usize) -> Vec<Neighbor> {
             continue;
         }
         best.push(n);
-        if best.len() == 2 * k {
+        if best.len() >= cut {
             best.select_nth_unstable_by(k - 1, by_similarity);
             best.truncate(k);
             floor = best.get(k - 1).cloned();
@@ -775,8 +786,8 @@ fn top_k(mut found: Vec<Neighbor>, k: usize) -> Vec<Neighbor> {
     found
 }
 
-/// Puts `rows` into partition `part` as a graph when they are more than `brute_force_below`, flat
-/// otherwise, and places every id of `rows` for which `keep(id, version)` holds.
+/// Puts `rows` into partition `part`, as `graph` when given (its slot `i` is row `i`), else flat,
+/// and places every id of `rows` for which `keep(id, version)` holds.
 fn install(
     config: &IndexConfig,
     state: &mut State,
@@ -788,9 +799,12 @@ fn install(
     let dim = config.dimension;
     let mut flat = Flat::default();
     if graph.is_none() {
-        // Sized once: a large partition left flat is hundreds of MB of codes.
-        flat.ids.reserve_exact(rows.ids.len());
-        flat.codes.reserve_exact(rows.codes.len());
+        // Sized once, with room for the inserts made until its graph is built: a large partition
+        // left flat is hundreds of MB of codes, and growing it doubles and copies them under the
+        // state's write lock, stalling every search for as long.
+        let rows_wanted = rows.ids.len() + rows.ids.len() / 8 + 1024;
+        flat.ids.reserve_exact(rows_wanted);
+        flat.codes.reserve_exact(rows_wanted * dim);
     }
     let mut placed = Vec::new();
     for (row, ((id, version), code)) in rows
@@ -936,8 +950,8 @@ impl HnswIndex {
         match &p.body {
             Body::Flat(flat) => {
                 // Only a scan worth a hand-off is rationed: a partition that just grew past
-                // `brute_force_below` is still scanned inline in about a millisecond until the
-                // maintenance gives it its graph.
+                // `brute_force_below` is still scanned inline (1-2 ms) until the maintenance
+                // gives it its graph.
                 let large = flat.ids.len() > SCAN_CHUNK.max(self.config.brute_force_below);
                 let _permit = (permit && large)
                     .then(|| ScanPermit::take(&self.large_scans))
@@ -2274,9 +2288,10 @@ mod tests {
     fn a_flat_build_serves_every_vector_exactly_and_graphs_follow_the_largest_first() {
         let dimension = 16;
         let mut rng = StdRng::seed_from_u64(21);
+        // The production graph settings: the self-queries below must find their point every time.
         let config = IndexConfig {
             brute_force_below: 100,
-            ..small_config(dimension)
+            ..IndexConfig::new(dimension)
         };
         // Seen first: the smallest large partition, so "largest first" is not "first seen".
         let mut items = random_items(&mut rng, 0..150, tag(1), dimension);
@@ -2285,6 +2300,8 @@ mod tests {
         let index = HnswIndex::build_flat(config, items.clone());
         assert_eq!(graph_kinds(&index), [false, false, false]);
         assert_eq!((index.len(), index.graphs_pending()), (600, 2));
+        // An operator's "every match" (invalidation by meaning asks for `usize::MAX`).
+        assert_eq!(index.scan_all(&items[0].2, -1.0, usize::MAX).len(), 600);
         let exact = |index: &HnswIndex| {
             for (id, p, v) in &items {
                 let q: Vec<f32> = v.iter().map(|x| x + 0.05).collect();
@@ -2301,9 +2318,17 @@ mod tests {
         assert_eq!(index.graphs_pending(), 0);
         assert!(!index.maybe_rebuild());
         assert_eq!(index.len(), 600);
-        for (id, p, v) in &items {
-            assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
-        }
+        assert_eq!(
+            index.ids(),
+            items.iter().map(|(id, _, _)| *id).collect::<BTreeSet<_>>()
+        );
+        // Through the graphs now: `hnsw_rs` leaves a point of a graph this small unreachable in
+        // about one build in fifteen (seen here), so the self-queries are held to 99%.
+        let found = items
+            .iter()
+            .filter(|(id, p, v)| index.search(p, v, 1)[0].id == *id)
+            .count();
+        assert!(found >= 594, "{found} of 600 found themselves");
         // The same as a build with its graphs at once.
         let built = HnswIndex::build(index.config.clone(), items.clone());
         assert_eq!(
@@ -2371,9 +2396,12 @@ mod tests {
         // Once the graph is built, no permit is needed.
         assert!(index.maybe_rebuild());
         let _all = index.hold_every_scan();
+        // (Whether the graph finds this very point is `hnsw_rs`'s recall, not what is tested.)
         assert_eq!(
-            index.search_now(&large.1, &large.2, 1).expect("graph")[0].id,
-            large.0
+            index
+                .search_now(&large.1, &large.2, 1)
+                .map(|found| found.len()),
+            Ok(1)
         );
     }
 
@@ -2409,7 +2437,7 @@ mod tests {
                     similarity: f32::from(rng.random_range(0u8..20)) / 20.0,
                 })
                 .collect();
-            for k in [1usize, 2, 7, n, n + 3] {
+            for k in [1usize, 2, 7, n, n + 3, usize::MAX] {
                 if k == 0 {
                     continue;
                 }

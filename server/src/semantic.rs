@@ -513,7 +513,10 @@ impl Semantic {
     }
 }
 
-/// Rebuilds the graph when tombstones pile up, and saves it every `save_every`, until stopped.
+/// Does the work one partition of the index needs each tick (a graph for a flat partition past
+/// `brute_force_below`, the largest first, as after a rebuild from the store; a rebuild when its
+/// tombstones pile up; see [`HnswIndex::maybe_rebuild`]), and saves the index every `save_every`,
+/// until stopped.
 /// Holds only a weak reference, so a dropped gateway does not stay alive for its maintenance.
 fn maintain(
     weak: std::sync::Weak<Semantic>,
@@ -1187,10 +1190,12 @@ impl SwappableIndex {
                 return Rebuild::Incomplete(err);
             }
         };
-        // An index in service with vectors (a resync, a retry after a partial read) keeps
-        // serving, graphs and all, while the new one builds its own; an empty one is replaced as
-        // soon as the store is read, its large partitions scanned exactly until their graphs are built.
-        let graphs = if self.is_empty() {
+        // An index in service with its graphs (a resync) keeps serving while the new one builds
+        // its own; an empty one, or one still flat (a retry after a partial read, a resync soon
+        // after a rebuild from the store), is replaced as soon as the store is read, its large
+        // partitions scanned exactly until the maintenance builds their graphs (which it does not
+        // while a rebuild runs).
+        let graphs = if self.is_empty() || self.current().graphs_pending() > 0 {
             Graphs::Later
         } else {
             Graphs::Now
@@ -1573,7 +1578,14 @@ mod tests {
         let found = index.search_now(&partition, &unit(7), 2).expect("a permit");
         assert_eq!(found.len(), 2);
         assert!(found[0].similarity > 0.999, "{found:?}");
-        // A resync replaces an index that serves: its replacement comes with its graphs.
+        // A resync while the graphs are still to build: flat again, at once.
+        let rebuilt = index.rebuild(&store, 8, QUICK);
+        assert!(matches!(rebuilt, Rebuild::Done(_)), "{rebuilt:?}");
+        assert_eq!(index.current().graphs_pending(), 1);
+        // Once the maintenance built the graph, a resync's replacement comes with its own, built
+        // while the one in service serves.
+        assert!(index.current().maybe_rebuild());
+        assert_eq!(index.current().graphs_pending(), 0);
         let rebuilt = index.rebuild(&store, 8, QUICK);
         assert!(matches!(rebuilt, Rebuild::Done(_)), "{rebuilt:?}");
         assert_eq!(index.current().graphs_pending(), 0);
@@ -1651,6 +1663,10 @@ mod tests {
         let Status::Ready(semantic) = Semantic::start(&config, &store, Some(embedder), None) else {
             panic!("semantic stage did not start");
         };
+        // The start's read of the (empty) store puts an empty index in service first.
+        while semantic.index.is_building() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let id = store.put(stored(7, true)).expect("put").0;
         let partition = stored(7, true).partition.0;
         // Flat, as a rebuild from the store leaves it, and large enough to be scanned in parallel

@@ -98,10 +98,14 @@ pub fn render_stats(stats: &Stats) -> String {
         summary.push((
             "Index",
             format!(
-                "{} vectors, {} tombstones{}",
+                "{} vectors, {} tombstones{}{}",
                 index.vectors,
                 index.tombstones,
-                if index.rebuilding { ", rebuilding" } else { "" }
+                if index.rebuilding { ", rebuilding" } else { "" },
+                match index.graphs_pending {
+                    0 => String::new(),
+                    n => format!(", {n} graph(s) building (exact scans meanwhile)"),
+                }
             ),
         ));
     }

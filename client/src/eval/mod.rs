@@ -16,7 +16,7 @@
 //! The namespace (`x-reprise-namespace`) keeps pairs apart, so a pair only ever sees its own `a`.
 //!
 //! A lookup of `b` that says `x-reprise-semantic: skipped` (the gateway's embedding queue refused it,
-//! or it was late) measured nothing: it is counted and asked again until `store_timeout`. A pair
+//! or it was late, or every scan of a partition awaiting its graph was busy) measured nothing: it is counted and asked again until `store_timeout`. A pair
 //! whose lookups were all skipped has the outcome `skipped`: left out of the figures, counted
 //! apart, not an error. When `a` itself was stored without a vector, the gateway's backfill embeds
 //! it later, so `b` keeps asking for as long.

@@ -139,7 +139,8 @@ pub(crate) struct EmbeddingStats {
     /// Requests that fell back to exact matching, all reasons together.
     pub fallbacks: u64,
     /// The same by reason: `overload` (refused at once, the queue could not meet the deadline),
-    /// `deadline` (queued, then late), `failed`.
+    /// `deadline` (queued, then late), `failed`; `scan_busy` (embedded, but its partition awaits
+    /// its graph and every search thread was scanning one).
     pub fallback_reasons: crate::semantic::Fallbacks,
     /// Texts queued for or in the model right now.
     pub queued: u64,
