@@ -4,7 +4,9 @@
 # loaded (resident, anonymous and file-backed: a loaded graph's vectors may be mapped from the
 # dump), and the search phase of 90 streamed paraphrase lookups at concurrency 1 (30 fow-style
 # pairs of benches/workloads/paraphrases.txt, three rounds, in the `support` namespace, the big
-# partition of `benches/scale.sh --gateway --keep-data`'s data dirs). Each gateway is stopped with
+# partition of `benches/scale.sh --gateway --keep-data`'s data dirs, with no API key as its
+# entries were stored; before 2026-12-06 the driver's default key kept them in a partition of
+# their own). Each gateway is stopped with
 # SIGTERM, which saves the dump again since the pairs changed the index. DATA_DIR keeps the 30
 # answers the pairs store.
 #
@@ -62,7 +64,7 @@ for round in $(seq 1 "$rounds"); do
     # Let the allocator return what the load freed before the memory is read.
     sleep 15
     REPRISE_ADMIN_TOKEN=$token "$release/reprise-client" bench --url http://127.0.0.1:"$port"/v1 \
-      --pairs "$WORK/pairs.jsonl" --namespace support --rounds 3 --concurrency 1 \
+      --pairs "$WORK/pairs.jsonl" --api-key "" --namespace support --rounds 3 --concurrency 1 \
       --samples "$WORK/samples.jsonl" -q --json >/dev/null
     memory=$(awk '/^(VmRSS|RssAnon|RssFile):/ {printf "%.2f GB | ", $2 * 1024 / 1e9}' /proc/"$gateway"/status)
     search=$(python3 - "$WORK/samples.jsonl" <<'PY'
