@@ -525,18 +525,24 @@ fn maintain(
 ) {
     let tick = Duration::from_secs(5).min(save_every);
     let mut last_save = std::time::Instant::now();
+    // After a partition's work, the next one's starts at once (a rebuild from the store leaves
+    // several partitions waiting for their graph); otherwise one look per tick.
+    let mut wait = tick;
     loop {
-        match stop.recv_timeout(tick) {
+        match stop.recv_timeout(wait) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             _ => return,
         }
         let Some(semantic) = weak.upgrade() else {
             return;
         };
+        wait = tick;
         if !semantic.index.is_building() && semantic.index.current().maybe_rebuild() {
             semantic.index.changed();
+            wait = Duration::ZERO;
             tracing::info!(
                 vectors = semantic.index.len(),
+                graphs_pending = semantic.index.current().graphs_pending(),
                 "a partition of the vector index rebuilt (its tombstones dropped, or its graph made, split or made flat)"
             );
         }
