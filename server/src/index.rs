@@ -2241,15 +2241,8 @@ mod tests {
         for (id, p, v) in &items {
             index.insert(*id, *p, v);
         }
-        let kinds = |index: &HnswIndex| -> Vec<bool> {
-            read(&index.state)
-                .parts
-                .iter()
-                .map(|p| matches!(p.body, Body::Graph(_)))
-                .collect()
-        };
         assert_eq!(
-            kinds(&index),
+            graph_kinds(&index),
             [false, false],
             "inserts never build a graph inline"
         );
@@ -2257,7 +2250,7 @@ mod tests {
         // graph; tag 2 (200) stays flat.
         assert!(index.maybe_rebuild());
         assert!(!index.maybe_rebuild());
-        assert_eq!(kinds(&index), [false, true]);
+        assert_eq!(graph_kinds(&index), [false, true]);
         assert_eq!(index.len(), 600);
         for (id, p, v) in &items {
             assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
@@ -2268,7 +2261,7 @@ mod tests {
         }
         assert_eq!(index.tombstones(), 300);
         assert!(index.maybe_rebuild());
-        assert_eq!(kinds(&index), [false, false]);
+        assert_eq!(graph_kinds(&index), [false, false]);
         assert_eq!((index.len(), index.tombstones()), (300, 0));
         for (id, p, v) in items.iter().filter(|(_, p, _)| *p == tag(1)).take(100) {
             assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
@@ -2288,7 +2281,7 @@ mod tests {
     fn a_flat_build_serves_every_vector_exactly_and_graphs_follow_the_largest_first() {
         let dimension = 16;
         let mut rng = StdRng::seed_from_u64(21);
-        // The production graph settings: the self-queries below must find their point every time.
+        // The production graph settings, whose self-queries `hnsw_rs` rarely gets wrong (below).
         let config = IndexConfig {
             brute_force_below: 100,
             ..IndexConfig::new(dimension)
