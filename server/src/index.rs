@@ -318,6 +318,12 @@ struct Part {
 }
 
 impl Part {
+    /// Whether it is flat though past `limit` live vectors: it awaits the graph
+    /// [`HnswIndex::maybe_rebuild`] gives it (what `graphs_pending` counts).
+    fn awaits_graph(&self, limit: usize) -> bool {
+        matches!(self.body, Body::Flat(_)) && self.live > limit
+    }
+
     fn points(&self) -> usize {
         match &self.body {
             Body::Flat(_) => 0,
@@ -1024,7 +1030,7 @@ impl HnswIndex {
             .iter()
             .enumerate()
             .filter(|(_, p)| match &p.body {
-                Body::Flat(_) => p.live > limit,
+                Body::Flat(_) => p.awaits_graph(limit),
                 Body::Graph(g) => {
                     let tombstones = g.slots.len().saturating_sub(p.live);
                     p.live <= limit / 2
@@ -1048,7 +1054,7 @@ impl HnswIndex {
         read(&self.state)
             .parts
             .iter()
-            .filter(|p| matches!(p.body, Body::Flat(_)) && p.live > limit)
+            .filter(|p| p.awaits_graph(limit))
             .count()
     }
 
