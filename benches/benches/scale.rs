@@ -328,6 +328,28 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// The resident set once the allocator has given back what was freed (jemalloc's background
+/// threads return dirty pages after about 10 s): polled each second until it has not fallen for
+/// three, at most 40 s. A build frees its `hnsw_rs` graph once sealed; RSS read at once would count it.
+fn settled_rss() -> u64 {
+    let mut lowest = rss_bytes();
+    let mut steady = 0;
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = rss_bytes();
+        if now + (1 << 20) >= lowest {
+            steady += 1;
+            if steady >= 3 {
+                break;
+            }
+        } else {
+            steady = 0;
+        }
+        lowest = lowest.min(now);
+    }
+    lowest
+}
+
 fn percentile(times: &mut [Duration], f: f64) -> Duration {
     times.sort();
     times
@@ -444,7 +466,7 @@ fn index(flags: &Args) {
             };
             let build = t.elapsed();
             let build_cpu = cpu_before.elapsed().as_secs_f64();
-            let grown = rss_bytes().saturating_sub(before);
+            let grown = settled_rss().saturating_sub(before);
             eprintln!(
                 "index: M {m} ef_construction {efc} built in {build:.1?} (pid {}), searching",
                 std::process::id()
@@ -509,6 +531,7 @@ fn index(flags: &Args) {
                 let save = t.elapsed();
                 let ids: BTreeSet<u64> = (0..n as u64).collect();
                 drop(index);
+                let before = settled_rss();
                 let t = Instant::now();
                 let loaded = HnswIndex::load(dir, config.clone())
                     .map_err(|e| e.to_string())
@@ -520,15 +543,18 @@ fn index(flags: &Args) {
                         }
                     });
                 let load = t.elapsed();
+                let grown = settled_rss().saturating_sub(before);
                 println!(
-                    "\nM {m}, ef_construction {efc}: dump written in {:.1} s ({} MB), loaded in {:.1} s ({})",
+                    "\nM {m}, ef_construction {efc}: dump written in {:.1} s ({} MB), loaded in {:.1} s ({}; RSS +{} MB, {:.0} B/vector)",
                     save.as_secs_f64(),
                     dir_size(dir) / 1_000_000,
                     load.as_secs_f64(),
                     match &loaded {
                         Ok(i) => format!("{} vectors", i.len()),
                         Err(e) => format!("failed: {e}"),
-                    }
+                    },
+                    grown / 1_000_000,
+                    grown as f64 / n as f64,
                 );
                 println!("\n| M | ef_construction | build s | build CPU s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
             }

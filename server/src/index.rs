@@ -24,14 +24,17 @@
 //!   ([`ScansBusy`]) rather than queue. While its graph is built the partition's codes are held
 //!   three times (the flat rows, the rows copied for the build, the graph's own).
 //! - A partition's graph is split into *segments* of at most `segment_points` points (2^20 by
-//!   default), each an `hnsw_rs` graph whose points carry the partition's slot numbers as their
-//!   data ids. `hnsw_rs` reads a dumped graph on one thread (about 15 µs a point here, 15 s for a
-//!   million): segments load side by side on every core. A search queries them in parallel and
-//!   merges their results, but costs about one graph's search per segment (`hnsw_rs`'s search
-//!   costs nearly as much in a 250k graph as in a 1M one at the same width), so the default keeps
-//!   a partition of up to a million vectors in one graph (`benches/results/2026-12-06-index-segments.md`).
+//!   default), each a graph whose points carry the partition's slot numbers as their data ids.
+//!   `hnsw_rs` builds every graph; a built one is *sealed* ([`sealed`]): the same points, links
+//!   and layers read out into flat arrays (about 0.9 KB per 384-d vector instead of 3.0 KB, a search
+//!   4× cheaper, a dump read straight into its arrays), and the `hnsw_rs` graph freed. Inserts into a
+//!   partition that has its graph go to a *growing* segment, an `hnsw_rs` graph of at most
+//!   `seal_points` points, which the maintenance seals once full. Segments are searched in parallel
+//!   and their results merged, each costing about one search, so inserts that add more than
+//!   [`SEGMENTS_BEFORE_MERGE`] of them get the partition rebuilt; the default keeps a partition of
+//!   up to a million vectors in one built graph (`benches/results/2026-12-06-index-segments.md`).
 //! - Per id, one 24-byte [`Placement`] (partition number, slot, version, code digest) in a flat hash
-//!   map; no per-entry heap object outside `hnsw_rs`'s own points.
+//!   map; no per-entry heap object outside a growing segment's `hnsw_rs` points.
 //! - `hnsw_rs` cannot delete, so [`VectorIndex::remove`] only drops the id from the live map (a
 //!   tombstone: a graph still routes through the point, results never include it), and
 //!   [`HnswIndex::maybe_rebuild`] rebuilds one partition once its tombstones pass a ratio, gives a flat
@@ -43,6 +46,7 @@
 //!   graph outside both locks and replays the inserts it missed before swapping.
 
 pub mod quant;
+pub mod sealed;
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -55,7 +59,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use hnsw_rs::api::AnnT;
-use hnsw_rs::hnsw::{Hnsw, Point};
+use hnsw_rs::hnsw::Hnsw;
 use hnsw_rs::hnswio::{HnswIo, ReloadOptions};
 use hnsw_rs::prelude::Distance;
 use rayon::prelude::*;
@@ -64,6 +68,7 @@ use serde::{Deserialize, Serialize};
 use crate::lock::lock;
 use half::f16;
 use quant::{dot_f32_f16, encode_f16, DistF16};
+use sealed::Sealed;
 
 /// The form a vector is held in (see [`quant`] for why f16).
 type Code = f16;
@@ -141,6 +146,9 @@ pub struct IndexConfig {
     /// [`HnswIndex::maybe_rebuild`] rebuilds a partition's graph once its tombstones exceed this
     /// share of its points.
     pub rebuild_tombstone_ratio: f32,
+    /// Inserts into a partition that has its graph go to an `hnsw_rs` segment of at most this many
+    /// points (and `segment_points`), which the maintenance then seals (see [`sealed`]).
+    pub seal_points: usize,
 }
 
 impl IndexConfig {
@@ -153,7 +161,13 @@ impl IndexConfig {
             brute_force_below: 2_000,
             segment_points: 1 << 20,
             rebuild_tombstone_ratio: 0.2,
+            seal_points: 1 << 16,
         }
+    }
+
+    /// Points a growing segment takes before a new one is started.
+    fn growing_points(&self) -> usize {
+        self.seal_points.min(self.segment_points)
     }
 
     /// Clamps values that cannot work: `hnsw_rs` exits the process above 256 connections and dumps
@@ -164,6 +178,7 @@ impl IndexConfig {
         self.ef_construction = self.ef_construction.max(1);
         self.ef_search = self.ef_search.max(1);
         self.segment_points = self.segment_points.max(1);
+        self.seal_points = self.seal_points.max(1);
         self
     }
 }
@@ -232,6 +247,10 @@ const NO_ID: VectorId = VectorId::MAX;
 /// thread; also the size past which a flat scan needs a [`ScanPermit`] on the request path.
 const SCAN_CHUNK: usize = 32_768;
 
+/// Segments a partition's inserts may add to those a rebuild would make before the maintenance
+/// merges them (rebuilds the partition): each is searched beside the others.
+const SEGMENTS_BEFORE_MERGE: usize = 8;
+
 /// Hashes sequential ids with one multiplication (Fibonacci hashing): the live map is probed for
 /// every graph result and SipHash would cost more than the probe.
 #[derive(Default)]
@@ -283,25 +302,94 @@ struct Flat {
 /// A large partition's own graph, in segments (oldest first); the point whose data id is `slot`,
 /// in whichever segment, was inserted for `slots[slot]`.
 struct OwnGraph {
-    segments: Vec<Arc<Graph>>,
+    segments: Vec<Segment>,
     slots: Vec<VectorId>,
 }
 
-/// The segment of `segments` the next point goes to: the last one while it holds fewer than
-/// `limit` points; `None` when a new one must be started.
-fn open_segment(segments: &[Arc<Graph>], limit: usize) -> Option<Arc<Graph>> {
-    segments
-        .last()
-        .filter(|s| s.get_nb_point() < limit)
-        .map(Arc::clone)
+/// One graph of a partition's: an `hnsw_rs` graph while it takes inserts, then [`Sealed`] (the same
+/// graph in flat arrays) once it is full or was built whole.
+#[derive(Clone)]
+enum Segment {
+    Growing(Arc<Graph>),
+    Sealed(Arc<Sealed>),
+}
+
+impl Segment {
+    fn points(&self) -> usize {
+        match self {
+            Segment::Growing(g) => g.get_nb_point(),
+            Segment::Sealed(s) => s.len(),
+        }
+    }
+
+    /// Calls `f(slot, code)` for every point.
+    fn for_each_row(&self, mut f: impl FnMut(usize, &[Code])) {
+        match self {
+            Segment::Growing(g) => {
+                for point in g.get_point_indexation() {
+                    f(point.get_origin_id(), point.get_v());
+                }
+            }
+            Segment::Sealed(s) => s.rows().for_each(|(slot, code)| f(slot, code)),
+        }
+    }
+
+    /// The best `wanted` points for which `live(slot)` names an id, among the `ef` the graph search
+    /// finds, scored with the f32 `query` (`code` is its f16 form, which guides `hnsw_rs`).
+    fn search(
+        &self,
+        query: &[f32],
+        code: &[Code],
+        ef: usize,
+        wanted: usize,
+        live: impl Fn(usize) -> Option<VectorId>,
+    ) -> Vec<Neighbor> {
+        match self {
+            Segment::Growing(graph) => {
+                let points = graph.get_point_indexation();
+                graph
+                    .search(code, ef, ef)
+                    .into_iter()
+                    .filter_map(|n| Some((live(n.d_id)?, n.p_id)))
+                    .take(wanted)
+                    .filter_map(|(id, p_id)| {
+                        Some(Neighbor {
+                            id,
+                            similarity: dot_f32_f16(query, &points.get_point_data(&p_id)?),
+                        })
+                    })
+                    .collect()
+            }
+            Segment::Sealed(sealed) => sealed
+                .search(query, ef)
+                .into_iter()
+                .filter_map(|(slot, similarity)| {
+                    Some(Neighbor {
+                        id: live(slot)?,
+                        similarity,
+                    })
+                })
+                .take(wanted)
+                .collect(),
+        }
+    }
+}
+
+/// The segment of `segments` the next point goes to: the last one while it is growing and holds
+/// fewer than `limit` points; `None` when a new one must be started.
+fn open_segment(segments: &[Segment], limit: usize) -> Option<Arc<Graph>> {
+    match segments.last() {
+        Some(Segment::Growing(g)) if g.get_nb_point() < limit => Some(Arc::clone(g)),
+        _ => None,
+    }
 }
 
 impl OwnGraph {
-    /// Every point of every segment.
-    fn points(&self) -> impl Iterator<Item = Arc<Point<'static, Code>>> + '_ {
-        self.segments
-            .iter()
-            .flat_map(|s| s.get_point_indexation().into_iter())
+    /// Calls `f(slot, code)` for every point of every segment.
+    fn for_each_row(&self, mut f: impl FnMut(usize, &[Code])) {
+        for segment in &self.segments {
+            segment.for_each_row(&mut f);
+        }
     }
 }
 
@@ -476,15 +564,13 @@ impl State {
                     }
                 }
             }
-            Body::Graph(g) => {
-                for point in g.points() {
-                    if let Some(id) = self.live_slot(part, g, point.get_origin_id()) {
-                        if let Some(l) = placed(&id) {
-                            rows.push(id, l.version, l.digest, point.get_v());
-                        }
+            Body::Graph(g) => g.for_each_row(|slot, code| {
+                if let Some(id) = self.live_slot(part, g, slot) {
+                    if let Some(l) = placed(&id) {
+                        rows.push(id, l.version, l.digest, code);
                     }
                 }
-            }
+            }),
         }
         rows
     }
@@ -527,21 +613,20 @@ impl State {
 
     /// Exact scan of a graph's live points (a fallback, and for operators).
     fn scan_graph(&self, part: u32, graph: &OwnGraph, query: &[f32], k: usize) -> Vec<Neighbor> {
-        let found = graph
-            .points()
-            .filter_map(|point| {
-                let id = self.live_slot(part, graph, point.get_origin_id())?;
-                Some(Neighbor {
+        let mut found = Vec::new();
+        graph.for_each_row(|slot, code| {
+            if let Some(id) = self.live_slot(part, graph, slot) {
+                found.push(Neighbor {
                     id,
-                    similarity: dot_f32_f16(query, point.get_v()),
-                })
-            })
-            .collect();
+                    similarity: dot_f32_f16(query, code),
+                });
+            }
+        });
         top_k(found, k)
     }
 
     /// Graph search: live points only (a replaced vector's old point is skipped by its slot), the
-    /// best `k · RERANK_PER_RESULT` of each segment re-scored with the f32 query. Segments are
+    /// best `k · RERANK_PER_RESULT` of each segment scored with the f32 query. Segments are
     /// searched in parallel on [`search_pool`].
     fn graph_search(
         &self,
@@ -552,21 +637,10 @@ impl State {
         k: usize,
         ef: usize,
     ) -> Vec<Neighbor> {
-        let search = |segment: &Arc<Graph>| -> Vec<Neighbor> {
-            let points = segment.get_point_indexation();
-            let found = segment
-                .search(code, ef, ef)
-                .into_iter()
-                .filter_map(|n| Some((self.live_slot(part, graph, n.d_id)?, n.p_id)))
-                .take(k.saturating_mul(RERANK_PER_RESULT))
-                .filter_map(|(id, p_id)| {
-                    Some(Neighbor {
-                        id,
-                        similarity: dot_f32_f16(query, &points.get_point_data(&p_id)?),
-                    })
-                })
-                .collect();
-            top_k(found, k)
+        let search = |segment: &Segment| -> Vec<Neighbor> {
+            let wanted = k.saturating_mul(RERANK_PER_RESULT);
+            let live = |slot| self.live_slot(part, graph, slot);
+            top_k(segment.search(query, code, ef, wanted, live), k)
         };
         let found = match (graph.segments.as_slice(), search_pool()) {
             ([one], _) => return search(one),
@@ -684,9 +758,9 @@ fn search_pool() -> Option<&'static rayon::ThreadPool> {
     .as_ref()
 }
 
-/// Drops a replaced body on the build threads: `hnsw_rs` frees a graph with a parallel loop, which
-/// would otherwise take rayon's global pool at the requests' priority.
-fn free_on_build_threads(old: Option<Body>) {
+/// Drops a replaced body or graph on the build threads: `hnsw_rs` frees a graph with a parallel
+/// loop, which would otherwise take rayon's global pool at the requests' priority.
+fn free_on_build_threads<T: Send>(old: T) {
     match build_pool() {
         Some(pool) => pool.install(move || drop(old)),
         None => drop(old),
@@ -695,8 +769,16 @@ fn free_on_build_threads(old: Option<Body>) {
 
 /// Builds the segments of a graph whose slot `i` is row `i` of `codes`: as few as
 /// `segment_points` allows, of equal size, each with `hnsw_rs`'s rayon-parallel insertion (all
-/// cores, on [`build_pool`]).
-fn build_graph(config: &IndexConfig, codes: &[Code]) -> Vec<Arc<Graph>> {
+/// cores, on [`build_pool`]), then sealed.
+fn build_graph(config: &IndexConfig, codes: &[Code]) -> Vec<Segment> {
+    build_hnsw(config, codes)
+        .into_iter()
+        .map(|graph| seal(config, Arc::new(graph)))
+        .collect()
+}
+
+/// [`build_graph`]'s `hnsw_rs` graphs, before they are sealed.
+fn build_hnsw(config: &IndexConfig, codes: &[Code]) -> Vec<Graph> {
     let dim = config.dimension;
     let rows = codes.len() / dim;
     let per_segment = rows
@@ -717,17 +799,34 @@ fn build_graph(config: &IndexConfig, codes: &[Code]) -> Vec<Arc<Graph>> {
                 Some(pool) => pool.install(|| graph.parallel_insert_slice(&batch)),
                 None => graph.parallel_insert_slice(&batch),
             }
-            Arc::new(graph)
+            graph
         })
         .collect()
 }
 
+/// `graph` as a sealed segment (the conversion on [`build_pool`]), the graph then freed there;
+/// the graph itself, growing, if it cannot be sealed (it is empty).
+fn seal(config: &IndexConfig, graph: Arc<Graph>) -> Segment {
+    let convert = || Sealed::from_graph(&graph, config.dimension);
+    let sealed = match build_pool() {
+        Some(pool) => pool.install(convert),
+        None => convert(),
+    };
+    match sealed {
+        Some(sealed) => {
+            free_on_build_threads(graph);
+            Segment::Sealed(Arc::new(sealed))
+        }
+        None => Segment::Growing(graph),
+    }
+}
+
 /// Adds `code` as point `slot` to the open segment of `segments`, starting a new one when the
-/// last is full.
-fn append_point(config: &IndexConfig, segments: &mut Vec<Arc<Graph>>, code: &[Code], slot: usize) {
-    let segment = open_segment(segments, config.segment_points).unwrap_or_else(|| {
-        let segment = Arc::new(new_graph(config, config.segment_points));
-        segments.push(Arc::clone(&segment));
+/// last is full or sealed.
+fn append_point(config: &IndexConfig, segments: &mut Vec<Segment>, code: &[Code], slot: usize) {
+    let segment = open_segment(segments, config.growing_points()).unwrap_or_else(|| {
+        let segment = Arc::new(new_graph(config, config.growing_points()));
+        segments.push(Segment::Growing(Arc::clone(&segment)));
         segment
     });
     segment.insert_slice((code, slot));
@@ -799,7 +898,7 @@ fn install(
     state: &mut State,
     part: u32,
     rows: &Rows,
-    graph: Option<Vec<Arc<Graph>>>,
+    graph: Option<Vec<Segment>>,
     keep: impl Fn(&State, VectorId, u64) -> bool,
 ) -> Option<Body> {
     let dim = config.dimension;
@@ -1019,8 +1118,9 @@ impl HnswIndex {
 
     /// The partition that most needs work, if any: a flat one past `brute_force_below` (gets a
     /// graph), a graph at or below half of it (goes flat), a graph whose tombstones pass the ratio,
-    /// or one with a segment larger than `segment_points` (loaded from a format 2 dump, which held
-    /// a partition's graph whole: split once, so it loads on every core at the next start). The
+    /// one with a segment larger than `segment_points` (loaded from a format 2 dump, which held
+    /// a partition's graph whole: split once, so it loads on every core at the next start), or one
+    /// whose inserts have added more than [`SEGMENTS_BEFORE_MERGE`] segments (each costs a search). The
     /// largest first: a flat partition's exact scan costs in proportion to its size, so after a
     /// [`HnswIndex::build_flat`] the costliest scans go first.
     fn part_needing_work(&self, state: &State) -> Option<u32> {
@@ -1033,13 +1133,15 @@ impl HnswIndex {
                 Body::Flat(_) => p.awaits_graph(limit),
                 Body::Graph(g) => {
                     let tombstones = g.slots.len().saturating_sub(p.live);
+                    let whole = g.slots.len().div_ceil(self.config.segment_points).max(1);
                     p.live <= limit / 2
                         || (tombstones > 0
                             && tombstones as f32
                                 > self.config.rebuild_tombstone_ratio * g.slots.len() as f32)
                         || g.segments
                             .iter()
-                            .any(|s| s.get_nb_point() > self.config.segment_points)
+                            .any(|s| s.points() > self.config.segment_points)
+                        || g.segments.len() > whole + SEGMENTS_BEFORE_MERGE
                 }
             })
             // Ties to the first, so the order is stable.
@@ -1063,6 +1165,9 @@ impl HnswIndex {
     /// removes go on against the old body), the inserts made meanwhile are replayed into it, then it
     /// is swapped in under a short write lock.
     pub fn maybe_rebuild(&self) -> bool {
+        if self.seal_one() {
+            return true;
+        }
         let (part, rows) = {
             let mut writer = lock(&self.writer);
             if writer.replay.is_some() {
@@ -1125,11 +1230,67 @@ impl HnswIndex {
         true
     }
 
+    /// Seals one growing segment that takes no more inserts (full, or not its partition's last), if
+    /// there is one, and returns whether it did: converted on the build threads without a lock,
+    /// swapped in under a short one if its partition still holds it.
+    fn seal_one(&self) -> bool {
+        let limit = self.config.growing_points();
+        // Chosen under `writer`, so no insert is half done in it: a segment that is full or not the
+        // last then takes no more.
+        let writer = lock(&self.writer);
+        let found = read(&self.state)
+            .parts
+            .iter()
+            .enumerate()
+            .find_map(|(part, p)| {
+                let Body::Graph(g) = &p.body else {
+                    return None;
+                };
+                let last = g.segments.len().saturating_sub(1);
+                g.segments.iter().enumerate().find_map(|(at, s)| match s {
+                    Segment::Growing(graph) if at < last || graph.get_nb_point() >= limit => {
+                        Some((part, at, Arc::clone(graph)))
+                    }
+                    _ => None,
+                })
+            });
+        drop(writer);
+        let Some((part, at, graph)) = found else {
+            return false;
+        };
+        let Segment::Sealed(sealed) = seal(&self.config, Arc::clone(&graph)) else {
+            return false;
+        };
+        // `writer` keeps a rebuild from swapping the partition's body while this one is swapped.
+        let swapped = {
+            let _writer = lock(&self.writer);
+            let mut state = write(&self.state);
+            let segment = state.parts.get_mut(part).and_then(|p| match &mut p.body {
+                Body::Graph(g) => g.segments.get_mut(at),
+                Body::Flat(_) => None,
+            });
+            match segment {
+                Some(segment @ Segment::Growing(_)) => {
+                    let same = matches!(&*segment, Segment::Growing(current) if Arc::ptr_eq(current, &graph));
+                    if same {
+                        *segment = Segment::Sealed(sealed);
+                    }
+                    same
+                }
+                _ => false,
+            }
+        };
+        // The graph's last reference, freed without a lock held.
+        free_on_build_threads(graph);
+        swapped
+    }
+
     /// Dumps the index to `dir`, a directory it owns (other files named like ours are deleted).
     ///
     /// Files: `entries-<gen>.bin` (ours: partitions, then ids with their partition and slot, and
-    /// the codes of flat partitions), `graph-<gen>-<part>-<segment>.hnsw.graph` and `.hnsw.data`
-    /// per graph segment (`hnsw_rs`'s dump, which holds the segment's codes), and `manifest.json` naming them with
+    /// the codes of flat partitions), per sealed segment `sealed-<gen>-<part>-<segment>.bin`
+    /// ([`Sealed::write`]), per growing one `graph-<gen>-<part>-<segment>.hnsw.graph` and
+    /// `.hnsw.data` (`hnsw_rs`'s dump, which holds the segment's codes), and `manifest.json` naming them with
     /// length and blake3. A generation's files stay unreferenced until `manifest.json.tmp` is
     /// renamed over `manifest.json`; that rename is the commit, so a crash leaves the previous dump
     /// whole. The previous generation's files are deleted afterwards.
@@ -1159,11 +1320,27 @@ impl HnswIndex {
         )?;
 
         let mut graphs = Vec::new();
+        let mut sealeds = Vec::new();
         for (part, p) in state.parts.iter().enumerate() {
             let Body::Graph(g) = &p.body else {
                 continue;
             };
             for (segment, graph) in g.segments.iter().enumerate() {
+                let graph = match graph {
+                    Segment::Growing(graph) => graph,
+                    Segment::Sealed(sealed) => {
+                        sealeds.push(SealedRef {
+                            part: u32::try_from(part).unwrap_or(u32::MAX),
+                            segment: u32::try_from(segment).unwrap_or(u32::MAX),
+                            points: sealed.len(),
+                            file: write_sealed(
+                                &dir.join(format!("sealed-{generation}-{part}-{segment}.bin")),
+                                sealed,
+                            )?,
+                        });
+                        continue;
+                    }
+                };
                 let basename = format!("graph-{generation}-{part}-{segment}");
                 // `file_dump` panics when it cannot create its files; make that an error.
                 let dumped = catch_unwind(AssertUnwindSafe(|| graph.file_dump(dir, &basename)))
@@ -1190,6 +1367,7 @@ impl HnswIndex {
             distance: std::any::type_name::<DistF16>().to_string(),
             entries,
             graphs,
+            sealed: sealeds,
         };
         drop(order);
         drop(state);
@@ -1273,7 +1451,7 @@ impl HnswIndex {
         // while another reads and checks the entries file.
         let (graphs, entries) = std::thread::scope(|s| {
             let entries = s.spawn(|| read_checked(dir, &manifest.entries));
-            let graphs = load_graphs(dir, &manifest.graphs, vectors);
+            let graphs = load_graphs(dir, &manifest, vectors);
             let entries = entries
                 .join()
                 .unwrap_or_else(|_| Err(IndexError::Corrupt("entries reader panicked".into())));
@@ -1354,7 +1532,7 @@ impl VectorIndex for HnswIndex {
             }
             let graph = match state.part(part).map(|p| &p.body) {
                 Some(Body::Graph(g)) => Some((
-                    open_segment(&g.segments, self.config.segment_points),
+                    open_segment(&g.segments, self.config.growing_points()),
                     g.slots.len(),
                 )),
                 _ => None,
@@ -1368,7 +1546,7 @@ impl VectorIndex for HnswIndex {
                 // `writer` keeps the body from being swapped.
                 let started = open.is_none();
                 let segment = open.unwrap_or_else(|| {
-                    Arc::new(new_graph(&self.config, self.config.segment_points))
+                    Arc::new(new_graph(&self.config, self.config.growing_points()))
                 });
                 segment.insert_slice((&code, slot));
                 let mut state = write(&self.state);
@@ -1377,7 +1555,7 @@ impl VectorIndex for HnswIndex {
                     state.parts.get_mut(part as usize).map(|p| &mut p.body)
                 {
                     if started {
-                        g.segments.push(segment);
+                        g.segments.push(Segment::Growing(segment));
                     }
                     g.slots.push(id);
                 }
@@ -1444,10 +1622,12 @@ impl VectorIndex for HnswIndex {
 // Persistence
 // ---------------------------------------------------------------------------------------------
 
-/// 3: a large partition's graph in segments. 2 (one graph per large partition, which loads as a
-/// single segment) is still read; 1 held f32 vectors and one shared graph.
-const FORMAT_VERSION: u32 = 3;
-const FORMATS_READ: [u32; 2] = [2, 3];
+/// 4: sealed segments in files of ours beside `hnsw_rs`'s dumps of growing ones. 3 (every segment
+/// an `hnsw_rs` dump) and 2 (one graph per large partition, which loads as a single segment) are
+/// still read, their graphs growing until the maintenance seals them; 1 held f32 vectors and one
+/// shared graph.
+const FORMAT_VERSION: u32 = 4;
+const FORMATS_READ: [u32; 3] = [2, 3, 4];
 const MANIFEST: &str = "manifest.json";
 const MANIFEST_TMP: &str = "manifest.json.tmp";
 const ENTRIES_MAGIC: &[u8; 8] = b"RPXENT02";
@@ -1474,8 +1654,21 @@ struct Manifest {
     /// The graphs' distance type; `hnsw_rs` refuses a dump made with another.
     distance: String,
     entries: FileRef,
-    /// One per segment of each partition that has a graph.
+    /// One per growing segment of each partition that has a graph.
     graphs: Vec<GraphRef>,
+    /// One per sealed segment (format 4).
+    #[serde(default)]
+    sealed: Vec<SealedRef>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SealedRef {
+    part: u32,
+    segment: u32,
+    /// Points in the segment, tombstones included.
+    points: usize,
+    file: FileRef,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -1638,6 +1831,59 @@ fn read_checked(dir: &Path, file: &FileRef) -> Result<Vec<u8>, IndexError> {
     Ok(bytes)
 }
 
+/// Writes a sealed segment's file, durable before the manifest names it.
+fn write_sealed(path: &Path, sealed: &Sealed) -> Result<FileRef, IndexError> {
+    let file = File::create(path)?;
+    let mut out = HashingWriter {
+        inner: BufWriter::with_capacity(1 << 20, file),
+        hasher: blake3::Hasher::new(),
+        len: 0,
+    };
+    sealed.write(&mut out)?;
+    out.flush()?;
+    out.inner.get_ref().sync_all()?;
+    Ok(FileRef {
+        name: file_name(path),
+        len: out.len,
+        blake3: out.hasher.finalize().to_hex().to_string(),
+    })
+}
+
+/// A reader that hashes what passes through it.
+struct HashingReader<R> {
+    inner: R,
+    hasher: blake3::Hasher,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Reads a sealed segment's file straight into its arrays, refusing it unless length, blake3 and
+/// structure are right.
+fn load_sealed(dir: &Path, sealed_ref: &SealedRef, dimension: usize) -> Result<Sealed, IndexError> {
+    let file = &sealed_ref.file;
+    let mut input = HashingReader {
+        inner: std::io::BufReader::with_capacity(1 << 20, open_named(dir, file)?),
+        hasher: blake3::Hasher::new(),
+    };
+    let sealed = Sealed::read(&mut input, file.len, dimension);
+    // The checksum first: a damaged file is reported as such whatever the parse made of it.
+    check_hash(file, input.hasher.finalize())?;
+    let sealed = sealed.map_err(|e| IndexError::Corrupt(format!("{}: {e}", file.name)))?;
+    if sealed.len() != sealed_ref.points {
+        return Err(IndexError::Corrupt(format!(
+            "{}: point count differs from the manifest",
+            file.name
+        )));
+    }
+    Ok(sealed)
+}
+
 /// Streams a file the manifest names through blake3, for files `hnsw_rs` reads itself.
 fn verify_file(dir: &Path, file: &FileRef) -> Result<(), IndexError> {
     let handle = open_named(dir, file)?;
@@ -1652,7 +1898,7 @@ fn read_entries(
     file: &FileRef,
     bytes: &[u8],
     state: &mut State,
-    graphs: Vec<(u32, u32, Graph)>,
+    graphs: Vec<(u32, u32, Segment)>,
 ) -> Result<(), IndexError> {
     let corrupt = |what: &str| IndexError::Corrupt(format!("{}: {what}", file.name));
     let mut rest = bytes;
@@ -1685,7 +1931,7 @@ fn read_entries(
     let parts = le_u32(&header[4..8])?;
     let count = le_u64(&header[8..16])?;
     // Each graph partition's segments, in order: 0, 1, … with none missing or repeated.
-    let mut graphs: HashMap<u32, Vec<(u32, Graph)>> =
+    let mut graphs: HashMap<u32, Vec<(u32, Segment)>> =
         graphs
             .into_iter()
             .fold(HashMap::new(), |mut by_part, (part, segment, graph)| {
@@ -1709,8 +1955,7 @@ fn read_entries(
                 {
                     return Err(corrupt("a graph's segments are not numbered 0, 1, …"));
                 }
-                let segments: Vec<Arc<Graph>> =
-                    segments.into_iter().map(|(_, g)| Arc::new(g)).collect();
+                let segments: Vec<Segment> = segments.into_iter().map(|(_, g)| g).collect();
                 let points = holds_its_slots(&segments)
                     .ok_or_else(|| corrupt("a graph segment holds points of another"))?;
                 Body::Graph(OwnGraph {
@@ -1776,21 +2021,19 @@ fn read_entries(
 /// segment's, each once (as inserts and builds number them). `None` otherwise: a manifest that
 /// names one dump twice, each with its right checksum, would else serve a point's vector for
 /// another id.
-fn holds_its_slots(segments: &[Arc<Graph>]) -> Option<usize> {
-    let total = segments.iter().map(|s| s.get_nb_point()).sum();
+fn holds_its_slots(segments: &[Segment]) -> Option<usize> {
+    let total = segments.iter().map(Segment::points).sum();
     let mut seen = vec![false; total];
     let mut first = 0;
+    let mut holds = true;
     for segment in segments {
-        let end = first + segment.get_nb_point();
-        for point in segment.get_point_indexation() {
-            let slot = point.get_origin_id();
-            if !(first..end).contains(&slot) || std::mem::replace(&mut seen[slot], true) {
-                return None;
-            }
-        }
+        let end = first + segment.points();
+        segment.for_each_row(|slot, _| {
+            holds &= (first..end).contains(&slot) && !std::mem::replace(&mut seen[slot], true);
+        });
         first = end;
     }
-    Some(total)
+    holds.then_some(total)
 }
 
 fn checksum_file(dir: &Path, name: &str) -> Result<FileRef, IndexError> {
@@ -1813,46 +2056,77 @@ enum Vectors {
     InMemory,
 }
 
-/// Loads every graph segment of the manifest as `(part, segment, graph)`, each checked against
+/// A segment the manifest names, in either form.
+#[derive(Clone, Copy)]
+enum SegmentRef<'a> {
+    Growing(&'a GraphRef),
+    Sealed(&'a SealedRef),
+}
+
+impl SegmentRef<'_> {
+    fn place(&self) -> (u32, u32, usize) {
+        match self {
+            SegmentRef::Growing(g) => (g.part, g.segment, g.points),
+            SegmentRef::Sealed(s) => (s.part, s.segment, s.points),
+        }
+    }
+}
+
+/// Loads every graph segment of the manifest as `(part, segment, segment)`, each checked against
 /// the point count the manifest recorded, on as many threads as there are cores (and segments).
 /// Each thread takes the largest segment left: the load ends when the last thread's does.
 fn load_graphs(
     dir: &Path,
-    refs: &[GraphRef],
+    manifest: &Manifest,
     vectors: Vectors,
-) -> Result<Vec<(u32, u32, Graph)>, IndexError> {
+) -> Result<Vec<(u32, u32, Segment)>, IndexError> {
+    let mut queue: Vec<SegmentRef<'_>> = manifest
+        .graphs
+        .iter()
+        .map(SegmentRef::Growing)
+        .chain(manifest.sealed.iter().map(SegmentRef::Sealed))
+        .collect();
+    queue.sort_by_key(|r| std::cmp::Reverse(r.place().2));
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
-        .clamp(1, refs.len().max(1));
-    let mut queue: Vec<&GraphRef> = refs.iter().collect();
-    queue.sort_by_key(|graph_ref| std::cmp::Reverse(graph_ref.points));
+        .clamp(1, queue.len().max(1));
     let next = AtomicUsize::new(0);
     // One bad segment fails the load: the other threads stop taking more.
     let failed = AtomicBool::new(false);
-    let load_one = |graph_ref: &GraphRef| -> Result<Graph, IndexError> {
-        let graph = load_graph(dir, graph_ref, vectors)?;
-        if graph.get_nb_point() != graph_ref.points {
-            return Err(IndexError::Corrupt(
-                "graph point count differs from the manifest".into(),
-            ));
+    let load_one = |segment_ref: SegmentRef<'_>| -> Result<Segment, IndexError> {
+        match segment_ref {
+            SegmentRef::Growing(graph_ref) => {
+                let graph = load_graph(dir, graph_ref, vectors)?;
+                if graph.get_nb_point() != graph_ref.points {
+                    return Err(IndexError::Corrupt(
+                        "graph point count differs from the manifest".into(),
+                    ));
+                }
+                Ok(Segment::Growing(Arc::new(graph)))
+            }
+            SegmentRef::Sealed(sealed_ref) => Ok(Segment::Sealed(Arc::new(load_sealed(
+                dir,
+                sealed_ref,
+                manifest.dimension,
+            )?))),
         }
-        Ok(graph)
     };
-    let load_share = || -> Result<Vec<(u32, u32, Graph)>, IndexError> {
+    let load_share = || -> Result<Vec<(u32, u32, Segment)>, IndexError> {
         let mut loaded = Vec::new();
-        while let Some(graph_ref) = queue.get(next.fetch_add(1, AtomicOrdering::Relaxed)) {
+        while let Some(segment_ref) = queue.get(next.fetch_add(1, AtomicOrdering::Relaxed)) {
             if failed.load(AtomicOrdering::Relaxed) {
                 break;
             }
-            let graph =
-                load_one(graph_ref).inspect_err(|_| failed.store(true, AtomicOrdering::Relaxed))?;
-            loaded.push((graph_ref.part, graph_ref.segment, graph));
+            let segment = load_one(*segment_ref)
+                .inspect_err(|_| failed.store(true, AtomicOrdering::Relaxed))?;
+            let (part, at, _) = segment_ref.place();
+            loaded.push((part, at, segment));
         }
         Ok(loaded)
     };
     std::thread::scope(|s| {
         let shares: Vec<_> = (0..threads).map(|_| s.spawn(load_share)).collect();
-        let mut graphs = Vec::with_capacity(refs.len());
+        let mut graphs = Vec::with_capacity(queue.len());
         for share in shares {
             let share = share
                 .join()
@@ -1923,11 +2197,15 @@ fn sync_dir(dir: &Path) -> Result<(), IndexError> {
 }
 
 /// The generation a file of ours belongs to: `entries-<gen>.bin`,
-/// `graph-<gen>-<part>-<segment>.hnsw.*` (format 2's `graph-<gen>-<part>.hnsw.*`, format 1's
-/// `graph-<gen>.hnsw.*`).
+/// `sealed-<gen>-<part>-<segment>.bin`, `graph-<gen>-<part>-<segment>.hnsw.*` (format 2's
+/// `graph-<gen>-<part>.hnsw.*`, format 1's `graph-<gen>.hnsw.*`).
 fn generation_of(name: &str) -> Option<u64> {
     name.strip_prefix("entries-")
         .and_then(|rest| rest.strip_suffix(".bin"))
+        .or_else(|| {
+            let rest = name.strip_prefix("sealed-")?.strip_suffix(".bin")?;
+            Some(rest.split_once('-').map_or(rest, |(g, _)| g))
+        })
         .or_else(|| {
             let rest = name.strip_prefix("graph-")?;
             let rest = rest
@@ -2450,12 +2728,51 @@ mod tests {
         }
     }
 
+    /// Partition `tag`'s graph segments, `S` sealed and `G` growing.
+    fn segment_kinds(index: &HnswIndex, partition: PartitionTag) -> String {
+        let state = read(&index.state);
+        let part = state.part_of[&partition];
+        match &state.parts[part as usize].body {
+            Body::Graph(g) => g
+                .segments
+                .iter()
+                .map(|s| match s {
+                    Segment::Growing(_) => 'G',
+                    Segment::Sealed(_) => 'S',
+                })
+                .collect(),
+            Body::Flat(_) => String::new(),
+        }
+    }
+
+    /// [`HnswIndex::build`] with its graphs left growing, as dumps of formats 2 and 3 hold them.
+    fn build_growing(
+        config: IndexConfig,
+        items: Vec<(VectorId, PartitionTag, Vec<f32>)>,
+    ) -> HnswIndex {
+        let index = HnswIndex::build(config, items);
+        {
+            let mut state = write(&index.state);
+            for part in 0..state.parts.len() {
+                // Freshly built, no tombstones: row `i` is slot `i`.
+                let rows = state.rows(part as u32);
+                if let Body::Graph(g) = &mut state.parts[part].body {
+                    g.segments = build_hnsw(&index.config, &rows.codes)
+                        .into_iter()
+                        .map(|graph| Segment::Growing(Arc::new(graph)))
+                        .collect();
+                }
+            }
+        }
+        index
+    }
+
     /// The sizes of partition `tag`'s graph segments.
     fn segment_sizes(index: &HnswIndex, partition: PartitionTag) -> Vec<usize> {
         let state = read(&index.state);
         let part = state.part_of[&partition];
         match &state.parts[part as usize].body {
-            Body::Graph(g) => g.segments.iter().map(|s| s.get_nb_point()).collect(),
+            Body::Graph(g) => g.segments.iter().map(|s| s.points()).collect(),
             Body::Flat(_) => Vec::new(),
         }
     }
@@ -2488,17 +2805,27 @@ mod tests {
         }
         assert!(exact >= 196, "recall@1 {exact}/200");
 
-        // Inserts fill the last segment to the limit, then start another.
-        let more = random_items(&mut rng, 1_500..1_600, tag(1), dimension);
+        // Built segments are sealed: inserts start a growing one, fill it to the limit, start
+        // another, and the maintenance seals the full one.
+        assert_eq!(segment_kinds(&index, tag(1)), "SSSS");
+        let more = random_items(&mut rng, 1_500..2_000, tag(1), dimension);
         for (id, p, v) in &more {
             index.insert(*id, *p, v);
         }
         items.extend(more);
-        assert_eq!(segment_sizes(&index, tag(1)), [375, 375, 375, 400, 75]);
+        assert_eq!(
+            segment_sizes(&index, tag(1)),
+            [375, 375, 375, 375, 400, 100]
+        );
+        assert_eq!(segment_kinds(&index, tag(1)), "SSSSGG");
+        found_all(&index, &items);
+        assert!(index.maybe_rebuild());
+        assert_eq!(segment_kinds(&index, tag(1)), "SSSSSG");
+        assert!(!index.maybe_rebuild(), "the open segment stays growing");
         found_all(&index, &items);
 
         // Removed ids are never returned, from any segment.
-        for id in (0..1_600).step_by(3) {
+        for id in (0..2_000).step_by(3) {
             index.remove(id);
         }
         items.retain(|(id, _, _)| id % 3 != 0);
@@ -2509,14 +2836,24 @@ mod tests {
         index.save(dir.path()).expect("save");
         let manifest = read_manifest(dir.path()).expect("manifest");
         assert_eq!(manifest.format_version, FORMAT_VERSION);
-        let segments: Vec<(u32, usize)> = manifest
+        let sealed: Vec<(u32, usize)> = manifest
+            .sealed
+            .iter()
+            .map(|s| (s.segment, s.points))
+            .collect();
+        assert_eq!(sealed, [(0, 375), (1, 375), (2, 375), (3, 375), (4, 400)]);
+        let growing: Vec<(u32, usize)> = manifest
             .graphs
             .iter()
             .map(|g| (g.segment, g.points))
             .collect();
-        assert_eq!(segments, [(0, 375), (1, 375), (2, 375), (3, 400), (4, 75)]);
+        assert_eq!(growing, [(5, 100)]);
         let loaded = HnswIndex::load(dir.path(), config.clone()).expect("load");
-        assert_eq!(segment_sizes(&loaded, tag(1)), [375, 375, 375, 400, 75]);
+        assert_eq!(
+            segment_sizes(&loaded, tag(1)),
+            [375, 375, 375, 375, 400, 100]
+        );
+        assert_eq!(segment_kinds(&loaded, tag(1)), "SSSSSG");
         assert_eq!(
             (loaded.len(), loaded.tombstones()),
             (index.len(), index.tombstones())
@@ -2530,8 +2867,40 @@ mod tests {
         // A rebuild (a third are tombstones, past the ratio) splits the live rows afresh.
         assert!(loaded.maybe_rebuild());
         assert_eq!(loaded.tombstones(), 0);
-        assert_eq!(segment_sizes(&loaded, tag(1)), [356, 356, 354]);
+        assert_eq!(segment_sizes(&loaded, tag(1)), [334, 334, 334, 331]);
+        assert_eq!(segment_kinds(&loaded, tag(1)), "SSSS");
         found_all(&loaded, &items);
+    }
+
+    /// Growing segments added by inserts past [`SEGMENTS_BEFORE_MERGE`] are merged by a rebuild.
+    #[test]
+    fn segments_added_by_inserts_are_merged_once_there_are_too_many() {
+        let dimension = 8;
+        let mut rng = StdRng::seed_from_u64(21);
+        let config = IndexConfig {
+            brute_force_below: 50,
+            seal_points: 20,
+            ..small_config(dimension)
+        };
+        let mut items = random_items(&mut rng, 0..200, tag(1), dimension);
+        let index = HnswIndex::build(config, items.clone());
+        let added = 20 * (SEGMENTS_BEFORE_MERGE + 1);
+        let more = random_items(&mut rng, 200..200 + added as u64, tag(1), dimension);
+        for (id, p, v) in &more {
+            index.insert(*id, *p, v);
+            while index.seal_one() {}
+        }
+        items.extend(more);
+        assert_eq!(
+            segment_sizes(&index, tag(1)).len(),
+            SEGMENTS_BEFORE_MERGE + 2
+        );
+        assert!(index.maybe_rebuild());
+        assert_eq!(segment_kinds(&index, tag(1)), "S");
+        assert!(!index.maybe_rebuild());
+        for (id, p, v) in &items {
+            assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
+        }
     }
 
     #[test]
@@ -2544,7 +2913,7 @@ mod tests {
             ..small_config(dimension)
         };
         let dir = tempfile::tempdir().expect("tempdir");
-        HnswIndex::build(config.clone(), items.clone())
+        build_growing(config.clone(), items.clone())
             .save(dir.path())
             .expect("save");
         // What the previous build wrote: format 2, `graph-<gen>-<part>` files, no segment field.
@@ -2576,6 +2945,7 @@ mod tests {
         };
         let loaded = HnswIndex::load(dir.path(), small_segments).expect("load");
         assert_eq!(segment_sizes(&loaded, tag(1)), [500]);
+        assert_eq!(segment_kinds(&loaded, tag(1)), "G");
         for (id, p, v) in &items {
             assert_eq!(loaded.search(p, v, 1)[0].id, *id, "lost {id}");
         }
@@ -2583,7 +2953,13 @@ mod tests {
         loaded.insert(9_999, tag(1), &v);
         assert_eq!(segment_sizes(&loaded, tag(1)), [500, 1]);
         assert_eq!(loaded.search(&tag(1), &v, 1)[0].id, 9_999);
-        // The oversized segment is split once, by the background rebuild.
+        // The maintenance seals the loaded graph (it takes no more inserts), then splits the
+        // oversized segment once, by a rebuild.
+        assert!(loaded.maybe_rebuild());
+        assert_eq!(segment_kinds(&loaded, tag(1)), "SG");
+        for (id, p, v) in &items {
+            assert_eq!(loaded.search(p, v, 1)[0].id, *id, "lost {id}");
+        }
         assert!(loaded.maybe_rebuild());
         assert_eq!(segment_sizes(&loaded, tag(1)), [167, 167, 167]);
         assert!(!loaded.maybe_rebuild());
@@ -2709,11 +3085,11 @@ mod tests {
             names,
             [
                 "entries-2.bin",
-                "graph-2-0-0.hnsw.data",
-                "graph-2-0-0.hnsw.graph",
-                "graph-2-2-0.hnsw.data",
-                "graph-2-2-0.hnsw.graph",
-                "manifest.json"
+                "graph-2-0-1.hnsw.data",
+                "graph-2-0-1.hnsw.graph",
+                "manifest.json",
+                "sealed-2-0-0.bin",
+                "sealed-2-2-0.bin",
             ]
         );
     }
@@ -2730,7 +3106,7 @@ mod tests {
             brute_force_below: 100,
             ..small_config(dimension)
         };
-        let built = HnswIndex::build(config.clone(), items);
+        let built = build_growing(config.clone(), items);
         let dir = tempfile::tempdir().expect("tempdir");
         built.save(dir.path()).expect("save");
         let loaded = HnswIndex::load(dir.path(), config.clone()).expect("load");
@@ -2784,7 +3160,12 @@ mod tests {
             brute_force_below: 100,
             ..small_config(dimension)
         };
+        // Segment 0 sealed (built), 1 growing (inserted since).
         let index = HnswIndex::build(config.clone(), items);
+        for (id, p, v) in random_items(&mut rng, 500..550, tag(1), dimension) {
+            index.insert(id, p, &v);
+        }
+        assert_eq!(segment_kinds(&index, tag(1)), "SG");
         let root = tempfile::tempdir().expect("tempdir");
 
         let missing = root.path().join("nowhere");
@@ -2806,7 +3187,7 @@ mod tests {
 
         // Each corruption on a fresh copy of the dump.
         type Corruption = (&'static str, fn(&Path));
-        let corruptions: [Corruption; 8] = [
+        let corruptions: [Corruption; 12] = [
             ("truncated entries", |d| {
                 let p = d.join("entries-1.bin");
                 let len = fs::metadata(&p).expect("meta").len();
@@ -2818,14 +3199,14 @@ mod tests {
                     .expect("truncate");
             }),
             ("flipped graph byte", |d| {
-                let p = d.join("graph-1-0-0.hnsw.graph");
+                let p = d.join("graph-1-0-1.hnsw.graph");
                 let mut bytes = fs::read(&p).expect("read");
                 let mid = bytes.len() / 2;
                 bytes[mid] ^= 0x55;
                 fs::write(&p, bytes).expect("write");
             }),
             ("truncated graph data", |d| {
-                let p = d.join("graph-1-0-0.hnsw.data");
+                let p = d.join("graph-1-0-1.hnsw.data");
                 File::options()
                     .write(true)
                     .open(&p)
@@ -2834,7 +3215,40 @@ mod tests {
                     .expect("truncate");
             }),
             ("deleted graph", |d| {
-                fs::remove_file(d.join("graph-1-0-0.hnsw.graph")).expect("rm")
+                fs::remove_file(d.join("graph-1-0-1.hnsw.graph")).expect("rm")
+            }),
+            ("flipped sealed byte", |d| {
+                let p = d.join("sealed-1-0-0.bin");
+                let mut bytes = fs::read(&p).expect("read");
+                let mid = bytes.len() / 2;
+                bytes[mid] ^= 0x55;
+                fs::write(&p, bytes).expect("write");
+            }),
+            ("truncated sealed segment", |d| {
+                let p = d.join("sealed-1-0-0.bin");
+                let len = fs::metadata(&p).expect("meta").len();
+                File::options()
+                    .write(true)
+                    .open(&p)
+                    .expect("open")
+                    .set_len(len - 4)
+                    .expect("truncate");
+            }),
+            ("deleted sealed segment", |d| {
+                fs::remove_file(d.join("sealed-1-0-0.bin")).expect("rm")
+            }),
+            ("one sealed segment named twice", |d| {
+                let mut manifest = read_manifest(d).expect("manifest");
+                let copy = serde_json::to_value(&manifest.sealed[0]).expect("json");
+                let mut copy: SealedRef = serde_json::from_value(copy).expect("sealed ref");
+                copy.segment = 2;
+                manifest.sealed.push(copy);
+                manifest.graph_points += manifest.sealed[0].points;
+                fs::write(
+                    d.join(MANIFEST),
+                    serde_json::to_vec(&manifest).expect("json"),
+                )
+                .expect("write")
             }),
             ("garbage manifest", |d| {
                 fs::write(d.join(MANIFEST), b"{ not json").expect("write")
@@ -2843,9 +3257,9 @@ mod tests {
                 let mut manifest = read_manifest(d).expect("manifest");
                 let copy = serde_json::to_value(&manifest.graphs[0]).expect("json");
                 let mut copy: GraphRef = serde_json::from_value(copy).expect("graph ref");
-                copy.segment = 1;
+                copy.segment = 2;
+                manifest.graph_points += copy.points;
                 manifest.graphs.push(copy);
-                manifest.graph_points *= 2;
                 fs::write(
                     d.join(MANIFEST),
                     serde_json::to_vec(&manifest).expect("json"),
@@ -2854,7 +3268,7 @@ mod tests {
             }),
             ("a segment missing", |d| {
                 let mut manifest = read_manifest(d).expect("manifest");
-                manifest.graphs[0].segment = 1;
+                manifest.graphs[0].segment = 2;
                 fs::write(
                     d.join(MANIFEST),
                     serde_json::to_vec(&manifest).expect("json"),
