@@ -2,7 +2,8 @@
 # A gateway started on a data dir with an index dump, for one or more `reprise` binaries in turn per
 # round (issue 22): seconds until its full index, the dump's load as its log says, its memory once
 # loaded (resident, anonymous and file-backed: a loaded graph's vectors may be mapped from the
-# dump), and the search phase of 90 streamed paraphrase lookups at concurrency 1 (30 fow-style
+# dump), and the search phase and semantic-hit TTFT of 90 streamed paraphrase lookups at concurrency 1,
+# then of 90 more at concurrency 8 (30 fow-style
 # pairs of benches/workloads/paraphrases.txt, three rounds, in the `support` namespace, the big
 # partition of `benches/scale.sh --gateway --keep-data`'s data dirs, with no API key as its
 # entries were stored; before 2026-12-06 the driver's default key kept them in a partition of
@@ -44,8 +45,8 @@ wait_ready "http://127.0.0.1:$sim_port/healthz" reprise-sim "$WORK/sim.log"
 port=$(free_port)
 token=dump-load
 
-echo "| round | binary | full index | dump loaded | RSS | anonymous | file-backed | search p50 / p90 / p99 | semantic hits |"
-echo "|---:|---|---:|---:|---:|---:|---:|---|---:|"
+echo "| round | binary | full index | dump loaded | RSS | anonymous | file-backed | search p50 / p90 / p99 | semantic hits | hit TTFT p50, c=1 / c=8 |"
+echo "|---:|---|---:|---:|---:|---:|---:|---|---:|---:|"
 for round in $(seq 1 "$rounds"); do
   for bin in "${bins[@]}"; do
     log="$WORK/gateway-$round.log"
@@ -63,17 +64,21 @@ for round in $(seq 1 "$rounds"); do
     loaded=$(sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -o 'vector index loaded from its dump.* ms=[0-9]*' | grep -o 'ms=[0-9]*' || echo "rebuilt")
     # Let the allocator return what the load freed before the memory is read.
     sleep 15
-    REPRISE_ADMIN_TOKEN=$token "$release/reprise-client" bench --url http://127.0.0.1:"$port"/v1 \
-      --pairs "$WORK/pairs.jsonl" --api-key "" --namespace support --rounds 3 --concurrency 1 \
-      --samples "$WORK/samples.jsonl" -q --json >/dev/null
+    for c in 1 8; do
+      REPRISE_ADMIN_TOKEN=$token "$release/reprise-client" bench --url http://127.0.0.1:"$port"/v1 \
+        --pairs "$WORK/pairs.jsonl" --api-key "" --namespace support --rounds 3 --concurrency $c \
+        --samples "$WORK/samples-$c.jsonl" -q --json >/dev/null
+    done
     memory=$(awk '/^(VmRSS|RssAnon|RssFile):/ {printf "%.2f GB | ", $2 * 1024 / 1e9}' /proc/"$gateway"/status)
-    search=$(python3 - "$WORK/samples.jsonl" <<'PY'
+    search=$(python3 - "$WORK/samples-1.jsonl" "$WORK/samples-8.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 s = sorted(r["phases"]["search_ms"] for r in rows if (r.get("phases") or {}).get("search_ms") is not None)
-q = lambda p: s[min(len(s) - 1, int(p * len(s)))] if s else float("nan")
+q = lambda s, p: s[min(len(s) - 1, int(p * len(s)))] if s else float("nan")
 hits = sum(r["outcome"] == "semantic-hit" for r in rows)
-print(f"{q(.5):.2f} / {q(.9):.2f} / {q(.99):.2f} ms | {hits} of {len(rows)}")
+def ttft(path):
+    return q(sorted(r["ttft_ms"] for r in map(json.loads, open(path)) if r["outcome"] == "semantic-hit"), .5)
+print(f"{q(s, .5):.2f} / {q(s, .9):.2f} / {q(s, .99):.2f} ms | {hits} of {len(rows)} | {ttft(sys.argv[1]):.2f} / {ttft(sys.argv[2]):.2f} ms")
 PY
 )
     kill -TERM "$gateway"

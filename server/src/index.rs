@@ -626,8 +626,8 @@ impl State {
     }
 
     /// Graph search: live points only (a replaced vector's old point is skipped by its slot), the
-    /// best `k · RERANK_PER_RESULT` of each segment scored with the f32 query. Segments are
-    /// searched in parallel on [`search_pool`].
+    /// best `k · RERANK_PER_RESULT` of each segment scored with the f32 query. Two or more large
+    /// segments are searched in parallel on [`search_pool`].
     fn graph_search(
         &self,
         part: u32,
@@ -642,12 +642,21 @@ impl State {
             let live = |slot| self.live_slot(part, graph, slot);
             top_k(segment.search(query, code, ef, wanted, live), k)
         };
-        let found = match (graph.segments.as_slice(), search_pool()) {
-            ([one], _) => return search(one),
-            (segments, Some(pool)) => {
-                pool.install(|| segments.par_iter().flat_map_iter(search).collect())
+        if let [one] = graph.segments.as_slice() {
+            return search(one);
+        }
+        // A hand-off to the search threads costs more than the search of a growing segment of a
+        // few thousand points: only large segments are worth searching side by side.
+        let large = graph
+            .segments
+            .iter()
+            .filter(|s| s.points() > SCAN_CHUNK)
+            .count();
+        let found = match search_pool() {
+            Some(pool) if large > 1 => {
+                pool.install(|| graph.segments.par_iter().flat_map_iter(search).collect())
             }
-            (segments, None) => segments.iter().flat_map(search).collect(),
+            _ => graph.segments.iter().flat_map(search).collect(),
         };
         top_k(found, k)
     }

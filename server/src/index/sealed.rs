@@ -184,6 +184,8 @@ impl Sealed {
             .and_then(|p| row_of.get(&p.get_origin_id()).copied())
             .unwrap_or(0);
         for layer in &mut layers {
+            layer.members.shrink_to_fit();
+            layer.offsets.shrink_to_fit();
             layer.links.shrink_to_fit();
         }
         Some(Self {
