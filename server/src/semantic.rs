@@ -543,7 +543,7 @@ fn maintain(
             tracing::info!(
                 vectors = semantic.index.len(),
                 graphs_pending = semantic.index.current().graphs_pending(),
-                "a partition of the vector index rebuilt (its tombstones dropped, or its graph made, split or made flat)"
+                "a partition of the vector index rebuilt (its tombstones dropped, or its graph made, split, merged or made flat) or a graph segment sealed"
             );
         }
         // A save writes nothing when nothing changed since the dump on disk.

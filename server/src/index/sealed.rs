@@ -22,8 +22,10 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{Read, Write};
 
+use std::sync::Arc;
+
 use half::f16;
-use hnsw_rs::hnsw::Hnsw;
+use hnsw_rs::hnsw::{Hnsw, Point};
 use hnsw_rs::prelude::Distance;
 
 use super::quant::dot_f32_f16;
@@ -59,6 +61,25 @@ impl Layer {
 
     fn bytes(&self) -> usize {
         (self.members.capacity() + self.offsets.capacity() + self.links.capacity()) * 4
+    }
+}
+
+/// Calls `f` with every point of an `hnsw_rs` graph, layer by layer, each layer read under one
+/// guard. `hnsw_rs`'s own iterator over every layer takes a second read guard while it holds the
+/// first, which an insert's write queued in between (`parking_lot` lets no reader pass a waiting
+/// writer) turns into a deadlock, and it panics on an empty graph.
+pub(super) fn each_point<'b, D>(graph: &Hnsw<'b, f16, D>, mut f: impl FnMut(&Arc<Point<'b, f16>>))
+where
+    D: Distance<f16> + Send + Sync,
+{
+    if graph.get_nb_point() == 0 {
+        return;
+    }
+    let indexation = graph.get_point_indexation();
+    for layer in 0..=usize::from(indexation.get_max_level_observed()) {
+        for point in indexation.get_layer_iterator(layer) {
+            f(&point);
+        }
     }
 }
 
@@ -127,11 +148,9 @@ impl Sealed {
     where
         D: Distance<f16> + Send + Sync,
     {
-        if graph.get_nb_point() == 0 {
-            return None; // `hnsw_rs` panics iterating an empty graph
-        }
         let indexation = graph.get_point_indexation();
-        let mut points: Vec<_> = indexation.into_iter().collect();
+        let mut points = Vec::with_capacity(graph.get_nb_point());
+        each_point(graph, |p| points.push(Arc::clone(p)));
         points.sort_unstable_by_key(|p| p.get_origin_id());
         let rows = points.len();
         if rows == 0 || u32::try_from(rows).is_err() {
@@ -159,7 +178,8 @@ impl Sealed {
             layer.offsets.push(0);
         }
         // A point's links up to its own level. Above it `hnsw_rs` also keeps the points its insert
-        // passed on the way down; no search reaches the point in those layers, so they are left out.
+        // passed on the way down; the point is not in those layers, so they are left out (a link to
+        // a row outside a layer leads nowhere: it has no neighbours there).
         for (row, point) in points.iter().enumerate() {
             let level = usize::from(point.get_point_id().0).min(top);
             let neighbourhood = point.get_neighborhood_id();
@@ -177,7 +197,8 @@ impl Sealed {
                 layer.offsets.push(u32::try_from(layer.links.len()).ok()?);
             }
         }
-        // Any point of the top layer leads down to all others; `hnsw_rs` starts from its first.
+        // Any point of the top layer leads down to all others: the first one listed there
+        // (`hnsw_rs`'s own entry point is the first to finish its insert at that level).
         let entry = indexation
             .get_layer_iterator(top)
             .next()
