@@ -2912,6 +2912,20 @@ mod tests {
         found_all(&loaded, &items);
     }
 
+    /// The maintenance's next step rebuilds partition `tag(1)` into one sealed graph that finds
+    /// every item, and leaves nothing more to do.
+    fn rebuilds_into_one_sealed_graph(
+        index: &HnswIndex,
+        items: &[(VectorId, PartitionTag, Vec<f32>)],
+    ) {
+        assert!(index.maybe_rebuild());
+        assert_eq!(segment_kinds(index, tag(1)), "S");
+        assert!(!index.maybe_rebuild());
+        for (id, p, v) in items {
+            assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
+        }
+    }
+
     /// A growing segment that cannot be sealed (two points with one slot, as an insert that panicked
     /// half way leaves) gets its partition rebuilt from the live rows instead.
     #[test]
@@ -2937,12 +2951,7 @@ mod tests {
             graph.insert_slice((&encode_f16(&unit(&mut rng, dimension)), 5));
         }
         assert_eq!(index.seal_one(), Seal::Failed(0));
-        assert!(index.maybe_rebuild());
-        assert_eq!(segment_kinds(&index, tag(1)), "S");
-        assert!(!index.maybe_rebuild());
-        for (id, p, v) in &items {
-            assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
-        }
+        rebuilds_into_one_sealed_graph(&index, &items);
     }
 
     /// Growing segments added by inserts past [`SEGMENTS_BEFORE_MERGE`] are merged by a rebuild.
@@ -2968,12 +2977,7 @@ mod tests {
             segment_sizes(&index, tag(1)).len(),
             SEGMENTS_BEFORE_MERGE + 2
         );
-        assert!(index.maybe_rebuild());
-        assert_eq!(segment_kinds(&index, tag(1)), "S");
-        assert!(!index.maybe_rebuild());
-        for (id, p, v) in &items {
-            assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
-        }
+        rebuilds_into_one_sealed_graph(&index, &items);
     }
 
     #[test]
