@@ -27,14 +27,15 @@
 //! - A partition's graph is split into *segments* of at most `segment_points` points (2^20 by
 //!   default), each a graph whose points carry the partition's slot numbers as their data ids.
 //!   `hnsw_rs` builds every graph; a built one is *sealed* ([`sealed`]): the same points, links
-//!   and layers read out into flat arrays (about 0.9 KB per 384-d vector instead of 3.0 KB, a search
-//!   4× cheaper, a dump read straight into its arrays), and the `hnsw_rs` graph freed. Inserts into a
-//!   partition that has its graph go to a *growing* segment, an `hnsw_rs` graph of at most
+//!   and layers read out into flat arrays (about 1 KB per 384-d vector in all instead of 3.0-4.2 KB,
+//!   a search 4-5× cheaper, a dump read straight into its arrays:
+//!   `benches/results/2026-12-06-sealed-segments.md`), and the `hnsw_rs` graph freed. Inserts into
+//!   a partition that has its graph go to a *growing* segment, an `hnsw_rs` graph of at most
 //!   `seal_points` points, which the maintenance seals once full. Segments' results are merged (two
 //!   or more past [`SCAN_CHUNK`] points are searched in parallel), each segment costing about one
-//!   search, so inserts that add more than
-//!   [`SEGMENTS_BEFORE_MERGE`] of them get the partition rebuilt; the default keeps a partition of
-//!   up to a million vectors in one built graph (`benches/results/2026-12-06-index-segments.md`).
+//!   search, so inserts that add more than [`SEGMENTS_BEFORE_MERGE`] of them get the partition
+//!   rebuilt; the default keeps a partition of up to a million vectors in one built graph
+//!   (`benches/results/2026-12-06-index-segments.md`).
 //! - Per id, one 24-byte [`Placement`] (partition number, slot, version, code digest) in a flat hash
 //!   map; no per-entry heap object outside a growing segment's `hnsw_rs` points.
 //! - `hnsw_rs` cannot delete, so [`VectorIndex::remove`] only drops the id from the live map (a
