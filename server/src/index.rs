@@ -1371,9 +1371,9 @@ impl HnswIndex {
                             part: u32::try_from(part).unwrap_or(u32::MAX),
                             segment: u32::try_from(segment).unwrap_or(u32::MAX),
                             points: sealed.len(),
-                            file: write_sealed(
+                            file: write_durable(
                                 &dir.join(format!("sealed-{generation}-{part}-{segment}.bin")),
-                                sealed,
+                                |out| Ok(sealed.write(out)?),
                             )?,
                         });
                         continue;
@@ -1780,37 +1780,48 @@ fn write_entries(
     let too_large = |what: &str| std::io::Error::other(format!("{what} too large"));
     let dimension32 = u32::try_from(dimension).map_err(|_| too_large("dimension"))?;
     let parts32 = u32::try_from(state.parts.len()).map_err(|_| too_large("partition count"))?;
-    let file = File::create(path)?;
+    write_durable(path, |out| {
+        out.write_all(ENTRIES_MAGIC)?;
+        out.write_all(&dimension32.to_le_bytes())?;
+        out.write_all(&parts32.to_le_bytes())?;
+        out.write_all(&(order.len() as u64).to_le_bytes())?;
+        for part in &state.parts {
+            out.write_all(&part.tag)?;
+            out.write_all(&[u8::from(matches!(part.body, Body::Graph(_)))])?;
+        }
+        let mut row = Vec::with_capacity(ENTRY_RECORD + dimension);
+        for (id, live) in order {
+            row.clear();
+            row.extend_from_slice(&id.to_le_bytes());
+            row.extend_from_slice(&live.part.to_le_bytes());
+            row.extend_from_slice(&live.slot.to_le_bytes());
+            row.extend_from_slice(&live.digest.to_le_bytes());
+            if let Some(Body::Flat(flat)) = state.part(live.part).map(|p| &p.body) {
+                let start = live.slot as usize * dimension;
+                let code = flat
+                    .codes
+                    .get(start..start + dimension)
+                    .ok_or_else(|| std::io::Error::other("flat row out of range"))?;
+                row.extend(code.iter().flat_map(|c| c.to_le_bytes()));
+            }
+            out.write_all(&row)?;
+        }
+        Ok(())
+    })
+}
+
+/// Writes a file of the dump through `write`, then makes it durable before the manifest names it:
+/// its name, length and blake3.
+fn write_durable(
+    path: &Path,
+    write: impl FnOnce(&mut HashingWriter<BufWriter<File>>) -> Result<(), IndexError>,
+) -> Result<FileRef, IndexError> {
     let mut out = HashingWriter {
-        inner: BufWriter::with_capacity(1 << 20, file),
+        inner: BufWriter::with_capacity(1 << 20, File::create(path)?),
         hasher: blake3::Hasher::new(),
         len: 0,
     };
-    out.write_all(ENTRIES_MAGIC)?;
-    out.write_all(&dimension32.to_le_bytes())?;
-    out.write_all(&parts32.to_le_bytes())?;
-    out.write_all(&(order.len() as u64).to_le_bytes())?;
-    for part in &state.parts {
-        out.write_all(&part.tag)?;
-        out.write_all(&[u8::from(matches!(part.body, Body::Graph(_)))])?;
-    }
-    let mut row = Vec::with_capacity(ENTRY_RECORD + dimension);
-    for (id, live) in order {
-        row.clear();
-        row.extend_from_slice(&id.to_le_bytes());
-        row.extend_from_slice(&live.part.to_le_bytes());
-        row.extend_from_slice(&live.slot.to_le_bytes());
-        row.extend_from_slice(&live.digest.to_le_bytes());
-        if let Some(Body::Flat(flat)) = state.part(live.part).map(|p| &p.body) {
-            let start = live.slot as usize * dimension;
-            let code = flat
-                .codes
-                .get(start..start + dimension)
-                .ok_or_else(|| std::io::Error::other("flat row out of range"))?;
-            row.extend(code.iter().flat_map(|c| c.to_le_bytes()));
-        }
-        out.write_all(&row)?;
-    }
+    write(&mut out)?;
     out.flush()?;
     out.inner.get_ref().sync_all()?;
     Ok(FileRef {
@@ -1870,24 +1881,6 @@ fn read_checked(dir: &Path, file: &FileRef) -> Result<Vec<u8>, IndexError> {
     }
     check_hash(file, blake3::hash(&bytes))?;
     Ok(bytes)
-}
-
-/// Writes a sealed segment's file, durable before the manifest names it.
-fn write_sealed(path: &Path, sealed: &Sealed) -> Result<FileRef, IndexError> {
-    let file = File::create(path)?;
-    let mut out = HashingWriter {
-        inner: BufWriter::with_capacity(1 << 20, file),
-        hasher: blake3::Hasher::new(),
-        len: 0,
-    };
-    sealed.write(&mut out)?;
-    out.flush()?;
-    out.inner.get_ref().sync_all()?;
-    Ok(FileRef {
-        name: file_name(path),
-        len: out.len,
-        blake3: out.hasher.finalize().to_hex().to_string(),
-    })
 }
 
 /// A reader that hashes what passes through it.
@@ -2291,12 +2284,22 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    fn unit(rng: &mut StdRng, dimension: usize) -> Vec<f32> {
+    pub(super) fn unit(rng: &mut StdRng, dimension: usize) -> Vec<f32> {
         let v: Vec<f32> = (0..dimension)
             .map(|_| rng.random_range(-1.0f32..1.0))
             .collect();
         let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
         v.into_iter().map(|x| x / norm).collect()
+    }
+
+    /// Every item's own vector finds it first in its partition.
+    fn finds_each<'a>(
+        index: &HnswIndex,
+        items: impl IntoIterator<Item = &'a (VectorId, PartitionTag, Vec<f32>)>,
+    ) {
+        for (id, p, v) in items {
+            assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
+        }
     }
 
     fn tag(n: u8) -> PartitionTag {
@@ -2546,9 +2549,7 @@ mod tests {
         });
         assert_eq!(index.len(), 2_300);
         assert_eq!(index.tombstones(), 0);
-        for (id, p, v) in base.iter().skip(1_000).chain(&extra) {
-            assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
-        }
+        finds_each(&index, base.iter().skip(1_000).chain(&extra));
     }
 
     #[test]
@@ -2577,9 +2578,7 @@ mod tests {
         assert!(!index.maybe_rebuild());
         assert_eq!(graph_kinds(&index), [false, true]);
         assert_eq!(index.len(), 600);
-        for (id, p, v) in &items {
-            assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
-        }
+        finds_each(&index, &items);
         // Down to 100 live (half the limit): flat again, exact, no tombstones.
         for (id, _, _) in items.iter().filter(|(_, p, _)| *p == tag(1)).skip(100) {
             index.remove(*id);
@@ -2588,9 +2587,10 @@ mod tests {
         assert!(index.maybe_rebuild());
         assert_eq!(graph_kinds(&index), [false, false]);
         assert_eq!((index.len(), index.tombstones()), (300, 0));
-        for (id, p, v) in items.iter().filter(|(_, p, _)| *p == tag(1)).take(100) {
-            assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
-        }
+        finds_each(
+            &index,
+            items.iter().filter(|(_, p, _)| *p == tag(1)).take(100),
+        );
     }
 
     /// Whether each partition (in the order first seen) has a graph.
@@ -2831,12 +2831,7 @@ mod tests {
         let index = HnswIndex::build(config.clone(), items.clone());
         // As few segments as the limit allows, of equal size.
         assert_eq!(segment_sizes(&index, tag(1)), [375, 375, 375, 375]);
-        let found_all = |index: &HnswIndex, items: &[(VectorId, PartitionTag, Vec<f32>)]| {
-            for (id, p, v) in items {
-                assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
-            }
-        };
-        found_all(&index, &items);
+        finds_each(&index, &items);
         // Results merge across segments: the best of the partition, not of one segment.
         let mut exact = 0;
         for _ in 0..200 {
@@ -2859,18 +2854,18 @@ mod tests {
             [375, 375, 375, 375, 400, 100]
         );
         assert_eq!(segment_kinds(&index, tag(1)), "SSSSGG");
-        found_all(&index, &items);
+        finds_each(&index, &items);
         assert!(index.maybe_rebuild());
         assert_eq!(segment_kinds(&index, tag(1)), "SSSSSG");
         assert!(!index.maybe_rebuild(), "the open segment stays growing");
-        found_all(&index, &items);
+        finds_each(&index, &items);
 
         // Removed ids are never returned, from any segment.
         for id in (0..2_000).step_by(3) {
             index.remove(id);
         }
         items.retain(|(id, _, _)| id % 3 != 0);
-        found_all(&index, &items);
+        finds_each(&index, &items);
 
         // A dump names every segment, and loads back as the same graph.
         let dir = tempfile::tempdir().expect("tempdir");
@@ -2903,14 +2898,14 @@ mod tests {
             let q = unit(&mut rng, dimension);
             assert_eq!(loaded.search(&tag(1), &q, 5), index.search(&tag(1), &q, 5));
         }
-        found_all(&loaded, &items);
+        finds_each(&loaded, &items);
 
         // A rebuild (a third are tombstones, past the ratio) splits the live rows afresh.
         assert!(loaded.maybe_rebuild());
         assert_eq!(loaded.tombstones(), 0);
         assert_eq!(segment_sizes(&loaded, tag(1)), [334, 334, 334, 331]);
         assert_eq!(segment_kinds(&loaded, tag(1)), "SSSS");
-        found_all(&loaded, &items);
+        finds_each(&loaded, &items);
     }
 
     /// The maintenance's next step rebuilds partition `tag(1)` into one sealed graph that finds
@@ -2922,9 +2917,7 @@ mod tests {
         assert!(index.maybe_rebuild());
         assert_eq!(segment_kinds(index, tag(1)), "S");
         assert!(!index.maybe_rebuild());
-        for (id, p, v) in items {
-            assert_eq!(index.search(p, v, 1)[0].id, *id, "lost {id}");
-        }
+        finds_each(index, items);
     }
 
     /// A growing segment that cannot be sealed (two points with one slot, as an insert that panicked

@@ -58,10 +58,6 @@ impl Layer {
         })
         .unwrap_or(&[])
     }
-
-    fn bytes(&self) -> usize {
-        (self.members.capacity() + self.offsets.capacity() + self.links.capacity()) * 4
-    }
 }
 
 /// Calls `f` with every point of an `hnsw_rs` graph, layer by layer, each layer read under one
@@ -224,13 +220,6 @@ impl Sealed {
 
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
-    }
-
-    /// Heap bytes held: rows, links and slots.
-    pub fn bytes(&self) -> usize {
-        self.codes.capacity() * 2
-            + self.slots.capacity() * 4
-            + self.layers.iter().map(Layer::bytes).sum::<usize>()
     }
 
     /// Every row as `(slot, code)`.
@@ -428,11 +417,6 @@ impl Sealed {
             entry,
         })
     }
-
-    /// The slots this segment holds, in row order.
-    pub fn slots(&self) -> &[u32] {
-        &self.slots
-    }
 }
 
 fn write_u32s(out: &mut impl Write, values: &[u32]) -> std::io::Result<()> {
@@ -458,14 +442,9 @@ fn read_u32s(input: &mut impl Read, n: usize) -> Result<Vec<u32>, String> {
 mod tests {
     use super::*;
     use crate::index::quant::{encode_f16, DistF16};
+    use crate::index::tests::unit;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
-
-    fn unit(rng: &mut StdRng, dim: usize) -> Vec<f32> {
-        let v: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-        v.into_iter().map(|x| x / norm).collect()
-    }
 
     /// An `hnsw_rs` graph of `n` random unit vectors whose slots start at `first`, and the vectors.
     fn graph(
