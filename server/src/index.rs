@@ -249,6 +249,11 @@ const NO_ID: VectorId = VectorId::MAX;
 /// Rows per task of a large flat scan (1-2 ms of dot products here), worth a hand-off to another
 /// thread; also the size past which a flat scan needs a [`ScanPermit`] on the request path.
 const SCAN_CHUNK: usize = 32_768;
+/// A growing segment of at most this many points is scanned exactly instead of searched: at the
+/// search width the gateway uses (128), `hnsw_rs`'s search of a graph this small visits most of its
+/// points anyway, at several times a scan's cost per point, and a partition that has its graph
+/// keeps inserting into a fresh growing segment, which every search of it reads.
+const SCAN_GROWING_POINTS: usize = 4_096;
 
 /// Segments a partition's inserts may add to those a rebuild would make before the maintenance
 /// merges them (rebuilds the partition): each is searched beside the others.
@@ -344,6 +349,16 @@ impl Segment {
         live: impl Fn(usize) -> Option<VectorId>,
     ) -> Vec<Neighbor> {
         match self {
+            Segment::Growing(graph) if graph.get_nb_point() <= SCAN_GROWING_POINTS => {
+                let mut found = Vec::with_capacity(graph.get_nb_point());
+                sealed::each_point(graph, |p| {
+                    if let Some(id) = live(p.get_origin_id()) {
+                        let similarity = dot_f32_f16(query, p.get_v());
+                        found.push(Neighbor { id, similarity });
+                    }
+                });
+                top_k(found, wanted.max(1))
+            }
             Segment::Growing(graph) => {
                 let points = graph.get_point_indexation();
                 graph
@@ -2946,6 +2961,61 @@ mod tests {
         }
         assert_eq!(index.seal_one(), Seal::Failed(0));
         rebuilds_into_one_sealed_graph(&index, &items);
+    }
+
+    /// A growing segment of at most [`SCAN_GROWING_POINTS`] is scanned exactly, a larger one
+    /// searched through `hnsw_rs`: either way only live points come back, most similar first.
+    #[test]
+    fn growing_segments_are_scanned_when_small_and_searched_when_large() {
+        let dimension = 8;
+        let mut rng = StdRng::seed_from_u64(23);
+        for n in [SCAN_GROWING_POINTS / 8, SCAN_GROWING_POINTS + 500] {
+            let items = random_items(&mut rng, 0..n as u64, tag(1), dimension);
+            let config = IndexConfig {
+                brute_force_below: 100,
+                ..small_config(dimension)
+            };
+            let index = build_growing(config, items.clone());
+            assert_eq!(segment_kinds(&index, tag(1)), "G");
+            for (id, _, _) in items.iter().step_by(10) {
+                index.remove(*id);
+            }
+            let live: Vec<_> = items
+                .iter()
+                .filter(|(id, ..)| id % 10 != 0)
+                .cloned()
+                .collect();
+            let queries = 200;
+            let mut exact = 0;
+            for _ in 0..queries {
+                let q = unit(&mut rng, dimension);
+                let found = index.search(&tag(1), &q, 10);
+                assert_eq!(found.len(), 10, "n={n}");
+                assert!(
+                    found.iter().all(|f| f.id % 10 != 0),
+                    "n={n}: a removed point"
+                );
+                assert!(
+                    found.windows(2).all(|w| w[0].similarity >= w[1].similarity),
+                    "n={n}: not most similar first"
+                );
+                // Scores are f32 · f16: a tie within f16's rounding may go either way.
+                let best = naive_best(&live, &tag(1), &q);
+                let best_similarity = dot(
+                    &q,
+                    &live.iter().find(|(id, ..)| *id == best).expect("live").2,
+                );
+                exact += usize::from(
+                    found[0].id == best || found[0].similarity >= best_similarity - 2e-3,
+                );
+            }
+            if n <= SCAN_GROWING_POINTS {
+                assert_eq!(exact, queries, "a scan is exact");
+            } else {
+                // `hnsw_rs` may miss now and then; the scan above may not.
+                assert!(exact * 100 >= queries * 95, "n={n}: {exact} of {queries}");
+            }
+        }
     }
 
     /// Growing segments added by inserts past [`SEGMENTS_BEFORE_MERGE`] are merged by a rebuild.
