@@ -177,7 +177,8 @@ pub enum Status {
 /// What the semantic stage found for one request.
 #[derive(Default)]
 pub struct Outcome {
-    /// A live entry of the partition at or above the threshold, with its similarity.
+    /// A live entry of the partition at or above the threshold, with its similarity: its cold
+    /// half (`events` and `body` empty), the answer being served from its replay.
     pub hit: Option<(Entry, f32)>,
     /// Similarity of the best candidate in the partition (`x-reprise-nearest`).
     pub nearest: Option<f32>,
@@ -463,7 +464,10 @@ impl Semantic {
         let mut found = Found::default();
         let mut refused = None;
         for n in neighbors {
-            let entry = match store.get(EntryId(n.id)) {
+            // The cold half decides (partition, expiry, prompt for the guards, age): a hit's
+            // answer is read afterwards as its replay, as an exact hit's is, so the answer of a
+            // candidate is never decoded here (two thirds of a whole entry's read).
+            let entry = match store.cold(&[EntryId(n.id)]).map(|mut found| found.pop()) {
                 Ok(Some(e)) if !e.is_expired(now) && e.partition.0 == request.partition => e,
                 Ok(_) => {
                     self.index.remove(n.id);

@@ -182,7 +182,7 @@ async fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
                     && state.feedback.allows(hit.entry.id, &prompt, *similarity)
             })?,
     };
-    let replay = replay_of(state, &hit.entry).await;
+    let replay = replay_of(state, hit.entry.id).await?;
     let mut found = found(state, ex, replay, hit.age_s, How::Similar(similarity));
     found.verified = verified;
     Some(found)
@@ -351,31 +351,30 @@ pub(crate) async fn apply_search(
         super::verify::Check::Serve(verified) => verified,
         super::verify::Check::Refuse => return None,
     };
+    let replay = replay_of(state, entry.id).await?;
     if ex.policy.store {
         state
             .cache
             .remember_alias(ex.keys.exact, entry.id, similarity);
     }
     let age_s = entry.age_s(unix_ms());
-    let replay = replay_of(state, &entry).await;
     let mut found = found(state, ex, replay, age_s, How::Similar(similarity));
     found.verified = verified;
     found.verdict = ex.misses.verify.take();
     Some(found)
 }
 
-/// The replay a hit found by id serves: read as an exact hit reads it (the entry was decoded whole
-/// for the guards; its answer need not be serialized again), or built from the entry when the
-/// store has none to give (it was replaced or dropped since).
-async fn replay_of(state: &AppState, entry: &crate::entry::Entry) -> Arc<Replay> {
-    let id = entry.id;
-    let stored = state
+/// The replay a hit found by id serves, read as an exact hit reads it: the search decided on the
+/// entry's cold half (no answer read or decoded). `None` when the store has none to give: the
+/// entry was replaced, invalidated or dropped since the search met it, and the request is a miss.
+async fn replay_of(state: &AppState, id: EntryId) -> Option<Arc<Replay>> {
+    state
         .cache
         .read(move |store| store.replay(id))
         .await
         .and_then(Result::ok)
-        .flatten();
-    Arc::new(stored.unwrap_or_else(|| Replay::of(entry)))
+        .flatten()
+        .map(Arc::new)
 }
 
 /// A hit: the lookup ends here, and feedback on this request will name the entry.
@@ -437,15 +436,16 @@ async fn record_shadow(
     }
     // What serving it would have saved, read as a hit reads it (from the entry's replay).
     let would_save = if would == shadow::Would::Hit {
-        let replay = replay_of(state, candidate).await;
-        let saved = state.savings.saved(
-            &replay,
-            &ex.ingress.body,
-            &ex.ingress.model,
-            ex.policy.namespace.as_deref(),
-        );
-        state.requests.stats.shadow_saved(&saved);
-        Some(saved)
+        replay_of(state, candidate.id).await.map(|replay| {
+            let saved = state.savings.saved(
+                &replay,
+                &ex.ingress.body,
+                &ex.ingress.model,
+                ex.policy.namespace.as_deref(),
+            );
+            state.requests.stats.shadow_saved(&saved);
+            saved
+        })
     } else {
         None
     };
