@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::backfill::{wants_vector, Backfill};
 use crate::config::Config;
 use crate::embed::{EmbedConfig, EmbedError, Embedder};
-use crate::entry::{Entry, EntryId};
+use crate::entry::{Entry, EntryId, Replay};
 use crate::guard::{Guard, Guards, Literals};
 use crate::index::{Graphs, HnswIndex, IndexConfig, IndexError, ScansBusy, VectorIndex};
 use crate::lock::lock;
@@ -157,10 +157,19 @@ pub struct Query {
     pub max_age_s: Option<u64>,
 }
 
+/// An entry a search will serve.
+pub struct Hit {
+    /// Its cold half (`events` empty, `body` null): what the search decided on.
+    pub entry: Entry,
+    pub similarity: f32,
+    /// What the hit sends, read as an exact hit reads it.
+    pub replay: Arc<Replay>,
+}
+
 /// What one search found (see [`Outcome`]).
 #[derive(Default)]
 struct Found {
-    hit: Option<(Entry, f32)>,
+    hit: Option<Hit>,
     nearest: Option<f32>,
     nearest_entry: Option<EntryId>,
     nearest_guard: Option<Guard>,
@@ -177,9 +186,8 @@ pub enum Status {
 /// What the semantic stage found for one request.
 #[derive(Default)]
 pub struct Outcome {
-    /// A live entry of the partition at or above the threshold, with its similarity: its cold
-    /// half (`events` and `body` empty), the answer being served from its replay.
-    pub hit: Option<(Entry, f32)>,
+    /// A live entry of the partition at or above the threshold, with its similarity and replay.
+    pub hit: Option<Hit>,
     /// Similarity of the best candidate in the partition (`x-reprise-nearest`).
     pub nearest: Option<f32>,
     /// That candidate (feedback can approve a near miss).
@@ -464,9 +472,9 @@ impl Semantic {
         let mut found = Found::default();
         let mut refused = None;
         for n in neighbors {
-            // The cold half decides (partition, expiry, prompt for the guards, age): a hit's
-            // answer is read afterwards as its replay, as an exact hit's is, so the answer of a
-            // candidate is never decoded here (two thirds of a whole entry's read).
+            // The cold half decides (partition, expiry, prompt for the guards, age); the answer
+            // is read as a replay for the hit alone, not decoded for every candidate (two thirds
+            // of a whole entry's read).
             let entry = match store.cold(&[EntryId(n.id)]).map(|mut found| found.pop()) {
                 Ok(Some(e)) if !e.is_expired(now) && e.partition.0 == request.partition => e,
                 Ok(_) => {
@@ -498,7 +506,22 @@ impl Semantic {
                 refused.get_or_insert(guard);
                 continue;
             }
-            found.hit = Some((entry, n.similarity));
+            // Read last, for the one candidate served: its answer, which the cold half lacks. A
+            // replay gone (its half evicted or unreadable) leaves the entry unservable: dropped
+            // from the index like a missing entry, and the next candidate tried.
+            let replay = match store.replay(entry.id) {
+                Ok(Some(replay)) => Arc::new(replay),
+                Ok(None) => {
+                    self.index.remove(n.id);
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            found.hit = Some(Hit {
+                entry,
+                similarity: n.similarity,
+                replay,
+            });
             break;
         }
         // A refusal counts when it left the request without a match: a wrong answer not given.
@@ -1655,6 +1678,63 @@ mod tests {
         }
     }
 
+    /// A candidate whose replay is gone (one half of it evicted or unreadable) is never served:
+    /// the search drops it from the index and serves the next candidate above the threshold, with
+    /// that candidate's replay.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_candidate_without_its_replay_is_dropped_and_the_next_one_served() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let faulty = Arc::new(FaultyReads::new(
+            crate::store::SledStore::open(dir.path()).expect("store"),
+        ));
+        let store: Arc<dyn Store> = faulty.clone();
+        let embedder = Arc::new(
+            Embedder::with_model(Box::new(Hashed), &crate::embed::EmbedConfig::default())
+                .expect("fake"),
+        );
+        let config = crate::config::Config {
+            data_dir: dir.path().to_owned(),
+            ..crate::config::Config::default()
+        };
+        let Status::Ready(semantic) = Semantic::start(&config, &store, Some(embedder), None) else {
+            panic!("semantic stage did not start");
+        };
+        while semantic.index.is_building() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let nearest = store.put(stored(7, true)).expect("put");
+        let next = store.put(stored(8, true)).expect("put");
+        let partition = stored(7, true).partition.0;
+        // The next candidate: the query's vector turned a little (similarity about 0.99).
+        let mut turned = unit(7);
+        turned[0] += 0.1;
+        let norm = turned.iter().map(|x| x * x).sum::<f32>().sqrt();
+        turned.iter_mut().for_each(|x| *x /= norm);
+        let flat = HnswIndex::build_flat(
+            index_config(8),
+            [(nearest.0, partition, unit(7)), (next.0, partition, turned)],
+        );
+        assert!(semantic.index.begin_rebuild());
+        semantic.index.install(flat, Installed::Whole);
+        let query = Query {
+            partition,
+            prompt: "question 7".into(),
+            threshold: 0.9,
+            guards: Guards::default(),
+            max_age_s: None,
+        };
+        faulty.lose_replay(nearest);
+        let outcome = semantic.search(&store, unit(7), query).await;
+        let hit = outcome.hit.expect("the next candidate served");
+        assert_eq!(hit.entry.id, next);
+        assert!(hit.similarity >= 0.9 && hit.similarity < 0.999);
+        assert_eq!(hit.replay.id(), next);
+        assert_eq!(outcome.nearest_entry, Some(nearest));
+        let ids = semantic.index.current().ids();
+        assert!(!ids.contains(&nearest.0) && ids.contains(&next.0));
+        semantic.stop();
+    }
+
     /// While a large partition awaits its graph, its lookups scan it exactly; one that finds every
     /// core scanning goes on at once without semantic matching, counted as `scan_busy`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1721,7 +1801,7 @@ mod tests {
         drop(held);
         let outcome = semantic.search(&store, unit(7), query()).await;
         assert_eq!(outcome.skipped, None);
-        assert_eq!(outcome.hit.map(|(entry, _)| entry.id.0), Some(id));
+        assert_eq!(outcome.hit.map(|hit| hit.entry.id.0), Some(id));
         assert_eq!(semantic.fallbacks().scan_busy, 1);
         semantic.stop();
     }

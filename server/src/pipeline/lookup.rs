@@ -18,7 +18,7 @@ use super::exchange::{Found, How};
 use super::Exchange;
 use crate::cache::remote::{self, Across};
 use crate::cache::{Flight, Join};
-use crate::entry::{Entry, EntryId, Replay};
+use crate::entry::{EntryId, Replay};
 use crate::feedback::{self, Encounter, Met};
 use crate::guard::Guards;
 use crate::semantic::{self, Query, Semantic};
@@ -182,7 +182,7 @@ async fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
                     && state.feedback.allows(hit.entry.id, &prompt, *similarity)
             })?,
     };
-    let replay = replay_of(state, hit.entry.id).await?;
+    let replay = replay_of(state, &hit.entry).await;
     let mut found = found(state, ex, replay, hit.age_s, How::Similar(similarity));
     found.verified = verified;
     Some(found)
@@ -321,22 +321,22 @@ pub(crate) async fn apply_search(
         note(state, ex, Met::NearMiss, entry, Some(similarity));
     }
     if shadow {
-        if let Some((entry, similarity)) = outcome.hit.take() {
-            let mut decision = record_shadow(state, ex, &entry, similarity).await;
+        if let Some(hit) = outcome.hit.take() {
+            let mut decision = record_shadow(state, ex, &hit).await;
             if let Some(decision) = &mut decision {
-                super::verify::shadow(state, ex, &entry, similarity, decision);
+                super::verify::shadow(state, ex, &hit.entry, hit.similarity, decision);
             }
             ex.misses.shadowed = decision;
-            note(state, ex, Met::Shadow, entry.id, Some(similarity));
+            note(state, ex, Met::Shadow, hit.entry.id, Some(hit.similarity));
         }
     }
     // A pair an operator said was wrong is never served again.
-    if let Some((entry, similarity)) = outcome
+    if let Some(hit) = outcome
         .hit
-        .take_if(|(e, s)| !state.feedback.allows(e.id, &prompt, *s))
+        .take_if(|hit| !state.feedback.allows(hit.entry.id, &prompt, hit.similarity))
     {
-        ex.misses.vetoed = Some(entry.id);
-        tracing::debug!(entry = %entry.id, similarity, "semantic hit vetoed by feedback");
+        ex.misses.vetoed = Some(hit.entry.id);
+        tracing::debug!(entry = %hit.entry.id, similarity = hit.similarity, "semantic hit vetoed by feedback");
     }
     ex.misses.nearest.similarity = outcome.nearest;
     // Named on the miss exactly when counted: a refusal at or above the floor the search used, not
@@ -346,12 +346,15 @@ pub(crate) async fn apply_search(
     if let Some(guard) = outcome.refused {
         state.requests.stats.guard_refused(guard);
     }
-    let (entry, similarity) = outcome.hit?;
+    let semantic::Hit {
+        entry,
+        similarity,
+        replay,
+    } = outcome.hit?;
     let verified = match super::verify::check(state, ex, &entry, similarity).await {
         super::verify::Check::Serve(verified) => verified,
         super::verify::Check::Refuse => return None,
     };
-    let replay = replay_of(state, entry.id).await?;
     if ex.policy.store {
         state
             .cache
@@ -364,17 +367,18 @@ pub(crate) async fn apply_search(
     Some(found)
 }
 
-/// The replay a hit found by id serves, read as an exact hit reads it: the search decided on the
-/// entry's cold half (no answer read or decoded). `None` when the store has none to give: the
-/// entry was replaced, invalidated or dropped since the search met it, and the request is a miss.
-async fn replay_of(state: &AppState, id: EntryId) -> Option<Arc<Replay>> {
-    state
+/// The replay an alias hit serves: read as an exact hit reads it (the alias memory decoded the
+/// entry whole; its answer need not be serialized again), or built from the entry when the
+/// store has none to give (it was replaced or dropped since).
+async fn replay_of(state: &AppState, entry: &crate::entry::Entry) -> Arc<Replay> {
+    let id = entry.id;
+    let stored = state
         .cache
         .read(move |store| store.replay(id))
         .await
         .and_then(Result::ok)
-        .flatten()
-        .map(Arc::new)
+        .flatten();
+    Arc::new(stored.unwrap_or_else(|| Replay::of(entry)))
 }
 
 /// A hit: the lookup ends here, and feedback on this request will name the entry.
@@ -415,9 +419,9 @@ fn note(state: &AppState, ex: &Exchange, met: Met, entry: EntryId, similarity: O
 async fn record_shadow(
     state: &AppState,
     ex: &Exchange,
-    candidate: &Entry,
-    similarity: f32,
+    hit: &semantic::Hit,
 ) -> Option<shadow::ShadowDecision> {
+    let (candidate, similarity) = (&hit.entry, hit.similarity);
     let (keys, threshold, prompt) = (&ex.keys, ex.threshold, &ex.prompt_key());
     let guards = ex.settings.semantic_guards;
     let (mut would, mut verdicts) =
@@ -436,16 +440,14 @@ async fn record_shadow(
     }
     // What serving it would have saved, read as a hit reads it (from the entry's replay).
     let would_save = if would == shadow::Would::Hit {
-        replay_of(state, candidate.id).await.map(|replay| {
-            let saved = state.savings.saved(
-                &replay,
-                &ex.ingress.body,
-                &ex.ingress.model,
-                ex.policy.namespace.as_deref(),
-            );
-            state.requests.stats.shadow_saved(&saved);
-            saved
-        })
+        let saved = state.savings.saved(
+            &hit.replay,
+            &ex.ingress.body,
+            &ex.ingress.model,
+            ex.policy.namespace.as_deref(),
+        );
+        state.requests.stats.shadow_saved(&saved);
+        Some(saved)
     } else {
         None
     };

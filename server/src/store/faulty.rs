@@ -1,8 +1,12 @@
-//! Test only: a [`Store`] around another whose whole-store reads ([`Store::ids`], [`Store::cold`])
-//! fail as many times as a test asks, as Redis does during a failover, and which lists no ledger
-//! of ids (as Redis), so callers read through those calls. Everything else passes through.
+//! Test only: a [`Store`] around another whose whole-store reads ([`Store::ids`], [`Store::cold`],
+//! which a semantic search also reads its candidates with) fail as many times as a test asks, as
+//! Redis does during a failover, which lists no ledger of ids (as Redis), so callers read through
+//! those calls, and which can lose an entry's replay alone (as Redis can evict one half of an
+//! entry). Everything else passes through.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use super::{Store, StoreError, Upkeep};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
@@ -14,6 +18,8 @@ pub(crate) struct FaultyReads<S> {
     pub(crate) failures: AtomicUsize,
     /// Whole-store reads that succeed before the failures start.
     pub(crate) good_reads: AtomicUsize,
+    /// Entries whose replay reads as gone.
+    pub(crate) lost_replays: Mutex<HashSet<EntryId>>,
 }
 
 impl<S> FaultyReads<S> {
@@ -22,7 +28,13 @@ impl<S> FaultyReads<S> {
             inner,
             failures: AtomicUsize::new(0),
             good_reads: AtomicUsize::new(0),
+            lost_replays: Mutex::default(),
         }
+    }
+
+    /// From now on `id`'s replay reads as gone, its cold half still there.
+    pub(crate) fn lose_replay(&self, id: EntryId) {
+        crate::lock::lock(&self.lost_replays).insert(id);
     }
 
     /// After `good_reads` more whole-store reads pass, the next `failures` fail.
@@ -55,6 +67,13 @@ impl<S: Store> Store for FaultyReads<S> {
 
     fn replay_by_key(&self, key: &CacheKey) -> Result<Option<Replay>, StoreError> {
         self.inner.replay_by_key(key)
+    }
+
+    fn replay(&self, id: EntryId) -> Result<Option<Replay>, StoreError> {
+        if crate::lock::lock(&self.lost_replays).contains(&id) {
+            return Ok(None);
+        }
+        self.inner.replay(id)
     }
 
     fn put(&self, entry: Entry) -> Result<EntryId, StoreError> {
