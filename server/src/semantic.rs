@@ -1678,6 +1678,26 @@ mod tests {
         }
     }
 
+    /// The semantic stage over `store` with the [`Hashed`] model, once the start's read of the
+    /// (empty) store has put an empty index in service.
+    async fn started(dir: &Path, store: &Arc<dyn Store>) -> Arc<Semantic> {
+        let embedder = Arc::new(
+            Embedder::with_model(Box::new(Hashed), &crate::embed::EmbedConfig::default())
+                .expect("fake"),
+        );
+        let config = crate::config::Config {
+            data_dir: dir.to_owned(),
+            ..crate::config::Config::default()
+        };
+        let Status::Ready(semantic) = Semantic::start(&config, store, Some(embedder), None) else {
+            panic!("semantic stage did not start");
+        };
+        while semantic.index.is_building() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        semantic
+    }
+
     /// A candidate whose replay is gone (one half of it evicted or unreadable) is never served:
     /// the search drops it from the index and serves the next candidate above the threshold, with
     /// that candidate's replay.
@@ -1688,20 +1708,7 @@ mod tests {
             crate::store::SledStore::open(dir.path()).expect("store"),
         ));
         let store: Arc<dyn Store> = faulty.clone();
-        let embedder = Arc::new(
-            Embedder::with_model(Box::new(Hashed), &crate::embed::EmbedConfig::default())
-                .expect("fake"),
-        );
-        let config = crate::config::Config {
-            data_dir: dir.path().to_owned(),
-            ..crate::config::Config::default()
-        };
-        let Status::Ready(semantic) = Semantic::start(&config, &store, Some(embedder), None) else {
-            panic!("semantic stage did not start");
-        };
-        while semantic.index.is_building() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let semantic = started(dir.path(), &store).await;
         let nearest = store.put(stored(7, true)).expect("put");
         let next = store.put(stored(8, true)).expect("put");
         let partition = stored(7, true).partition.0;
@@ -1742,21 +1749,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store: Arc<dyn Store> =
             Arc::new(crate::store::SledStore::open(dir.path()).expect("store"));
-        let embedder = Arc::new(
-            Embedder::with_model(Box::new(Hashed), &crate::embed::EmbedConfig::default())
-                .expect("fake"),
-        );
-        let config = crate::config::Config {
-            data_dir: dir.path().to_owned(),
-            ..crate::config::Config::default()
-        };
-        let Status::Ready(semantic) = Semantic::start(&config, &store, Some(embedder), None) else {
-            panic!("semantic stage did not start");
-        };
-        // The start's read of the (empty) store puts an empty index in service first.
-        while semantic.index.is_building() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let semantic = started(dir.path(), &store).await;
         let id = store.put(stored(7, true)).expect("put").0;
         let partition = stored(7, true).partition.0;
         // Flat, as a rebuild from the store leaves it, and large enough to be scanned in parallel
