@@ -349,6 +349,7 @@ impl Segment {
         live: impl Fn(usize) -> Option<VectorId>,
     ) -> Vec<Neighbor> {
         match self {
+            Segment::Growing(_) | Segment::Sealed(_) if wanted == 0 => Vec::new(),
             Segment::Growing(graph) if graph.get_nb_point() <= SCAN_GROWING_POINTS => {
                 let mut found = Vec::with_capacity(graph.get_nb_point());
                 sealed::each_point(graph, |p| {
@@ -357,7 +358,7 @@ impl Segment {
                         found.push(Neighbor { id, similarity });
                     }
                 });
-                top_k(found, wanted.max(1))
+                top_k(found, wanted)
             }
             Segment::Growing(graph) => {
                 let points = graph.get_point_indexation();

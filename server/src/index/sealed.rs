@@ -250,7 +250,8 @@ impl Sealed {
         for &row in rows {
             let start = row as usize * self.dim;
             if let Some(code) = self.codes.get(start..start + self.dim) {
-                for v in code.iter().step_by(PER_LINE) {
+                // And the last value: a row that does not start on a line spans one line more.
+                for v in code.iter().step_by(PER_LINE).chain(code.last()) {
                     acc ^= v.to_bits();
                 }
             }
