@@ -525,12 +525,14 @@ async fn a_body_off_contract_is_a_decode_error_naming_the_field() {
 
 #[tokio::test]
 async fn an_unreachable_gateway_is_a_transport_error() {
-    // Bind then drop, so the port is (almost certainly) closed.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
+    // Bound but never listening: a connection is refused, and the port stays this test's. A port
+    // bound and dropped could be handed by the kernel to another test's fake gateway, running
+    // at the same time, which then answered this request (and saw one it did not expect).
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .expect("bind");
+    let port = socket.local_addr().expect("addr").port();
     let client = AdminClient::new(&format!("http://127.0.0.1:{port}"), Some("t")).expect("client");
     let err = client.stats().await.expect_err("refused");
     assert!(matches!(err, AdminError::Transport { .. }), "{err:?}");
@@ -541,6 +543,7 @@ async fn an_unreachable_gateway_is_a_transport_error() {
         )),
         "{text}"
     );
+    drop(socket);
 }
 
 // ---------------------------------------------------------------------------------------------
