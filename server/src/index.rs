@@ -348,13 +348,15 @@ impl Segment {
         wanted: usize,
         live: impl Fn(usize) -> Option<VectorId>,
     ) -> Vec<Neighbor> {
+        if wanted == 0 {
+            return Vec::new();
+        }
         match self {
-            Segment::Growing(_) | Segment::Sealed(_) if wanted == 0 => Vec::new(),
             Segment::Growing(graph) if graph.get_nb_point() <= SCAN_GROWING_POINTS => {
                 let mut found = Vec::with_capacity(graph.get_nb_point());
-                sealed::each_point(graph, |p| {
-                    if let Some(id) = live(p.get_origin_id()) {
-                        let similarity = dot_f32_f16(query, p.get_v());
+                self.for_each_row(|slot, code| {
+                    if let Some(id) = live(slot) {
+                        let similarity = dot_f32_f16(query, code);
                         found.push(Neighbor { id, similarity });
                     }
                 });

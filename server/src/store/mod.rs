@@ -215,7 +215,8 @@ pub trait Store: Upkeep {
     /// Entries `ids` without their answers (`events` and `body` left empty), in `ids`' order,
     /// skipping those gone or unreadable: what start-up and a rebuild of the vector index read
     /// (vector, partition, route, prompt), a page at a time, so that a million entries are never
-    /// held at once and no answer is read, and what a semantic search reads of each candidate. The default reads each whole entry and drops its answer.
+    /// held at once and no answer is read, and what a semantic search reads of each candidate.
+    /// The default reads each whole entry and drops its answer.
     fn cold(&self, ids: &[EntryId]) -> Result<Vec<Entry>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for &id in ids {
