@@ -20,6 +20,7 @@ use reprise_server::index::quant::{
     cosine_f16, cosine_f32_i8, cosine_i8, dot_f16, dot_f32_f16, encode_f16, encode_i8,
     portable_dot_f16, portable_dot_f32_f16, DistF16, DistI8,
 };
+use reprise_server::index::sketch::{nearest, Planes, Sketch, CANDIDATES};
 use reprise_server::index::{dot, HnswIndex, IndexConfig, VectorIndex};
 
 // The gateway's allocator (server/src/main.rs), so RSS per vector and the cost of `hnsw_rs`'s many
@@ -263,6 +264,30 @@ fn dist(flags: &Args) {
             time(&|| dot_f32_f16(black_box(&a), black_box(&hb)))
         );
     }
+    // The recheck's parts: one row's sketch (at seal and load, per row) and the scan of a
+    // million sketches for the 64 nearest (per recheck of a million-row segment, one thread).
+    let planes = Planes::of(dim);
+    println!(
+        "| sketch of one f16 row (128 planes, at seal and load) | {:.1} |",
+        time(&|| planes.sketch_row(black_box(&hb))[0] as f32)
+    );
+    let sketches: Vec<Sketch> = (0..1_000_000u64)
+        .map(|i| {
+            [
+                i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                i.rotate_left(17) ^ 0x5555,
+            ]
+        })
+        .collect();
+    let scans = 20;
+    let t = Instant::now();
+    for _ in 0..scans {
+        black_box(nearest(black_box(&sketches), 0, [1, 2], CANDIDATES));
+    }
+    println!(
+        "| scan of 1M sketches for the {CANDIDATES} nearest (one thread) | {:.0} |",
+        t.elapsed().as_nanos() as f64 / scans as f64
+    );
     let (exact, fast) = (dot(&a, &b), dot_f16(&ha, &hb));
     println!(
         "\nf16 · f16 {fast} against f32 {exact} (difference {:.1e})",

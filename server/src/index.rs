@@ -50,6 +50,7 @@
 
 pub mod quant;
 pub mod sealed;
+pub mod sketch;
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -152,6 +153,10 @@ pub struct IndexConfig {
     /// Inserts into a partition that has its graph go to an `hnsw_rs` segment of at most this many
     /// points (and `segment_points`), which the maintenance then seals (see [`sealed`]).
     pub seal_points: usize,
+    /// A graph search whose best result is less similar than this is checked by a scan of the
+    /// sealed segments' sketches for near duplicates it missed (see [`sketch`]): set to the
+    /// similarity the gateway serves at, above which a found result already is one.
+    pub recheck_below: f32,
 }
 
 impl IndexConfig {
@@ -165,6 +170,7 @@ impl IndexConfig {
             segment_points: 1 << 20,
             rebuild_tombstone_ratio: 0.2,
             seal_points: 1 << 16,
+            recheck_below: 0.9,
         }
     }
 
@@ -258,6 +264,9 @@ const SCAN_GROWING_POINTS: usize = 4_096;
 /// Segments a partition's inserts may add to those a rebuild would make before the maintenance
 /// merges them (rebuilds the partition): each is searched beside the others.
 const SEGMENTS_BEFORE_MERGE: usize = 8;
+/// Rows of a sealed segment's sketches one thread scans for near duplicates (4 MB of sketches):
+/// a million-row segment is scanned on every core.
+const SKETCH_CHUNK: usize = 1 << 18;
 
 /// Hashes sequential ids with one multiplication (Fibonacci hashing): the live map is probed for
 /// every graph result and SipHash would cost more than the probe.
@@ -684,6 +693,65 @@ impl State {
         };
         top_k(found, k)
     }
+}
+
+impl State {
+    /// The live near duplicates of `query` in `graph`'s sealed segments, found by their sketches
+    /// (see [`sketch`]): the recheck of a graph search that found nothing near. Growing segments
+    /// are left out: one of at most [`SCAN_GROWING_POINTS`] was scanned exactly already, and a
+    /// larger one is a graph of at most `seal_points`, small enough for its search.
+    fn near_duplicates(
+        &self,
+        part: u32,
+        graph: &OwnGraph,
+        query: &[f32],
+        k: usize,
+    ) -> Vec<Neighbor> {
+        let sketch = sketch::Planes::of(self.dimension).sketch(query);
+        let chunks: Vec<(&Sealed, std::ops::Range<usize>)> = graph
+            .segments
+            .iter()
+            .filter_map(|s| match s {
+                Segment::Sealed(s) => Some(s),
+                Segment::Growing(_) => None,
+            })
+            .flat_map(|s| {
+                (0..s.len())
+                    .step_by(SKETCH_CHUNK)
+                    .map(|start| (s.as_ref(), start..(start + SKETCH_CHUNK).min(s.len())))
+            })
+            .collect();
+        let scan = |(sealed, rows): &(&Sealed, std::ops::Range<usize>)| {
+            sealed
+                .near_duplicates(query, sketch, rows.clone())
+                .into_iter()
+                .filter_map(|(slot, similarity)| {
+                    Some(Neighbor {
+                        id: self.live_slot(part, graph, slot)?,
+                        similarity,
+                    })
+                })
+                .collect::<Vec<_>>()
+        };
+        let found = match search_pool() {
+            Some(pool) if chunks.len() > 1 => {
+                pool.install(|| chunks.par_iter().flat_map_iter(scan).collect())
+            }
+            _ => chunks.iter().flat_map(scan).collect(),
+        };
+        top_k(found, k)
+    }
+}
+
+/// `a` and `b` as one list, each id once, most similar first, at most `k`.
+fn merged(mut a: Vec<Neighbor>, b: Vec<Neighbor>, k: usize) -> Vec<Neighbor> {
+    a.extend(b);
+    // An id found both ways has the same similarity both times (the same row, the same dot
+    // product), so its two results sort next to each other.
+    a.sort_unstable_by(by_similarity);
+    a.dedup_by_key(|n| n.id);
+    a.truncate(k);
+    a
 }
 
 /// What [`HnswIndex::seal_one`] did.
@@ -1113,7 +1181,15 @@ impl HnswIndex {
                 for _ in 0..WIDEN_ATTEMPTS {
                     let found = state.graph_search(part, graph, &query, &code, k, ef);
                     if found.len() >= wanted {
-                        return Ok(found);
+                        // Nothing near: the greedy search may have passed a near duplicate by.
+                        let near = found
+                            .first()
+                            .is_some_and(|n| n.similarity >= self.config.recheck_below);
+                        if near {
+                            return Ok(found);
+                        }
+                        let missed = state.near_duplicates(part, graph, &query, k);
+                        return Ok(merged(found, missed, k));
                     }
                     ef = ef.saturating_mul(WIDEN_FACTOR);
                 }
@@ -3019,6 +3095,62 @@ mod tests {
                 assert!(exact * 100 >= queries * 95, "n={n}: {exact} of {queries}");
             }
         }
+    }
+
+    /// A graph too sparse to navigate random vectors (2 links a point, a search 1 wide) misses
+    /// most near duplicates; the recheck of its sealed segment's sketches finds every one, and
+    /// never a removed point.
+    #[test]
+    fn a_search_that_found_nothing_near_is_rechecked_for_near_duplicates() {
+        let dimension = 64;
+        let mut rng = StdRng::seed_from_u64(29);
+        let items = random_items(&mut rng, 0..3_000, tag(1), dimension);
+        let sparse = |recheck_below| IndexConfig {
+            max_connections: 2,
+            ef_construction: 4,
+            ef_search: 1,
+            brute_force_below: 100,
+            recheck_below,
+            ..IndexConfig::new(dimension)
+        };
+        // A paraphrase of every tenth item, at cosine about 0.97 to it; every fifth of those
+        // items is then removed.
+        let queries: Vec<(VectorId, Vec<f32>)> = items
+            .iter()
+            .step_by(10)
+            .map(|(id, _, v)| {
+                let noise = unit(&mut rng, dimension);
+                let q: Vec<f32> = v.iter().zip(&noise).map(|(v, n)| v + 0.25 * n).collect();
+                (*id, q)
+            })
+            .collect();
+        let removed = |id: VectorId| id.is_multiple_of(50);
+        let found = |recheck_below| {
+            let index = HnswIndex::build(sparse(recheck_below), items.clone());
+            assert_eq!(segment_kinds(&index, tag(1)), "S");
+            for (id, _) in &queries {
+                if removed(*id) {
+                    index.remove(*id);
+                }
+            }
+            queries
+                .iter()
+                .map(|(id, q)| {
+                    let best = index.search(&tag(1), q, 1);
+                    assert_eq!(best.len(), 1);
+                    assert!(!removed(best[0].id), "a removed point was found");
+                    usize::from(best[0].id == *id)
+                })
+                .sum::<usize>()
+        };
+        let live = queries.iter().filter(|(id, _)| !removed(*id)).count();
+        // Off (every result counts as near): the sparse graph alone.
+        let graph_alone = found(-1.0);
+        assert!(
+            graph_alone * 2 < live,
+            "{graph_alone} of {live} without the recheck"
+        );
+        assert_eq!(found(0.9), live);
     }
 
     /// Growing segments added by inserts past [`SEGMENTS_BEFORE_MERGE`] are merged by a rebuild.

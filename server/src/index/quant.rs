@@ -148,7 +148,7 @@ pub fn decode_f16(row: &[f16]) -> Vec<f32> {
 /// subnormals into the right f32 normals, and zero into zero). Exact for every finite f16; the
 /// index never holds infinities or NaN.
 #[inline(always)]
-fn widen(h: u16) -> f32 {
+pub(super) fn widen(h: u16) -> f32 {
     const REBIAS: f32 = 5.192_297e33; // 2^112
     let h = u32::from(h);
     let magnitude = f32::from_bits((h & 0x7fff) << 13) * REBIAS;

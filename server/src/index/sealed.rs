@@ -21,14 +21,17 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{Read, Write};
+use std::ops::Range;
 
 use std::sync::Arc;
 
 use half::f16;
 use hnsw_rs::hnsw::{Hnsw, Point};
 use hnsw_rs::prelude::Distance;
+use rayon::prelude::*;
 
 use super::quant::dot_f32_f16;
+use super::sketch::{nearest, Planes, Sketch, CANDIDATES};
 
 const MAGIC: &[u8; 8] = b"RPXSEAL1";
 /// Magic, dimension, rows, layers, entry row: what [`Sealed::read`] checks before it allocates.
@@ -91,6 +94,9 @@ pub struct Sealed {
     layers: Vec<Layer>,
     /// Where every search starts: a row of the top layer.
     entry: u32,
+    /// Row `i`'s sign sketch, for [`Sealed::near_duplicates`]: computed from the codes whenever
+    /// the segment is made or read, never saved.
+    sketches: Vec<Sketch>,
 }
 
 /// A row and its similarity to the query, ordered by similarity (then row, so the order is total).
@@ -205,12 +211,14 @@ impl Sealed {
             layer.offsets.shrink_to_fit();
             layer.links.shrink_to_fit();
         }
+        let sketches = sketch_all(&codes, dim);
         Some(Self {
             dim,
             slots,
             codes,
             layers,
             entry,
+            sketches,
         })
     }
 
@@ -330,6 +338,36 @@ impl Sealed {
             .collect()
     }
 
+    /// The near duplicates of `query` among rows `rows` (a chunk of a larger scan, or all of them):
+    /// the [`CANDIDATES`] rows whose sketches differ least from `sketch` (the query's), scored
+    /// exactly, as `(slot, similarity)`, most similar first. A scan of 16 bytes per row; see
+    /// [`sketch`](super::sketch) for why it finds the near duplicates a graph search can miss.
+    pub fn near_duplicates(
+        &self,
+        query: &[f32],
+        sketch: Sketch,
+        rows: Range<usize>,
+    ) -> Vec<(usize, f32)> {
+        let Some(sketches) = self.sketches.get(rows.clone()) else {
+            return Vec::new();
+        };
+        if query.len() != self.dim {
+            return Vec::new();
+        }
+        let first = u32::try_from(rows.start).unwrap_or(u32::MAX);
+        let picked: Vec<u32> = nearest(sketches, first, sketch, CANDIDATES)
+            .into_iter()
+            .map(|(_, row)| row)
+            .collect();
+        self.touch(&picked);
+        let mut found: Vec<Scored> = picked.iter().map(|r| self.scored(query, *r)).collect();
+        found.sort_unstable_by(|a, b| b.cmp(a));
+        found
+            .into_iter()
+            .map(|s| (self.slots[s.row as usize] as usize, s.similarity))
+            .collect()
+    }
+
     /// Writes the segment, little-endian: header, slots, codes, then per layer its member count,
     /// link count, members (none for layer 0), offsets and links.
     pub fn write(&self, out: &mut impl Write) -> std::io::Result<()> {
@@ -438,14 +476,28 @@ impl Sealed {
         if !slots.windows(2).all(|w| w[0] < w[1]) {
             return Err("slots are not in order".into());
         }
+        let sketches = sketch_all(&codes, dim);
         Ok(Self {
             dim,
             slots,
             codes,
             layers: parsed,
             entry,
+            sketches,
         })
     }
+}
+
+/// Every row's sketch, computed on all cores (about a second of CPU per million rows).
+fn sketch_all(codes: &[f16], dim: usize) -> Vec<Sketch> {
+    let planes = Planes::of(dim);
+    let mut sketches = Vec::new();
+    codes
+        .par_chunks_exact(dim.max(1))
+        .with_min_len(1_024)
+        .map(|row| planes.sketch_row(row))
+        .collect_into_vec(&mut sketches);
+    sketches
 }
 
 fn write_u32s(out: &mut impl Write, values: &[u32]) -> std::io::Result<()> {
