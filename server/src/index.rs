@@ -103,13 +103,18 @@ pub trait VectorIndex: Send + Sync {
     /// [`VectorIndex::search`] for the request path: `Err(ScansBusy)` at once, instead of a scan,
     /// when the partition is a large flat one (past 32,768 rows and `brute_force_below`: it awaits
     /// its graph after a rebuild from the store) and as many such scans run as there are search
-    /// threads (the request then goes on without semantic matching rather than queue).
+    /// threads (the request then goes on without semantic matching rather than queue). A graph
+    /// search whose best result is below `recheck_below` (the similarity the request is served at)
+    /// is rechecked for near duplicates it may have passed by (see [`sketch`]); `search` uses
+    /// [`IndexConfig::recheck_below`].
     fn search_now(
         &self,
         partition: &PartitionTag,
         query: &[f32],
         k: usize,
+        recheck_below: f32,
     ) -> Result<Vec<Neighbor>, ScansBusy> {
+        let _ = recheck_below;
         Ok(self.search(partition, query, k))
     }
     /// Exact scan of every live vector, across partitions: at most `k` at or above
@@ -154,8 +159,9 @@ pub struct IndexConfig {
     /// points (and `segment_points`), which the maintenance then seals (see [`sealed`]).
     pub seal_points: usize,
     /// A graph search whose best result is less similar than this is checked by a scan of the
-    /// sealed segments' sketches for near duplicates it missed (see [`sketch`]): set to the
-    /// similarity the gateway serves at, above which a found result already is one.
+    /// sealed segments' sketches for near duplicates it missed (see [`sketch`]), in
+    /// [`VectorIndex::search`]; the request path passes its own serving threshold instead. The
+    /// default is the gateway's default threshold: a result above it already is a near duplicate.
     pub recheck_below: f32,
 }
 
@@ -264,8 +270,8 @@ const SCAN_GROWING_POINTS: usize = 4_096;
 /// Segments a partition's inserts may add to those a rebuild would make before the maintenance
 /// merges them (rebuilds the partition): each is searched beside the others.
 const SEGMENTS_BEFORE_MERGE: usize = 8;
-/// Rows of a sealed segment's sketches one thread scans for near duplicates (4 MB of sketches):
-/// a million-row segment is scanned on every core.
+/// Rows of a sealed segment's sketches one task scans for near duplicates (4 MB of sketches): a
+/// million-row segment is four tasks, spread over the search threads.
 const SKETCH_CHUNK: usize = 1 << 18;
 
 /// Hashes sequential ids with one multiplication (Fibonacci hashing): the live map is probed for
@@ -702,12 +708,13 @@ impl State {
     /// larger one is a graph of at most `seal_points`, small enough for its search.
     fn near_duplicates(
         &self,
+        planes: &sketch::Planes,
         part: u32,
         graph: &OwnGraph,
         query: &[f32],
         k: usize,
     ) -> Vec<Neighbor> {
-        let sketch = sketch::Planes::of(self.dimension).sketch(query);
+        let sketch = planes.sketch(query);
         let chunks: Vec<(&Sealed, std::ops::Range<usize>)> = graph
             .segments
             .iter()
@@ -791,6 +798,8 @@ pub struct HnswIndex {
     writer: Mutex<Writer>,
     /// Exact scans of partitions awaiting their graph that run now, for [`VectorIndex::search_now`].
     large_scans: AtomicUsize,
+    /// The sketch planes of the configured dimension, for the queries of rechecks.
+    planes: Arc<sketch::Planes>,
 }
 
 /// One of the exact scans of a partition awaiting its graph that may run at once (one per search
@@ -1079,6 +1088,7 @@ impl HnswIndex {
             state: RwLock::new(state.unwrap_or_else(|| State::empty(&config))),
             writer: Mutex::new(Writer::default()),
             large_scans: AtomicUsize::new(0),
+            planes: sketch::Planes::of(config.dimension),
             config,
         }
     }
@@ -1148,6 +1158,7 @@ impl HnswIndex {
         query: &[f32],
         k: usize,
         permit: bool,
+        recheck_below: f32,
     ) -> Result<Vec<Neighbor>, ScansBusy> {
         if k == 0 {
             return Ok(Vec::new());
@@ -1174,21 +1185,22 @@ impl HnswIndex {
                 Ok(state.scan_flat(flat, &query, k))
             }
             Body::Graph(graph) => {
-                let code = encode_f16(&query);
                 let wanted = k.min(p.live);
+                if wanted == 0 {
+                    return Ok(Vec::new());
+                }
+                let code = encode_f16(&query);
                 // Too few live results means tombstones crowd the query: widen, then scan.
                 let mut ef = self.config.ef_search.max(k);
                 for _ in 0..WIDEN_ATTEMPTS {
                     let found = state.graph_search(part, graph, &query, &code, k, ef);
                     if found.len() >= wanted {
                         // Nothing near: the greedy search may have passed a near duplicate by.
-                        let near = found
-                            .first()
-                            .is_some_and(|n| n.similarity >= self.config.recheck_below);
+                        let near = found.first().is_some_and(|n| n.similarity >= recheck_below);
                         if near {
                             return Ok(found);
                         }
-                        let missed = state.near_duplicates(part, graph, &query, k);
+                        let missed = state.near_duplicates(&self.planes, part, graph, &query, k);
                         return Ok(merged(found, missed, k));
                     }
                     ef = ef.saturating_mul(WIDEN_FACTOR);
@@ -1711,7 +1723,8 @@ impl VectorIndex for HnswIndex {
     }
 
     fn search(&self, partition: &PartitionTag, query: &[f32], k: usize) -> Vec<Neighbor> {
-        self.find(partition, query, k, false).unwrap_or_default()
+        self.find(partition, query, k, false, self.config.recheck_below)
+            .unwrap_or_default()
     }
 
     fn search_now(
@@ -1719,8 +1732,9 @@ impl VectorIndex for HnswIndex {
         partition: &PartitionTag,
         query: &[f32],
         k: usize,
+        recheck_below: f32,
     ) -> Result<Vec<Neighbor>, ScansBusy> {
-        self.find(partition, query, k, true)
+        self.find(partition, query, k, true, recheck_below)
     }
 
     fn scan_all(&self, query: &[f32], min_similarity: f32, k: usize) -> Vec<Neighbor> {
@@ -2717,7 +2731,7 @@ mod tests {
         let exact = |index: &HnswIndex| {
             for (id, p, v) in &items {
                 let q: Vec<f32> = v.iter().map(|x| x + 0.05).collect();
-                let found = index.search_now(p, &q, 1).expect("a permit is free");
+                let found = index.search_now(p, &q, 1, 0.9).expect("a permit is free");
                 assert_eq!(found[0].id, naive_best(&items, p, &q), "query near {id}");
             }
         };
@@ -2785,18 +2799,21 @@ mod tests {
             permits.push(permit);
         }
         assert!(!permits.is_empty());
-        assert_eq!(index.search_now(&large.1, &large.2, 1), Err(ScansBusy));
+        assert_eq!(index.search_now(&large.1, &large.2, 1, 0.9), Err(ScansBusy));
         // Smaller partitions are scanned inline, as before; `search` (operators, tests) waits for none.
         for row in [grown, small] {
             assert_eq!(
-                index.search_now(&row.1, &row.2, 1).expect("inline")[0].id,
+                index.search_now(&row.1, &row.2, 1, 0.9).expect("inline")[0].id,
                 row.0
             );
         }
         assert_eq!(index.search(&large.1, &large.2, 1)[0].id, large.0);
         permits.pop();
         assert_eq!(
-            index.search_now(&large.1, &large.2, 1).expect("one free")[0].id,
+            index
+                .search_now(&large.1, &large.2, 1, 0.9)
+                .expect("one free")[0]
+                .id,
             large.0
         );
         drop(permits);
@@ -2811,7 +2828,7 @@ mod tests {
         // (Whether the graph finds this very point is `hnsw_rs`'s recall, not what is tested.)
         assert_eq!(
             index
-                .search_now(&large.1, &large.2, 1)
+                .search_now(&large.1, &large.2, 1, 0.9)
                 .map(|found| found.len()),
             Ok(1)
         );
@@ -2831,7 +2848,7 @@ mod tests {
             items.clone(),
         );
         for (id, p, v) in items.iter().step_by(9_973) {
-            let found = index.search_now(p, v, 3).expect("no large scan");
+            let found = index.search_now(p, v, 3, 0.9).expect("no large scan");
             assert_eq!(found[0].id, *id);
             assert_eq!(found.len(), 3);
             assert!(found.windows(2).all(|w| w[0].similarity >= w[1].similarity));
@@ -3098,8 +3115,8 @@ mod tests {
     }
 
     /// A graph too sparse to navigate random vectors (2 links a point, a search 1 wide) misses
-    /// most near duplicates; the recheck of its sealed segment's sketches finds every one, and
-    /// never a removed point.
+    /// most near duplicates; the recheck of its sealed segment's sketches finds every live one,
+    /// never a removed point, nor a replaced vector's old row, nor an id twice.
     #[test]
     fn a_search_that_found_nothing_near_is_rechecked_for_near_duplicates() {
         let dimension = 64;
@@ -3113,8 +3130,8 @@ mod tests {
             recheck_below,
             ..IndexConfig::new(dimension)
         };
-        // A paraphrase of every tenth item, at cosine about 0.97 to it; every fifth of those
-        // items is then removed.
+        // A paraphrase of every tenth item, at cosine about 0.97 to it. Of those items, every
+        // fifth is then removed, and every fifth after it given a new vector.
         let queries: Vec<(VectorId, Vec<f32>)> = items
             .iter()
             .step_by(10)
@@ -3125,32 +3142,57 @@ mod tests {
             })
             .collect();
         let removed = |id: VectorId| id.is_multiple_of(50);
-        let found = |recheck_below| {
+        let replaced = |id: VectorId| id % 50 == 10;
+        let moved = random_items(&mut rng, 0..3_000, tag(1), dimension);
+        // `request`: the threshold a request passes on the request path, over the configured one.
+        let found = |recheck_below, request: Option<f32>| {
             let index = HnswIndex::build(sparse(recheck_below), items.clone());
             assert_eq!(segment_kinds(&index, tag(1)), "S");
             for (id, _) in &queries {
                 if removed(*id) {
                     index.remove(*id);
+                } else if replaced(*id) {
+                    index.insert(*id, tag(1), &moved[*id as usize].2);
                 }
             }
             queries
                 .iter()
                 .map(|(id, q)| {
-                    let best = index.search(&tag(1), q, 1);
-                    assert_eq!(best.len(), 1);
-                    assert!(!removed(best[0].id), "a removed point was found");
+                    let best = match request {
+                        Some(at) => index.search_now(&tag(1), q, 4, at).expect("no scan"),
+                        None => index.search(&tag(1), q, 4),
+                    };
+                    assert_eq!(best.len(), 4);
+                    assert!(best.windows(2).all(|w| w[0].similarity >= w[1].similarity));
+                    let ids: BTreeSet<VectorId> = best.iter().map(|n| n.id).collect();
+                    assert_eq!(ids.len(), 4, "an id twice: {best:?}");
+                    assert!(!ids.iter().any(|id| removed(*id)), "a removed point");
+                    // A replaced id is far from its old vector now: found near it, it was its
+                    // old row.
+                    if replaced(*id) {
+                        assert!(best.iter().all(|n| n.id != *id || n.similarity < 0.5));
+                    }
                     usize::from(best[0].id == *id)
                 })
                 .sum::<usize>()
         };
-        let live = queries.iter().filter(|(id, _)| !removed(*id)).count();
+        let live = queries
+            .iter()
+            .filter(|(id, _)| !removed(*id) && !replaced(*id))
+            .count();
         // Off (every result counts as near): the sparse graph alone.
-        let graph_alone = found(-1.0);
+        let graph_alone = found(-1.0, None);
         assert!(
             graph_alone * 2 < live,
             "{graph_alone} of {live} without the recheck"
         );
-        assert_eq!(found(0.9), live);
+        assert_eq!(found(0.9, None), live);
+        assert_eq!(
+            found(-1.0, Some(0.95)),
+            live,
+            "the request's threshold decides"
+        );
+        assert!(found(0.9, Some(-1.0)) * 2 < live);
     }
 
     /// Growing segments added by inserts past [`SEGMENTS_BEFORE_MERGE`] are merged by a rebuild.

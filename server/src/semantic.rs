@@ -153,6 +153,9 @@ pub struct Query {
     pub partition: [u8; 32],
     pub prompt: String,
     pub threshold: f32,
+    /// The similarity the request is served at (`threshold` is lower when a judge decides
+    /// between the two): a graph search that found nothing as near is rechecked by the index.
+    pub serve_at: f32,
     pub guards: Guards,
     pub max_age_s: Option<u64>,
 }
@@ -452,16 +455,20 @@ impl Semantic {
     /// best candidate scored. Entries that are gone or expired are tombstoned in the index on the
     /// way, so they are never served.
     fn best_live(&self, store: &dyn Store, query: &[f32], request: &Query) -> Found {
-        let neighbors = match self.index.search_now(&request.partition, query, CANDIDATES) {
-            Ok(neighbors) => neighbors,
-            Err(ScansBusy) => {
-                self.fall_back(FallbackReason::ScanBusy, None);
-                return Found {
-                    skipped: Some(FallbackReason::ScanBusy),
-                    ..Found::default()
-                };
-            }
-        };
+        let neighbors =
+            match self
+                .index
+                .search_now(&request.partition, query, CANDIDATES, request.serve_at)
+            {
+                Ok(neighbors) => neighbors,
+                Err(ScansBusy) => {
+                    self.fall_back(FallbackReason::ScanBusy, None);
+                    return Found {
+                        skipped: Some(FallbackReason::ScanBusy),
+                        ..Found::default()
+                    };
+                }
+            };
         let now = unix_ms();
         // The request's literals are read once, and only when a guard runs.
         let literals = (!request.guards.is_empty()).then(|| Literals::of(&request.prompt));
@@ -1420,8 +1427,10 @@ impl VectorIndex for SwappableIndex {
         partition: &[u8; 32],
         query: &[f32],
         k: usize,
+        recheck_below: f32,
     ) -> Result<Vec<crate::index::Neighbor>, ScansBusy> {
-        self.current().search_now(partition, query, k)
+        self.current()
+            .search_now(partition, query, k, recheck_below)
     }
 
     fn scan_all(
@@ -1608,7 +1617,9 @@ mod tests {
         );
         assert!(!index.is_building(), "in service with every vector");
         assert_eq!(index.current().graphs_pending(), 1);
-        let found = index.search_now(&partition, &unit(7), 2).expect("a permit");
+        let found = index
+            .search_now(&partition, &unit(7), 2, 0.9)
+            .expect("a permit");
         assert_eq!(found.len(), 2);
         assert!(found[0].similarity > 0.999, "{found:?}");
         // A resync while the graphs are still to build: flat again, at once.
@@ -1727,6 +1738,7 @@ mod tests {
             partition,
             prompt: "question 7".into(),
             threshold: 0.9,
+            serve_at: 0.9,
             guards: Guards::default(),
             max_age_s: None,
         };
@@ -1775,6 +1787,7 @@ mod tests {
             partition,
             prompt: "question 7".into(),
             threshold: 0.9,
+            serve_at: 0.9,
             guards: Guards::default(),
             max_age_s: None,
         };

@@ -354,7 +354,10 @@ impl Sealed {
         if query.len() != self.dim {
             return Vec::new();
         }
-        let first = u32::try_from(rows.start).unwrap_or(u32::MAX);
+        // Rows are u32 throughout (see `from_graph`); a range past them holds none.
+        let Ok(first) = u32::try_from(rows.start) else {
+            return Vec::new();
+        };
         let picked: Vec<u32> = nearest(sketches, first, sketch, CANDIDATES)
             .into_iter()
             .map(|(_, row)| row)
@@ -550,6 +553,50 @@ mod tests {
         let mut bytes = Vec::new();
         sealed.write(&mut bytes).expect("write");
         bytes
+    }
+
+    /// A recheck reads rows by their sketches in any range of rows (the index scans a large
+    /// segment in chunks) and answers slots, not rows.
+    #[test]
+    fn near_duplicates_are_found_by_slot_in_any_range_of_rows() {
+        let mut rng = StdRng::seed_from_u64(31);
+        let dim = 32;
+        let (graph, vectors) = graph(&mut rng, 3_000, dim, 100);
+        let sealed = Sealed::from_graph(&graph, dim).expect("sealed");
+        let planes = Planes::of(dim);
+        for source in (0..3_000).step_by(97) {
+            let noise = unit(&mut rng, dim);
+            let query: Vec<f32> = vectors[source]
+                .iter()
+                .zip(&noise)
+                .map(|(v, n)| v + 0.25 * n)
+                .collect();
+            let norm = query.iter().map(|x| x * x).sum::<f32>().sqrt();
+            let query: Vec<f32> = query.into_iter().map(|x| x / norm).collect();
+            let sketch = planes.sketch(&query);
+            let whole = sealed.near_duplicates(&query, sketch, 0..3_000);
+            assert_eq!(whole.len(), CANDIDATES);
+            assert_eq!(whole[0].0, source + 100, "the source, as its slot");
+            let exact = dot_f32_f16(&query, &encode_f16(&vectors[source]));
+            assert_eq!(whole[0].1, exact);
+            assert!(whole.windows(2).all(|w| w[0].1 >= w[1].1));
+            let chunk = source / 1_000 * 1_000;
+            let own = sealed.near_duplicates(&query, sketch, chunk..chunk + 1_000);
+            assert_eq!(own[0], whole[0], "in its own chunk of rows");
+            let other = (chunk + 1_000) % 3_000;
+            let elsewhere = sealed.near_duplicates(&query, sketch, other..other + 1_000);
+            assert!(elsewhere
+                .iter()
+                .all(|(slot, _)| (other + 100..other + 1_100).contains(slot)));
+        }
+        let query = unit(&mut rng, dim);
+        let sketch = planes.sketch(&query);
+        assert!(sealed
+            .near_duplicates(&query, sketch, 2_990..3_001)
+            .is_empty());
+        assert!(sealed
+            .near_duplicates(&query[1..], sketch, 0..10)
+            .is_empty());
     }
 
     #[test]

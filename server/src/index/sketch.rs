@@ -13,8 +13,9 @@
 //! unrelated vector at cosine 0 in 64 (σ ≈ 6), a same-topic one at 0.5 in 43. The scan keeps the
 //! [`CANDIDATES`] rows with the fewest differing bits and scores them exactly, so a sketch only
 //! picks which rows are read, never decides a similarity. The hyperplanes come from a fixed seed
-//! through this module's own generator: sketches computed by any build of Reprise agree, and need
-//! not be saved (they are computed again from the rows when a segment is loaded).
+//! through this module's own generator. Sketches are never saved: they are computed again from
+//! the rows whenever a segment is sealed or loaded, so the planes, and the rounding of the sums
+//! (fused or not), only need to agree within one process.
 
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -29,17 +30,17 @@ pub type Sketch = [u64; 2];
 /// Bits in a sketch.
 pub const BITS: usize = 128;
 
-/// Rows a scan keeps for exact scoring. Reading one costs about a cache miss per 64 bytes of the
-/// row (0.3-0.5 µs at 384 dimensions); 64 of them are a few per cent of a million-row scan and
-/// leave room, in a dense topic, for the rows that share many bits with the query without
-/// being near duplicates.
+/// Rows a scan of one chunk of sketches keeps for exact scoring. Reading one costs about a cache
+/// miss per 64 bytes of the row (0.3-0.5 µs at 384 dimensions); 64 per chunk of 2^18 rows (256
+/// for a million) are a few per cent of the scan, and leave room, in a dense topic, for rows that
+/// share many bits with the query without being near duplicates.
 pub const CANDIDATES: usize = 64;
 
 /// Seed of the hyperplanes: changing it changes every sketch (harmless, as none is saved).
 const SEED: u64 = 0x5245_5052_4953_4531; // "REPRISE1"
 
 /// The hyperplanes of one dimension, stored coordinate by coordinate: value `j` of every normal,
-/// then value `j + 1`, so a sketch is one pass over the vector that updates 128 sums side by side
+/// then value `j + 1`, so a sketch is a pass over the vector that updates many sums side by side
 /// (SIMD-wide), not 128 dot products.
 pub struct Planes {
     dim: usize,
@@ -184,7 +185,8 @@ pub fn nearest(sketches: &[Sketch], first: u32, query: Sketch, k: usize) -> Vec<
             let mut kept: std::collections::BinaryHeap<(u32, u32)> =
                 std::collections::BinaryHeap::with_capacity(k + 1);
             let mut worst = u32::MAX;
-            for (row, s) in (first..).zip(sketches) {
+            // Rows after the sketches, so the row count never steps past the last one.
+            for (s, row) in sketches.iter().zip(first..) {
                 let bits = (s[0] ^ query[0]).count_ones() + (s[1] ^ query[1]).count_ones();
                 if bits < worst {
                     kept.push((bits, row));

@@ -218,6 +218,7 @@ fn query(ex: &Exchange, plan: Plan) -> Query {
         partition: ex.keys.partition.0,
         prompt: ex.keys.prompt.clone(),
         threshold,
+        serve_at: ex.threshold,
         guards,
         max_age_s: ex.policy.max_age_s,
     }
