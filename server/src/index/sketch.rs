@@ -20,7 +20,9 @@
 use std::sync::{Arc, LazyLock, Mutex};
 
 use half::f16;
-use pulp::Arch;
+use std::collections::BinaryHeap;
+
+use pulp::{Arch, Simd, WithSimd};
 
 use super::quant::widen;
 
@@ -115,17 +117,10 @@ impl Planes {
     /// loop compiled for the best instruction set there is.
     #[inline(always)]
     fn dispatched(&self, value: impl Fn(usize) -> f32) -> Sketch {
-        #[cfg(target_arch = "x86_64")]
-        if let Arch::V4(simd) = *ARCH {
-            return simd.vectorize(
-                #[inline(always)]
-                || avx512::sketch(simd, &self.by_coordinate, value),
-            );
-        }
-        ARCH.dispatch(
-            #[inline(always)]
-            || self.sketch_of(value),
-        )
+        ARCH.dispatch(Sketching {
+            planes: self,
+            value,
+        })
     }
 
     /// The sketch of an f32 vector of this dimension (missing values count as 0).
@@ -140,6 +135,25 @@ impl Planes {
 }
 
 static ARCH: LazyLock<Arch> = LazyLock::new(Arch::new);
+
+/// One sketch as a `pulp` operation (see [`Nearest`] for why a struct).
+struct Sketching<'a, F> {
+    planes: &'a Planes,
+    value: F,
+}
+
+impl<F: Fn(usize) -> f32> WithSimd for Sketching<'_, F> {
+    type Output = Sketch;
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) -> Sketch {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(simd) = pulp::x86::V4::try_new() {
+            return avx512::sketch(simd, &self.planes.by_coordinate, self.value);
+        }
+        self.planes.sketch_of(self.value)
+    }
+}
 
 /// AVX-512: the 128 sums in eight registers, one fused multiply-add each per coordinate. Only
 /// called inside `V4::vectorize`, which enables the features it is compiled for.
@@ -178,31 +192,55 @@ pub fn nearest(sketches: &[Sketch], first: u32, query: Sketch, k: usize) -> Vec<
     if k == 0 {
         return Vec::new();
     }
-    // Compiled for this CPU's instruction set (`popcnt` instead of a dozen shifts and masks).
-    let mut kept = ARCH.dispatch(
-        #[inline(always)]
-        || {
-            let mut kept: std::collections::BinaryHeap<(u32, u32)> =
-                std::collections::BinaryHeap::with_capacity(k + 1);
-            let mut worst = u32::MAX;
-            // Rows after the sketches, so the row count never steps past the last one.
-            for (s, row) in sketches.iter().zip(first..) {
-                let bits = (s[0] ^ query[0]).count_ones() + (s[1] ^ query[1]).count_ones();
-                if bits < worst {
-                    kept.push((bits, row));
-                    if kept.len() > k {
-                        kept.pop();
-                    }
-                    if kept.len() == k {
-                        worst = kept.peek().map_or(u32::MAX, |w| w.0);
-                    }
-                }
-            }
-            kept.into_vec()
-        },
-    );
+    let mut kept = ARCH.dispatch(Nearest {
+        sketches,
+        first,
+        query,
+        k,
+    });
     kept.sort_unstable();
     kept
+}
+
+/// [`nearest`]'s scan as a `pulp` operation: compiled for this CPU's instruction set (`popcnt`
+/// rather than a dozen shifts and masks per word). A struct, not a closure: `pulp` inlines its
+/// `with_simd` into the function the features are enabled for, where a closure's body was left a
+/// call of its own, compiled for baseline x86-64.
+struct Nearest<'a> {
+    sketches: &'a [Sketch],
+    first: u32,
+    query: Sketch,
+    k: usize,
+}
+
+impl WithSimd for Nearest<'_> {
+    type Output = Vec<(u32, u32)>;
+
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _: S) -> Self::Output {
+        let Nearest {
+            sketches,
+            first,
+            query,
+            k,
+        } = self;
+        let mut kept: BinaryHeap<(u32, u32)> = BinaryHeap::with_capacity(k + 1);
+        let mut worst = u32::MAX;
+        // Rows after the sketches, so the row count never steps past the last one.
+        for (s, row) in sketches.iter().zip(first..) {
+            let bits = (s[0] ^ query[0]).count_ones() + (s[1] ^ query[1]).count_ones();
+            if bits < worst {
+                kept.push((bits, row));
+                if kept.len() > k {
+                    kept.pop();
+                }
+                if kept.len() == k {
+                    worst = kept.peek().map_or(u32::MAX, |w| w.0);
+                }
+            }
+        }
+        kept.into_vec()
+    }
 }
 
 #[cfg(test)]
