@@ -105,8 +105,9 @@ pub trait VectorIndex: Send + Sync {
     /// its graph after a rebuild from the store) and as many such scans run as there are search
     /// threads (the request then goes on without semantic matching rather than queue). A graph
     /// search whose best result is below `recheck_below` (the similarity the request is served at)
-    /// is rechecked for near duplicates it may have passed by (see [`sketch`]); `search` uses
-    /// [`IndexConfig::recheck_below`].
+    /// or [`IndexConfig::recheck_below`], whichever is higher (at most 0.99), is rechecked for near
+    /// duplicates it may have passed by (see [`sketch`]); a recheck of more than 2^18 rows takes
+    /// such a permit too, and is left out (the graph's results stand) when none is free.
     fn search_now(
         &self,
         partition: &PartitionTag,
@@ -159,9 +160,9 @@ pub struct IndexConfig {
     /// points (and `segment_points`), which the maintenance then seals (see [`sealed`]).
     pub seal_points: usize,
     /// A graph search whose best result is less similar than this is checked by a scan of the
-    /// sealed segments' sketches for near duplicates it missed (see [`sketch`]), in
-    /// [`VectorIndex::search`]; the request path passes its own serving threshold instead. The
-    /// default is the gateway's default threshold: a result above it already is a near duplicate.
+    /// sealed segments' sketches for near duplicates it missed (see [`sketch`]); the request path
+    /// raises it to its own serving threshold. The default is the gateway's default threshold: a
+    /// result above it already is a near duplicate. Below -1, never (benches compare).
     pub recheck_below: f32,
 }
 
@@ -273,6 +274,9 @@ const SEGMENTS_BEFORE_MERGE: usize = 8;
 /// Rows of a sealed segment's sketches one task scans for near duplicates (4 MB of sketches): a
 /// million-row segment is four tasks, spread over the search threads.
 const SKETCH_CHUNK: usize = 1 << 18;
+/// The highest similarity a graph search's best result must reach to skip the recheck, whatever
+/// the threshold: a result this near is the query's neighbourhood already.
+const RECHECK_AT_MOST: f32 = 0.99;
 
 /// Hashes sequential ids with one multiplication (Fibonacci hashing): the live map is probed for
 /// every graph result and SipHash would cost more than the probe.
@@ -422,6 +426,17 @@ impl OwnGraph {
         for segment in &self.segments {
             segment.for_each_row(&mut f);
         }
+    }
+
+    /// Rows in sealed segments: what a recheck scans the sketches of.
+    fn sealed_rows(&self) -> usize {
+        self.segments
+            .iter()
+            .map(|s| match s {
+                Segment::Sealed(s) => s.len(),
+                Segment::Growing(_) => 0,
+            })
+            .sum()
     }
 }
 
@@ -705,7 +720,8 @@ impl State {
     /// The live near duplicates of `query` in `graph`'s sealed segments, found by their sketches
     /// (see [`sketch`]): the recheck of a graph search that found nothing near. Growing segments
     /// are left out: one of at most [`SCAN_GROWING_POINTS`] was scanned exactly already, and a
-    /// larger one is a graph of at most `seal_points`, small enough for its search.
+    /// larger one is a graph of at most `seal_points` (or, loaded from a dump older than sealed
+    /// segments, a whole partition's graph until the maintenance seals it), searched as before.
     fn near_duplicates(
         &self,
         planes: &sketch::Planes,
@@ -714,7 +730,6 @@ impl State {
         query: &[f32],
         k: usize,
     ) -> Vec<Neighbor> {
-        let sketch = planes.sketch(query);
         let chunks: Vec<(&Sealed, std::ops::Range<usize>)> = graph
             .segments
             .iter()
@@ -728,9 +743,14 @@ impl State {
                     .map(|start| (s.as_ref(), start..(start + SKETCH_CHUNK).min(s.len())))
             })
             .collect();
+        if chunks.is_empty() {
+            return Vec::new();
+        }
+        let sketch = planes.sketch(query);
+        let live = |slot| self.live_slot(part, graph, slot).is_some();
         let scan = |(sealed, rows): &(&Sealed, std::ops::Range<usize>)| {
             sealed
-                .near_duplicates(query, sketch, rows.clone())
+                .near_duplicates(query, sketch, rows.clone(), live)
                 .into_iter()
                 .filter_map(|(slot, similarity)| {
                     Some(Neighbor {
@@ -740,8 +760,9 @@ impl State {
                 })
                 .collect::<Vec<_>>()
         };
+        // Only a scan of more than one chunk's rows is worth a hand-off (as in `graph_search`).
         let found = match search_pool() {
-            Some(pool) if chunks.len() > 1 => {
+            Some(pool) if graph.sealed_rows() > SKETCH_CHUNK => {
                 pool.install(|| chunks.par_iter().flat_map_iter(scan).collect())
             }
             _ => chunks.iter().flat_map(scan).collect(),
@@ -750,13 +771,15 @@ impl State {
     }
 }
 
-/// `a` and `b` as one list, each id once, most similar first, at most `k`.
+/// `a` and `b` as one list, each id once (at its best similarity), most similar first, at most
+/// `k`.
 fn merged(mut a: Vec<Neighbor>, b: Vec<Neighbor>, k: usize) -> Vec<Neighbor> {
     a.extend(b);
-    // An id found both ways has the same similarity both times (the same row, the same dot
-    // product), so its two results sort next to each other.
+    // An id found both ways is nearly always the same row with the same score, but a stale row an
+    // interrupted insert left in another segment scores otherwise: keep the first, the best.
     a.sort_unstable_by(by_similarity);
-    a.dedup_by_key(|n| n.id);
+    let mut seen = HashSet::with_capacity(a.len());
+    a.retain(|n| seen.insert(n.id));
     a.truncate(k);
     a
 }
@@ -1196,10 +1219,25 @@ impl HnswIndex {
                     let found = state.graph_search(part, graph, &query, &code, k, ef);
                     if found.len() >= wanted {
                         // Nothing near: the greedy search may have passed a near duplicate by.
-                        let near = found.first().is_some_and(|n| n.similarity >= recheck_below);
-                        if near {
+                        // Below the index's own bar too (a lenient threshold is no proof that
+                        // nothing nearer exists), but never above RECHECK_AT_MOST, where an f16
+                        // row's rounding alone could leave its own duplicate just under a strict
+                        // request's threshold and make every search a scan.
+                        let below = recheck_below
+                            .max(self.config.recheck_below)
+                            .min(RECHECK_AT_MOST);
+                        if found.first().is_some_and(|n| n.similarity >= below) {
                             return Ok(found);
                         }
+                        // A recheck on the search threads is rationed like a large scan; with
+                        // every permit taken the graph's results stand, as before rechecks were.
+                        let pooled = graph.sealed_rows() > SKETCH_CHUNK;
+                        let Ok(_permit) = (permit && pooled)
+                            .then(|| ScanPermit::take(&self.large_scans))
+                            .transpose()
+                        else {
+                            return Ok(found);
+                        };
                         let missed = state.near_duplicates(&self.planes, part, graph, &query, k);
                         return Ok(merged(found, missed, k));
                     }
@@ -1244,6 +1282,12 @@ impl HnswIndex {
     /// Changes the search width (benches compare widths on one graph without rebuilding it).
     pub fn set_ef_search(&mut self, ef_search: usize) {
         self.config.ef_search = ef_search.max(1);
+    }
+
+    /// Changes the similarity below which [`VectorIndex::search`] rechecks a graph search by the
+    /// sketches (benches compare it on and off on one graph).
+    pub fn set_recheck_below(&mut self, recheck_below: f32) {
+        self.config.recheck_below = recheck_below;
     }
 
     /// The partition that most needs work, if any: a flat one past `brute_force_below` (gets a
@@ -3144,7 +3188,7 @@ mod tests {
         let removed = |id: VectorId| id.is_multiple_of(50);
         let replaced = |id: VectorId| id % 50 == 10;
         let moved = random_items(&mut rng, 0..3_000, tag(1), dimension);
-        // `request`: the threshold a request passes on the request path, over the configured one.
+        // `request`: the threshold a request passes on the request path, beside the configured one.
         let found = |recheck_below, request: Option<f32>| {
             let index = HnswIndex::build(sparse(recheck_below), items.clone());
             assert_eq!(segment_kinds(&index, tag(1)), "S");
@@ -3172,7 +3216,7 @@ mod tests {
                     if replaced(*id) {
                         assert!(best.iter().all(|n| n.id != *id || n.similarity < 0.5));
                     }
-                    usize::from(best[0].id == *id)
+                    usize::from(best[0].id == *id && !removed(*id) && !replaced(*id))
                 })
                 .sum::<usize>()
         };
@@ -3190,9 +3234,13 @@ mod tests {
         assert_eq!(
             found(-1.0, Some(0.95)),
             live,
-            "the request's threshold decides"
+            "a request's threshold raises the bar"
         );
-        assert!(found(0.9, Some(-1.0)) * 2 < live);
+        assert_eq!(
+            found(0.9, Some(-1.0)),
+            live,
+            "a lenient request does not lower it"
+        );
     }
 
     /// Growing segments added by inserts past [`SEGMENTS_BEFORE_MERGE`] are merged by a rebuild.

@@ -10,8 +10,8 @@
 //! Each bit is the side of a fixed random hyperplane (Gaussian normal) a vector falls on, so two
 //! vectors at angle θ disagree on a bit with probability θ/π, whatever the data's distribution
 //! (Charikar 2002): a near duplicate at cosine 0.96 differs in about 12 of 128 bits (σ ≈ 3), an
-//! unrelated vector at cosine 0 in 64 (σ ≈ 6), a same-topic one at 0.5 in 43. The scan keeps the
-//! [`CANDIDATES`] rows with the fewest differing bits and scores them exactly, so a sketch only
+//! unrelated vector at cosine 0 in 64 (σ ≈ 6), a same-topic one at 0.5 in 43. The scan of each chunk
+//! of rows keeps the [`CANDIDATES`] live rows with the fewest differing bits and scores them exactly, so a sketch only
 //! picks which rows are read, never decides a similarity. The hyperplanes come from a fixed seed
 //! through this module's own generator. Sketches are never saved: they are computed again from
 //! the rows whenever a segment is sealed or loaded, so the planes, and the rounding of the sums
@@ -155,8 +155,10 @@ impl<F: Fn(usize) -> f32> WithSimd for Sketching<'_, F> {
     }
 }
 
-/// AVX-512: the 128 sums in eight registers, one fused multiply-add each per coordinate. Only
-/// called inside `V4::vectorize`, which enables the features it is compiled for.
+/// AVX-512: the 128 sums in eight registers, one fused multiply-add each per coordinate. Compiled
+/// into every variant the dispatch makes but reached only with a `V4` token, which exists only on
+/// a CPU that has the features. On such a CPU the dispatch picks V4 itself, so the kernel runs
+/// inlined where the features are enabled.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{Sketch, BITS};
@@ -186,9 +188,17 @@ mod avx512 {
     }
 }
 
-/// The `k` rows of `sketches` (numbered from `first`) that differ from `query` in the fewest bits,
-/// as `(differing bits, row)`, fewest first.
-pub fn nearest(sketches: &[Sketch], first: u32, query: Sketch, k: usize) -> Vec<(u32, u32)> {
+/// The `k` rows of `sketches` (numbered from `first`) that differ from `query` in the fewest bits
+/// among those `keep` accepts, as `(differing bits, row)`, fewest first. `keep` is asked only
+/// about a row that would enter the `k` kept so far (a few hundred of a million), so it can be a
+/// lookup: removed rows then never take the place of a live one.
+pub fn nearest(
+    sketches: &[Sketch],
+    first: u32,
+    query: Sketch,
+    k: usize,
+    keep: impl Fn(u32) -> bool,
+) -> Vec<(u32, u32)> {
     if k == 0 {
         return Vec::new();
     }
@@ -197,6 +207,7 @@ pub fn nearest(sketches: &[Sketch], first: u32, query: Sketch, k: usize) -> Vec<
         first,
         query,
         k,
+        keep,
     });
     kept.sort_unstable();
     kept
@@ -206,14 +217,15 @@ pub fn nearest(sketches: &[Sketch], first: u32, query: Sketch, k: usize) -> Vec<
 /// rather than a dozen shifts and masks per word). A struct, not a closure: `pulp` inlines its
 /// `with_simd` into the function the features are enabled for, where a closure's body was left a
 /// call of its own, compiled for baseline x86-64.
-struct Nearest<'a> {
+struct Nearest<'a, F> {
     sketches: &'a [Sketch],
     first: u32,
     query: Sketch,
     k: usize,
+    keep: F,
 }
 
-impl WithSimd for Nearest<'_> {
+impl<F: Fn(u32) -> bool> WithSimd for Nearest<'_, F> {
     type Output = Vec<(u32, u32)>;
 
     #[inline(always)]
@@ -223,13 +235,14 @@ impl WithSimd for Nearest<'_> {
             first,
             query,
             k,
+            keep,
         } = self;
         let mut kept: BinaryHeap<(u32, u32)> = BinaryHeap::with_capacity(k + 1);
         let mut worst = u32::MAX;
         // Rows after the sketches, so the row count never steps past the last one.
         for (s, row) in sketches.iter().zip(first..) {
             let bits = (s[0] ^ query[0]).count_ones() + (s[1] ^ query[1]).count_ones();
-            if bits < worst {
+            if bits < worst && keep(row) {
                 kept.push((bits, row));
                 if kept.len() > k {
                     kept.pop();
@@ -330,12 +343,18 @@ mod tests {
     fn nearest_keeps_the_fewest_differing_rows_in_order() {
         let query = [0u64, 0];
         let sketches: Vec<Sketch> = vec![[0b111, 0], [0, 0], [1, 1], [u64::MAX, 0], [0b1, 0]];
+        let all = |_| true;
         assert_eq!(
-            nearest(&sketches, 10, query, 3),
+            nearest(&sketches, 10, query, 3, all),
             [(0, 11), (1, 14), (2, 12)]
         );
-        assert_eq!(nearest(&sketches, 0, query, 0), []);
-        assert_eq!(nearest(&sketches, 0, query, 9).len(), 5);
-        assert_eq!(nearest(&[], 0, query, 3), []);
+        assert_eq!(nearest(&sketches, 0, query, 0, all), []);
+        assert_eq!(nearest(&sketches, 0, query, 9, all).len(), 5);
+        assert_eq!(nearest(&[], 0, query, 3, all), []);
+        // Rows `keep` refuses never take a place: the next fewest do.
+        assert_eq!(
+            nearest(&sketches, 10, query, 3, |row| row != 11),
+            [(1, 14), (2, 12), (3, 10)]
+        );
     }
 }
