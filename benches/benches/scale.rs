@@ -51,12 +51,19 @@ fn flag<T: std::str::FromStr>(flags: &Args, name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-fn list(flags: &Args, name: &str, default: &str) -> Vec<usize> {
+/// A comma-separated flag's values; one that does not parse ends the run (it would otherwise
+/// leave a row out of the tables without a word).
+fn list<T: std::str::FromStr>(flags: &Args, name: &str, default: &str) -> Vec<T> {
     flags
         .get(name)
         .map_or(default, String::as_str)
         .split(',')
-        .filter_map(|v| v.trim().parse().ok())
+        .map(|v| {
+            v.trim().parse().unwrap_or_else(|_| {
+                eprintln!("--{name}: {v:?} is not a value");
+                std::process::exit(2)
+            })
+        })
         .collect()
 }
 
@@ -282,7 +289,9 @@ fn dist(flags: &Args) {
     let scans = 20;
     let t = Instant::now();
     for _ in 0..scans {
-        black_box(nearest(black_box(&sketches), 0, [1, 2], CANDIDATES));
+        black_box(nearest(black_box(&sketches), 0, [1, 2], CANDIDATES, |_| {
+            true
+        }));
     }
     println!(
         "| scan of 1M sketches for the {CANDIDATES} nearest (one thread) | {:.0} |",
@@ -403,9 +412,17 @@ fn index(flags: &Args) {
     let flat = flag(flags, "flat", 10_000usize);
     // Points per graph segment (`segment_points`; the gateway's default unless given).
     let segment = flag(flags, "segment", IndexConfig::new(dim).segment_points);
-    let ms_list = list(flags, "m", "16");
-    let efc_list = list(flags, "efc", "200");
-    let ef_list = list(flags, "ef", "64,128");
+    let ms_list: Vec<usize> = list(flags, "m", "16");
+    let efc_list: Vec<usize> = list(flags, "efc", "200");
+    let ef_list: Vec<usize> = list(flags, "ef", "64,128");
+    // `--recheck 0.9,-2`: each width is searched once per value, alternately on one graph, with
+    // the sketch recheck below that similarity (-2: never, the graph alone), so the recheck's
+    // recall and cost are measured side by side in one run.
+    let recheck_list: Vec<f32> = list(
+        flags,
+        "recheck",
+        &IndexConfig::new(dim).recheck_below.to_string(),
+    );
     let dump_dir = flags.get("dump").map(PathBuf::from);
     // Passes over the queries per width (more samples for p99, a longer window for a profiler).
     let rounds = flag(flags, "rounds", 1usize).max(1);
@@ -450,7 +467,7 @@ fn index(flags: &Args) {
         1.0 / (1.0 + noise * noise).sqrt(),
         load_average()
     );
-    println!("\n| M | ef_construction | build s | build CPU s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("\n| M | ef_construction | build s | build CPU s | index RSS MB | B/vector | ef_search | recheck below | partition | recall@1 | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &m in &ms_list {
         for &efc in &efc_list {
             let config = IndexConfig {
@@ -497,8 +514,12 @@ fn index(flags: &Args) {
                 std::process::id()
             );
             let mut index = index;
-            for &ef in &ef_list {
+            for (&ef, &recheck) in ef_list
+                .iter()
+                .flat_map(|ef| recheck_list.iter().map(move |r| (ef, r)))
+            {
                 index.set_ef_search(ef);
+                index.set_recheck_below(recheck);
                 let searcher = &index;
                 for (label, tag, range) in [
                     ("big", big, &big_range),
@@ -535,7 +556,7 @@ fn index(flags: &Args) {
                     }
                     let count = times.len();
                     println!(
-                        "| {m} | {efc} | {:.1} | {build_cpu:.0} | {:.0} | {:.0} | {ef} | {label} ({}) | {:.4} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                        "| {m} | {efc} | {:.1} | {build_cpu:.0} | {:.0} | {:.0} | {ef} | {recheck} | {label} ({}) | {:.4} | {:.3} | {:.3} | {:.3} | {:.3} |",
                         build.as_secs_f64(),
                         grown as f64 / 1e6,
                         grown as f64 / n as f64,
@@ -581,7 +602,7 @@ fn index(flags: &Args) {
                     grown / 1_000_000,
                     grown as f64 / n as f64,
                 );
-                println!("\n| M | ef_construction | build s | build CPU s | index RSS MB | B/vector | ef_search | partition | recall@1 | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+                println!("\n| M | ef_construction | build s | build CPU s | index RSS MB | B/vector | ef_search | recheck below | partition | recall@1 | p50 ms | p99 ms | CPU p50 ms | CPU p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
             }
         }
     }
