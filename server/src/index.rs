@@ -48,9 +48,12 @@
 //!   behind it stalling searches. A graph insert runs outside the state lock; a rebuild builds its
 //!   graph outside both locks and replays the inserts it missed before swapping.
 
+mod pools;
 pub mod quant;
 pub mod sealed;
 pub mod sketch;
+
+use pools::{build_pool, search_pool};
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -60,7 +63,7 @@ use std::io::{BufWriter, Read, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use hnsw_rs::api::AnnT;
 use hnsw_rs::hnsw::Hnsw;
@@ -865,39 +868,6 @@ fn new_graph(config: &IndexConfig, capacity: usize) -> Graph {
     );
     graph.set_extend_candidates(false);
     graph
-}
-
-/// The threads index builds insert on: one per core, at a lower priority than serving (a rebuild
-/// of a million vectors keeps every core busy for half an hour, and a partition's rebuild for
-/// minutes, while the gateway serves). `None` when the pool cannot be started: builds then use
-/// rayon's global pool.
-fn build_pool() -> Option<&'static rayon::ThreadPool> {
-    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .thread_name(|i| format!("reprise-index-insert-{i}"))
-            .start_handler(|_| crate::priority::lower_this_thread())
-            .build()
-            .inspect_err(|e| tracing::warn!(error = %e, "could not start the index build threads; builds share rayon's global pool"))
-            .ok()
-    })
-    .as_ref()
-}
-
-/// The threads a search of several segments runs them on: one per core, at the requests'
-/// priority. Not rayon's global pool: `hnsw_rs` frees a graph on it, in parallel, and a search
-/// queued behind that would hold the state lock, and stall every search behind a queued insert.
-/// `None` when the pool cannot be started: segments are then searched one after another.
-fn search_pool() -> Option<&'static rayon::ThreadPool> {
-    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .thread_name(|i| format!("reprise-index-search-{i}"))
-            .build()
-            .inspect_err(|e| tracing::warn!(error = %e, "could not start the index search threads; segments are searched one after another"))
-            .ok()
-    })
-    .as_ref()
 }
 
 /// Drops a replaced body or graph on the build threads: `hnsw_rs` frees a graph with a parallel

@@ -522,7 +522,7 @@ fn sketch_all(codes: &[f16], dim: usize) -> Vec<Sketch> {
             .collect_into_vec(&mut sketches);
         sketches
     };
-    match super::build_pool() {
+    match super::pools::build_pool() {
         Some(pool) => pool.install(sketch),
         None => sketch(),
     }

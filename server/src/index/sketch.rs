@@ -259,8 +259,12 @@ impl<F: Fn(u32) -> bool> WithSimd for Nearest<'_, F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::dot;
     use crate::index::quant::encode_f16;
+
+    /// A plain dot product (the index's own lives a floor up: importing it would close a circle).
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
 
     fn unit(state: &mut u64, dim: usize) -> Vec<f32> {
         let v: Vec<f32> = (0..dim)

@@ -146,7 +146,8 @@ struct Named {
 
 /// Reads one file's imports: `use` trees and `crate::`/`super::`/`self::` paths.
 struct Reader<'a> {
-    module: &'a [String],
+    /// The module being read: the file's, then an inline `mod` inside it while that is read.
+    module: Vec<String>,
     children: &'a BTreeSet<String>,
     named: Vec<Named>,
     /// Names this module brings into scope with `use`: name → absolute path.
@@ -236,6 +237,15 @@ impl Reader<'_> {
 
 impl<'ast> Visit<'ast> for Reader<'_> {
     fn visit_item(&mut self, item: &'ast syn::Item) {
+        // An inline `mod` (a SIMD kernel's) is a module of its own: `super::` in it is the file's.
+        if let syn::Item::Mod(m) = item {
+            if m.content.is_some() && !is_cfg_test(&m.attrs) {
+                self.module.push(m.ident.to_string());
+                syn::visit::visit_item(self, item);
+                self.module.pop();
+                return;
+            }
+        }
         let attrs = match item {
             syn::Item::Mod(m) => &m.attrs,
             syn::Item::Fn(f) => &f.attrs,
@@ -322,7 +332,7 @@ fn read_graph() -> Graph {
         let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
         let module = module_of(file);
         let mut reader = Reader {
-            module: &module,
+            module: module.clone(),
             children: children.get(&module).unwrap_or(&no_children),
             named: Vec::new(),
             scope: HashMap::new(),

@@ -1,0 +1,37 @@
+//! The index's two thread pools: builds at a lower priority than serving, searches at the
+//! requests' own. Below the index and its segments, so both reach them without importing upward.
+
+use std::sync::OnceLock;
+
+/// The threads index builds insert on: one per core, at a lower priority than serving (a rebuild
+/// of a million vectors keeps every core busy for half an hour, and a partition's rebuild for
+/// minutes, while the gateway serves). `None` when the pool cannot be started: builds then use
+/// rayon's global pool.
+pub(crate) fn build_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("reprise-index-insert-{i}"))
+            .start_handler(|_| crate::priority::lower_this_thread())
+            .build()
+            .inspect_err(|e| tracing::warn!(error = %e, "could not start the index build threads; builds share rayon's global pool"))
+            .ok()
+    })
+    .as_ref()
+}
+
+/// The threads a search of several segments runs them on: one per core, at the requests'
+/// priority. Not rayon's global pool: `hnsw_rs` frees a graph on it, in parallel, and a search
+/// queued behind that would hold the state lock, and stall every search behind a queued insert.
+/// `None` when the pool cannot be started: segments are then searched one after another.
+pub(crate) fn search_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("reprise-index-search-{i}"))
+            .build()
+            .inspect_err(|e| tracing::warn!(error = %e, "could not start the index search threads; segments are searched one after another"))
+            .ok()
+    })
+    .as_ref()
+}
