@@ -431,15 +431,17 @@ impl OwnGraph {
         }
     }
 
-    /// Rows in sealed segments: what a recheck scans the sketches of.
+    /// The sealed segments: what a recheck scans the sketches of.
+    fn sealed(&self) -> impl Iterator<Item = &Sealed> {
+        self.segments.iter().filter_map(|s| match s {
+            Segment::Sealed(s) => Some(s.as_ref()),
+            Segment::Growing(_) => None,
+        })
+    }
+
+    /// Rows in sealed segments.
     fn sealed_rows(&self) -> usize {
-        self.segments
-            .iter()
-            .map(|s| match s {
-                Segment::Sealed(s) => s.len(),
-                Segment::Growing(_) => 0,
-            })
-            .sum()
+        self.sealed().map(Sealed::len).sum()
     }
 }
 
@@ -734,16 +736,11 @@ impl State {
         k: usize,
     ) -> Vec<Neighbor> {
         let chunks: Vec<(&Sealed, std::ops::Range<usize>)> = graph
-            .segments
-            .iter()
-            .filter_map(|s| match s {
-                Segment::Sealed(s) => Some(s),
-                Segment::Growing(_) => None,
-            })
+            .sealed()
             .flat_map(|s| {
                 (0..s.len())
                     .step_by(SKETCH_CHUNK)
-                    .map(|start| (s.as_ref(), start..(start + SKETCH_CHUNK).min(s.len())))
+                    .map(move |start| (s, start..(start + SKETCH_CHUNK).min(s.len())))
             })
             .collect();
         if chunks.is_empty() {

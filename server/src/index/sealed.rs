@@ -369,16 +369,13 @@ impl Sealed {
         // rows that enter the kept set on the way, it cost more than the scan. Asked of the
         // kept rows only, it costs little; a scan again that asks of every entrant is needed
         // only when removed rows took most places (copies of one prompt, removed one by one).
-        let mut kept = nearest(sketches, first, sketch, CANDIDATES, |_| true);
-        let removed = kept.iter().filter(|(_, row)| !live_row(*row)).count();
-        if removed > CANDIDATES / 2 {
-            kept = nearest(sketches, first, sketch, CANDIDATES, live_row);
+        let rows_of = |kept: Vec<(u32, u32)>| kept.into_iter().map(|(_, row)| row);
+        let kept = nearest(sketches, first, sketch, CANDIDATES, |_| true);
+        let all = kept.len();
+        let mut picked: Vec<u32> = rows_of(kept).filter(|row| live_row(*row)).collect();
+        if all - picked.len() > CANDIDATES / 2 {
+            picked = rows_of(nearest(sketches, first, sketch, CANDIDATES, live_row)).collect();
         }
-        let picked: Vec<u32> = kept
-            .into_iter()
-            .map(|(_, row)| row)
-            .filter(|row| live_row(*row))
-            .collect();
         self.touch(&picked);
         let mut found: Vec<Scored> = picked.iter().map(|r| self.scored(query, *r)).collect();
         found.sort_unstable_by(|a, b| b.cmp(a));
