@@ -109,8 +109,9 @@ pub trait VectorIndex: Send + Sync {
     /// threads (the request then goes on without semantic matching rather than queue). A graph
     /// search whose best result is below `recheck_below` (the similarity the request is served at)
     /// or [`IndexConfig::recheck_below`], whichever is higher (at most 0.99), is rechecked for near
-    /// duplicates it may have passed by (see [`sketch`]); a recheck of more than 2^18 rows takes
-    /// such a permit too, and is left out (the graph's results stand) when none is free.
+    /// duplicates it may have passed by (see [`sketch`]); a recheck of more than
+    /// [`IndexConfig::sketch_chunk`] rows takes such a permit too, and is left out (the graph's
+    /// results stand) when none is free.
     fn search_now(
         &self,
         partition: &PartitionTag,
@@ -167,6 +168,11 @@ pub struct IndexConfig {
     /// raises it to its own serving threshold. The default is the gateway's default threshold: a
     /// result above it already is a near duplicate. Below -1, never (benches compare).
     pub recheck_below: f32,
+    /// Rows of a sealed segment's sketches one task of a recheck scans (4 MB of sketches at the
+    /// default 2^18): each keeps its own candidates, a million-row segment is four tasks shared
+    /// with the search threads, and a recheck of more rows than one task needs a [`ScanPermit`]
+    /// on the request path.
+    pub sketch_chunk: usize,
 }
 
 impl IndexConfig {
@@ -181,6 +187,7 @@ impl IndexConfig {
             rebuild_tombstone_ratio: 0.2,
             seal_points: 1 << 16,
             recheck_below: 0.9,
+            sketch_chunk: 1 << 18,
         }
     }
 
@@ -198,6 +205,7 @@ impl IndexConfig {
         self.ef_search = self.ef_search.max(1);
         self.segment_points = self.segment_points.max(1);
         self.seal_points = self.seal_points.max(1);
+        self.sketch_chunk = self.sketch_chunk.max(1);
         self
     }
 }
@@ -274,9 +282,6 @@ const SCAN_GROWING_POINTS: usize = 4_096;
 /// Segments a partition's inserts may add to those a rebuild would make before the maintenance
 /// merges them (rebuilds the partition): each is searched beside the others.
 const SEGMENTS_BEFORE_MERGE: usize = 8;
-/// Rows of a sealed segment's sketches one task scans for near duplicates (4 MB of sketches): a
-/// million-row segment is four tasks, spread over the search threads.
-const SKETCH_CHUNK: usize = 1 << 18;
 /// The highest similarity a graph search's best result must reach to skip the recheck, whatever
 /// the threshold: a result this near is the query's neighbourhood already.
 const RECHECK_AT_MOST: f32 = 0.99;
@@ -734,13 +739,14 @@ impl State {
         graph: &OwnGraph,
         query: &[f32],
         k: usize,
+        chunk: usize,
     ) -> Vec<Neighbor> {
         let chunks: Vec<(&Sealed, std::ops::Range<usize>)> = graph
             .sealed()
             .flat_map(|s| {
                 (0..s.len())
-                    .step_by(SKETCH_CHUNK)
-                    .map(move |start| (s, start..(start + SKETCH_CHUNK).min(s.len())))
+                    .step_by(chunk)
+                    .map(move |start| (s, start..(start + chunk).min(s.len())))
             })
             .collect();
         if chunks.is_empty() {
@@ -760,10 +766,24 @@ impl State {
                 })
                 .collect::<Vec<_>>()
         };
-        // Only a scan of more than one chunk's rows is worth a hand-off (as in `graph_search`).
-        let found = match search_pool() {
-            Some(pool) if graph.sealed_rows() > SKETCH_CHUNK => {
-                pool.install(|| chunks.par_iter().flat_map_iter(scan).collect())
+        // Only a scan of more than one chunk's rows is worth a hand-off (as in `graph_search`),
+        // and the caller scans a share itself rather than sleep while the search threads scan
+        // it all: a recheck is a few tenths of a millisecond of work, of which waking a thread
+        // and being woken again took as much.
+        let threads = search_pool().map_or(1, rayon::ThreadPool::current_num_threads);
+        let found: Vec<Neighbor> = match search_pool() {
+            Some(pool) if graph.sealed_rows() > chunk && threads > 1 => {
+                let shares: Vec<_> = chunks.chunks(chunks.len().div_ceil(threads)).collect();
+                let mut found: Vec<Vec<Neighbor>> = vec![Vec::new(); shares.len()];
+                let scan = &scan;
+                pool.in_place_scope(|scope| {
+                    let (mine, theirs) = found.split_at_mut(1);
+                    for (out, share) in theirs.iter_mut().zip(&shares[1..]) {
+                        scope.spawn(move |_| *out = share.iter().flat_map(scan).collect());
+                    }
+                    mine[0] = shares[0].iter().flat_map(scan).collect();
+                });
+                found.into_iter().flatten().collect()
             }
             _ => chunks.iter().flat_map(scan).collect(),
         };
@@ -1198,14 +1218,16 @@ impl HnswIndex {
                         }
                         // A recheck on the search threads is rationed like a large scan; with
                         // every permit taken the graph's results stand, as before rechecks were.
-                        let pooled = graph.sealed_rows() > SKETCH_CHUNK;
+                        let chunk = self.config.sketch_chunk;
+                        let pooled = graph.sealed_rows() > chunk;
                         let Ok(_permit) = (permit && pooled)
                             .then(|| ScanPermit::take(&self.large_scans))
                             .transpose()
                         else {
                             return Ok(found);
                         };
-                        let missed = state.near_duplicates(&self.planes, part, graph, &query, k);
+                        let missed =
+                            state.near_duplicates(&self.planes, part, graph, &query, k, chunk);
                         return Ok(merged(found, missed, k));
                     }
                     ef = ef.saturating_mul(WIDEN_FACTOR);
@@ -3127,18 +3149,21 @@ mod tests {
 
     /// A graph too sparse to navigate random vectors (2 links a point, a search 1 wide) misses
     /// most near duplicates; the recheck of its sealed segment's sketches finds every live one,
-    /// never a removed point, nor a replaced vector's old row, nor an id twice.
+    /// never a removed point, nor a replaced vector's old row, nor an id twice: scanned whole on
+    /// the caller's thread, or in chunks shared with the search threads. A recheck of more than
+    /// one chunk finds no permit while every search thread scans, and the graph's results stand.
     #[test]
     fn a_search_that_found_nothing_near_is_rechecked_for_near_duplicates() {
         let dimension = 64;
         let mut rng = StdRng::seed_from_u64(29);
         let items = random_items(&mut rng, 0..3_000, tag(1), dimension);
-        let sparse = |recheck_below| IndexConfig {
+        let sparse = |recheck_below, sketch_chunk| IndexConfig {
             max_connections: 2,
             ef_construction: 4,
             ef_search: 1,
             brute_force_below: 100,
             recheck_below,
+            sketch_chunk,
             ..IndexConfig::new(dimension)
         };
         // A paraphrase of every tenth item, at cosine about 0.97 to it. Of those items, every
@@ -3155,9 +3180,11 @@ mod tests {
         let removed = |id: VectorId| id.is_multiple_of(50);
         let replaced = |id: VectorId| id % 50 == 10;
         let moved = random_items(&mut rng, 0..3_000, tag(1), dimension);
-        // `request`: the threshold a request passes on the request path, beside the configured one.
-        let found = |recheck_below, request: Option<f32>| {
-            let index = HnswIndex::build(sparse(recheck_below), items.clone());
+        // `request`: the threshold a request passes on the request path, beside the configured one;
+        // `busy`: every scan permit held meanwhile.
+        let found = |recheck_below, request: Option<f32>, chunk, busy: bool| {
+            let index = HnswIndex::build(sparse(recheck_below, chunk), items.clone());
+            let _held = busy.then(|| index.hold_every_scan());
             assert_eq!(segment_kinds(&index, tag(1)), "S");
             for (id, _) in &queries {
                 if removed(*id) {
@@ -3192,21 +3219,41 @@ mod tests {
             .filter(|(id, _)| !removed(*id) && !replaced(*id))
             .count();
         // Off (every result counts as near): the sparse graph alone.
-        let graph_alone = found(-1.0, None);
+        let whole = 1 << 18;
+        let graph_alone = found(-1.0, None, whole, false);
         assert!(
             graph_alone * 2 < live,
             "{graph_alone} of {live} without the recheck"
         );
-        assert_eq!(found(0.9, None), live);
+        assert_eq!(found(0.9, None, whole, false), live);
         assert_eq!(
-            found(-1.0, Some(0.95)),
+            found(-1.0, Some(0.95), whole, false),
             live,
             "a request's threshold raises the bar"
         );
         assert_eq!(
-            found(0.9, Some(-1.0)),
+            found(0.9, Some(-1.0), whole, false),
             live,
             "a lenient request does not lower it"
+        );
+        // Six chunks of 500 rows, the caller's share and the search threads'.
+        assert_eq!(found(0.9, None, 500, false), live, "in chunks");
+        assert_eq!(
+            found(0.9, Some(0.9), 500, false),
+            live,
+            "in chunks, request path"
+        );
+        assert_eq!(
+            found(0.9, None, 500, true),
+            live,
+            "off the request path: no permit needed"
+        );
+        let busy = found(0.9, Some(0.9), 500, true);
+        assert!(busy * 2 < live, "{busy} of {live} with every permit held");
+        assert_eq!(
+            found(0.9, Some(0.9), whole, true),
+            live,
+            "one chunk's recheck is not rationed"
         );
     }
 
