@@ -21,7 +21,7 @@ use reprise_server::index::quant::{
     portable_dot_f16, portable_dot_f32_f16, DistF16, DistI8,
 };
 use reprise_server::index::sketch::{nearest, Planes, Sketch, CANDIDATES};
-use reprise_server::index::{dot, HnswIndex, IndexConfig, VectorIndex};
+use reprise_server::index::{dot, Graphs, HnswIndex, IndexConfig, VectorIndex};
 
 // The gateway's allocator (server/src/main.rs), so RSS per vector and the cost of `hnsw_rs`'s many
 // small allocations are what a replica sees.
@@ -515,11 +515,19 @@ fn index(flags: &Args) {
                         }
                     }
                 }
-                None => HnswIndex::build(
+                // `--graphs later`: every partition left flat, as a gateway rebuilding from its
+                // store serves them until their graphs are built; a large one is then searched
+                // by its sketches (recheck on) or scanned exactly (`--recheck -2`).
+                None => HnswIndex::build_with(
                     config.clone(),
                     base.iter()
                         .enumerate()
                         .map(|(i, v)| (i as u64, tag_of(i), v.clone())),
+                    if flags.get("graphs").is_some_and(|g| g == "later") {
+                        Graphs::Later
+                    } else {
+                        Graphs::Now
+                    },
                 ),
             };
             let build = t.elapsed();

@@ -1236,7 +1236,7 @@ impl SwappableIndex {
         // An index in service with its graphs (a resync) keeps serving while the new one builds
         // its own; an empty one, or one still flat (a retry after a partial read, a resync soon
         // after a rebuild from the store), is replaced as soon as the store is read, its large
-        // partitions scanned exactly until the maintenance builds their graphs (which it does not
+        // partitions searched flat until the maintenance builds their graphs (which it does not
         // while a rebuild runs).
         let graphs = if self.is_empty() || self.current().graphs_pending() > 0 {
             Graphs::Later
@@ -1601,7 +1601,7 @@ mod tests {
     }
 
     /// A rebuild from the store puts every vector in service as soon as the store is read: a
-    /// partition past `brute_force_below` is scanned exactly until the maintenance gives it its
+    /// partition past `brute_force_below` is searched flat until the maintenance gives it its
     /// graph (half an hour of both cores at a million vectors).
     #[test]
     fn a_rebuild_serves_every_stored_vector_before_the_graphs_are_built() {

@@ -64,7 +64,7 @@ pub struct IndexStats {
     pub vectors: u64,
     pub tombstones: u64,
     pub rebuilding: bool,
-    /// Partitions searched by exact scan until their graph is built (absent before 2026-12-06).
+    /// Partitions searched without a graph until their graph is built (absent before 2026-12-06).
     #[serde(default)]
     pub graphs_pending: u64,
 }

@@ -28,10 +28,9 @@ use std::sync::Arc;
 use half::f16;
 use hnsw_rs::hnsw::{Hnsw, Point};
 use hnsw_rs::prelude::Distance;
-use rayon::prelude::*;
 
 use super::quant::dot_f32_f16;
-use super::sketch::{nearest, Planes, Sketch, CANDIDATES};
+use super::sketch::{nearest, sketch_all, Sketch, CANDIDATES};
 
 const MAGIC: &[u8; 8] = b"RPXSEAL1";
 /// Magic, dimension, rows, layers, entry row: what [`Sealed::read`] checks before it allocates.
@@ -505,26 +504,6 @@ impl Sealed {
     }
 }
 
-/// Every row's sketch, computed on all cores (about 1.7 s of CPU per million rows) of the index's
-/// build pool: its threads run at the lower priority of the loads and builds this is part of,
-/// where rayon's global pool would take the cores from the requests served meanwhile.
-fn sketch_all(codes: &[f16], dim: usize) -> Vec<Sketch> {
-    let planes = Planes::of(dim);
-    let sketch = || {
-        let mut sketches = Vec::new();
-        codes
-            .par_chunks_exact(dim.max(1))
-            .with_min_len(1_024)
-            .map(|row| planes.sketch_row(row))
-            .collect_into_vec(&mut sketches);
-        sketches
-    };
-    match super::pools::build_pool() {
-        Some(pool) => pool.install(sketch),
-        None => sketch(),
-    }
-}
-
 fn write_u32s(out: &mut impl Write, values: &[u32]) -> std::io::Result<()> {
     for chunk in values.chunks(1 << 16) {
         let bytes: Vec<u8> = chunk.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -548,6 +527,7 @@ fn read_u32s(input: &mut impl Read, n: usize) -> Result<Vec<u32>, String> {
 mod tests {
     use super::*;
     use crate::index::quant::{encode_f16, DistF16};
+    use crate::index::sketch::Planes;
     use crate::index::tests::unit;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
