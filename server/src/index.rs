@@ -21,9 +21,10 @@
 //!   built). Past [`SCAN_CHUNK`] rows such a partition is searched by its rows' sign sketches
 //!   ([`sketch`], 16 bytes a row, kept beside every flat row), as a recheck searches a sealed
 //!   graph: the rows whose sketches differ least from the query's are scored exactly (a
-//!   millisecond at 600k rows, where an exact scan took 20). On the request path
-//!   ([`VectorIndex::search_now`]) that takes a [`ScanPermit`], one per search thread: a lookup
-//!   that finds none free is told so at once ([`ScansBusy`]) rather than queue. While its graph is built the partition's codes are held
+//!   millisecond at 600k rows, where an exact scan took 20), with no permit. An exact scan of
+//!   one (more than 64 results wanted, or the sketches off) takes a [`ScanPermit`] on the request
+//!   path ([`VectorIndex::search_now`]), one per search thread: a lookup that finds none free is
+//!   told so at once ([`ScansBusy`]) rather than queue. While its graph is built the partition's codes are held
 //!   three times (the flat rows, the rows copied for the build, the graph's own), four while the
 //!   graph is sealed.
 //! - A partition's graph is split into *segments* of at most `segment_points` points (2^20 by
@@ -107,8 +108,10 @@ pub trait VectorIndex: Send + Sync {
     fn search(&self, partition: &PartitionTag, query: &[f32], k: usize) -> Vec<Neighbor>;
     /// [`VectorIndex::search`] for the request path: `Err(ScansBusy)` at once, instead of a scan,
     /// when the partition is a large flat one (past 32,768 rows and `brute_force_below`: it awaits
-    /// its graph after a rebuild from the store) and as many such scans run as there are search
-    /// threads (the request then goes on without semantic matching rather than queue). A graph
+    /// its graph after a rebuild from the store) to be scanned exactly (more than 64 results
+    /// wanted, or the sketches off by [`IndexConfig::recheck_below`]) and as many such scans run
+    /// as there are search threads (the request then goes on without semantic matching rather
+    /// than queue); searched by its sketches, it needs no permit. A graph
     /// search whose best result is below `recheck_below` (the similarity the request is served at)
     /// or [`IndexConfig::recheck_below`], whichever is higher (at most 0.99), is rechecked for near
     /// duplicates it may have passed by (see [`sketch`]); a recheck of more than
@@ -1260,15 +1263,18 @@ impl HnswIndex {
                 // `brute_force_below` is still scanned inline (1-2 ms) until the maintenance
                 // gives it its graph.
                 let large = flat.ids.len() > SCAN_CHUNK.max(self.config.brute_force_below);
-                let _permit = (permit && large)
-                    .then(|| ScanPermit::take(&self.large_scans))
-                    .transpose()?;
                 // Awaiting its graph: searched by its rows' sketches, as a recheck searches a
-                // sealed graph's, unless the recheck is off (benches then compare the two).
+                // sealed graph's, unless the recheck is off (benches then compare the two). That
+                // costs about what a graph search does, so it is not rationed: a permit per
+                // search thread, made for 20 ms scans, turned away most of a micro-batch's
+                // lookups, whose embeddings finish together (23-27 of 90 skipped at c=8, 1M).
                 if large && k <= sketch::CANDIDATES && self.config.recheck_below >= -1.0 {
                     let chunk = self.config.sketch_chunk;
                     return Ok(state.flat_near_duplicates(&self.planes, flat, &query, k, chunk));
                 }
+                let _permit = (permit && large)
+                    .then(|| ScanPermit::take(&self.large_scans))
+                    .transpose()?;
                 Ok(state.scan_flat(flat, &query, k))
             }
             Body::Graph(graph) => {
@@ -2884,8 +2890,11 @@ mod tests {
     fn a_scan_awaiting_its_graph_is_refused_on_the_request_path_when_every_core_scans() {
         let dimension = 8;
         let mut rng = StdRng::seed_from_u64(22);
+        // The sketches off: exact scans, which the permits ration (a search by sketches needs
+        // none, see `a_large_flat_partition_is_searched_by_its_sketches`).
         let config = IndexConfig {
             brute_force_below: 50,
+            recheck_below: -2.0,
             ..small_config(dimension)
         };
         // Past `brute_force_below`: one worth parallel chunks, one scanned inline (a partition
@@ -3014,6 +3023,17 @@ mod tests {
                 index.insert(*id, *p, v);
             }
             assert_eq!(index.graphs_pending(), 1, "still flat");
+            // Every permit held: an exact scan is refused, a search by sketches needs none.
+            let held = index.hold_every_scan();
+            let (_, q) = &queries[0];
+            let exact = recheck_below < -1.0;
+            assert_eq!(index.search_now(&tag(1), q, 4, 0.9).is_err(), exact);
+            assert_eq!(
+                index.search_now(&tag(1), q, 65, 0.9).err(),
+                Some(ScansBusy),
+                "more than 64 wanted: scanned exactly"
+            );
+            drop(held);
             for (id, q) in &queries {
                 let found = index
                     .search_now(&tag(1), q, 4, 0.9)

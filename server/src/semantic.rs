@@ -1757,8 +1757,10 @@ mod tests {
         semantic.stop();
     }
 
-    /// While a large partition awaits its graph, its lookups scan it exactly; one that finds every
-    /// core scanning goes on at once without semantic matching, counted as `scan_busy`.
+    /// While a large partition awaits its graph, its lookups search it by its rows' sketches,
+    /// which need no scan permit: with every permit held they still hit. Scanned exactly (the
+    /// sketches off), a lookup that finds every core scanning goes on at once without semantic
+    /// matching, counted as `scan_busy`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lookup_that_finds_every_scan_busy_falls_back_at_once() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -1769,23 +1771,24 @@ mod tests {
         let partition = stored(7, true).partition.0;
         // Flat, as a rebuild from the store leaves it, and large enough to be scanned in parallel
         // chunks (the maintenance's first tick, which would give it a graph, is seconds away).
-        let filler = (1..40_000u64).map(|n| {
-            let bytes = blake3::hash(&n.to_le_bytes());
-            let v: Vec<f32> = bytes.as_bytes()[..8]
-                .iter()
-                .map(|b| f32::from(*b) - 127.5)
-                .collect();
-            (id + n, partition, v)
-        });
-        let flat = HnswIndex::build_flat(
-            IndexConfig {
-                brute_force_below: 1_000,
-                ..index_config(8)
-            },
-            std::iter::once((id, partition, unit(7))).chain(filler),
-        );
-        assert!(semantic.index.begin_rebuild());
-        semantic.index.install(flat, Installed::Whole);
+        let flat = |recheck_below| {
+            let filler = (1..40_000u64).map(|n| {
+                let bytes = blake3::hash(&n.to_le_bytes());
+                let v: Vec<f32> = bytes.as_bytes()[..8]
+                    .iter()
+                    .map(|b| f32::from(*b) - 127.5)
+                    .collect();
+                (id + n, partition, v)
+            });
+            HnswIndex::build_flat(
+                IndexConfig {
+                    brute_force_below: 1_000,
+                    recheck_below,
+                    ..index_config(8)
+                },
+                std::iter::once((id, partition, unit(7))).chain(filler),
+            )
+        };
         let query = || Query {
             partition,
             prompt: "question 7".into(),
@@ -1794,24 +1797,35 @@ mod tests {
             guards: Guards::default(),
             max_age_s: None,
         };
-        let index = semantic.index.current();
-        assert_eq!(index.graphs_pending(), 1);
-        let held = index.hold_every_scan();
-        let outcome = semantic.search(&store, unit(7), query()).await;
-        assert_eq!(outcome.skipped, Some(FallbackReason::ScanBusy));
-        assert!(outcome.hit.is_none() && outcome.nearest.is_none());
-        assert_eq!(
-            (
-                semantic.fallbacks().scan_busy,
-                semantic.fallbacks().overload
-            ),
-            (1, 0)
-        );
-        drop(held);
-        let outcome = semantic.search(&store, unit(7), query()).await;
-        assert_eq!(outcome.skipped, None);
-        assert_eq!(outcome.hit.map(|hit| hit.entry.id.0), Some(id));
-        assert_eq!(semantic.fallbacks().scan_busy, 1);
+        for (recheck_below, skipped) in [(index_config(8).recheck_below, 0), (-2.0, 1)] {
+            assert!(semantic.index.begin_rebuild());
+            semantic
+                .index
+                .install(flat(recheck_below), Installed::Whole);
+            let index = semantic.index.current();
+            assert_eq!(index.graphs_pending(), 1);
+            let held = index.hold_every_scan();
+            let outcome = semantic.search(&store, unit(7), query()).await;
+            if skipped == 0 {
+                assert_eq!(outcome.skipped, None, "by its sketches");
+                assert_eq!(outcome.hit.map(|hit| hit.entry.id.0), Some(id));
+            } else {
+                assert_eq!(outcome.skipped, Some(FallbackReason::ScanBusy));
+                assert!(outcome.hit.is_none() && outcome.nearest.is_none());
+            }
+            assert_eq!(
+                (
+                    semantic.fallbacks().scan_busy,
+                    semantic.fallbacks().overload
+                ),
+                (skipped, 0)
+            );
+            drop(held);
+            let outcome = semantic.search(&store, unit(7), query()).await;
+            assert_eq!(outcome.skipped, None);
+            assert_eq!(outcome.hit.map(|hit| hit.entry.id.0), Some(id));
+            assert_eq!(semantic.fallbacks().scan_busy, skipped);
+        }
         semantic.stop();
     }
 
