@@ -165,7 +165,8 @@ async fn healthz(State(state): State<AppState>) -> Json<serde_json::Value> {
             "tombstones": s.index.tombstones(),
             // A rebuild from the stored vectors runs in the background after some starts.
             "index_rebuilding": s.index.is_building(),
-            // Partitions scanned exactly (every vector served) until their graph is built.
+            // Partitions searched flat (every vector served; past 32,768 rows by their rows'
+            // sketches) until their graph is built.
             "index_graphs_pending": s.index.current().graphs_pending(),
             // f32 → f64 would print 0.8999999761581421 for 0.9.
             "threshold": (f64::from(state.live.current().similarity_threshold) * 1e4).round() / 1e4,

@@ -378,7 +378,7 @@ impl Semantic {
                     tracing::warn!(
                         busy = self.fallbacks().scan_busy,
                         graphs_pending = self.index.current().graphs_pending(),
-                        "partitions awaiting their graph are scanned exactly, and every core is scanning: lookups beyond that skip semantic matching until the graphs are built"
+                        "a partition awaiting its graph is scanned exactly (more than 64 results wanted, or its sketches off), and every core is scanning: lookups beyond that skip semantic matching until the graphs are built"
                     );
                 }
             }
@@ -893,9 +893,9 @@ fn load_or_rebuild(
         Err(DumpUnused::Unchecked(why)) => Err(why),
         Err(reason) => {
             let count = expected.len();
-            tracing::warn!(vectors = count, %reason, "rebuilding the vector index in the background: semantic hits resume once the store is read (exact scans), large partitions get their graphs after");
-            // The index in service is empty: every vector is searched (exactly) once the store is
-            // read, in a minute at a million entries, instead of after half an hour of graphs.
+            tracing::warn!(vectors = count, %reason, "rebuilding the vector index in the background: semantic hits resume once the store is read (flat partitions, the large ones searched by their rows' sketches), large partitions get their graphs after");
+            // The index in service is empty: every vector is searched once the store is read, in
+            // a minute at a million entries, instead of after half an hour of graphs.
             let (built, failed) = build_from_store(
                 store.as_ref(),
                 dimension,

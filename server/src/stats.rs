@@ -348,7 +348,7 @@ impl Stats {
             ),
             index_graphs_pending: gauge(
                 "reprise_index_graphs_pending",
-                "Index partitions searched without a graph (by their rows' sketches, or scanned exactly when small) until their graph is built (after a rebuild from the store).",
+                "Index partitions searched without a graph (past 32,768 rows by their rows' sketches, scanned exactly below) until their graph is built (after a rebuild from the store).",
             ),
             registry,
         };

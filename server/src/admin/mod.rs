@@ -128,8 +128,9 @@ pub(crate) struct IndexStats {
     pub tombstones: u64,
     /// A rebuild from the stored vectors runs in the background.
     pub rebuilding: bool,
-    /// Partitions searched without a graph (by their rows' sketches) until their graph is built
-    /// (after a rebuild from the store, which serves every vector before the graphs are done).
+    /// Partitions searched without a graph (past 32,768 rows by their rows' sketches, scanned
+    /// exactly below) until their graph is built (after a rebuild from the store, which serves
+    /// every vector before the graphs are done).
     pub graphs_pending: u64,
 }
 

@@ -231,14 +231,18 @@ pub fn nearest(
         k,
         keep,
     };
+    #[cfg(target_arch = "x86_64")]
     let mut kept = match Popcnt512::try_new() {
         Some(simd) => simd.vectorize(scan),
         None => ARCH.dispatch(scan),
     };
+    #[cfg(not(target_arch = "x86_64"))]
+    let mut kept = ARCH.dispatch(scan);
     kept.sort_unstable();
     kept
 }
 
+#[cfg(target_arch = "x86_64")]
 pulp::simd_type!({
     /// AVX-512 with its vector population count (`vpopcntq`; Ice Lake, Zen 4 and later), which
     /// `pulp`'s `V4` leaves out. Made by `pulp`'s own macro, as `V4` is, so the check of the CPU
