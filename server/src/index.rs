@@ -3083,6 +3083,58 @@ mod tests {
         }
     }
 
+    /// A graph that shrank is made flat by a rebuild, its rows sketched on the way (outside the
+    /// lock); grown past 32,768 rows again before the maintenance gives it its graph back, it is
+    /// searched by those sketches, and finds its old rows as its new ones.
+    #[test]
+    fn a_partition_made_flat_by_a_rebuild_keeps_a_sketch_per_row() {
+        let dimension = 16;
+        let mut rng = StdRng::seed_from_u64(26);
+        let config = IndexConfig {
+            brute_force_below: 100,
+            ..small_config(dimension)
+        };
+        let items = random_items(&mut rng, 0..300, tag(1), dimension);
+        let index = HnswIndex::build(config, items.clone());
+        assert_eq!(graph_kinds(&index), [true]);
+        for (id, _, _) in &items[40..] {
+            index.remove(*id);
+        }
+        // (A segment left to seal is sealed first: each call does one piece of work.)
+        for _ in 0..4 {
+            index.maybe_rebuild();
+        }
+        assert_eq!(graph_kinds(&index), [false], "40 live rows: flat");
+        let grown = random_items(
+            &mut rng,
+            300..300 + SCAN_CHUNK as VectorId,
+            tag(1),
+            dimension,
+        );
+        for (id, p, v) in &grown {
+            index.insert(*id, *p, v);
+        }
+        {
+            let state = read(&index.state);
+            let Body::Flat(flat) = &state.parts[0].body else {
+                panic!("flat");
+            };
+            assert_eq!(flat.sketches.len(), flat.ids.len());
+            assert!(
+                flat.ids.len() > SCAN_CHUNK,
+                "large: searched by its sketches"
+            );
+        }
+        let _held = index.hold_every_scan();
+        for (id, _, v) in items[..40].iter().chain(grown.iter().step_by(997)) {
+            let q: Vec<f32> = v.iter().map(|x| x + 0.02).collect();
+            let found = index
+                .search_now(&tag(1), &q, 1, 0.9)
+                .expect("no permit needed");
+            assert_eq!(found[0].id, *id);
+        }
+    }
+
     #[test]
     fn best_k_keeps_what_a_full_sort_keeps() {
         let mut rng = StdRng::seed_from_u64(24);
