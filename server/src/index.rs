@@ -56,7 +56,7 @@ pub mod quant;
 pub mod sealed;
 pub mod sketch;
 
-use pools::{build_pool, search_pool};
+use pools::{build_pool, search_pool, search_threads};
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -835,10 +835,10 @@ impl State {
 /// size, so that the caller's share and each other thread's take as long ([`shared`]). In chunks
 /// of 2^18 rows, 600k rows were 524k for the caller and 76k for the other thread.
 fn chunks_of(len: usize, chunk: usize) -> Vec<std::ops::Range<usize>> {
-    let threads = search_pool().map_or(1, rayon::ThreadPool::current_num_threads);
+    let threads = search_threads();
     let mut tasks = len.div_ceil(chunk.max(1));
     if tasks > 1 {
-        tasks = tasks.div_ceil(threads.max(1)) * threads.max(1);
+        tasks = tasks.div_ceil(threads) * threads;
     }
     let size = len.div_ceil(tasks.max(1)).max(1);
     (0..len)
@@ -856,7 +856,7 @@ fn shared<C: Sync>(
     parallel: bool,
     scan: impl Fn(&C) -> Vec<Neighbor> + Sync,
 ) -> Vec<Neighbor> {
-    let threads = search_pool().map_or(1, rayon::ThreadPool::current_num_threads);
+    let threads = search_threads();
     match search_pool() {
         Some(pool) if parallel && threads > 1 && !chunks.is_empty() => {
             let shares: Vec<&[C]> = chunks.chunks(chunks.len().div_ceil(threads)).collect();
@@ -935,7 +935,7 @@ struct ScanPermit<'a>(&'a AtomicUsize);
 
 impl<'a> ScanPermit<'a> {
     fn take(running: &'a AtomicUsize) -> Result<Self, ScansBusy> {
-        let most = search_pool().map_or(1, |pool| pool.current_num_threads().max(1));
+        let most = search_threads();
         running
             .fetch_update(AtomicOrdering::AcqRel, AtomicOrdering::Acquire, |n| {
                 (n < most).then_some(n + 1)

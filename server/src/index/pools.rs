@@ -35,3 +35,9 @@ pub(crate) fn search_pool() -> Option<&'static rayon::ThreadPool> {
     })
     .as_ref()
 }
+
+/// The search threads there are (1 without the pool, when searches run on the caller's alone):
+/// how many exact scans may run at once, and into how many shares a sketch search splits.
+pub(crate) fn search_threads() -> usize {
+    search_pool().map_or(1, |pool| pool.current_num_threads().max(1))
+}
