@@ -442,6 +442,10 @@ fn index(flags: &Args) {
     let dump_dir = flags.get("dump").map(PathBuf::from);
     // Passes over the queries per width (more samples for p99, a longer window for a profiler).
     let rounds = flag(flags, "rounds", 1usize).max(1);
+    // `--growing N`: the big partition's last N vectors are inserted one at a time after the build,
+    // as a gateway stores entries into a partition that has its graph: into a growing `hnsw_rs`
+    // segment (one while N is at most `seal_points`), searched beside the sealed graph.
+    let growing = flag(flags, "growing", 0usize).min(n - small);
 
     let t = Instant::now();
     let base = vectors(&kind, n, dim, 42);
@@ -457,6 +461,7 @@ fn index(flags: &Args) {
         .collect();
     // Truth per query within its own partition (exact f32 scan).
     let (big_range, small_range) = (0..n - small, n - small..n);
+    let growing_range = n - small - growing..n - small;
     let truth: Vec<usize> = {
         let in_big: Vec<usize> = exact_best(&base[big_range.clone()], &queries, false);
         let in_small: Vec<usize> = exact_best(&base[small_range.clone()], &queries, false);
@@ -518,17 +523,31 @@ fn index(flags: &Args) {
                 // `--graphs later`: every partition left flat, as a gateway rebuilding from its
                 // store serves them until their graphs are built; a large one is then searched
                 // by its sketches (recheck on) or scanned exactly (`--recheck -2`).
-                None => HnswIndex::build_with(
-                    config.clone(),
-                    base.iter()
-                        .enumerate()
-                        .map(|(i, v)| (i as u64, tag_of(i), v.clone())),
-                    if flags.get("graphs").is_some_and(|g| g == "later") {
-                        Graphs::Later
-                    } else {
-                        Graphs::Now
-                    },
-                ),
+                None => {
+                    let index = HnswIndex::build_with(
+                        config.clone(),
+                        base.iter()
+                            .enumerate()
+                            .filter(|(i, _)| !growing_range.contains(i))
+                            .map(|(i, v)| (i as u64, tag_of(i), v.clone())),
+                        if flags.get("graphs").is_some_and(|g| g == "later") {
+                            Graphs::Later
+                        } else {
+                            Graphs::Now
+                        },
+                    );
+                    let t = Instant::now();
+                    for i in growing_range.clone() {
+                        index.insert(i as u64, big, &base[i]);
+                    }
+                    if growing > 0 {
+                        eprintln!(
+                            "index: {growing} vectors inserted one at a time in {:.1?}",
+                            t.elapsed()
+                        );
+                    }
+                    index
+                }
             };
             let build = t.elapsed();
             let build_cpu = cpu_before.elapsed().as_secs_f64();
@@ -545,6 +564,11 @@ fn index(flags: &Args) {
                 index.set_ef_search(ef);
                 index.set_recheck_below(recheck);
                 let searcher = &index;
+                let growing_rows = (growing > 0).then_some((
+                    "big, its growing segment's rows",
+                    big,
+                    &growing_range,
+                ));
                 for (label, tag, range) in [
                     ("big", big, &big_range),
                     (
@@ -556,7 +580,10 @@ fn index(flags: &Args) {
                         little,
                         &small_range,
                     ),
-                ] {
+                ]
+                .into_iter()
+                .chain(growing_rows)
+                {
                     let mut times = Vec::new();
                     // The process's CPU time over each search (nothing else runs meanwhile): what
                     // a query costs when it is not waiting for a core, which on a loaded machine
@@ -584,7 +611,7 @@ fn index(flags: &Args) {
                         build.as_secs_f64(),
                         grown as f64 / 1e6,
                         grown as f64 / n as f64,
-                        if label == "big" { n - small } else { small },
+                        range.len(),
                         hits as f64 / count as f64,
                         ms(percentile(&mut times, 0.5)),
                         ms(percentile(&mut times, 0.99)),

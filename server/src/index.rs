@@ -33,8 +33,9 @@
 //!   and layers read out into flat arrays (about 1 KB per 384-d vector in all instead of 3.0-4.2 KB,
 //!   a search 4-5× cheaper, a dump read straight into its arrays:
 //!   `benches/results/2026-12-06-sealed-segments.md`), and the `hnsw_rs` graph freed. Inserts into
-//!   a partition that has its graph go to a *growing* segment, an `hnsw_rs` graph of at most
-//!   `seal_points` points, which the maintenance seals once full. Segments' results are merged (two
+//!   a partition that has its graph go to a *growing* segment ([`growing`]), an `hnsw_rs` graph
+//!   of at most `seal_points` points with a sign sketch per point beside it, by which it is
+//!   searched (its graph is for its sealing), and which the maintenance seals once full. Segments' results are merged (two
 //!   or more past [`SCAN_CHUNK`] points are searched in parallel), each segment costing about one
 //!   search, so inserts that add more than [`SEGMENTS_BEFORE_MERGE`] of them get the partition
 //!   rebuilt; the default keeps a partition of up to a million vectors in one built graph
@@ -51,11 +52,13 @@
 //!   behind it stalling searches. A graph insert runs outside the state lock; a rebuild builds its
 //!   graph outside both locks and replays the inserts it missed before swapping.
 
+mod growing;
 mod pools;
 pub mod quant;
 pub mod sealed;
 pub mod sketch;
 
+use growing::Growing;
 use pools::{build_pool, search_pool, search_threads};
 
 use std::cmp::Ordering;
@@ -169,7 +172,7 @@ pub struct IndexConfig {
     /// points (and `segment_points`), which the maintenance then seals (see [`sealed`]).
     pub seal_points: usize,
     /// A graph search whose best result is less similar than this is checked by a scan of the
-    /// sealed segments' sketches for near duplicates it missed (see [`sketch`]); the request path
+    /// segments' sketches for near duplicates it missed (see [`sketch`], [`growing`]); the request path
     /// raises it to its own serving threshold. The default is the gateway's default threshold: a
     /// result above it already is a near duplicate. Below -1, never, and a large flat partition
     /// (awaiting its graph) is scanned exactly rather than searched by its sketches (benches
@@ -264,6 +267,8 @@ impl Distance<f32> for DistDot {
 
 /// A partition's graph: `hnsw_rs` holds the f16 vectors, so the graph borrows nothing (`'static`).
 type Graph = Hnsw<'static, Code, DistF16>;
+/// A growing segment: such a graph and its points' sketches ([`growing`]).
+type GrowingGraph = Growing<DistF16>;
 
 /// `hnsw_rs` dumps can only be read back with this many layers.
 const GRAPH_LAYERS: usize = 16;
@@ -356,14 +361,14 @@ struct OwnGraph {
 /// graph in flat arrays) once it is full or was built whole.
 #[derive(Clone)]
 enum Segment {
-    Growing(Arc<Graph>),
+    Growing(Arc<GrowingGraph>),
     Sealed(Arc<Sealed>),
 }
 
 impl Segment {
     fn points(&self) -> usize {
         match self {
-            Segment::Growing(g) => g.get_nb_point(),
+            Segment::Growing(g) => g.len(),
             Segment::Sealed(s) => s.len(),
         }
     }
@@ -371,17 +376,24 @@ impl Segment {
     /// Calls `f(slot, code)` for every point.
     fn for_each_row(&self, mut f: impl FnMut(usize, &[Code])) {
         match self {
-            Segment::Growing(g) => sealed::each_point(g, |p| f(p.get_origin_id(), p.get_v())),
+            Segment::Growing(g) => {
+                sealed::each_point(g.graph(), |p| f(p.get_origin_id(), p.get_v()))
+            }
             Segment::Sealed(s) => s.rows().for_each(|(slot, code)| f(slot, code)),
         }
     }
 
     /// The best `wanted` points for which `live(slot)` names an id, among the `ef` the graph search
-    /// finds, scored with the f32 `query` (`code` is its f16 form, which guides `hnsw_rs`).
+    /// finds, scored with the f32 query. With the query's sketch, a growing segment that is not
+    /// scanned exactly is searched by its points' sketches instead of `hnsw_rs`'s graph (see
+    /// [`Segment::by_sketch`]).
     fn search(
         &self,
-        query: &[f32],
-        code: &[Code],
+        Query {
+            vector: query,
+            code,
+            sketch,
+        }: Query<'_>,
         ef: usize,
         wanted: usize,
         live: impl Fn(usize) -> Option<VectorId>,
@@ -390,8 +402,8 @@ impl Segment {
             return Vec::new();
         }
         match self {
-            Segment::Growing(graph) if graph.get_nb_point() <= SCAN_GROWING_POINTS => {
-                let mut found = Vec::with_capacity(graph.get_nb_point());
+            Segment::Growing(growing) if growing.len() <= SCAN_GROWING_POINTS => {
+                let mut found = Vec::with_capacity(growing.len());
                 self.for_each_row(|slot, code| {
                     if let Some(id) = live(slot) {
                         let similarity = dot_f32_f16(query, code);
@@ -400,7 +412,19 @@ impl Segment {
                 });
                 top_k(found, wanted)
             }
-            Segment::Growing(graph) => {
+            Segment::Growing(growing) if let Some(sketch) = sketch => growing
+                .near_duplicates(query, sketch, |slot| live(slot).is_some())
+                .into_iter()
+                .filter_map(|(slot, similarity)| {
+                    Some(Neighbor {
+                        id: live(slot)?,
+                        similarity,
+                    })
+                })
+                .take(wanted)
+                .collect(),
+            Segment::Growing(growing) => {
+                let graph = growing.graph();
                 let points = graph.get_point_indexation();
                 graph
                     .search(code, ef, ef)
@@ -430,11 +454,34 @@ impl Segment {
     }
 }
 
+impl Segment {
+    /// Whether a search given the query's sketch reads this segment by its sketches: a growing
+    /// one larger than [`SCAN_GROWING_POINTS`]. `hnsw_rs`'s search of its graph (up to 65,536
+    /// points) cost 2.4-2.7 ms p50 at ef 128 (60,000 points beside a sealed graph of 200,000),
+    /// five times the sealed graph's, and made most of a search's time in a cache being written
+    /// to; a scan of its sketches (1 MB) and the 64 candidates scored exactly cost a few hundredths
+    /// of that and find the near duplicates a cache serves, as a large flat partition's search does
+    /// (`benches/results/2026-12-07-growing-recheck.md`).
+    fn by_sketch(&self) -> bool {
+        matches!(self, Segment::Growing(g) if g.len() > SCAN_GROWING_POINTS)
+    }
+}
+
+/// A query in the forms segments read it: the L2-normalized f32 vector rows are scored with, its
+/// f16 code that guides `hnsw_rs`, and its sketch when large growing segments are searched by
+/// their sketches.
+#[derive(Clone, Copy)]
+struct Query<'a> {
+    vector: &'a [f32],
+    code: &'a [Code],
+    sketch: Option<sketch::Sketch>,
+}
+
 /// The segment of `segments` the next point goes to: the last one while it is growing and holds
 /// fewer than `limit` points; `None` when a new one must be started.
-fn open_segment(segments: &[Segment], limit: usize) -> Option<Arc<Graph>> {
+fn open_segment(segments: &[Segment], limit: usize) -> Option<Arc<GrowingGraph>> {
     match segments.last() {
-        Some(Segment::Growing(g)) if g.get_nb_point() < limit => Some(Arc::clone(g)),
+        Some(Segment::Growing(g)) if g.len() < limit => Some(Arc::clone(g)),
         _ => None,
     }
 }
@@ -447,11 +494,21 @@ impl OwnGraph {
         }
     }
 
-    /// The sealed segments: what a recheck scans the sketches of.
+    /// The sealed segments: what a recheck scans the sketches of in chunks.
     fn sealed(&self) -> impl Iterator<Item = &Sealed> {
         self.segments.iter().filter_map(|s| match s {
             Segment::Sealed(s) => Some(s.as_ref()),
             Segment::Growing(_) => None,
+        })
+    }
+
+    /// The growing segments a search does not scan exactly: what a recheck scans the sketches of
+    /// whole, on the caller's thread (65,536 rows at most, a few tens of microseconds), when the
+    /// search went through their graphs.
+    fn searched_growing(&self) -> impl Iterator<Item = &GrowingGraph> {
+        self.segments.iter().filter_map(|s| match s {
+            Segment::Growing(g) if s.by_sketch() => Some(g.as_ref()),
+            _ => None,
         })
     }
 
@@ -710,31 +767,32 @@ impl State {
     }
 
     /// Graph search: live points only (a replaced vector's old point is skipped by its slot), the
-    /// best `k · RERANK_PER_RESULT` of each segment scored with the f32 query. Two or more large
-    /// segments are searched in parallel on [`search_pool`].
+    /// best `k · RERANK_PER_RESULT` of each segment scored with the f32 query; with the query's
+    /// `sketch`, large growing segments searched by their sketches ([`Segment::by_sketch`]). Two or
+    /// more large segments searched through a graph are searched in parallel on [`search_pool`].
     fn graph_search(
         &self,
         part: u32,
         graph: &OwnGraph,
-        query: &[f32],
-        code: &[Code],
+        query: Query<'_>,
         k: usize,
         ef: usize,
     ) -> Vec<Neighbor> {
         let search = |segment: &Segment| -> Vec<Neighbor> {
             let wanted = k.saturating_mul(RERANK_PER_RESULT);
             let live = |slot| self.live_slot(part, graph, slot);
-            top_k(segment.search(query, code, ef, wanted, live), k)
+            top_k(segment.search(query, ef, wanted, live), k)
         };
         if let [one] = graph.segments.as_slice() {
             return search(one);
         }
         // A hand-off to the search threads costs more than the search of a growing segment of a
-        // few thousand points: only large segments are worth searching side by side.
+        // few thousand points, or of a large one by its sketches: only large segments searched
+        // through a graph are worth searching side by side.
         let large = graph
             .segments
             .iter()
-            .filter(|s| s.points() > SCAN_CHUNK)
+            .filter(|s| s.points() > SCAN_CHUNK && !(query.sketch.is_some() && s.by_sketch()))
             .count();
         let found = match search_pool() {
             Some(pool) if large > 1 => {
@@ -746,20 +804,28 @@ impl State {
     }
 }
 
+/// Where a recheck looks: partition `part`'s `graph`, its sealed segments in tasks of at most
+/// `chunk` rows.
+#[derive(Clone, Copy)]
+struct Recheck<'a> {
+    part: u32,
+    graph: &'a OwnGraph,
+    chunk: usize,
+}
+
 impl State {
-    /// The live near duplicates of `query` in `graph`'s sealed segments, found by their sketches
-    /// (see [`sketch`]): the recheck of a graph search that found nothing near. Growing segments
-    /// are left out: one of at most [`SCAN_GROWING_POINTS`] was scanned exactly already, and a
-    /// larger one is a graph of at most `seal_points` (or, loaded from a dump older than sealed
-    /// segments, a whole partition's graph until the maintenance seals it), searched as before.
+    /// The live near duplicates of `query` in `graph`'s segments, found by their sketches (see
+    /// [`sketch`]): the recheck of a graph search that found nothing near. Sealed segments are
+    /// scanned in chunks shared with the search threads; with `growing`, growing ones larger than
+    /// [`SCAN_GROWING_POINTS`] too, whole on this thread ([`growing`]): unless the search read
+    /// them by their sketches already. A smaller growing one was scanned exactly by the search.
     fn near_duplicates(
         &self,
         planes: &sketch::Planes,
-        part: u32,
-        graph: &OwnGraph,
+        Recheck { part, graph, chunk }: Recheck<'_>,
         query: &[f32],
         k: usize,
-        chunk: usize,
+        growing: bool,
     ) -> Vec<Neighbor> {
         let chunks: Vec<(&Sealed, std::ops::Range<usize>)> = graph
             .sealed()
@@ -769,14 +835,18 @@ impl State {
                     .map(move |rows| (s, rows))
             })
             .collect();
-        if chunks.is_empty() {
+        let growing: Vec<&GrowingGraph> = if growing {
+            graph.searched_growing().collect()
+        } else {
+            Vec::new()
+        };
+        if chunks.is_empty() && growing.is_empty() {
             return Vec::new();
         }
         let sketch = planes.sketch(query);
         let live = |slot| self.live_slot(part, graph, slot).is_some();
-        let scan = |(sealed, rows): &(&Sealed, std::ops::Range<usize>)| {
-            sealed
-                .near_duplicates(query, sketch, rows.clone(), live)
+        let neighbors = |found: Vec<(usize, f32)>| {
+            found
                 .into_iter()
                 .filter_map(|(slot, similarity)| {
                     Some(Neighbor {
@@ -786,7 +856,14 @@ impl State {
                 })
                 .collect::<Vec<_>>()
         };
-        top_k(shared(&chunks, graph.sealed_rows() > chunk, scan), k)
+        let scan = |(sealed, rows): &(&Sealed, std::ops::Range<usize>)| {
+            neighbors(sealed.near_duplicates(query, sketch, rows.clone(), live))
+        };
+        let mut found = shared(&chunks, graph.sealed_rows() > chunk, scan);
+        for segment in growing {
+            found.extend(neighbors(segment.near_duplicates(query, sketch, live)));
+        }
+        top_k(found, k)
     }
 
     /// The near duplicates of `query` among a flat partition's rows, found by their sketches as a
@@ -982,11 +1059,18 @@ fn free_on_build_threads<T: Send>(old: T) {
 
 /// Builds the segments of a graph whose slot `i` is row `i` of `codes`: as few as
 /// `segment_points` allows, of equal size, each with `hnsw_rs`'s rayon-parallel insertion (all
-/// cores, on [`build_pool`]), then sealed.
+/// cores, on [`build_pool`]), then sealed (the `hnsw_rs` graph freed there); one that cannot be
+/// sealed (it is empty) is left growing.
 fn build_graph(config: &IndexConfig, codes: &[Code]) -> Vec<Segment> {
     build_hnsw(config, codes)
         .into_iter()
-        .map(|graph| seal(config, Arc::new(graph)))
+        .map(|graph| match seal(config, &graph) {
+            Some(sealed) => {
+                free_on_build_threads(graph);
+                Segment::Sealed(Arc::new(sealed))
+            }
+            None => Segment::Growing(Arc::new(Growing::new(graph, config.dimension))),
+        })
         .collect()
 }
 
@@ -1017,32 +1101,31 @@ fn build_hnsw(config: &IndexConfig, codes: &[Code]) -> Vec<Graph> {
         .collect()
 }
 
-/// `graph` as a sealed segment (the conversion on [`build_pool`]), the graph then freed there;
-/// the graph itself, growing, if it cannot be sealed (it is empty).
-fn seal(config: &IndexConfig, graph: Arc<Graph>) -> Segment {
-    let convert = || Sealed::from_graph(&graph, config.dimension);
-    let sealed = match build_pool() {
+/// `graph` sealed (the conversion on [`build_pool`]); `None` if it cannot be (it is empty, or
+/// repeats a slot).
+fn seal(config: &IndexConfig, graph: &Graph) -> Option<Sealed> {
+    let convert = || Sealed::from_graph(graph, config.dimension);
+    match build_pool() {
         Some(pool) => pool.install(convert),
         None => convert(),
-    };
-    match sealed {
-        Some(sealed) => {
-            free_on_build_threads(graph);
-            Segment::Sealed(Arc::new(sealed))
-        }
-        None => Segment::Growing(graph),
     }
+}
+
+/// A new, empty growing segment.
+fn new_growing(config: &IndexConfig) -> Arc<GrowingGraph> {
+    let graph = new_graph(config, config.growing_points());
+    Arc::new(Growing::new(graph, config.dimension))
 }
 
 /// Adds `code` as point `slot` to the open segment of `segments`, starting a new one when the
 /// last is full or sealed.
 fn append_point(config: &IndexConfig, segments: &mut Vec<Segment>, code: &[Code], slot: usize) {
     let segment = open_segment(segments, config.growing_points()).unwrap_or_else(|| {
-        let segment = Arc::new(new_graph(config, config.growing_points()));
+        let segment = new_growing(config);
         segments.push(Segment::Growing(Arc::clone(&segment)));
         segment
     });
-    segment.insert_slice((code, slot));
+    segment.insert(code, slot);
 }
 
 /// Checks and L2-normalizes a vector; `None` when it cannot be indexed or searched.
@@ -1302,10 +1385,21 @@ impl HnswIndex {
                     return Ok(Vec::new());
                 }
                 let code = encode_f16(&query);
+                // As a large flat partition is searched by its sketches (and on the same terms),
+                // so is a large growing segment.
+                let by_sketch = k <= sketch::CANDIDATES
+                    && self.config.recheck_below >= -1.0
+                    && graph.segments.iter().any(Segment::by_sketch);
+                let sketch = by_sketch.then(|| self.planes.sketch(&query));
                 // Too few live results means tombstones crowd the query: widen, then scan.
                 let mut ef = self.config.ef_search.max(k);
                 for _ in 0..WIDEN_ATTEMPTS {
-                    let found = state.graph_search(part, graph, &query, &code, k, ef);
+                    let forms = Query {
+                        vector: &query,
+                        code: &code,
+                        sketch,
+                    };
+                    let found = state.graph_search(part, graph, forms, k, ef);
                     if found.len() >= wanted {
                         // Nothing near: the greedy search may have passed a near duplicate by.
                         // Below the index's own bar too (a lenient threshold is no proof that
@@ -1328,8 +1422,13 @@ impl HnswIndex {
                         else {
                             return Ok(found);
                         };
-                        let missed =
-                            state.near_duplicates(&self.planes, part, graph, &query, k, chunk);
+                        let missed = state.near_duplicates(
+                            &self.planes,
+                            Recheck { part, graph, chunk },
+                            &query,
+                            k,
+                            sketch.is_none(),
+                        );
                         return Ok(merged(found, missed, k));
                     }
                     ef = ef.saturating_mul(WIDEN_FACTOR);
@@ -1520,7 +1619,7 @@ impl HnswIndex {
                 };
                 let last = g.segments.len().saturating_sub(1);
                 g.segments.iter().enumerate().find_map(|(at, s)| match s {
-                    Segment::Growing(graph) if at < last || graph.get_nb_point() >= limit => {
+                    Segment::Growing(graph) if at < last || graph.len() >= limit => {
                         Some((part, at, Arc::clone(graph)))
                     }
                     _ => None,
@@ -1530,7 +1629,7 @@ impl HnswIndex {
         let Some((part, at, graph)) = found else {
             return Seal::Nothing;
         };
-        let Segment::Sealed(sealed) = seal(&self.config, Arc::clone(&graph)) else {
+        let Some(sealed) = seal(&self.config, graph.graph()) else {
             // Its points repeat a slot (an insert that panicked half way leaves its point behind
             // for the next to reuse the slot): only a rebuild from the live rows mends that.
             tracing::warn!(
@@ -1552,7 +1651,7 @@ impl HnswIndex {
                 Some(segment @ Segment::Growing(_)) => {
                     let same = matches!(&*segment, Segment::Growing(current) if Arc::ptr_eq(current, &graph));
                     if same {
-                        *segment = Segment::Sealed(sealed);
+                        *segment = Segment::Sealed(Arc::new(sealed));
                     }
                     same
                 }
@@ -1610,7 +1709,7 @@ impl HnswIndex {
             };
             for (segment, graph) in g.segments.iter().enumerate() {
                 let graph = match graph {
-                    Segment::Growing(graph) => graph,
+                    Segment::Growing(graph) => graph.graph(),
                     Segment::Sealed(sealed) => {
                         sealeds.push(SealedRef {
                             part: u32::try_from(part).unwrap_or(u32::MAX),
@@ -1829,10 +1928,8 @@ impl VectorIndex for HnswIndex {
                 // invisible to them until `slots` names it, and a new segment until it is added.
                 // `writer` keeps the body from being swapped.
                 let started = open.is_none();
-                let segment = open.unwrap_or_else(|| {
-                    Arc::new(new_graph(&self.config, self.config.growing_points()))
-                });
-                segment.insert_slice((&code, slot));
+                let segment = open.unwrap_or_else(|| new_growing(&self.config));
+                segment.insert(&code, slot);
                 let mut state = write(&self.state);
                 state.unset(id);
                 if let Some(Body::Graph(g)) =
@@ -2391,7 +2488,10 @@ fn load_graphs(
                         "graph point count differs from the manifest".into(),
                     ));
                 }
-                Ok(Segment::Growing(Arc::new(graph)))
+                Ok(Segment::Growing(Arc::new(Growing::new(
+                    graph,
+                    manifest.dimension,
+                ))))
             }
             SegmentRef::Sealed(sealed_ref) => Ok(Segment::Sealed(Arc::new(load_sealed(
                 dir,
@@ -3191,7 +3291,9 @@ mod tests {
                 if let Body::Graph(g) = &mut state.parts[part].body {
                     g.segments = build_hnsw(&index.config, &rows.codes)
                         .into_iter()
-                        .map(|graph| Segment::Growing(Arc::new(graph)))
+                        .map(|graph| {
+                            Segment::Growing(Arc::new(Growing::new(graph, index.config.dimension)))
+                        })
                         .collect();
                 }
             }
@@ -3333,7 +3435,7 @@ mod tests {
             let Segment::Growing(graph) = &g.segments[0] else {
                 panic!("growing");
             };
-            graph.insert_slice((&encode_f16(&unit(&mut rng, dimension)), 5));
+            graph.insert(&encode_f16(&unit(&mut rng, dimension)), 5);
         }
         assert_eq!(index.seal_one(), Seal::Failed(0));
         rebuilds_into_one_sealed_graph(&index, &items);
@@ -3502,6 +3604,98 @@ mod tests {
             live,
             "one chunk's recheck is not rationed"
         );
+    }
+
+    /// Inserts past a built graph go to a growing segment (here larger than
+    /// [`SCAN_GROWING_POINTS`], with a `hnsw_rs` graph too sparse to navigate). It is searched by
+    /// its points' sketches, or, for more results than a sketch search scores, through its graph
+    /// and then rechecked by them: either way every live near duplicate among its points is found,
+    /// never a removed point nor a replaced vector's old point; after a dump's load too, where its
+    /// points are sketched again. With the sketches off, the graph alone misses most.
+    #[test]
+    fn a_growing_segment_is_searched_by_its_sketches() {
+        let dimension = 64;
+        let mut rng = StdRng::seed_from_u64(43);
+        let built = 200;
+        let total = built + SCAN_GROWING_POINTS as u64 + 1_000;
+        let items = random_items(&mut rng, 0..total, tag(1), dimension);
+        let queries: Vec<(VectorId, Vec<f32>)> = items[built as usize..]
+            .iter()
+            .step_by(25)
+            .map(|(id, _, v)| {
+                let noise = unit(&mut rng, dimension);
+                (
+                    *id,
+                    v.iter().zip(&noise).map(|(v, n)| v + 0.25 * n).collect(),
+                )
+            })
+            .collect();
+        // Of the queried items (every 25th id from `built` on), every fourth is removed and every
+        // fourth after it given a new vector.
+        let removed = |id: VectorId| id >= built && id.is_multiple_of(100);
+        let replaced = |id: VectorId| id >= built && id % 100 == 25;
+        let moved = random_items(&mut rng, 0..total, tag(1), dimension);
+        let live = queries
+            .iter()
+            .filter(|(id, _)| !removed(*id) && !replaced(*id))
+            .count();
+        let found = |index: &HnswIndex, k: usize| -> usize {
+            queries
+                .iter()
+                .map(|(id, q)| {
+                    let best = index.search(&tag(1), q, k);
+                    assert_eq!(best.len(), k);
+                    assert!(!best.iter().any(|n| removed(n.id)), "a removed point");
+                    if replaced(*id) {
+                        assert!(best.iter().all(|n| n.id != *id || n.similarity < 0.5));
+                    }
+                    usize::from(best[0].id == *id && !removed(*id) && !replaced(*id))
+                })
+                .sum()
+        };
+        for recheck_below in [-2.0, 0.9] {
+            let config = IndexConfig {
+                max_connections: 2,
+                ef_construction: 4,
+                ef_search: 1,
+                brute_force_below: 100,
+                recheck_below,
+                ..IndexConfig::new(dimension)
+            };
+            let index = HnswIndex::build(config.clone(), items[..built as usize].to_vec());
+            for (id, partition, v) in &items[built as usize..] {
+                index.insert(*id, *partition, v);
+            }
+            for (id, _) in &queries {
+                if removed(*id) {
+                    index.remove(*id);
+                } else if replaced(*id) {
+                    index.insert(*id, tag(1), &moved[*id as usize].2);
+                }
+            }
+            assert_eq!(segment_kinds(&index, tag(1)), "SG");
+            if recheck_below < -1.0 {
+                let graph_alone = found(&index, 4);
+                assert!(
+                    graph_alone * 2 < live,
+                    "{graph_alone} of {live} by the graph"
+                );
+                continue;
+            }
+            assert_eq!(found(&index, 4), live, "by the sketches");
+            let more = sketch::CANDIDATES + 1;
+            assert_eq!(
+                found(&index, more),
+                live,
+                "through the graph, then rechecked"
+            );
+            let dir = tempfile::tempdir().expect("tempdir");
+            index.save(dir.path()).expect("save");
+            let loaded = HnswIndex::load(dir.path(), config).expect("load");
+            assert_eq!(segment_kinds(&loaded, tag(1)), "SG");
+            assert_eq!(found(&loaded, 4), live, "after a load");
+            assert_eq!(found(&loaded, more), live, "after a load, rechecked");
+        }
     }
 
     /// Growing segments added by inserts past [`SEGMENTS_BEFORE_MERGE`] are merged by a rebuild.

@@ -594,9 +594,11 @@ pub fn index_config(dimension: usize) -> IndexConfig {
         // Measured at 100k vectors in one shared f32 graph: ef 64 gave recall@1 0.94-0.98, ef 128
         // 0.99-1.0. With a graph per partition (f16), a 98k partition gave 0.916 at ef 64 and
         // 0.997 at 128, p50 4.2 ms (benches/results/2026-12-05-scale.md). The sketch recheck
-        // finds what ef 64 misses in sealed segments (hit search p50 0.77 against 1.12 ms at 1M),
-        // but not in a growing segment of up to 65,536 points, so the width stays
-        // (benches/results/2026-12-06-sketch-recheck.md).
+        // finds what ef 64 misses (hit search p50 0.77 against 1.12 ms at 1M), but only when the
+        // graph found nothing above the threshold: at ef 64 the graph alone misses the nearest
+        // row of 10.6% of clustered queries at 1M (1.6% at 128), and one that finds another row
+        // above the threshold serves that less similar row, so the width stays
+        // (benches/results/2026-12-06-sketch-recheck.md, 2026-12-07-recheck-share.md).
         ef_search: 128,
         // An exact scan of 10k vectors (~0.5 ms) beats the graph and is always exact.
         brute_force_below: 10_000,

@@ -1,4 +1,4 @@
-//! Sign sketches (SimHash) of the rows of sealed segments and flat partitions, and the scan that
+//! Sign sketches (SimHash) of the rows of graph segments and flat partitions, and the scan that
 //! finds a query's near duplicates by them: when a graph search found nothing near, and in a large
 //! partition awaiting its graph.
 //!
