@@ -412,17 +412,10 @@ impl Segment {
                 });
                 top_k(found, wanted)
             }
-            Segment::Growing(growing) if let Some(sketch) = sketch => growing
-                .near_duplicates(query, sketch, |slot| live(slot).is_some())
-                .into_iter()
-                .filter_map(|(slot, similarity)| {
-                    Some(Neighbor {
-                        id: live(slot)?,
-                        similarity,
-                    })
-                })
-                .take(wanted)
-                .collect(),
+            Segment::Growing(growing) if let Some(sketch) = sketch => {
+                let found = growing.near_duplicates(query, sketch, |slot| live(slot).is_some());
+                named(found, &live).take(wanted).collect()
+            }
             Segment::Growing(growing) => {
                 let graph = growing.graph();
                 let points = graph.get_point_indexation();
@@ -439,19 +432,24 @@ impl Segment {
                     })
                     .collect()
             }
-            Segment::Sealed(sealed) => sealed
-                .search(query, ef)
-                .into_iter()
-                .filter_map(|(slot, similarity)| {
-                    Some(Neighbor {
-                        id: live(slot)?,
-                        similarity,
-                    })
-                })
+            Segment::Sealed(sealed) => named(sealed.search(query, ef), &live)
                 .take(wanted)
                 .collect(),
         }
     }
+}
+
+/// A segment's `(slot, similarity)` results as neighbours, those whose slot `live` names an id.
+fn named(
+    found: Vec<(usize, f32)>,
+    live: impl Fn(usize) -> Option<VectorId>,
+) -> impl Iterator<Item = Neighbor> {
+    found.into_iter().filter_map(move |(slot, similarity)| {
+        Some(Neighbor {
+            id: live(slot)?,
+            similarity,
+        })
+    })
 }
 
 impl Segment {
@@ -846,15 +844,7 @@ impl State {
         let sketch = planes.sketch(query);
         let live = |slot| self.live_slot(part, graph, slot).is_some();
         let neighbors = |found: Vec<(usize, f32)>| {
-            found
-                .into_iter()
-                .filter_map(|(slot, similarity)| {
-                    Some(Neighbor {
-                        id: self.live_slot(part, graph, slot)?,
-                        similarity,
-                    })
-                })
-                .collect::<Vec<_>>()
+            named(found, |slot| self.live_slot(part, graph, slot)).collect::<Vec<_>>()
         };
         let scan = |(sealed, rows): &(&Sealed, std::ops::Range<usize>)| {
             neighbors(sealed.near_duplicates(query, sketch, rows.clone(), live))
