@@ -35,10 +35,11 @@
 //!   `benches/results/2026-12-06-sealed-segments.md`), and the `hnsw_rs` graph freed. Inserts into
 //!   a partition that has its graph go to a *growing* segment ([`growing`]), an `hnsw_rs` graph
 //!   of at most `seal_points` points with a sign sketch per point beside it, by which it is
-//!   searched (its graph is for its sealing), and which the maintenance seals once full. Segments' results are merged (two
-//!   or more past [`SCAN_CHUNK`] points are searched in parallel), each segment costing about one
-//!   search, so inserts that add more than [`SEGMENTS_BEFORE_MERGE`] of them get the partition
-//!   rebuilt; the default keeps a partition of up to a million vectors in one built graph
+//!   searched (its graph is for its sealing), and which the maintenance seals once full.
+//!   Segments' results are merged (two or more past [`SCAN_CHUNK`] points searched through a
+//!   graph are searched in parallel), each segment costing about one search, so inserts that add
+//!   more than [`SEGMENTS_BEFORE_MERGE`] of them get the partition rebuilt; the default keeps a
+//!   partition of up to a million vectors in one built graph
 //!   (`benches/results/2026-12-06-index-segments.md`).
 //! - Per id, one 24-byte [`Placement`] (partition number, slot, version, code digest) in a flat hash
 //!   map; no per-entry heap object outside a growing segment's `hnsw_rs` points.
