@@ -83,8 +83,9 @@ impl<D: Distance<f16> + Send + Sync> Growing<D> {
     }
 
     /// Inserts `code` as point `slot` and keeps its sketch. The caller keeps other inserts into
-    /// this segment out meanwhile (see the module comment); a point whose place it cannot tell is
-    /// still in the graph, only not rechecked.
+    /// this segment out meanwhile (see the module comment): were one to run beside it, the point
+    /// would be in the graph (found by a search through it, and sealed with the segment) but not
+    /// by a search of the sketches.
     pub(super) fn insert(&self, code: &[f16], slot: usize) {
         let sketch = self.planes.sketch_row(code);
         let before = self.layer_counts();
