@@ -249,6 +249,8 @@ async fn hang_unreachable_and_broken_streams_give_documented_errors() {
     // OpenAI-shaped error event, and never a `[DONE]`.
     // An abort resets the connection: the gateway's kernel may drop chunks it had received but the
     // gateway had not read yet (a TCP reset discards them), so only a clean cut promises them all.
+    // On a busy machine the reset can even beat the gateway's read of the response head: nothing
+    // has been sent to the client then, so it gets the documented 502 instead of a stream.
     for (fault, code, delivered) in [
         ("cut=3", "upstream_invalid_response", 3),
         ("abort=3", "upstream_invalid_response", 0),
@@ -261,6 +263,11 @@ async fn hang_unreachable_and_broken_streams_give_documented_errors() {
             .send()
             .await
             .expect("send");
+        if fault.starts_with("abort") && response.status() == 502 {
+            let body: Value = response.json().await.expect("json");
+            assert_eq!(body["error"]["type"], "upstream_error", "{fault}: {body}");
+            continue;
+        }
         assert_eq!(response.status(), 200, "{fault}");
         let text = stream_text(response).await;
         let (data, _) = parse_sse(&text);
