@@ -13,7 +13,7 @@
 # that namespace at each concurrency, with no API key, as the synthetic entries were stored: the
 # questions are stored into the big partition and each paraphrase searches it (streamed
 # semantic-hit TTFT against the big index; the embedding's texts per second of model time from
-# /admin/stats and /metrics), then its resident set (VmRSS). Before 2026-12-06 the driver sent its
+# /admin/stats and /metrics), then its resident set (VmRSS) and its peak (VmHWM). Before 2026-12-06 the driver sent its
 # default key, so its lookups searched a partition of their own (the 30 questions), not the big one. RSS per entry is
 # against a gateway on an empty store after the same serving phase (the raw measurements are kept
 # in target/scale-gateway-last/ as they come). Sizes not in `--writer-sizes`
@@ -23,7 +23,9 @@
 #
 # Usage: benches/scale-gateway.sh [--sizes "100000"] [--redis-sizes "100000"] [--writer-sizes "100000"] [--rounds N]
 #                                 [--concurrency "1 8"] [--before DIR] [--keep-data] [--out FILE]
-#   Writes benches/results/<date>-scale-gateway.md by default. Disk: about 3 GB per 100k entries
+#   A size in `--redis-sizes` only (`--sizes ""`) is measured on the Redis-loaded replica alone.
+#   Redis holds about 15 KB per entry in memory (1M: about 15 GB). Writes
+#   benches/results/<date>-scale-gateway.md by default. Disk: about 3 GB per 100k entries
 #   (sled and its dump, Redis in memory); all of it in a temporary folder removed at exit. With
 #   `--keep-data`, each size's data dir (sled, its ledger file and the last index dump) is moved to
 #   target/scale-gateway-last/data-N instead, to restart a gateway on it again without the hour a
@@ -92,6 +94,8 @@ wait_ready http://127.0.0.1:"$sim_port"/healthz reprise-sim "$WORK/sim.log"
 
 now() { date +%s.%N; }
 rss() { awk '/^VmRSS:/ {print $2}' /proc/"$1"/status; }
+# The process's peak resident set so far (a rebuild's graphs are built before they are sealed).
+peak() { awk '/^VmHWM:/ {print $2}' /proc/"$1"/status; }
 health() { curl -sf http://127.0.0.1:"$1"/healthz; }
 field() { python3 -c 'import json, sys; d = json.load(sys.stdin); print(eval(sys.argv[1], {}, {"d": d}))' "$1"; }
 
@@ -167,11 +171,12 @@ serve() {
   done
   local vectors
   vectors=$(health "$port" | field 'd["semantic"]["vectors"]')
-  python3 - "$name" "$size" "$kind" "$side" "$(rss "$pid")" "$vectors" "$(cut -d' ' -f1-3 /proc/loadavg)" \
+  python3 - "$name" "$size" "$kind" "$side" "$(rss "$pid")" "$(peak "$pid")" "$vectors" "$(cut -d' ' -f1-3 /proc/loadavg)" \
     "${t_listen:-0}" "${t_exact:-0}" "${t_index:-0}" "${t_graphs:-0}" "$extra" >>"$results" <<'PY'
 import json, sys
-name, size, kind, side, rss, vectors, load, tl, te, ti, tg, extra = sys.argv[1:]
-row = {"name": name, "size": int(size), "kind": kind, "side": side, "rss_kib": int(rss), "vectors": int(vectors),
+name, size, kind, side, rss, hwm, vectors, load, tl, te, ti, tg, extra = sys.argv[1:]
+row = {"name": name, "size": int(size), "kind": kind, "side": side, "rss_kib": int(rss), "hwm_kib": int(hwm),
+       "vectors": int(vectors),
        "load": load, "t_listen": float(tl), "t_exact": float(te), "t_index": float(ti), "t_graphs": float(tg)}
 row.update(json.loads(extra))
 print(json.dumps(row))
@@ -192,7 +197,46 @@ for side in $sides; do
   rm -rf "$WORK/data-empty-$side"
 done
 
-for n in $sizes; do
+# redis_replica N: N entries written into a local redis-server, then a fresh replica loading them
+# from there (its index rebuilt from the store, as every replica without a dump of its own).
+redis_replica() {
+  local n=$1 redis_port redis_pid url t0 redis_load_s redis_mem side b port
+  redis_port=$(free_port)
+  mkdir -p "$WORK/redis-$n"
+  redis-server --bind 127.0.0.1 --port "$redis_port" --save "" --appendonly no --dir "$WORK/redis-$n" \
+    >"$WORK/redis-$n.log" 2>&1 &
+  redis_pid=$!
+  PIDS+=("$redis_pid")
+  until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.05; done
+  url=redis://127.0.0.1:$redis_port/
+  echo "==> $n entries into Redis (scale-gateway --store-only)" >&2
+  t0=$(now)
+  REPRISE_ADMIN_TOKEN=$token "$bin/scale-gateway" --entries "$n" --store-only --semantic false --store redis --redis-url "$url" \
+    "${SCALE_FLAGS[@]}" --listen 127.0.0.1:"$(free_port)" --upstream-url http://127.0.0.1:"$sim_port"/v1 --data-dir "$WORK/redis-loader" \
+    >"$WORK/redis-loader-$n.log" 2>&1
+  redis_load_s=$(python3 -c "print($(now) - $t0)")
+  redis_mem=$(redis-cli -p "$redis_port" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')
+  for side in $sides; do
+    b=$bin/reprise
+    [ "$side" = before ] && b=$before/reprise
+    echo "==> $n entries: a replica loading from Redis ($side)" >&2
+    port=$(free_port)
+    rm -rf "$WORK/data-redis-$side"
+    start "redis-$n-$side" "$b" "$port" "$WORK/data-redis-$side" serve --store redis --redis-url "$url"
+    started "redis-$n-$side" "$port"
+    serve "redis-$n-$side" "$port" "$gw_pid" "$n" redis "$side" \
+      "{\"load_s\": $redis_load_s, \"redis_used_memory\": $redis_mem}"
+    stop "$gw_pid"
+    rm -rf "$WORK/data-redis-$side"
+  done
+  redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
+  wait "$redis_pid" 2>/dev/null || true
+  rm -rf "$WORK/redis-$n" "$WORK/redis-loader"
+}
+
+# Every size of either list, in order: a size only in `--redis-sizes` skips the sled replicas.
+for n in $(echo $sizes $redis_sizes | tr ' ' '\n' | sort -nu); do
+  case " $sizes " in *" $n "*) ;; *) redis_replica "$n"; continue ;; esac
   data=$WORK/data-$n
   port=$(free_port)
   kinds="dump rebuild"
@@ -251,38 +295,7 @@ for n in $sizes; do
     rm -rf "$data"
   fi
 
-  case " $redis_sizes " in *" $n "*) ;; *) continue ;; esac
-  redis_port=$(free_port)
-  mkdir -p "$WORK/redis-$n"
-  redis-server --bind 127.0.0.1 --port "$redis_port" --save "" --appendonly no --dir "$WORK/redis-$n" \
-    >"$WORK/redis-$n.log" 2>&1 &
-  redis_pid=$!
-  PIDS+=("$redis_pid")
-  until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.05; done
-  url=redis://127.0.0.1:$redis_port/
-  echo "==> $n entries into Redis (scale-gateway --store-only)" >&2
-  t0=$(now)
-  REPRISE_ADMIN_TOKEN=$token "$bin/scale-gateway" --entries "$n" --store-only --semantic false --store redis --redis-url "$url" \
-    "${SCALE_FLAGS[@]}" --listen 127.0.0.1:"$(free_port)" --upstream-url http://127.0.0.1:"$sim_port"/v1 --data-dir "$WORK/redis-loader" \
-    >"$WORK/redis-loader-$n.log" 2>&1
-  redis_load_s=$(python3 -c "print($(now) - $t0)")
-  redis_mem=$(redis-cli -p "$redis_port" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')
-  for side in $sides; do
-    b=$bin/reprise
-    [ "$side" = before ] && b=$before/reprise
-    echo "==> $n entries: a replica loading from Redis ($side)" >&2
-    port=$(free_port)
-    rm -rf "$WORK/data-redis-$side"
-    start "redis-$n-$side" "$b" "$port" "$WORK/data-redis-$side" serve --store redis --redis-url "$url"
-    started "redis-$n-$side" "$port"
-    serve "redis-$n-$side" "$port" "$gw_pid" "$n" redis "$side" \
-      "{\"load_s\": $redis_load_s, \"redis_used_memory\": $redis_mem}"
-    stop "$gw_pid"
-    rm -rf "$WORK/data-redis-$side"
-  done
-  redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
-  wait "$redis_pid" 2>/dev/null || true
-  rm -rf "$WORK/redis-$n" "$WORK/redis-loader"
+  case " $redis_sizes " in *" $n "*) redis_replica "$n" ;; esac
 done
 
 mkdir -p "$(dirname "$out")"
@@ -323,18 +336,21 @@ print("Replicas: **writer**: `scale-gateway`, which wrote the N synthetic entrie
       "`POST /admin/entries` does); **dump**: `reprise serve` restarted on that data dir with its index dump; "
       "**rebuild**: the same without the dump (the index rebuilt in the background while exact hits are served); "
       "**redis**: a fresh replica on a Redis that `scale-gateway --store-only` filled. RSS per entry: (RSS - RSS of "
-      "an empty-store gateway of the same build after the same serving phase) / N. Start-up: seconds from exec "
+      "an empty-store gateway of the same build after the same serving phase) / N; peak RSS: the process's highest "
+      "resident set from its start to the end of its serving phase (`VmHWM`). Start-up: seconds from exec "
       "until it answers `/healthz` (the store read and, with a dump, the index loaded), until a synthetic entry is "
       "served as an exact hit, until `/healthz` shows the whole index (`index_rebuilding` false: every vector "
       "searched, exactly where a partition awaits its graph), until every large partition has its graph "
       "(`index_graphs_pending` 0; the serving phase starts then).")
 print()
-print("| N | replica | build | RSS MiB | per entry B | listens s | exact hit s | full index s | graphs s | vectors | load |")
-print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+print("| N | replica | build | RSS MiB | per entry B | peak RSS MiB | listens s | exact hit s | full index s | graphs s | vectors | load |")
+print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for r in rows:
     base = empty.get(r["side"])
     per = (r["rss_kib"] - base["rss_kib"]) * 1024 / r["size"] if base and r["size"] else float("nan")
-    print(f"| {r['size']:,} | {r['kind']} | {r['side']} | {r['rss_kib'] / 1024:,.0f} | {per:,.0f} | "
+    # Rows of runs before the peak was recorded have none.
+    hwm = f"{r['hwm_kib'] / 1024:,.0f}" if "hwm_kib" in r else ""
+    print(f"| {r['size']:,} | {r['kind']} | {r['side']} | {r['rss_kib'] / 1024:,.0f} | {per:,.0f} | {hwm} | "
           f"{r['t_listen']:.1f} | {r['t_exact']:.1f} | {r['t_index']:.1f} | {r.get('t_graphs', r['t_index']):.1f} | "
           f"{r['vectors']:,} | {r['load']} |")
 print()
