@@ -815,16 +815,17 @@ struct Recheck<'a> {
 impl State {
     /// The live near duplicates of `query` in `graph`'s segments, found by their sketches (see
     /// [`sketch`]): the recheck of a graph search that found nothing near. Sealed segments are
-    /// scanned in chunks shared with the search threads; with `growing`, growing ones larger than
-    /// [`SCAN_GROWING_POINTS`] too, whole on this thread ([`growing`]): unless the search read
-    /// them by their sketches already. A smaller growing one was scanned exactly by the search.
+    /// scanned in chunks shared with the search threads. Growing ones larger than
+    /// [`SCAN_GROWING_POINTS`] are scanned too, whole on this thread ([`growing`]), unless the
+    /// search read them by their sketches already: then it passes the query's `searched` sketch,
+    /// which is not computed twice. A smaller growing one was scanned exactly by the search.
     fn near_duplicates(
         &self,
         planes: &sketch::Planes,
         Recheck { part, graph, chunk }: Recheck<'_>,
         query: &[f32],
         k: usize,
-        growing: bool,
+        searched: Option<sketch::Sketch>,
     ) -> Vec<Neighbor> {
         let chunks: Vec<(&Sealed, std::ops::Range<usize>)> = graph
             .sealed()
@@ -834,15 +835,14 @@ impl State {
                     .map(move |rows| (s, rows))
             })
             .collect();
-        let growing: Vec<&GrowingGraph> = if growing {
-            graph.searched_growing().collect()
-        } else {
-            Vec::new()
+        let growing: Vec<&GrowingGraph> = match searched {
+            None => graph.searched_growing().collect(),
+            Some(_) => Vec::new(),
         };
         if chunks.is_empty() && growing.is_empty() {
             return Vec::new();
         }
-        let sketch = planes.sketch(query);
+        let sketch = searched.unwrap_or_else(|| planes.sketch(query));
         let live = |slot| self.live_slot(part, graph, slot).is_some();
         let neighbors = |found: Vec<(usize, f32)>| {
             named(found, |slot| self.live_slot(part, graph, slot)).collect::<Vec<_>>()
@@ -1418,7 +1418,7 @@ impl HnswIndex {
                             Recheck { part, graph, chunk },
                             &query,
                             k,
-                            sketch.is_none(),
+                            sketch,
                         );
                         return Ok(merged(found, missed, k));
                     }
