@@ -1,7 +1,8 @@
 //! Criterion benches of the exact-hit path, with fixed inputs: the store's reads (the whole entry,
 //! and the hot read a hit makes, `replay_by_key`) and writes, and rendering a hit from its replay
-//! (the SSE stream, the body, the first byte of an instant stream) and building a replay. Kept
-//! apart from `components.rs`, whose index and embedding groups take minutes to set up.
+//! (the SSE stream, the body, the first byte of an instant stream), building a replay and reading one
+//! stored whole or compressed. Kept apart from `components.rs`, whose index and embedding groups
+//! take minutes to set up.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -164,6 +165,29 @@ fn replay_encode(c: &mut Criterion) {
         // Building the replay: once per stored answer, on the writer thread.
         group.bench_function(format!("build/{tokens}tok"), |b| {
             b.iter(|| Replay::of(black_box(&e)))
+        });
+        // What a hit does with the bytes the store read, as `store/codec.rs` does it: the checksum
+        // and decode of a record stored whole (schema version 3), against the checksum of the
+        // compressed bytes, their decompression and the decode (version 4).
+        let record = replay.encode();
+        let block = lz4_flex::block::compress(&record);
+        eprintln!(
+            "replay record, {tokens} tokens: {} bytes whole, {} compressed",
+            record.len(),
+            block.len()
+        );
+        group.bench_function(format!("read_whole/{tokens}tok"), |b| {
+            b.iter(|| {
+                let sum = blake3::hash(black_box(&record));
+                (sum, Replay::decode(&record).expect("record"))
+            })
+        });
+        group.bench_function(format!("read_compressed/{tokens}tok"), |b| {
+            b.iter(|| {
+                let sum = blake3::hash(black_box(&block));
+                let record = lz4_flex::block::decompress(&block, record.len()).expect("block");
+                (sum, Replay::decode(&record).expect("record"))
+            })
         });
     }
     group.finish();

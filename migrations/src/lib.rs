@@ -9,7 +9,7 @@ use sled::Transactional;
 pub mod replay;
 
 /// The schema version this build writes and reads.
-pub const CURRENT: u32 = 3;
+pub const CURRENT: u32 = 4;
 
 /// Where the version is recorded. These two names never change, whatever later versions do, because
 /// every release must be able to read the version of a directory written by any other.
@@ -54,7 +54,7 @@ pub type Step = fn(&sled::Db) -> Result<(), MigrationError>;
 
 /// Every step, in version order, from 1 up to [`CURRENT`] (a test checks that there is no gap).
 /// A step may be run again after a crash interrupted it, so each must be safe to repeat.
-pub static STEPS: &[(u32, Step)] = &[(1, v1), (2, v2), (3, v3)];
+pub static STEPS: &[(u32, Step)] = &[(1, v1), (2, v2), (3, v3), (4, v4)];
 
 /// Brings `db` up to [`CURRENT`] and returns the version it found.
 ///
@@ -232,6 +232,20 @@ fn v3(db: &sled::Db) -> Result<(), MigrationError> {
     Ok(())
 }
 
+/// Version 4: a replay record may be stored compressed, `[tag 4][blake3 of the rest, 32 bytes][the
+/// record's length, u32 LE][the record as an LZ4 block]`, in `replays` (or chunked behind a tag-2
+/// record, as in version 3). A record's stream events repeat all but a few bytes, so this cuts
+/// what sled writes and Redis holds per entry by about half for short answers, more for long ones.
+///
+/// The step writes nothing: records of version 3 (tag 3) stay as they are, and the store reads
+/// both. The version number exists for the builds that read tag 3 only: they would take a tag-4
+/// record for a damaged entry and delete it when they open the store, and the stamp makes them
+/// refuse the directory instead ("written by a newer Reprise").
+fn v4(db: &sled::Db) -> Result<(), MigrationError> {
+    db.open_tree("replays")?;
+    Ok(())
+}
+
 fn v3_chunk_key(id: [u8; 8], n: u32) -> [u8; 12] {
     let mut key = [0u8; 12];
     key[..8].copy_from_slice(&id);
@@ -382,6 +396,23 @@ pub mod fixtures {
         }
         meta.insert("schema_version", &2u32.to_be_bytes()[..])?;
         meta.insert("id_floor", &id_floor.to_be_bytes()[..])?;
+        db.flush()?;
+        Ok(())
+    }
+
+    /// Writes a version-3 data directory at `dir`: the version-2 directory of
+    /// [`write_v2_data_dir`], upgraded by version 3's own step (every entry split into its cold half
+    /// and an uncompressed, tag-3 replay record), as a directory of version 3 holds them.
+    pub fn write_v3_data_dir(
+        dir: &Path,
+        entries: &[(u64, [u8; 32], Vec<u8>)],
+        id_floor: u64,
+    ) -> Result<(), super::MigrationError> {
+        write_v2_data_dir(dir, entries, id_floor)?;
+        let db = sled::open(dir)?;
+        super::v3(&db)?;
+        db.open_tree("meta")?
+            .insert("schema_version", &3u32.to_be_bytes()[..])?;
         db.flush()?;
         Ok(())
     }
@@ -590,7 +621,7 @@ mod tests {
         fixtures::write_v2_data_dir(dir.path(), &rows, 0).expect("write fixture");
         let db = open(dir.path());
         assert_eq!(migrate(&db).expect("migrate"), 2);
-        assert_eq!(version(&db), Some(3));
+        assert_eq!(version(&db), Some(CURRENT));
         let snapshot = |db: &sled::Db| -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
             ["entries", "chunks", "replays", "replay_chunks"]
                 .iter()

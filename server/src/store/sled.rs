@@ -3,13 +3,13 @@
 //! corrupt or half-written entry, and must never hold its writer lock for more than one small batch
 //! of sled writes: every put and delete shares that lock with eviction.
 //!
-//! On disk (schema version 3, laid out by `reprise-migrations`):
+//! On disk (schema version 4, laid out by `reprise-migrations`):
 //! - `entries`: entry id as u64 big-endian (so iteration is in id order) -> the entry's encoded
 //!   cold half (all but its answer), or the record of a chunked one;
 //! - `chunks`: entry id (u64 BE) ++ chunk number (u32 BE) -> up to [`CHUNK`] bytes of an encoded
 //!   cold half longer than [`CHUNK`];
 //! - `replays`: entry id (u64 BE) -> the entry's encoded [`Replay`] (what an exact hit reads: the
-//!   answer pre-serialized), or the record of a chunked one;
+//!   answer pre-serialized, LZ4-compressed since version 4), or the record of a chunked one;
 //! - `replay_chunks`: as `chunks`, for replays;
 //! - `exact`: 32-byte [`CacheKey`] -> entry id as u64 big-endian;
 //! - `meta`: `schema_version` -> u32 big-endian.
@@ -52,8 +52,8 @@ use sled::Transactional;
 use tracing::{debug, error, info, warn};
 
 use super::codec::{
-    decode, decode_replay, encode_cold, encode_replay, payload, remove_value, resolve, write_value,
-    Resolved, TxResult, FORMAT_JSON, FORMAT_REPLAY,
+    decode, decode_replay, encode_cold, encode_replay, payload, remove_value, replay_payload,
+    resolve, write_value, Resolved, TxResult, FORMAT_JSON,
 };
 use super::ledger::{self, recency_ms, Ledger, Slot};
 use super::ledger_file;
@@ -1130,7 +1130,7 @@ fn load_ledger(trees: &Trees<'_>, exact: &sled::Tree) -> Result<Ledger, StoreErr
         let (head, cold_len) = head;
         let replay_len = match trees.replays.get(&raw_id)? {
             Some(record) => match resolve(trees.replays, trees.replay_chunks, head.id.0, record)? {
-                Resolved::Value(raw, checked) => payload(head.id, &raw, FORMAT_REPLAY, checked)
+                Resolved::Value(raw, checked) => replay_payload(head.id, &raw, checked)
                     .map(|_| raw.len())
                     .map_err(|e| e.to_string()),
                 Resolved::Gone => continue,
@@ -1272,7 +1272,10 @@ impl StoreError {
 
 #[cfg(test)]
 mod tests {
-    use super::super::codec::{chunk_key, tagged, ChunkedRecord, CHUNK};
+    use super::super::codec::{
+        chunk_key, decode_replay, encode_replay, pack, tagged, ChunkedRecord, CHUNK, FORMAT_REPLAY,
+        FORMAT_REPLAY_LZ4,
+    };
     use super::super::{disk_bound, disk_budget, rebuild_allowance, ResilientStore};
     use super::*;
     use crate::entry::{RequestSummary, StoredEvent, HIT_HISTORY};
@@ -1402,8 +1405,16 @@ mod tests {
     /// An entry whose answer is `size` bytes of text: its encoding is longer than a chunk.
     fn big_entry(n: u64, created_at_ms: u64, size: usize) -> Entry {
         let mut e = entry(n, created_at_ms, 1_000_000_000);
+        // Letters in no pattern (xorshift), so that a replay stays about as long as its answer
+        // when compressed and these entries are as large in the store as they are here.
+        let mut x = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let text: String = (0..size)
-            .map(|i| (b'a' + ((i as u64 + n) % 26) as u8) as char)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (b'a' + (x % 26) as u8) as char
+            })
             .collect();
         e.body = json!({"choices": [{"message": {"content": text}}]});
         e
@@ -2297,11 +2308,26 @@ mod tests {
         e
     }
 
-    /// Recorded answers written by version 1 and by version 2 (short and chunked) read back whole
-    /// after the upgrade to version 3, and their replays are what a put writes today, so hits
-    /// render them as before (`replay::tests` compares that rendering with the old one).
+    /// The format tag of entry `id`'s encoded replay (joined from its chunks when chunked).
+    fn replay_tag(store: &SledStore, id: u64) -> u8 {
+        let raw = store
+            .replays
+            .get(id.to_be_bytes())
+            .expect("get")
+            .expect("a replay");
+        match super::resolve(&store.replays, &store.replay_chunks, id, raw).expect("resolve") {
+            Resolved::Value(raw, _) => raw[0],
+            Resolved::Gone | Resolved::Corrupt(_) => panic!("replay of {id} unreadable"),
+        }
+    }
+
+    /// Recorded answers written by versions 1, 2 and 3 (short and chunked) read back whole after
+    /// the upgrade to version 4, and their replays are what a put writes today, so hits render them
+    /// as before (`replay::tests` compares that rendering with the old one). The upgrade leaves
+    /// their records uncompressed (tag 3); the same answers stored today are compressed (tag 4)
+    /// and read back the same.
     #[test]
-    fn recorded_answers_of_v1_and_v2_dirs_read_back_whole_and_replay_as_written_today() {
+    fn recorded_answers_of_v1_v2_and_v3_dirs_read_back_whole_and_replay_as_written_today() {
         let originals = [
             recorded_entry(1, 3),
             recorded_entry(2, 40),
@@ -2312,14 +2338,16 @@ mod tests {
             .enumerate()
             .map(|(i, e)| fixture_row(10 + i as u64, e.clone()))
             .collect();
-        for version in [1, 2] {
+        for version in [1, 2, 3] {
             let dir = tempfile::tempdir().expect("tempdir");
-            if version == 1 {
-                reprise_migrations::fixtures::write_v1_data_dir(dir.path(), &rows)
-            } else {
-                reprise_migrations::fixtures::write_v2_data_dir(dir.path(), &rows, 0)
+            match version {
+                1 => reprise_migrations::fixtures::write_v1_data_dir(dir.path(), &rows)
+                    .expect("write fixture"),
+                2 => reprise_migrations::fixtures::write_v2_data_dir(dir.path(), &rows, 0)
+                    .expect("write fixture"),
+                _ => reprise_migrations::fixtures::write_v3_data_dir(dir.path(), &rows, 0)
+                    .expect("write fixture"),
             }
-            .expect("write fixture");
             let store = open(dir.path());
             assert_eq!(store.len(), originals.len(), "v{version}");
             for (i, original) in originals.iter().enumerate() {
@@ -2343,8 +2371,107 @@ mod tests {
             let before = store.replays.get(10u64.to_be_bytes()).expect("get");
             store.touch(EntryId(10), 1, &hits(1, 9_500)).expect("touch");
             assert_eq!(store.replays.get(10u64.to_be_bytes()).expect("get"), before);
+            for (i, original) in originals.iter().enumerate() {
+                let old = EntryId(10 + i as u64);
+                assert_eq!(
+                    replay_tag(&store, old.0),
+                    FORMAT_REPLAY,
+                    "v{version} entry {i}"
+                );
+                // Stored again today, under a key of its own.
+                let mut again = original.clone();
+                again.key = CacheKey([200 + i as u8; 32]);
+                let new = store.put(again.clone()).expect("put");
+                let again = Entry { id: new, ..again };
+                assert_eq!(store.get(new).expect("get").as_ref(), Some(&again));
+                assert_eq!(
+                    store.replay_by_key(&again.key).expect("replay"),
+                    Some(Replay::of(&again))
+                );
+                // Even three words' chunks repeat their framing enough for LZ4.
+                assert_eq!(
+                    replay_tag(&store, new.0),
+                    FORMAT_REPLAY_LZ4,
+                    "entry {i} today"
+                );
+            }
+            assert_consistent(&store);
+            drop(store);
+            // And still after a reopen, which reads every replay's header.
+            let store = open(dir.path());
+            assert_eq!(store.len(), 2 * originals.len(), "v{version}");
             assert_consistent(&store);
         }
+    }
+
+    /// A replay is stored compressed when that makes it shorter, whole when it does not (random
+    /// bytes leave LZ4 nothing to match), and reads back the same. A compressed one that does not
+    /// stand for its stated length reads as corrupt, before anything of that length is allocated,
+    /// even when its checksum is intact (a writer's bug, or a hand in Redis).
+    #[test]
+    fn replays_are_compressed_when_that_saves_bytes_and_a_bad_length_reads_as_corrupt() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+        let noise: Vec<u8> = (0..2_000).map(|_| rng.random()).collect();
+        let raw = pack(noise.clone());
+        assert_eq!(
+            (raw[0], &raw[1 + blake3::OUT_LEN..]),
+            (FORMAT_REPLAY, &noise[..])
+        );
+        let recorded = Entry {
+            id: EntryId(2),
+            ..recorded_entry(2, 40)
+        };
+        let raw = encode_replay(&Replay::of(&recorded));
+        assert_eq!(raw[0], FORMAT_REPLAY_LZ4);
+        let replay = decode_replay(recorded.id, &raw, false).expect("decodes");
+        assert_eq!(replay, Replay::of(&recorded));
+
+        let whole = Replay::of(&recorded).encode().len();
+        assert!(raw.len() * 3 < whole, "{} of {whole} bytes", raw.len());
+        let packed = &raw[1 + blake3::OUT_LEN..];
+        // `[stated length][block]`, checksummed again so only the length or the block is wrong.
+        let restated = |len: u32, block: &[u8]| {
+            let mut payload = len.to_le_bytes().to_vec();
+            payload.extend_from_slice(block);
+            tagged(FORMAT_REPLAY_LZ4, &payload)
+        };
+        let block = &packed[4..];
+        let stated = u32::from_le_bytes(packed[..4].try_into().expect("4 bytes"));
+        assert_eq!(stated as usize, whole);
+        for (why, bad) in [
+            ("four gigabytes stated", restated(u32::MAX, block)),
+            ("a byte more stated", restated(stated + 1, block)),
+            ("a byte less stated", restated(stated - 1, block)),
+            (
+                "its end cut off",
+                restated(stated, &block[..block.len() / 2]),
+            ),
+            ("no length", tagged(FORMAT_REPLAY_LZ4, &[1, 2])),
+        ] {
+            let err = decode_replay(recorded.id, &bad, false).expect_err(why);
+            assert!(matches!(err, StoreError::Corrupt { .. }), "{why}: {err}");
+        }
+        // Damage anywhere in the block, checksummed again, never panics: it decodes to some record
+        // or reads as corrupt (the decoder checks every bound).
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        for _ in 0..500 {
+            let mut damaged = block.to_vec();
+            for _ in 0..rng.random_range(1..4) {
+                let at = rng.random_range(0..damaged.len());
+                damaged[at] = rng.random();
+            }
+            match decode_replay(recorded.id, &restated(stated, &damaged), false) {
+                Ok(_) | Err(StoreError::Corrupt { .. }) => {}
+                Err(other) => panic!("damage read as {other}"),
+            }
+        }
+        // And the checksum still guards the compressed bytes themselves.
+        let mut flipped = raw.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        let err = decode_replay(recorded.id, &flipped, false).expect_err("flipped");
+        assert!(err.to_string().contains("checksum"), "{err}");
     }
 
     /// A version-1 directory holding an entry above sled's blob threshold (so `blobs/` holds its

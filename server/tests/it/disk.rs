@@ -225,6 +225,30 @@ impl Proc {
         }
     }
 
+    /// Asks distinct prompts (every request answered) until the store says it is degraded: sled
+    /// fails a write once its log needs room the disk no longer has, which takes more answers the
+    /// better they compress (stored replays are LZ4-compressed). Returns the prompts asked and the
+    /// health that said so.
+    async fn ask_until_degraded(&self, prefix: &str, within: Duration) -> (usize, Value) {
+        let deadline = Instant::now() + within;
+        let mut asked = 0;
+        loop {
+            for _ in 0..5 {
+                let (status, _) = self.ask(&format!("{prefix} {asked}")).await;
+                assert_eq!(status, 200, "a full disk must not fail requests");
+                asked += 1;
+            }
+            let health = self.health().await;
+            if health["store"]["status"] == "degraded" {
+                return (asked, health);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "store never became degraded after {asked} answers: {health}"
+            );
+        }
+    }
+
     /// Sends SIGTERM and waits at most `within` for the exit.
     async fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
@@ -291,18 +315,16 @@ async fn full_disk_degrades_to_pass_through_and_recovers() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let filler = fill(fs.path());
-    for n in 0..40 {
-        let (status, _) = gw.ask(&format!("asked on a full disk {n}")).await;
-        assert_eq!(status, 200, "a full disk must not fail requests");
-    }
-    let health = gw.until_store("degraded", Duration::from_secs(10)).await;
+    let (asked, health) = gw
+        .ask_until_degraded("asked on a full disk", Duration::from_secs(30))
+        .await;
     assert_eq!(health["status"], "degraded");
     let reason = health["store"]["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("no space"), "{health}");
     let stats = gw.stats().await;
     assert_eq!(stats["store"]["status"], "degraded", "{stats}");
     assert!(stats["store"]["degraded"]["reason"].is_string(), "{stats}");
-    for n in 0..40 {
+    for n in 0..asked {
         assert_eq!(gw.ask(&format!("asked on a full disk {n}")).await.0, 200);
     }
     let log = gw.log();
@@ -319,10 +341,8 @@ async fn full_disk_degrades_to_pass_through_and_recovers() {
 
     // Full again, then SIGTERM: the exit does not wait on the store past the grace period.
     let filler = fill(fs.path());
-    for n in 0..10 {
-        gw.ask(&format!("asked before SIGTERM {n}")).await;
-    }
-    gw.until_store("degraded", Duration::from_secs(10)).await;
+    gw.ask_until_degraded("asked before SIGTERM", Duration::from_secs(30))
+        .await;
     let status = gw.terminate(Duration::from_secs(15)).await;
     assert!(status.success(), "exit {status:?}: {}", gw.log());
 
