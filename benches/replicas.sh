@@ -40,21 +40,6 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import js
 bin="$target_dir/release"
 model_flags=(--model-dir models/all-MiniLM-L6-v2 --ort-lib models/onnxruntime/libonnxruntime.so)
 
-# start_redis NAME: a redis-server on a free loopback port without persistence; sets redis_port.
-start_redis() {
-  redis_port=$(free_port)
-  mkdir -p "$WORK/$1"
-  redis-server --bind 127.0.0.1 --port "$redis_port" --save "" --appendonly no --dir "$WORK/$1" \
-    >"$WORK/$1.log" 2>&1 &
-  PIDS+=($!)
-  for _ in $(seq 1 200); do
-    redis-cli -p "$redis_port" ping >/dev/null 2>&1 && return 0
-    sleep 0.05
-  done
-  echo "redis-server ($1) did not start" >&2
-  exit 1
-}
-
 # start_gateway NAME PORT DATA_DIR [FLAGS...]: a semantic gateway in front of the simulator; sets gw_pid.
 start_gateway() {
   local name=$1 port=$2 data=$3
@@ -224,7 +209,7 @@ if [ "$entries" -gt 0 ]; then
   mem_redis_port=$redis_port
   # rss PID: resident set size in KiB.
   rss() { awk '/^VmRSS:/ {print $2}' /proc/"$1"/status; }
-  redis_mem() { redis-cli -p "$mem_redis_port" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p'; }
+  redis_mem() { redis_used_memory "$mem_redis_port"; }
   # warm PORT FROM COUNT: stores COUNT generated question/answer pairs through /admin/entries.
   warm() {
     python3 - "$2" "$3" <<'PY' >"$WORK/warm.jsonl"

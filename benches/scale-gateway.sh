@@ -200,14 +200,8 @@ done
 # redis_replica N: N entries written into a local redis-server, then a fresh replica loading them
 # from there (its index rebuilt from the store, as every replica without a dump of its own).
 redis_replica() {
-  local n=$1 redis_port redis_pid url t0 redis_load_s redis_mem side b port
-  redis_port=$(free_port)
-  mkdir -p "$WORK/redis-$n"
-  redis-server --bind 127.0.0.1 --port "$redis_port" --save "" --appendonly no --dir "$WORK/redis-$n" \
-    >"$WORK/redis-$n.log" 2>&1 &
-  redis_pid=$!
-  PIDS+=("$redis_pid")
-  until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.05; done
+  local n=$1 url t0 redis_load_s redis_mem side b port
+  start_redis "redis-$n"
   url=redis://127.0.0.1:$redis_port/
   echo "==> $n entries into Redis (scale-gateway --store-only)" >&2
   t0=$(now)
@@ -215,7 +209,7 @@ redis_replica() {
     "${SCALE_FLAGS[@]}" --listen 127.0.0.1:"$(free_port)" --upstream-url http://127.0.0.1:"$sim_port"/v1 --data-dir "$WORK/redis-loader" \
     >"$WORK/redis-loader-$n.log" 2>&1
   redis_load_s=$(python3 -c "print($(now) - $t0)")
-  redis_mem=$(redis-cli -p "$redis_port" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')
+  redis_mem=$(redis_used_memory "$redis_port")
   for side in $sides; do
     b=$bin/reprise
     [ "$side" = before ] && b=$before/reprise

@@ -55,18 +55,12 @@ for round in $(seq 1 "$rounds"); do
     sled_b=$(du -sb "$WORK/sled" | cut -f1)
     rm -rf "$WORK/sled"
 
-    port=$(free_port)
-    mkdir -p "$WORK/redis"
-    redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no --dir "$WORK/redis" \
-      >"$WORK/redis.log" 2>&1 &
-    redis_pid=$!
-    PIDS+=("$redis_pid")
-    until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
-    load "$side" --store redis --redis-url "redis://127.0.0.1:$port/" --data-dir "$WORK/loader"
-    redis_b=$(redis-cli -p "$port" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')
-    redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    start_redis "redis-$side-$round"
+    load "$side" --store redis --redis-url "redis://127.0.0.1:$redis_port/" --data-dir "$WORK/loader"
+    redis_b=$(redis_used_memory "$redis_port")
+    redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
     wait "$redis_pid" 2>/dev/null || true
-    rm -rf "$WORK/redis" "$WORK/loader"
+    rm -rf "$WORK/redis-$side-$round" "$WORK/loader"
 
     echo "| $side | $round | $((sled_b / entries)) | $((redis_b / entries)) |"
   done

@@ -32,6 +32,28 @@ with open(sys.argv[1], "w") as out:
 PY
 }
 
+# start_redis NAME: a redis-server on a free loopback port without persistence, its files and log
+# in WORK/NAME; sets redis_port and redis_pid (stopped at exit with the rest).
+start_redis() {
+  redis_port=$(free_port)
+  mkdir -p "$WORK/$1"
+  redis-server --bind 127.0.0.1 --port "$redis_port" --save "" --appendonly no --dir "$WORK/$1" \
+    >"$WORK/$1.log" 2>&1 &
+  redis_pid=$!
+  PIDS+=("$redis_pid")
+  for _ in $(seq 1 200); do
+    redis-cli -p "$redis_port" ping >/dev/null 2>&1 && return 0
+    sleep 0.05
+  done
+  echo "redis-server ($1) did not start" >&2
+  exit 1
+}
+
+# redis_used_memory PORT: the `used_memory` (bytes) of the redis-server on PORT.
+redis_used_memory() {
+  redis-cli -p "$1" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p'
+}
+
 # free_port: a loopback port the kernel just handed out (and took back).
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
