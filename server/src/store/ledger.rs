@@ -47,7 +47,7 @@ pub(super) fn lru_order(recency_ms: u64, id: u64) -> (u64, u64) {
 
 /// What a store holds while it chooses what to evict: both stores shed entries until it fits
 /// within both caps.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Held {
     pub(super) len: usize,
     pub(super) bytes: u64,

@@ -49,6 +49,7 @@ pub mod feed;
 mod ledger;
 mod ledger_file;
 pub mod offload;
+mod recount;
 mod redis;
 mod resilient;
 mod salvage;

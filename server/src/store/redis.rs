@@ -41,6 +41,7 @@
 //!
 //! [`ResilientStore`]: super::ResilientStore
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -54,6 +55,7 @@ use super::codec::{decode, decode_replay, encode_cold, encode_replay};
 use super::connect::{Conn, Connector, Timeouts};
 use super::feed::{Change, Feed, RedisFeed};
 use super::ledger::{self, lru_order, recency_ms, Held};
+use super::recount::{self, Read, Recounts, Scan, RECOUNT_EVERY, SLICE};
 use super::{Claim, ClaimToken, Coordination, Store, StoreError, Upkeep};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
 use crate::key::CacheKey;
@@ -71,9 +73,6 @@ const IO_TIMEOUT: Duration = Duration::from_millis(50);
 const NO_EXPIRY_AFTER_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
 /// Idle connections kept for reuse (the request path's blocking threads and the writer).
 const POOL: usize = 16;
-/// Least time between two full recounts by a sweep while this replica sees no cap exceeded: a
-/// recount reads the whole registry, and every replica sweeps each `sweep_interval_ms`.
-const RECOUNT_EVERY: Duration = Duration::from_secs(10);
 /// Registry rows asked per `HSCAN` step and entries per batch of deletes, so no command (or
 /// reply) blocks Redis for long.
 const BATCH: usize = 256;
@@ -113,11 +112,7 @@ fn cold_key(id: EntryId) -> String {
 }
 
 fn exact_key(key: &CacheKey) -> String {
-    exact_key_of_hex(&key.to_hex())
-}
-
-fn exact_key_of_hex(hex: &str) -> String {
-    format!("reprise:key:{hex}")
+    format!("reprise:key:{}", key.to_hex())
 }
 
 fn flight_key(key: &CacheKey) -> String {
@@ -131,8 +126,9 @@ struct Row {
     expires_at_ms: u64,
     /// Both halves, encoded.
     size: u64,
-    /// The exact key's hex (its key row is `reprise:key:<hex>`).
-    key_hex: String,
+    /// The exact key, stored as its hex (its key row is `reprise:key:<hex>`); held as bytes, as
+    /// a recount holds every row at once (a million of them on a big cache).
+    key: CacheKey,
     /// Unix ms of the entry's last use (stored, or its latest hit recorded by any replica): the
     /// eviction order over the caps, least recently used first.
     used_ms: u64,
@@ -142,7 +138,10 @@ impl Row {
     fn render(&self) -> String {
         format!(
             "{} {} {} {}",
-            self.expires_at_ms, self.size, self.key_hex, self.used_ms
+            self.expires_at_ms,
+            self.size,
+            self.key.to_hex(),
+            self.used_ms
         )
     }
 
@@ -152,7 +151,8 @@ impl Row {
         let row = Row {
             expires_at_ms: parts.next()?.parse().ok()?,
             size: parts.next()?.parse().ok()?,
-            key_hex: parts.next()?.to_owned(),
+            // 64 hex digits: blake3's decoder (the key is a blake3 hash).
+            key: CacheKey(*blake3::Hash::from_hex(parts.next()?).ok()?.as_bytes()),
             used_ms: match parts.next() {
                 Some(used) => used.parse().ok()?,
                 None => 0,
@@ -217,12 +217,13 @@ type Halves = (Vec<u8>, Vec<u8>);
 pub struct RedisStore {
     connector: Arc<Connector>,
     pool: Mutex<Vec<Conn>>,
-    /// Entries and their encoded size at the last sweep, plus what this replica wrote since
-    /// (`len`/`bytes` must be O(1); other replicas' writes show at the next sweep).
+    /// Registry rows at the last sweep (every replica's writes, and the rows of expired entries
+    /// until a recount prunes them) and their size estimated as [`Recounts::estimate`] does, plus
+    /// what this replica wrote since: `len`/`bytes` must be O(1).
     len: AtomicUsize,
     bytes: AtomicU64,
-    /// When a sweep last recounted.
-    counted_at: Mutex<Option<Instant>>,
+    /// The recount under way and what the last one found; its lock also keeps two sweeps apart.
+    recounts: Mutex<Recounts<(EntryId, Row)>>,
     feed: RedisFeed,
     /// This replica's name: with `claims`, makes every claim token unique across replicas.
     replica: String,
@@ -249,12 +250,19 @@ impl RedisStore {
             pool: Mutex::new(Vec::new()),
             len: AtomicUsize::new(0),
             bytes: AtomicU64::new(0),
-            counted_at: Mutex::new(None),
+            recounts: Mutex::new(Recounts::new(RECOUNT_EVERY)),
             replica: replica.to_owned(),
             claims: AtomicU64::new(0),
             dropped: Mutex::new(Vec::new()),
             hit: ::redis::Script::new(HIT),
         })
+    }
+
+    /// The same store with routine recounts of the registry at least `every` apart (default
+    /// [`RECOUNT_EVERY`]; see [`super::recount`]).
+    pub fn recount_every(self, every: Duration) -> Self {
+        *self.recounts.lock().unwrap_or_else(|e| e.into_inner()) = Recounts::new(every);
+        self
     }
 
     /// The change feed this store publishes on.
@@ -270,9 +278,13 @@ impl RedisStore {
         }
     }
 
-    /// Recounts the entries and their size (what `len`/`bytes` report), from the registry.
+    /// Recounts the entries and their size (what `len`/`bytes` report), reading the whole
+    /// registry now.
     pub fn refresh_counts(&self) -> Result<(), StoreError> {
-        self.count().map(drop)
+        let mut recounts = self.recounts.lock().unwrap_or_else(|e| e.into_inner());
+        let live = self.count(self.rows()?)?;
+        recounts.counted(held_by(&live));
+        Ok(())
     }
 
     /// Ok when the server answers.
@@ -334,32 +346,42 @@ impl RedisStore {
 
     /// Every row of the registry, by `HSCAN` (bounded steps), sorted by id, expired ones too.
     fn rows(&self) -> Result<Vec<(EntryId, Row)>, StoreError> {
-        let mut rows = self.with(|c| {
-            let mut rows = Vec::new();
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, flat): (u64, Vec<String>) = ::redis::cmd("HSCAN")
+        let mut scan = Scan::default();
+        self.scan_for(&mut scan, None)?;
+        Ok(sorted(scan.rows))
+    }
+
+    /// Goes on reading the registry into `scan` by `HSCAN` steps, for about `budget` (to the end
+    /// without one); true once it is read to the end. A failed step leaves `scan` where the last
+    /// good one left it: `HSCAN`'s cursor holds no state on the server, so a later call resumes.
+    fn scan_for(
+        &self,
+        scan: &mut Scan<(EntryId, Row)>,
+        budget: Option<Duration>,
+    ) -> Result<bool, StoreError> {
+        let started = Instant::now();
+        while !scan.done {
+            if budget.is_some_and(|budget| started.elapsed() >= budget) {
+                return Ok(false);
+            }
+            let (next, flat): (u64, Vec<String>) = self.with(|c| {
+                ::redis::cmd("HSCAN")
                     .arg(INDEX)
-                    .arg(cursor)
+                    .arg(scan.cursor)
                     .arg("COUNT")
                     .arg(BATCH)
-                    .query(c)?;
-                for pair in flat.chunks_exact(2) {
-                    match (pair[0].parse().map(EntryId), Row::parse(&pair[1])) {
-                        (Ok(id), Some(row)) => rows.push((id, row)),
-                        _ => debug!(field = %pair[0], "skipping an unreadable registry row"),
-                    }
+                    .query(c)
+            })?;
+            for pair in flat.chunks_exact(2) {
+                match (pair[0].parse().map(EntryId), Row::parse(&pair[1])) {
+                    (Ok(id), Some(row)) => scan.rows.push((id, row)),
+                    _ => debug!(field = %pair[0], "skipping an unreadable registry row"),
                 }
-                if next == 0 {
-                    return Ok(rows);
-                }
-                cursor = next;
             }
-        })?;
-        // HSCAN may return a row twice.
-        rows.sort_unstable_by_key(|(id, _)| *id);
-        rows.dedup_by_key(|(id, _)| *id);
-        Ok(rows)
+            scan.cursor = next;
+            scan.done = next == 0;
+        }
+        Ok(true)
     }
 
     /// The ids of the entries not yet expired, in order.
@@ -484,7 +506,7 @@ impl RedisStore {
     fn key_row_of(&self, id: EntryId) -> Result<Option<String>, StoreError> {
         let raw: Option<String> = self.with(|c| c.hget(INDEX, id.0))?;
         if let Some(row) = raw.as_deref().and_then(Row::parse) {
-            return Ok(Some(exact_key_of_hex(&row.key_hex)));
+            return Ok(Some(exact_key(&row.key)));
         }
         let raw: Option<Vec<u8>> = self.with(|c| c.get(cold_key(id)))?;
         Ok(raw
@@ -542,14 +564,13 @@ impl RedisStore {
         Ok(self.remove(&[(id, key_row)])? > 0)
     }
 
-    /// Counts the entries and their encoded size from the registry, pruning the rows of expired
-    /// entries (Redis dropped their keys itself). Oldest first: with their key rows.
-    fn count(&self) -> Result<Vec<(EntryId, Row)>, StoreError> {
+    /// Counts the entries and their encoded size from `rows` (the registry, sorted by id),
+    /// pruning the rows of expired entries (Redis dropped their keys itself). The live rows,
+    /// oldest first.
+    fn count(&self, rows: Vec<(EntryId, Row)>) -> Result<Vec<(EntryId, Row)>, StoreError> {
         let now = crate::timing::unix_ms();
-        let (expired, live): (Vec<_>, Vec<_>) = self
-            .rows()?
-            .into_iter()
-            .partition(|(_, row)| row.expired(now));
+        let (expired, live): (Vec<_>, Vec<_>) =
+            rows.into_iter().partition(|(_, row)| row.expired(now));
         // Redis dropped their keys at their expiry without a word to anyone.
         super::note_dropped(&self.dropped, expired.iter().map(|(id, _)| *id));
         for batch in expired.chunks(BATCH) {
@@ -562,11 +583,9 @@ impl RedisStore {
                 hdel.query::<i64>(c)
             })?;
         }
-        self.len.store(live.len(), Ordering::Relaxed);
-        self.bytes.store(
-            live.iter().map(|(_, row)| row.size).sum(),
-            Ordering::Relaxed,
-        );
+        let held = held_by(&live);
+        self.len.store(held.len, Ordering::Relaxed);
+        self.bytes.store(held.bytes, Ordering::Relaxed);
         Ok(live)
     }
 
@@ -594,20 +613,36 @@ impl RedisStore {
     }
 }
 
+/// Registry rows as a scan read them, sorted by id, each once (`HSCAN` may return a row twice).
+fn sorted(mut rows: Vec<(EntryId, Row)>) -> Vec<(EntryId, Row)> {
+    rows.sort_unstable_by_key(|(id, _)| *id);
+    rows.dedup_by_key(|(id, _)| *id);
+    rows
+}
+
+/// How many entries `rows` are, and their encoded size.
+fn held_by(rows: &[(EntryId, Row)]) -> Held {
+    Held {
+        len: rows.len(),
+        bytes: rows.iter().map(|(_, row)| row.size).sum(),
+    }
+}
+
 /// Entries of the registry that a newer entry for the same exact key replaced without deleting
 /// them: their writer died between writing them and naming them (or between naming the newer one
 /// and deleting the old), and another replica answered the same prompt since. Unnamed, they would
 /// stay listed and counted until their TTL. Each comes with its key row, which the removal
 /// deletes only while it still names that entry.
 fn superseded(rows: &[(EntryId, Row)]) -> Vec<(EntryId, String)> {
-    let mut newest: std::collections::HashMap<&str, EntryId> = std::collections::HashMap::new();
+    let mut newest: std::collections::HashMap<&CacheKey, EntryId> =
+        std::collections::HashMap::with_capacity(rows.len());
     for (id, row) in rows {
-        let slot = newest.entry(row.key_hex.as_str()).or_insert(*id);
+        let slot = newest.entry(&row.key).or_insert(*id);
         *slot = (*slot).max(*id);
     }
     rows.iter()
-        .filter(|(id, row)| newest.get(row.key_hex.as_str()) != Some(id))
-        .map(|(id, row)| (*id, exact_key_of_hex(&row.key_hex)))
+        .filter(|(id, row)| newest.get(&row.key) != Some(id))
+        .map(|(id, row)| (*id, exact_key(&row.key)))
         .collect()
 }
 
@@ -671,7 +706,7 @@ impl Store for RedisStore {
                 entry.expires_at_ms().max(1)
             },
             size,
-            key_hex: entry.key.to_hex(),
+            key: entry.key,
             used_ms: recency_ms(entry.created_at_ms, entry.last_hit_ms),
         };
         self.with(|c| {
@@ -796,49 +831,60 @@ impl Store for RedisStore {
 impl Upkeep for RedisStore {
     /// Redis expires entries itself (`PXAT`), so `expired` is always 0. Over a cap, the least
     /// recently used entries go first (stored or last hit, on any replica; the hit bookkeeping
-    /// reaches Redis in the writer's batches). The recount behind it reads the whole registry (and prunes
-    /// the rows of expired entries), so it runs at most every [`RECOUNT_EVERY`] unless this
-    /// replica's own count is already over a cap.
+    /// reaches Redis in the writer's batches), down to a hundredth below the cap. What it reads of
+    /// the registry is paced as [`super::recount`] says: `HLEN` at every sweep, a slice of a
+    /// routine recount (which prunes the rows of expired and superseded entries), or the whole
+    /// registry when a cap is exceeded.
     fn sweep(
         &self,
         _now_ms: u64,
         max_entries: usize,
         max_bytes: u64,
     ) -> Result<(usize, usize), StoreError> {
-        let over = self.len() > max_entries || self.bytes() > max_bytes;
-        {
-            let mut at = self.counted_at.lock().unwrap_or_else(|e| e.into_inner());
-            if !over && at.is_some_and(|at| at.elapsed() < RECOUNT_EVERY) {
-                return Ok((0, 0));
-            }
-            *at = Some(Instant::now());
+        let mut recounts = self.recounts.lock().unwrap_or_else(|e| e.into_inner());
+        let rows: usize = self.with(|c| c.hlen(INDEX))?;
+        let estimate = recounts.estimate(rows);
+        if let Some(held) = estimate {
+            self.len.store(held.len, Ordering::Relaxed);
+            self.bytes.store(held.bytes, Ordering::Relaxed);
         }
-        let mut live = self.count()?;
+        let budget = match recounts.read(estimate, max_entries, max_bytes) {
+            Read::Nothing => return Ok((0, 0)),
+            Read::Slice => Some(SLICE),
+            Read::Whole => None,
+        };
+        if !self.scan_for(recounts.scan(), budget)? {
+            return Ok((0, 0));
+        }
+        let rows = sorted(recounts.take_done().unwrap_or_default());
+        let mut live = self.count(rows)?;
         let superseded = superseded(&live);
         if !superseded.is_empty() {
-            live.retain(|(id, _)| !superseded.iter().any(|(s, _)| s == id));
+            let gone: HashSet<EntryId> = superseded.iter().map(|(id, _)| *id).collect();
+            live.retain(|(id, _)| !gone.contains(id));
             debug!(
                 entries = superseded.len(),
                 "removing entries superseded for their key"
             );
             self.remove(&superseded)?;
         }
-        let mut held = Held {
-            len: live.len(),
-            bytes: live.iter().map(|(_, row)| row.size).sum(),
-        };
-        // Least recently used first, across replicas: every replica's hits move `used_ms`. Every
-        // row is at hand, so the order is exact where sled's ledger samples.
-        live.sort_by_key(|(id, row)| lru_order(row.used_ms, id.0));
+        let mut held = held_by(&live);
         let mut victims = Vec::new();
-        for (id, row) in &live {
-            if !held.over(max_entries, max_bytes) {
-                break;
+        if held.over(max_entries, max_bytes) {
+            // Least recently used first, across replicas: every replica's hits move `used_ms`.
+            // Every row is at hand, so the order is exact where sled's ledger samples.
+            live.sort_unstable_by_key(|(id, row)| lru_order(row.used_ms, id.0));
+            let (entries_floor, bytes_floor) = recount::floor(max_entries, max_bytes);
+            for (id, row) in &live {
+                if !held.over(entries_floor, bytes_floor) {
+                    break;
+                }
+                victims.push((*id, exact_key(&row.key)));
+                held.shed(row.size);
             }
-            victims.push((*id, exact_key_of_hex(&row.key_hex)));
-            held.shed(row.size);
         }
         let evicted = self.remove(&victims)?;
+        recounts.counted(held);
         self.len.store(held.len, Ordering::Relaxed);
         self.bytes.store(held.bytes, Ordering::Relaxed);
         Ok((0, evicted))
@@ -858,7 +904,7 @@ impl Upkeep for RedisStore {
         for batch in rows.chunks(BATCH) {
             let victims: Vec<(EntryId, String)> = batch
                 .iter()
-                .map(|(id, row)| (*id, exact_key_of_hex(&row.key_hex)))
+                .map(|(id, row)| (*id, exact_key(&row.key)))
                 .collect();
             n += self
                 .erase(&victims)?
@@ -924,7 +970,7 @@ mod tests {
         let row = Row {
             expires_at_ms: 1_700_000_000_000,
             size: 2_048,
-            key_hex: "ab".repeat(32),
+            key: CacheKey([0xab; 32]),
             used_ms: 1_600_000_000_000,
         };
         assert_eq!(Row::parse(&row.render()), Some(row.clone()));

@@ -376,7 +376,8 @@ fn a_sweep_removes_an_entry_superseded_for_its_key() {
     let named = store.put(entry(2, hour)).expect("put");
     let other = store.put(entry(3, hour)).expect("put");
 
-    let fresh = redis.store();
+    // Its routine recount due at once (it counted when it connected).
+    let fresh = redis.store().recount_every(Duration::ZERO);
     // Not an eviction (no cap is exceeded): a clean-up.
     assert_eq!(fresh.sweep(0, 1_000, u64::MAX).expect("sweep"), (0, 0));
     assert_eq!(fresh.get(orphan).expect("get"), None);
@@ -389,6 +390,73 @@ fn a_sweep_removes_an_entry_superseded_for_its_key() {
         Some(other)
     );
     assert_eq!(fresh.len(), 2);
+}
+
+/// A replica counts what the others write at its next sweep (`HLEN`, without reading the
+/// registry), and a cap their writes exceed evicts at once, down to the cap.
+#[test]
+fn other_replicas_writes_count_at_the_next_sweep_and_evict_over_a_cap() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let (a, b) = (redis.store(), redis.store());
+    let hour = 3_600_000;
+    a.put(entry(1, hour)).expect("put");
+    assert_eq!(a.sweep(0, 100, u64::MAX).expect("sweep"), (0, 0));
+    for n in 2..=5 {
+        b.put(entry(n, hour)).expect("put");
+    }
+    // The last recount is a moment old: no new one is due, and the count is already right.
+    assert_eq!(a.sweep(0, 100, u64::MAX).expect("sweep"), (0, 0));
+    assert_eq!(a.len(), 5);
+    // Their writes exceed a cap of 3: the two least recently used go now.
+    assert_eq!(a.sweep(0, 3, u64::MAX).expect("sweep"), (0, 2));
+    assert_eq!(a.len(), 3);
+    assert_eq!(b.ids().expect("ids").len(), 3);
+    assert_eq!(a.get_by_key(&key(1)).expect("get"), None, "the oldest went");
+}
+
+/// A routine recount reads the registry a slice per sweep (the writer thread stores answers in
+/// between), and once it has read it all, the rows of expired entries are gone.
+#[test]
+fn a_routine_recount_spreads_over_sweeps_and_prunes_the_rows_of_expired_entries() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let store = redis.store().recount_every(Duration::ZERO);
+    let kept = store.put(entry(1, 3_600_000)).expect("put");
+    assert_eq!(store.sweep(0, usize::MAX, u64::MAX).expect("sweep"), (0, 0));
+    // 200,000 rows, as other replicas' entries leave them (the recount reads rows only), the
+    // last 1,000 of entries expired a minute ago.
+    let client = ::redis::Client::open(redis.url()).expect("url");
+    let mut c = client.get_connection().expect("connect");
+    let expired_at = reprise_server::timing::unix_ms() - 60_000;
+    let (live, expired) = (199_000u64, 1_000u64);
+    for chunk in (0..live + expired).collect::<Vec<_>>().chunks(1_000) {
+        let mut hset = ::redis::cmd("HSET");
+        hset.arg("reprise:index");
+        for &n in chunk {
+            let expires = if n < live { 0 } else { expired_at };
+            hset.arg(kept.0 + 1 + n)
+                .arg(format!("{expires} 100 {n:064x} 0"));
+        }
+        hset.query::<i64>(&mut c).expect("HSET");
+    }
+    let rows = |c: &mut ::redis::Connection| -> u64 {
+        ::redis::cmd("HLEN")
+            .arg("reprise:index")
+            .query(c)
+            .expect("HLEN")
+    };
+    let mut sweeps = 0;
+    while rows(&mut c) > live + 1 {
+        assert_eq!(store.sweep(0, usize::MAX, u64::MAX).expect("sweep"), (0, 0));
+        sweeps += 1;
+        assert!(sweeps < 100_000, "the recount never ended");
+    }
+    assert!(sweeps > 1, "read whole in one sweep");
+    assert_eq!(store.len() as u64, live + 1);
+    assert!(store.get(kept).expect("get").is_some());
 }
 
 #[test]
