@@ -27,12 +27,9 @@ while [ $# -gt 0 ]; do
     *) echo "redis-sweep: unknown argument: $1" >&2; exit 2 ;;
   esac
 done
-if [ -n "$before" ]; then
-  [ -x "$before/reprise" ] || { echo "$before/reprise: not an executable" >&2; exit 2; }
-  before=$(cd "$before" && pwd)
-fi
 
 . scripts/lib-procs.sh
+absolute_before reprise
 scripts/apt-install.sh redis-server >&2
 echo "==> release build" >&2
 cargo build --release --quiet -p reprise-server --bin reprise

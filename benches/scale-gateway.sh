@@ -54,12 +54,9 @@ while [ $# -gt 0 ]; do
     *) echo "scale-gateway: unknown argument: $1" >&2; exit 2 ;;
   esac
 done
-if [ -n "$before" ]; then
-  [ -x "$before/reprise" ] || { echo "$before/reprise: not an executable" >&2; exit 2; }
-  before=$(cd "$before" && pwd)
-fi
 
 . scripts/lib-procs.sh
+absolute_before reprise
 [ -n "$redis_sizes" ] && scripts/apt-install.sh redis-server >&2
 scripts/provision-models.sh >/dev/null
 echo "==> release build" >&2

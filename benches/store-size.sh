@@ -21,12 +21,9 @@ while [ $# -gt 0 ]; do
     *) echo "store-size: unknown argument: $1" >&2; exit 2 ;;
   esac
 done
-if [ -n "$before" ]; then
-  [ -x "$before/scale-gateway" ] || { echo "$before/scale-gateway: not an executable" >&2; exit 2; }
-  before=$(cd "$before" && pwd)
-fi
 
 . scripts/lib-procs.sh
+absolute_before scale-gateway
 scripts/apt-install.sh redis-server >&2
 scripts/provision-models.sh >/dev/null
 echo "==> release build" >&2

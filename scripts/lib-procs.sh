@@ -32,6 +32,18 @@ with open(sys.argv[1], "w") as out:
 PY
 }
 
+# absolute_before BINARY...: when `before` is set (a bench's `--before DIR`: another build's
+# binaries), checks that it holds each BINARY and makes it absolute (a relative DIR is taken from
+# the repository's root, where the benches run); exits 2 otherwise.
+absolute_before() {
+  [ -n "$before" ] || return 0
+  local b
+  for b in "$@"; do
+    [ -x "$before/$b" ] || { echo "$before/$b: not an executable" >&2; exit 2; }
+  done
+  before=$(cd "$before" && pwd)
+}
+
 # start_redis NAME: a redis-server on a free loopback port without persistence, its files and log
 # in WORK/NAME; sets redis_port and redis_pid (stopped at exit with the rest).
 start_redis() {
