@@ -48,6 +48,7 @@ pub(crate) mod faulty;
 pub mod feed;
 mod ledger;
 mod ledger_file;
+mod listing;
 pub mod offload;
 mod recount;
 mod redis;

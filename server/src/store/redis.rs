@@ -55,6 +55,7 @@ use super::codec::{decode, decode_replay, encode_cold, encode_replay};
 use super::connect::{Conn, Connector, Timeouts};
 use super::feed::{Change, Feed, RedisFeed};
 use super::ledger::{self, lru_order, recency_ms, Held};
+use super::listing::{Listing, GONE_BEFORE_READ};
 use super::recount::{self, Read, Recounts, Scan, RECOUNT_EVERY, SLICE};
 use super::{Claim, ClaimToken, Coordination, Store, StoreError, Upkeep};
 use crate::entry::{Entry, EntryId, HitEvent, Replay};
@@ -76,6 +77,9 @@ const POOL: usize = 16;
 /// Registry rows asked per `HSCAN` step and entries per batch of deletes, so no command (or
 /// reply) blocks Redis for long.
 const BATCH: usize = 256;
+/// Entries a listing's page reads at least per round trip: a page that lacks a few entries also
+/// meets some that are gone.
+const PAGE_BATCH: usize = 16;
 const TIMEOUTS: Timeouts = Timeouts {
     connect: CONNECT_TIMEOUT,
     read: IO_TIMEOUT,
@@ -224,6 +228,8 @@ pub struct RedisStore {
     bytes: AtomicU64,
     /// The recount under way and what the last one found; its lock also keeps two sweeps apart.
     recounts: Mutex<Recounts<(EntryId, Row)>>,
+    /// The ids listings page over; its lock also keeps two reads of the registry for it apart.
+    listing: Mutex<Option<Listing>>,
     feed: RedisFeed,
     /// This replica's name: with `claims`, makes every claim token unique across replicas.
     replica: String,
@@ -251,6 +257,7 @@ impl RedisStore {
             len: AtomicUsize::new(0),
             bytes: AtomicU64::new(0),
             recounts: Mutex::new(Recounts::new(RECOUNT_EVERY)),
+            listing: Mutex::new(None),
             replica: replica.to_owned(),
             claims: AtomicU64::new(0),
             dropped: Mutex::new(Vec::new()),
@@ -395,6 +402,25 @@ impl RedisStore {
             .collect())
     }
 
+    /// The ids listings page over, ascending: every live entry's, and some of entries gone since
+    /// (see [`super::listing`]). The registry is read when `read` says so, or at most every
+    /// [`super::listing::READ_EVERY`]; in between, one `GET` of the id counter adds the ids taken
+    /// since, by any replica.
+    fn listing(&self, read: bool) -> Result<Arc<Vec<EntryId>>, StoreError> {
+        let counter: Option<u64> = self.with(|c| c.get(IDS))?;
+        let counter = counter.unwrap_or(0);
+        let mut listing = self.listing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(listing) = listing.as_mut().filter(|listing| !read && listing.fresh()) {
+            if listing.catch_up(counter) {
+                return Ok(listing.ids());
+            }
+        }
+        let read = Listing::read(self.live_ids()?, counter);
+        let ids = read.ids();
+        *listing = Some(read);
+        Ok(ids)
+    }
+
     /// Both halves of entry `id` in one read (the same slot), if both are there.
     fn halves(&self, id: EntryId) -> Result<Option<Halves>, StoreError> {
         let (cold, replay): (Option<Vec<u8>>, Option<Vec<u8>>) =
@@ -403,15 +429,34 @@ impl RedisStore {
     }
 
     fn read_entry(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
-        let Some((cold, replay)) = self.halves(id)? else {
-            return Ok(None);
-        };
-        let entry = decode(id, &cold, false)?;
-        let replay = decode_replay(id, &replay, false)?;
-        entry
-            .with_answer(&replay)
-            .map(Some)
-            .map_err(|reason| StoreError::Corrupt { id, reason })
+        self.halves(id)?
+            .map(|halves| whole(id, &halves))
+            .transpose()
+    }
+
+    /// The halves of each of `ids` that has both, in one round trip per node (two `GET`s per
+    /// entry: a cluster pipeline refuses `MGET`, though an entry's halves share a slot).
+    fn halves_of(&self, ids: &[EntryId]) -> Result<Vec<Option<Halves>>, StoreError> {
+        let cmds = ids
+            .iter()
+            .flat_map(|id| [cold_key(*id), replay_key(*id)])
+            .map(|key| {
+                let mut get = ::redis::cmd("GET");
+                get.arg(key);
+                get
+            })
+            .collect();
+        let mut replies = self.with(|c| c.batch(cmds))?.into_iter();
+        ids.iter()
+            .map(|_| match (replies.next(), replies.next()) {
+                (Some(Value::BulkString(cold)), Some(Value::BulkString(replay))) => {
+                    Ok(Some((cold, replay)))
+                }
+                // Expired or deleted since the ids were read.
+                (Some(Value::Nil), Some(_)) | (Some(_), Some(Value::Nil)) => Ok(None),
+                _ => Err(StoreError::Redis("an unexpected reply to GET".into())),
+            })
+            .collect()
     }
 
     /// The id the exact-key row names.
@@ -589,28 +634,68 @@ impl RedisStore {
         Ok(live)
     }
 
+    /// A page that `page` reads from the listing's ids, allowing it [`GONE_BEFORE_READ`] ids of
+    /// entries gone; past that (many deleted or expired since the listing's read: a flush, an
+    /// invalidation, a TTL), it reads the registry again and pages from that, unbounded.
+    fn listed(
+        &self,
+        page: impl Fn(&[EntryId], Option<usize>) -> Result<Option<Vec<Entry>>, StoreError>,
+    ) -> Result<Vec<Entry>, StoreError> {
+        if let Some(found) = page(&self.listing(false)?, Some(GONE_BEFORE_READ))? {
+            return Ok(found);
+        }
+        Ok(page(&self.listing(true)?, None)?.unwrap_or_default())
+    }
+
+    /// Up to `limit` entries of `ids`, in their order; `None` once more than `gone` of them are
+    /// missing (expired or deleted since they were listed). Read in batches of what the page still
+    /// needs (at least [`PAGE_BATCH`]), one round trip each.
     fn page(
         &self,
         ids: impl Iterator<Item = EntryId>,
         limit: usize,
-    ) -> Result<Vec<Entry>, StoreError> {
+        gone: Option<usize>,
+    ) -> Result<Option<Vec<Entry>>, StoreError> {
+        let mut ids = ids.fuse();
         let mut out = Vec::new();
-        for id in ids {
-            if out.len() >= limit {
+        let mut missing = 0;
+        while out.len() < limit {
+            let want = (limit - out.len()).clamp(PAGE_BATCH, BATCH);
+            let batch: Vec<EntryId> = ids.by_ref().take(want).collect();
+            if batch.is_empty() {
                 break;
             }
-            match self.read_entry(id) {
-                Ok(Some(entry)) => out.push(entry),
-                // Expired or deleted since the scan.
-                Ok(None) => {}
-                Err(StoreError::Corrupt { id, reason }) => {
-                    debug!(%id, reason, "skipping a corrupt entry in redis");
+            for (&id, halves) in batch.iter().zip(self.halves_of(&batch)?) {
+                if out.len() >= limit {
+                    break;
                 }
-                Err(e) => return Err(e),
+                let Some(halves) = halves else {
+                    missing += 1;
+                    if gone.is_some_and(|gone| missing > gone) {
+                        return Ok(None);
+                    }
+                    continue;
+                };
+                match whole(id, &halves) {
+                    Ok(entry) => out.push(entry),
+                    Err(StoreError::Corrupt { id, reason }) => {
+                        debug!(%id, reason, "skipping a corrupt entry in redis");
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         }
-        Ok(out)
+        Ok(Some(out))
     }
+}
+
+/// The entry `id` whose two halves are `halves`.
+fn whole(id: EntryId, (cold, replay): &Halves) -> Result<Entry, StoreError> {
+    let entry = decode(id, cold, false)?;
+    let replay = decode_replay(id, replay, false)?;
+    entry
+        .with_answer(&replay)
+        .map_err(|reason| StoreError::Corrupt { id, reason })
 }
 
 /// Registry rows as a scan read them, sorted by id, each once (`HSCAN` may return a row twice).
@@ -772,15 +857,13 @@ impl Store for RedisStore {
     }
 
     fn list_newest(&self, before: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
-        let ids = self.live_ids()?;
         let below = |id: &EntryId| before.is_none_or(|b| *id < b);
-        self.page(ids.into_iter().rev().filter(below), limit)
+        self.listed(|ids, gone| self.page(ids.iter().rev().copied().filter(below), limit, gone))
     }
 
     fn list(&self, after: Option<EntryId>, limit: usize) -> Result<Vec<Entry>, StoreError> {
-        let ids = self.live_ids()?;
         let above = |id: &EntryId| after.is_none_or(|a| *id > a);
-        self.page(ids.into_iter().filter(above), limit)
+        self.listed(|ids, gone| self.page(ids.iter().copied().filter(above), limit, gone))
     }
 
     fn ids(&self) -> Result<Vec<EntryId>, StoreError> {
@@ -914,6 +997,8 @@ impl Upkeep for RedisStore {
         }
         self.len.store(0, Ordering::Relaxed);
         self.bytes.store(0, Ordering::Relaxed);
+        // Every id it holds is gone.
+        *self.listing.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.publish(Change::Clear);
         Ok(n)
     }

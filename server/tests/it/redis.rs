@@ -459,6 +459,83 @@ fn a_routine_recount_spreads_over_sweeps_and_prunes_the_rows_of_expired_entries(
     assert!(store.get(kept).expect("get").is_some());
 }
 
+/// `HSCAN` steps the server has served: reads of the registry.
+fn hscans(redis: &RedisServer) -> u64 {
+    let client = ::redis::Client::open(redis.url()).expect("url");
+    let mut c = client.get_connection().expect("connect");
+    let info: String = ::redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut c)
+        .expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_hscan:calls="))
+        .map_or(0, |rest| {
+            rest.split(',')
+                .next()
+                .expect("calls")
+                .parse()
+                .expect("a count")
+        })
+}
+
+fn ids_of(entries: &[Entry]) -> Vec<EntryId> {
+    entries.iter().map(|e| e.id).collect()
+}
+
+/// Listings page over one read of the registry: the pages after it, and what other replicas
+/// store or delete meanwhile, cost a `GET` of the id counter, not another read of every row.
+#[test]
+fn listings_read_the_registry_once_and_still_list_what_any_replica_stores_since() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let (a, b) = (redis.store(), redis.store());
+    let hour = 3_600_000;
+    let mut ids: Vec<EntryId> = (1..=5)
+        .map(|n| a.put(entry(n, hour)).expect("put"))
+        .collect();
+    let newest = |ids: &[EntryId]| ids.iter().rev().copied().collect::<Vec<_>>();
+    assert_eq!(
+        ids_of(&a.list_newest(None, 100).expect("list")),
+        newest(&ids)
+    );
+    let read = hscans(&redis);
+
+    ids.push(b.put(entry(6, hour)).expect("put"));
+    ids.push(b.put(entry(7, hour)).expect("put"));
+    assert!(b.delete(ids[1]).expect("delete"));
+    ids.remove(1);
+    assert_eq!(
+        ids_of(&a.list_newest(None, 100).expect("list")),
+        newest(&ids)
+    );
+    // Pages, both ways.
+    assert_eq!(
+        ids_of(&a.list_newest(Some(ids[3]), 2).expect("page")),
+        vec![ids[2], ids[1]]
+    );
+    assert_eq!(
+        ids_of(&a.list(Some(ids[3]), 10).expect("page")),
+        vec![ids[4], ids[5]]
+    );
+    assert_eq!(hscans(&redis), read, "the registry was read again");
+
+    // Flushed by the other replica, then one answer stored: a listing of ids that are nearly
+    // all gone reads the registry again instead of trying each of them.
+    for n in 8..=400 {
+        b.put(entry(n, hour)).expect("put");
+    }
+    assert_eq!(a.list_newest(None, 1).expect("list").len(), 1);
+    assert_eq!(b.clear().expect("clear"), 399);
+    let last = b.put(entry(401, hour)).expect("put");
+    let read = hscans(&redis);
+    assert_eq!(ids_of(&a.list(None, 10).expect("list")), vec![last]);
+    assert!(
+        hscans(&redis) > read,
+        "tried the flushed entries one by one"
+    );
+}
+
 #[test]
 fn redis_expires_an_entry_at_its_ttl() {
     let Some(redis) = RedisServer::start() else {
