@@ -89,12 +89,15 @@ impl<R> Recounts<R> {
 
     /// What the sweep must read, given the estimate of what is held and the caps.
     pub(super) fn read(&self, held: Option<Held>, max_entries: usize, max_bytes: u64) -> Read {
-        match (self.last, held) {
-            (None, _) | (_, None) => Read::Whole,
-            (Some(_), Some(held)) if held.over(max_entries, max_bytes) => Read::Whole,
-            (Some(_), Some(_)) if self.scan.is_some() => Read::Slice,
-            (Some((at, _)), Some(_)) if at.elapsed() >= self.every => Read::Slice,
-            (Some(_), Some(_)) => Read::Nothing,
+        let (Some((at, _)), Some(held)) = (self.last, held) else {
+            return Read::Whole;
+        };
+        if held.over(max_entries, max_bytes) {
+            Read::Whole
+        } else if self.scan.is_some() || at.elapsed() >= self.every {
+            Read::Slice
+        } else {
+            Read::Nothing
         }
     }
 

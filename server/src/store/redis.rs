@@ -421,42 +421,47 @@ impl RedisStore {
         Ok(ids)
     }
 
-    /// Both halves of entry `id` in one read (the same slot), if both are there.
-    fn halves(&self, id: EntryId) -> Result<Option<Halves>, StoreError> {
-        let (cold, replay): (Option<Vec<u8>>, Option<Vec<u8>>) =
-            self.with(|c| c.mget(&[cold_key(id), replay_key(id)]))?;
-        Ok(cold.zip(replay))
-    }
-
     fn read_entry(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
-        self.halves(id)?
+        self.halves_of(&[id])?
+            .pop()
+            .flatten()
             .map(|halves| whole(id, &halves))
             .transpose()
     }
 
-    /// The halves of each of `ids` that has both, in one round trip per node (two `GET`s per
-    /// entry: a cluster pipeline refuses `MGET`, though an entry's halves share a slot).
-    fn halves_of(&self, ids: &[EntryId]) -> Result<Vec<Option<Halves>>, StoreError> {
-        let cmds = ids
-            .iter()
-            .flat_map(|id| [cold_key(*id), replay_key(*id)])
+    /// The value of each of `keys` (`None`: not there), in one round trip per node: a `GET`
+    /// each, as a cluster pipeline refuses `MGET` even where the keys share a slot.
+    fn get_each(
+        &self,
+        keys: impl Iterator<Item = String>,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let cmds = keys
             .map(|key| {
                 let mut get = ::redis::cmd("GET");
                 get.arg(key);
                 get
             })
             .collect();
-        let mut replies = self.with(|c| c.batch(cmds))?.into_iter();
-        ids.iter()
-            .map(|_| match (replies.next(), replies.next()) {
-                (Some(Value::BulkString(cold)), Some(Value::BulkString(replay))) => {
-                    Ok(Some((cold, replay)))
-                }
-                // Expired or deleted since the ids were read.
-                (Some(Value::Nil), Some(_)) | (Some(_), Some(Value::Nil)) => Ok(None),
+        self.with(|c| c.batch(cmds))?
+            .into_iter()
+            .map(|reply| match reply {
+                Value::BulkString(raw) => Ok(Some(raw)),
+                Value::Nil => Ok(None),
                 _ => Err(StoreError::Redis("an unexpected reply to GET".into())),
             })
             .collect()
+    }
+
+    /// Both halves of each of `ids`, if both are there (expired or deleted since the ids were
+    /// read, else), in one round trip per node.
+    fn halves_of(&self, ids: &[EntryId]) -> Result<Vec<Option<Halves>>, StoreError> {
+        let mut values = self
+            .get_each(ids.iter().flat_map(|id| [cold_key(*id), replay_key(*id)]))?
+            .into_iter();
+        Ok(ids
+            .iter()
+            .map(|_| values.next().flatten().zip(values.next().flatten()))
+            .collect())
     }
 
     /// The id the exact-key row names.
@@ -877,23 +882,11 @@ impl Store for RedisStore {
     /// One round trip per node for the whole page (a `GET` per cold half, split by slot), instead
     /// of a listing that reads the registry again for every page.
     fn cold(&self, ids: &[EntryId]) -> Result<Vec<Entry>, StoreError> {
-        let cmds = ids
-            .iter()
-            .map(|id| {
-                let mut get = ::redis::cmd("GET");
-                get.arg(cold_key(*id));
-                get
-            })
-            .collect();
-        let replies = self.with(|c| c.batch(cmds))?;
+        let values = self.get_each(ids.iter().map(|id| cold_key(*id)))?;
         let mut out = Vec::with_capacity(ids.len());
-        for (&id, reply) in ids.iter().zip(replies) {
-            let raw = match reply {
-                Value::BulkString(raw) => raw,
-                // Expired or deleted since the ids were read.
-                Value::Nil => continue,
-                _ => return Err(StoreError::Redis("an unexpected reply to GET".into())),
-            };
+        for (&id, raw) in ids.iter().zip(values) {
+            // Expired or deleted since the ids were read.
+            let Some(raw) = raw else { continue };
             match decode(id, &raw, false) {
                 Ok(entry) => out.push(entry),
                 Err(e) => debug!(%id, error = %e, "skipping a corrupt entry in redis"),
