@@ -60,9 +60,15 @@ pub(crate) fn redis_server_binary() -> Option<PathBuf> {
 
 impl RedisServer {
     pub(crate) fn start() -> Option<Self> {
-        let mut server = Self::unstarted()?;
-        server.spawn(&redis_server_binary()?);
-        Some(server)
+        let binary = redis_server_binary()?;
+        // The port was free when picked, and may be another test's server's by now: a new one.
+        for _ in 0..5 {
+            let mut server = Self::unstarted()?;
+            if server.try_spawn(&binary) {
+                return Some(server);
+            }
+        }
+        panic!("redis-server never started on a port of its own");
     }
 
     /// A free port and a folder, with no server on it yet.
@@ -80,6 +86,16 @@ impl RedisServer {
     }
 
     fn spawn(&mut self, binary: &std::path::Path) {
+        assert!(
+            self.try_spawn(binary),
+            "redis-server on port {} never answered",
+            self.port
+        );
+    }
+
+    /// Starts the server; false unless it is the one that answers on the port (a server that
+    /// could not bind it exits, while another test's may answer there).
+    fn try_spawn(&mut self, binary: &std::path::Path) -> bool {
         let child = Command::new(binary)
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--dir"])
@@ -88,15 +104,26 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server");
+        let pid = child.id();
         self.child = Some(child);
         let store = RedisStore::new(&self.url()).expect("url");
         for _ in 0..500 {
             if store.ping().is_ok() {
-                return;
+                return self.answering_pid() == Some(pid);
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        panic!("redis-server on port {} never answered", self.port);
+        false
+    }
+
+    /// The process id of the server answering on the port (`INFO server`).
+    fn answering_pid(&self) -> Option<u32> {
+        let client = ::redis::Client::open(self.url()).ok()?;
+        let mut c = client.get_connection().ok()?;
+        let info: String = ::redis::cmd("INFO").arg("server").query(&mut c).ok()?;
+        info.lines()
+            .find_map(|line| line.strip_prefix("process_id:"))
+            .and_then(|pid| pid.trim().parse().ok())
     }
 
     pub(crate) fn url(&self) -> String {
