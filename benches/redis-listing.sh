@@ -43,18 +43,15 @@ REPRISE_ADMIN_TOKEN=listing "$bin/scale-gateway" --entries "$entries" --store-on
   "${SCALE_FLAGS[@]}" --store redis --redis-url "redis://127.0.0.1:$redis_port/" --data-dir "$WORK/loader" \
   --listen 127.0.0.1:"$(free_port)" --upstream-url http://127.0.0.1:9/v1 >"$WORK/load.log" 2>&1
 
-hscans() {
-  redis-cli -p "$redis_port" info commandstats | sed -n 's/^cmdstat_hscan:calls=\([0-9]*\),.*/\1/p' | grep . || echo 0
-}
 # timed NAME REPEATS CURL_ARGS...: runs curl REPEATS times; prints "NAME median_ms hscans_per_call".
 timed() {
   local name=$1 repeats=$2 h0 h1
   shift 2
-  h0=$(hscans)
+  h0=$(redis_hscans "$redis_port")
   for _ in $(seq 1 "$repeats"); do
     curl -sf -o "$WORK/body" -w '%{time_total}\n' -H 'authorization: Bearer listing' "$@" >>"$WORK/t-$name"
   done
-  h1=$(hscans)
+  h1=$(redis_hscans "$redis_port")
   python3 - "$name" "$WORK/t-$name" "$h0" "$h1" "$repeats" <<'PY'
 import statistics, sys
 name, path, h0, h1, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -70,14 +67,7 @@ for round in $(seq 1 "$rounds"); do
   for side in $sides; do
     b=$bin
     [ "$side" = before ] && b=$before
-    port=$(free_port)
-    REPRISE_ADMIN_TOKEN=listing "$b/reprise" serve --store redis --redis-url "redis://127.0.0.1:$redis_port/" \
-      --semantic false --listen 127.0.0.1:"$port" --upstream-url http://127.0.0.1:9/v1 \
-      --data-dir "$WORK/gw-$side-$round" --max-entries 100000000 --max-bytes 1000000000000 \
-      >"$WORK/gw-$side-$round.log" 2>&1 &
-    gw=$!
-    PIDS+=("$gw")
-    wait_ready "http://127.0.0.1:$port/healthz" "gateway ($side)" "$WORK/gw-$side-$round.log"
+    serve_on_redis "$b/reprise" listing "gw-$side-$round"
     echo "==> $side, round $round" >&2
     url=http://127.0.0.1:$port/admin
     read -r _ first first_scans < <(timed first 10 "$url/entries?limit=50")

@@ -64,14 +64,7 @@ for round in $(seq 1 "$rounds"); do
   for side in $sides; do
     b=$bin
     [ "$side" = before ] && b=$before
-    port=$(free_port)
-    REPRISE_ADMIN_TOKEN=sweep "$b/reprise" serve --store redis --redis-url "redis://127.0.0.1:$redis_port/" \
-      --semantic false --listen 127.0.0.1:"$port" --upstream-url http://127.0.0.1:9/v1 \
-      --data-dir "$WORK/gw-$side-$round" --max-entries 100000000 --max-bytes 1000000000000 \
-      >"$WORK/gw-$side-$round.log" 2>&1 &
-    gw=$!
-    PIDS+=("$gw")
-    wait_ready "http://127.0.0.1:$port/healthz" "gateway ($side)" "$WORK/gw-$side-$round.log"
+    serve_on_redis "$b/reprise" sweep "gw-$side-$round"
     echo "==> $side, round $round: warm-up, then $seconds s of stores" >&2
     sleep 15
     redis-cli -p "$redis_port" config resetstat >/dev/null
@@ -88,10 +81,10 @@ for round in $(seq 1 "$rounds"); do
       sleep 0.25
     done
     r1=$(cpu_ticks "$redis_pid"); g1=$(cpu_ticks "$gw"); t1=$(date +%s.%N)
-    hscans=$(redis-cli -p "$redis_port" info commandstats | sed -n 's/^cmdstat_hscan:calls=\([0-9]*\),.*/\1/p')
+    hscans=$(redis_hscans "$redis_port")
     kill "$gw"
     wait "$gw" 2>/dev/null || true
-    python3 - "$side" "$round" "$rows" "$WORK/lat" "$r0" "$r1" "$g0" "$g1" "$t0" "$t1" "${hscans:-0}" <<'PY'
+    python3 - "$side" "$round" "$rows" "$WORK/lat" "$r0" "$r1" "$g0" "$g1" "$t0" "$t1" "$hscans" <<'PY'
 import os, sys
 side, rnd, rows, lat = sys.argv[1:5]
 r0, r1, g0, g1, t0, t1, hscans = map(float, sys.argv[5:12])

@@ -1,6 +1,7 @@
 # Shared by the scripts that start reprise processes (sourced, not run): a temporary folder WORK,
 # the started processes (append their PIDs to PIDS) stopped and WORK removed on exit, a free
-# loopback port, waiting until a URL answers, and a gateway's embedding counters.
+# loopback port, waiting until a URL answers, a gateway's embedding counters, a bench's `--before`
+# binaries, and a redis-server with a gateway on it and what it reports.
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/reprise.XXXXXX")
 PIDS=()
@@ -64,6 +65,26 @@ start_redis() {
 # redis_used_memory PORT: the `used_memory` (bytes) of the redis-server on PORT.
 redis_used_memory() {
   redis-cli -p "$1" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p'
+}
+
+# redis_hscans PORT: the `HSCAN` calls (reads of a registry) the redis-server on PORT has served
+# since its stats were last reset.
+redis_hscans() {
+  redis-cli -p "$1" info commandstats | sed -n 's/^cmdstat_hscan:calls=\([0-9]*\),.*/\1/p' | grep . || echo 0
+}
+
+# serve_on_redis BINARY TOKEN NAME: BINARY (`reprise`) serving on a free port with its entries in the
+# redis-server of start_redis, semantic matching off (no vectors to load) and caps no bench
+# reaches, admin token TOKEN, log in WORK/NAME.log; sets port and gw (stopped at exit with the
+# rest) once it answers.
+serve_on_redis() {
+  port=$(free_port)
+  REPRISE_ADMIN_TOKEN=$2 "$1" serve --store redis --redis-url "redis://127.0.0.1:$redis_port/" \
+    --semantic false --listen 127.0.0.1:"$port" --upstream-url http://127.0.0.1:9/v1 \
+    --data-dir "$WORK/$3" --max-entries 100000000 --max-bytes 1000000000000 >"$WORK/$3.log" 2>&1 &
+  gw=$!
+  PIDS+=("$gw")
+  wait_ready "http://127.0.0.1:$port/healthz" "gateway ($3)" "$WORK/$3.log"
 }
 
 # free_port: a loopback port the kernel just handed out (and took back).
