@@ -6,7 +6,8 @@
 # its data dir with the index dump (start-up: until it listens and serves exact hits, until the full
 # index serves), and without it (the same, the index rebuilt in the background: /healthz
 # `index_rebuilding`); with `--redis-sizes`, the entries are also written into a local redis-server
-# (`scale-gateway --store-only`) and a fresh replica loads them from there. Every gateway then gets
+# (`scale-gateway --store-only`) and a fresh replica loads them from there, then restarts with the
+# index dump it saved at its stop. Every gateway then gets
 # the same serving phase: the prompts of benches/workloads/bank.jsonl that the pairs below do not
 # ask (120) warmed through POST /admin/entries into the `support` namespace (the big partition),
 # then `reprise-client bench --pairs` over the 30 question/paraphrase pairs of paraphrases.txt in
@@ -197,7 +198,7 @@ done
 # redis_replica N: N entries written into a local redis-server, then a fresh replica loading them
 # from there (its index rebuilt from the store, as every replica without a dump of its own).
 redis_replica() {
-  local n=$1 url t0 redis_load_s redis_mem side b port
+  local n=$1 url t0 redis_load_s redis_mem side b port dump redis_probe
   start_redis "redis-$n"
   url=redis://127.0.0.1:$redis_port/
   echo "==> $n entries into Redis (scale-gateway --store-only)" >&2
@@ -217,6 +218,18 @@ redis_replica() {
     started "redis-$n-$side" "$port"
     serve "redis-$n-$side" "$port" "$gw_pid" "$n" redis "$side" \
       "{\"load_s\": $redis_load_s, \"redis_used_memory\": $redis_mem}"
+    # An exact-hit probe for its restart: the newest entry of the `docs` namespace (synthetic only).
+    probe_ns=docs
+    redis_probe=$(curl -sf -H "authorization: Bearer $token" "http://127.0.0.1:$port/admin/entries?namespace=docs&limit=1" \
+      | python3 -c 'import json, sys; e = json.load(sys.stdin)["data"][0]; print(json.dumps({"model": e["model"], "messages": [{"role": "user", "content": e["prompt"]}]}))')
+    stop "$gw_pid"
+    # The same replica restarted: the index dump it saved at its stop, and Redis, as before.
+    dump=$(du -sk "$WORK/data-redis-$side/index" 2>/dev/null | cut -f1 || echo 0)
+    echo "==> $n entries: the Redis replica restarted with its dump ($side)" >&2
+    port=$(free_port)
+    start "redis-dump-$n-$side" "$b" "$port" "$WORK/data-redis-$side" serve --store redis --redis-url "$url"
+    probe=$redis_probe started "redis-dump-$n-$side" "$port"
+    serve "redis-dump-$n-$side" "$port" "$gw_pid" "$n" redis-dump "$side" "{\"dump_kib\": ${dump:-0}}"
     stop "$gw_pid"
     rm -rf "$WORK/data-redis-$side"
   done
@@ -326,7 +339,8 @@ print()
 print("Replicas: **writer**: `scale-gateway`, which wrote the N synthetic entries itself (store, then index, as "
       "`POST /admin/entries` does); **dump**: `reprise serve` restarted on that data dir with its index dump; "
       "**rebuild**: the same without the dump (the index rebuilt in the background while exact hits are served); "
-      "**redis**: a fresh replica on a Redis that `scale-gateway --store-only` filled. RSS per entry: (RSS - RSS of "
+      "**redis**: a fresh replica on a Redis that `scale-gateway --store-only` filled; **redis-dump**: that replica "
+      "restarted on its data dir (its own index dump) and the same Redis. RSS per entry: (RSS - RSS of "
       "an empty-store gateway of the same build after the same serving phase) / N; peak RSS: the process's highest "
       "resident set from its start to the end of its serving phase (`VmHWM`). Start-up: seconds from exec "
       "until it answers `/healthz` (the store read and, with a dump, the index loaded), until a synthetic entry is "
@@ -345,7 +359,7 @@ for r in rows:
           f"{r['t_listen']:.1f} | {r['t_exact']:.1f} | {r['t_index']:.1f} | {r.get('t_graphs', r['t_index']):.1f} | "
           f"{r['vectors']:,} | {r['load']} |")
 print()
-extra = [r for r in rows if "load_s" in r or "disk_kib" in r]
+extra = [r for r in rows if "load_s" in r or "disk_kib" in r or "dump_kib" in r]
 for r in extra:
     if r["kind"] == "writer":
         print(f"- {r['size']:,} entries written by `scale-gateway` (store and index) in {r['load_s']:.1f} s.")
@@ -356,6 +370,8 @@ for r in extra:
     if r["kind"] == "redis" and r["side"] == "after":
         print(f"- {r['size']:,} entries written into Redis (`--store-only`) in {r['load_s']:.1f} s; Redis used_memory "
               f"{r['redis_used_memory'] / 2**20:,.0f} MiB ({r['redis_used_memory'] / r['size']:,.0f} B per entry).")
+    if r["kind"] == "redis-dump" and r["side"] == "after":
+        print(f"- {r['size']:,}: the Redis replica's index dump {r['dump_kib'] / 1024:,.0f} MiB.")
 print()
 print(f"## Semantic hits and the embedding, per replica ({rounds} rounds of 30 paraphrases, streamed, namespace `support`)")
 print()
