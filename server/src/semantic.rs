@@ -657,6 +657,18 @@ fn stored_ids(
     store: &dyn Store,
     patience: Patience,
 ) -> Result<(BTreeSet<u64>, Vec<u64>), StoreError> {
+    stored_ids_trusting(store, patience, |_| BTreeSet::new())
+}
+
+/// As [`stored_ids`]; a store that cannot tell which entries have a vector (Redis) also spares
+/// reading those `dumped` names, given its ids: the ids of an index dump checked against the
+/// store, whose entries had a vector when it was saved and still have it (an entry's vector is
+/// only ever added, or replaced for another model, which refuses the dump).
+fn stored_ids_trusting(
+    store: &dyn Store,
+    patience: Patience,
+    dumped: impl FnOnce(&[EntryId]) -> BTreeSet<u64>,
+) -> Result<(BTreeSet<u64>, Vec<u64>), StoreError> {
     let mut with_vector = BTreeSet::new();
     let mut unembedded = Vec::new();
     let to_read = match store.vector_ids() {
@@ -664,7 +676,14 @@ fn stored_ids(
             with_vector.extend(with.into_iter().map(|id| id.0));
             without
         }
-        None => patience.read("the stored ids", || store.ids())?,
+        None => {
+            let ids = patience.read("the stored ids", || store.ids())?;
+            let dumped = dumped(&ids);
+            let (held, rest): (Vec<EntryId>, Vec<EntryId>) =
+                ids.into_iter().partition(|id| dumped.contains(&id.0));
+            with_vector.extend(held.into_iter().map(|id| id.0));
+            rest
+        }
     };
     for page in to_read.chunks(PAGE) {
         for entry in patience.read("stored entries", || store.cold(page))? {
@@ -790,7 +809,11 @@ fn load_in_background(
             let mut preloaded = preloaded;
             loop {
                 let started = std::time::Instant::now();
-                let (expected, unembedded) = match stored_ids(store.as_ref(), patience) {
+                let dumped = |stored: &[EntryId]| {
+                    dumped_ids(&dir, dimension, store.as_ref(), stored, &mut preloaded, patience)
+                };
+                let read = stored_ids_trusting(store.as_ref(), patience, dumped);
+                let (expected, unembedded) = match read {
                     Ok(ids) => ids,
                     Err(err) => {
                         tracing::warn!(error = %err, "the stored entries' ids could not be read: the vector index waits for the store (exact matches meanwhile)");
@@ -1042,27 +1065,8 @@ fn load_dump(
     if missing.len() > most_missing {
         return Err(far_behind(missing.len()));
     }
-    // An id names one entry for the life of a store, but a store that starts over (Redis
-    // emptied, or a data dir pointed at another Redis) gives the same ids to other entries: a
-    // page of the ids both hold, spread over them, must have the dump's vector and partition.
     let both: Vec<u64> = held.intersection(expected).copied().collect();
-    let sample: Vec<EntryId> = both
-        .iter()
-        .step_by((both.len() / PAGE).max(1))
-        .map(|&id| EntryId(id))
-        .collect();
-    let entries = patience
-        .read("a sample of the stored entries", || store.cold(&sample))
-        .map_err(|e| DumpUnused::Unchecked(e.to_string()))?;
-    for entry in entries {
-        let held_as_stored = entry
-            .vector
-            .as_ref()
-            .is_some_and(|v| index.holds(entry.id.0, &entry.partition.0, v));
-        if !held_as_stored {
-            return Err(DumpUnused::OtherStore { id: entry.id.0 });
-        }
-    }
+    check_sample(&index, &both, store.as_ref(), patience)?;
     // Removed once the store confirms it lacks them: a scan cut short by a store error (Redis,
     // which has no ledger of ids) lists fewer ids than the store holds, and those must stay.
     let mut removed = 0;
@@ -1101,6 +1105,74 @@ fn load_dump(
             failed: vectors.failed(),
         },
     ))
+}
+
+/// Checks that `index` (a dump) was saved for this store, given `both`, the ids both hold. An id
+/// names one entry for the life of a store, but a store that starts over (Redis emptied, or a
+/// data dir pointed at another Redis) gives the same ids to other entries: a page of `both`,
+/// spread over them, must have the dump's vector and partition.
+fn check_sample(
+    index: &HnswIndex,
+    both: &[u64],
+    store: &dyn Store,
+    patience: Patience,
+) -> Result<(), DumpUnused> {
+    let sample: Vec<EntryId> = both
+        .iter()
+        .step_by(both.len().div_ceil(PAGE).max(1))
+        .map(|&id| EntryId(id))
+        .collect();
+    let entries = patience
+        .read("a sample of the stored entries", || store.cold(&sample))
+        .map_err(|e| DumpUnused::Unchecked(e.to_string()))?;
+    for entry in entries {
+        let held_as_stored = entry
+            .vector
+            .as_ref()
+            .is_some_and(|v| index.holds(entry.id.0, &entry.partition.0, v));
+        if !held_as_stored {
+            return Err(DumpUnused::OtherStore { id: entry.id.0 });
+        }
+    }
+    Ok(())
+}
+
+/// For a store that cannot tell which of its entries have a vector (Redis), the ids of `stored`
+/// that the index dump holds, once a sample of them matches the store (none otherwise, nor
+/// without a dump of this dimension): the dump is loaded into `preloaded` before the store's
+/// entries are read rather than after, so that only the entries stored since it was saved are
+/// read. A replica restarting on a million entries otherwise reads every cold half (3 GB, about a
+/// minute) to learn which vectors its own dump already holds.
+fn dumped_ids(
+    dir: &Path,
+    dimension: usize,
+    store: &dyn Store,
+    stored: &[EntryId],
+    preloaded: &mut Preloaded,
+    patience: Patience,
+) -> BTreeSet<u64> {
+    if preloaded.is_none() {
+        if HnswIndex::dump_summary(dir).is_none_or(|dump| dump.dimension != dimension) {
+            return BTreeSet::new();
+        }
+        *preloaded = Some(HnswIndex::load(dir, index_config(dimension)));
+    }
+    let Some(Ok(index)) = preloaded.as_ref() else {
+        return BTreeSet::new();
+    };
+    let held = index.ids();
+    let both: Vec<u64> = stored
+        .iter()
+        .map(|id| id.0)
+        .filter(|id| held.contains(id))
+        .collect();
+    match check_sample(index, &both, store, patience) {
+        Ok(()) => both.into_iter().collect(),
+        Err(why) => {
+            tracing::debug!(%why, "the index dump does not match the store: every entry is read");
+            BTreeSet::new()
+        }
+    }
 }
 
 /// Changes are deferred while this lives: see [`SwappableIndex::defer_changes`].
@@ -1847,8 +1919,9 @@ mod tests {
         let embedder = Arc::new(
             Embedder::with_model(Box::new(Hashed), &EmbedConfig::default()).expect("fake"),
         );
-        // The ids and the three pages of entries read; the check's sample does not.
-        faulty.fail(3, 4);
+        // The ids and the sample that lets the dump's ids go unread; then the load's own check
+        // of a sample fails past patience.
+        faulty.fail(3, 2);
         let index = SwappableIndex::building(HnswIndex::new(index_config(8)));
         let backfill = Backfill::start(embedder, index.clone(), store.clone(), vec![]);
         load_in_background(&dump, 8, &store, None, &index, &backfill, QUICK);
@@ -1902,6 +1975,76 @@ mod tests {
             let entries = store.list(None, n as usize).expect("list");
             assert!(entries.iter().all(|e| e.vector.is_some()));
         }
+    }
+
+    /// A store without a ledger of which entries have a vector (Redis) had every entry's cold
+    /// half read at start to learn it, a minute at a million entries, when the replica's own dump
+    /// already held nearly all of them. Those the dump holds are now taken from it once a sample
+    /// matches the store; only the entries stored since are read.
+    #[test]
+    fn a_store_without_a_ledger_reads_only_the_entries_its_dump_lacks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let n = 3 * PAGE as u64;
+        let faulty = faulty_store(&dir.path().join("db"), n, |_| false);
+        let store: Arc<dyn Store> = faulty.clone();
+        let dump = dir.path().join("index");
+        let (ids, _) = stored_ids(store.as_ref(), QUICK).expect("read");
+        let (built, failed) = build_from_store(store.as_ref(), 8, ids.clone(), QUICK, Graphs::Now);
+        assert!(failed.is_none());
+        built.save(&dump).expect("save");
+        // Since the dump: one entry deleted, ten stored with a vector and five without.
+        let first = *ids.first().expect("ids");
+        assert!(store.delete(EntryId(first)).expect("delete"));
+        let added: Vec<u64> = (n..n + 15)
+            .map(|i| store.put(stored(i, i < n + 10)).expect("put").0)
+            .collect();
+        let (all, unembedded) = stored_ids(store.as_ref(), QUICK).expect("read");
+        assert_eq!(all.len() as u64, n - 1 + 10);
+        assert_eq!(unembedded, added[10..].to_vec());
+
+        faulty.cold_asked.store(0, Ordering::SeqCst);
+        let mut preloaded = None;
+        let dumped = |stored: &[EntryId]| {
+            dumped_ids(&dump, 8, store.as_ref(), stored, &mut preloaded, QUICK)
+        };
+        let trusted = stored_ids_trusting(store.as_ref(), QUICK, dumped).expect("read");
+        assert_eq!(trusted, (all.clone(), unembedded.clone()));
+        let asked = faulty.cold_asked.load(Ordering::SeqCst);
+        assert!(
+            asked <= PAGE + 15,
+            "a sample and the 15 new entries, not all {n}: {asked}"
+        );
+        // The dump was loaded for it, and is then brought up to the store as before.
+        assert!(matches!(preloaded, Some(Ok(_))));
+        let (index, caught_up) =
+            load_dump(&dump, 8, &store, &trusted.0, preloaded, QUICK).expect("caught up");
+        assert_eq!((caught_up.added, caught_up.removed), (10, 1));
+        assert_eq!(index.ids(), all);
+
+        // A dump of another store (the same ids, other vectors) is not trusted: every entry is
+        // read, and the ids are still right.
+        let other = dir.path().join("other");
+        let opposite = StoredVectors::new(store.as_ref(), all.clone(), QUICK)
+            .map(|(id, partition, v)| (id, partition, v.iter().map(|x| -x).collect()));
+        HnswIndex::build(index_config(8), opposite.collect::<Vec<_>>())
+            .save(&other)
+            .expect("save");
+        faulty.cold_asked.store(0, Ordering::SeqCst);
+        let mut preloaded = None;
+        let dumped = |stored: &[EntryId]| {
+            dumped_ids(&other, 8, store.as_ref(), stored, &mut preloaded, QUICK)
+        };
+        let read = stored_ids_trusting(store.as_ref(), QUICK, dumped).expect("read");
+        assert_eq!(read, (all, unembedded));
+        assert!(faulty.cold_asked.load(Ordering::SeqCst) as u64 >= n + 15 - 1);
+        // No dump at all: every entry is read, and nothing is loaded.
+        let mut preloaded = None;
+        let none = dir.path().join("none");
+        let mut dumped = |stored: &[EntryId]| {
+            dumped_ids(&none, 8, store.as_ref(), stored, &mut preloaded, QUICK)
+        };
+        assert!(dumped(&[EntryId(first + 1)]).is_empty());
+        assert!(preloaded.is_none());
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub(crate) struct FaultyReads<S> {
     pub(crate) good_reads: AtomicUsize,
     /// Entries whose replay reads as gone.
     pub(crate) lost_replays: Mutex<HashSet<EntryId>>,
+    /// Entries asked for through [`Store::cold`] so far.
+    pub(crate) cold_asked: AtomicUsize,
 }
 
 impl<S> FaultyReads<S> {
@@ -29,6 +31,7 @@ impl<S> FaultyReads<S> {
             failures: AtomicUsize::new(0),
             good_reads: AtomicUsize::new(0),
             lost_replays: Mutex::default(),
+            cold_asked: AtomicUsize::new(0),
         }
     }
 
@@ -111,6 +114,7 @@ impl<S: Store> Store for FaultyReads<S> {
 
     fn cold(&self, ids: &[EntryId]) -> Result<Vec<Entry>, StoreError> {
         self.failing()?;
+        self.cold_asked.fetch_add(ids.len(), Ordering::SeqCst);
         self.inner.cold(ids)
     }
 
