@@ -29,6 +29,9 @@ pub enum Route {
     Messages,
 }
 
+/// The header every Anthropic client sends, and no OpenAI one.
+const ANTHROPIC_VERSION: &str = "anthropic-version";
+
 /// Which upstream a request goes to: OpenAI-shaped APIs to `upstream_url`, Anthropic's Messages
 /// API (and every path below `/v1/messages`, such as `count_tokens`) to `anthropic_upstream_url`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,13 +49,27 @@ impl Provider {
         }
     }
 
-    /// The upstream of a pass-through path below `/v1`: `/messages` and what lies below it belong
-    /// to Anthropic's API (`/messages/count_tokens`, `/messages/batches`), the rest to the OpenAI
-    /// upstream as before.
-    pub fn of_path(below_v1: &str) -> Provider {
-        match below_v1.strip_prefix("/messages") {
-            Some(rest) if rest.is_empty() || rest.starts_with('/') => Provider::Anthropic,
-            _ => Provider::OpenAi,
+    /// The upstream of a pass-through request to `below_v1` (its path below `/v1`): Anthropic's
+    /// for `/messages` and what lies below it (`/messages/count_tokens`, `/messages/batches`), and
+    /// for every request of an Anthropic client, whatever its path (`/v1/models`, `/v1/files`):
+    /// Anthropic's SDKs and Claude Code send `anthropic-version` on every call, and a browser's
+    /// preflight names it among the headers its request will carry. The rest goes to the OpenAI
+    /// upstream. Before, an Anthropic SDK's `models.list()` went to the OpenAI upstream with the
+    /// client's Anthropic key.
+    pub fn of_request(below_v1: &str, headers: &HeaderMap) -> Provider {
+        let messages = below_v1
+            .strip_prefix("/messages")
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        let preflight_names_it = headers
+            .get_all(header::ACCESS_CONTROL_REQUEST_HEADERS)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .any(|name| name.trim().eq_ignore_ascii_case(ANTHROPIC_VERSION));
+        if messages || headers.contains_key(ANTHROPIC_VERSION) || preflight_names_it {
+            Provider::Anthropic
+        } else {
+            Provider::OpenAi
         }
     }
 }
@@ -464,19 +481,52 @@ mod tests {
     }
 
     #[test]
-    fn paths_below_messages_go_to_anthropic() {
+    fn paths_below_messages_and_anthropic_clients_go_to_anthropic() {
         assert_eq!(Route::Messages.provider(), Provider::Anthropic);
         assert_eq!(Route::Responses.provider(), Provider::OpenAi);
+        let none = HeaderMap::new();
         for path in [
             "/messages",
             "/messages/count_tokens",
             "/messages/batches/b1",
         ] {
-            assert_eq!(Provider::of_path(path), Provider::Anthropic, "{path}");
+            assert_eq!(
+                Provider::of_request(path, &none),
+                Provider::Anthropic,
+                "{path}"
+            );
         }
         for path in ["/models", "/messagesx", "/responses/resp_1", "/"] {
-            assert_eq!(Provider::of_path(path), Provider::OpenAi, "{path}");
+            assert_eq!(
+                Provider::of_request(path, &none),
+                Provider::OpenAi,
+                "{path}"
+            );
         }
+        // An Anthropic SDK's `models.list()`, and a browser's preflight for it.
+        let mut sdk = HeaderMap::new();
+        sdk.insert("anthropic-version", "2023-06-01".parse().expect("value"));
+        assert_eq!(Provider::of_request("/models", &sdk), Provider::Anthropic);
+        let mut preflight = HeaderMap::new();
+        preflight.insert(
+            header::ACCESS_CONTROL_REQUEST_HEADERS,
+            "content-type, Anthropic-Version,x-api-key"
+                .parse()
+                .expect("value"),
+        );
+        assert_eq!(
+            Provider::of_request("/files", &preflight),
+            Provider::Anthropic
+        );
+        // An OpenAI client's preflight.
+        let mut openai = HeaderMap::new();
+        openai.insert(
+            header::ACCESS_CONTROL_REQUEST_HEADERS,
+            "authorization,content-type,x-stainless-os"
+                .parse()
+                .expect("value"),
+        );
+        assert_eq!(Provider::of_request("/models", &openai), Provider::OpenAi);
     }
 
     #[tokio::test]

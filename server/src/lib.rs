@@ -101,13 +101,19 @@ pub use crate::state::{AppState, StartError};
 /// The gateway's router.
 pub fn app(state: AppState) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/completions", post(completions))
-        .route("/v1/embeddings", post(embeddings))
+        // Only a `POST` is a request the gateway reads; any other method on these paths (a
+        // browser's `OPTIONS` preflight, `GET /v1/chat/completions` listing stored completions)
+        // passes through as on any other `/v1/*` path, rather than a 404 of the gateway's own.
+        .route(
+            "/v1/chat/completions",
+            post(chat_completions).fallback(passthrough),
+        )
+        .route("/v1/completions", post(completions).fallback(passthrough))
+        .route("/v1/embeddings", post(embeddings).fallback(passthrough))
         // `GET`/`DELETE /v1/responses/{id}` and its input items pass through below.
-        .route("/v1/responses", post(responses))
+        .route("/v1/responses", post(responses).fallback(passthrough))
         // `/v1/messages/count_tokens` and the rest below it pass through to Anthropic's upstream.
-        .route("/v1/messages", post(messages))
+        .route("/v1/messages", post(messages).fallback(passthrough))
         .route("/v1/{*rest}", any(passthrough))
         .route("/v1", any(passthrough))
         .route("/healthz", get(healthz))

@@ -638,7 +638,7 @@ pub(crate) async fn passthrough(
     let (parts, body) = request.into_parts();
     let path = parts.uri.path();
     let below_v1 = path.strip_prefix("/v1").unwrap_or(path);
-    let provider = Provider::of_path(below_v1);
+    let provider = Provider::of_request(below_v1, &parts.headers);
     let mut clock = PhaseClock::start(started);
     clock.body_read = Some(started);
     let meta = RecordMeta {

@@ -380,6 +380,67 @@ async fn count_tokens_passes_through_to_anthropic() {
     assert_eq!(upstream_messages(&sim), 0);
 }
 
+/// An Anthropic client's calls off `/v1/messages` (`models.list()`, files) go to the Anthropic
+/// upstream, not the OpenAI one with the client's Anthropic key; any method but `POST` on the
+/// cached paths (a browser's preflight, `GET /v1/chat/completions` listing stored completions)
+/// reaches the right upstream instead of a 404 of the gateway's own.
+#[tokio::test]
+async fn anthropic_clients_and_other_methods_reach_their_own_upstream() {
+    let openai = sim_default().await;
+    let anthropic = sim_default().await;
+    let mut config = config_for(openai.base_url());
+    config.anthropic_upstream_url = anthropic.base_url();
+    config.validate().expect("valid");
+    let gw = start(config).await;
+    let models = |sim: &reprise_sim::SimHandle| sim.stats.snapshot().models;
+
+    let response = client()
+        .get(gw.url("/v1/models"))
+        .header("x-api-key", "sk-ant-secret")
+        .header("anthropic-version", "2023-06-01")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 200);
+    assert_eq!((models(&openai), models(&anthropic)), (0, 1));
+    let seen = format!("{:?}", openai.stats.snapshot().last_headers);
+    assert!(!seen.contains("sk-ant-secret"), "{seen}");
+    let response = client()
+        .get(gw.url("/v1/models"))
+        .bearer_auth("sk-openai")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 200);
+    assert_eq!((models(&openai), models(&anthropic)), (1, 1));
+
+    // The sim answers these methods with its own 405; the gateway used to answer 404 itself.
+    for (method, path) in [
+        ("OPTIONS", "/v1/messages"),
+        ("GET", "/v1/messages"),
+        ("OPTIONS", "/v1/chat/completions"),
+        ("GET", "/v1/chat/completions?limit=2"),
+        ("HEAD", "/v1/responses"),
+        ("GET", "/v1/embeddings"),
+        ("DELETE", "/v1/completions"),
+    ] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let response = client()
+            .request(method.clone(), gw.url(path))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(
+            response.status(),
+            405,
+            "{method} {path}: the upstream's answer"
+        );
+        let _ = response.text().await;
+    }
+    assert_eq!(upstream_messages(&anthropic), 0);
+    assert_eq!(openai.stats.snapshot().requests, 0);
+}
+
 #[tokio::test]
 async fn the_gateways_own_errors_take_anthropics_shape() {
     let sim = sim_default().await;
