@@ -58,7 +58,15 @@ struct ChoiceAcc {
     reasoning: Option<String>,
     /// Tool calls by their stream index.
     tool_calls: BTreeMap<u64, Map<String, Value>>,
+    /// A legacy function call (`functions`/`function_call`, still served by OpenAI): its name and
+    /// arguments, in fragments.
+    function_call: Option<(String, String)>,
+    /// Citations (`url_citation`, with web search) as they came.
+    annotations: Option<Vec<Value>>,
+    /// Chat: the `logprobs.content` entries; legacy completions: each array of `logprobs`
+    /// (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`), joined across chunks.
     logprobs: Option<Vec<Value>>,
+    legacy_logprobs: Option<Map<String, Value>>,
     finish_reason: Option<Value>,
 }
 
@@ -109,6 +117,26 @@ pub(super) fn assemble_choices<'a>(
                     .get_or_insert_with(Vec::new)
                     .extend(lp.iter().cloned());
             }
+            if !chat {
+                if let Some(lp) = choice.get("logprobs").and_then(Value::as_object) {
+                    let joined = acc.legacy_logprobs.get_or_insert_with(Map::new);
+                    for (field, values) in lp {
+                        let into = joined.entry(field.as_str());
+                        match values.as_array() {
+                            Some(values) => {
+                                if let Some(into) = into.or_insert_with(|| json!([])).as_array_mut()
+                                {
+                                    into.extend(values.iter().cloned());
+                                }
+                            }
+                            // `top_logprobs: null` when none were asked for.
+                            None => {
+                                into.or_insert_with(|| values.clone());
+                            }
+                        }
+                    }
+                }
+            }
             let Some(delta) = choice.get("delta") else {
                 continue;
             };
@@ -124,6 +152,20 @@ pub(super) fn assemble_choices<'a>(
             }
             if let Some(text) = delta.get("reasoning_content").and_then(Value::as_str) {
                 acc.reasoning.get_or_insert_with(String::new).push_str(text);
+            }
+            if let Some(call) = delta.get("function_call").filter(|c| c.is_object()) {
+                let (name, args) = acc.function_call.get_or_insert_with(Default::default);
+                if let Some(part) = call.get("name").and_then(Value::as_str) {
+                    name.push_str(part);
+                }
+                if let Some(part) = call.get("arguments").and_then(Value::as_str) {
+                    args.push_str(part);
+                }
+            }
+            if let Some(found) = delta.get("annotations").and_then(Value::as_array) {
+                acc.annotations
+                    .get_or_insert_with(Vec::new)
+                    .extend(found.iter().cloned());
             }
             for call in delta
                 .get("tool_calls")
@@ -157,15 +199,23 @@ pub(super) fn assemble_choices<'a>(
         .map(|(index, acc)| {
             let logprobs = acc.logprobs.map_or(Value::Null, |c| json!({"content": c}));
             if !chat {
-                return json!({"text": acc.content, "index": index, "logprobs": Value::Null, "finish_reason": acc.finish_reason});
+                let logprobs = acc.legacy_logprobs.map_or(Value::Null, Value::Object);
+                return json!({"text": acc.content, "index": index, "logprobs": logprobs, "finish_reason": acc.finish_reason});
             }
+            let called = !acc.tool_calls.is_empty() || acc.function_call.is_some();
             let mut message = json!({
                 "role": acc.role.unwrap_or_else(|| json!("assistant")),
-                "content": if acc.has_content || acc.tool_calls.is_empty() { json!(acc.content) } else { Value::Null },
+                "content": if acc.has_content || !called { json!(acc.content) } else { Value::Null },
                 "refusal": acc.refusal,
             });
             if let Some(r) = acc.reasoning {
                 message["reasoning_content"] = json!(r);
+            }
+            if let Some(annotations) = acc.annotations {
+                message["annotations"] = Value::Array(annotations);
+            }
+            if let Some((name, arguments)) = acc.function_call {
+                message["function_call"] = json!({"name": name, "arguments": arguments});
             }
             if !acc.tool_calls.is_empty() {
                 message["tool_calls"] = Value::Array(acc.tool_calls.into_values().map(Value::Object).collect());
@@ -202,8 +252,10 @@ pub(super) fn rechunk_choices(body: &Value, decode_ms: f64, chat: bool) -> Vec<S
         "created": body.get("created").cloned().unwrap_or(Value::Null),
         "model": body.get("model").cloned().unwrap_or(Value::Null),
     });
-    if let Some(fp) = body.get("system_fingerprint") {
-        head["system_fingerprint"] = fp.clone();
+    for field in ["system_fingerprint", "service_tier"] {
+        if let Some(value) = body.get(field) {
+            head[field] = value.clone();
+        }
     }
     let chunk = |choices: Value| {
         let mut c = head.clone();
@@ -219,15 +271,36 @@ pub(super) fn rechunk_choices(body: &Value, decode_ms: f64, chat: bool) -> Vec<S
     for choice in &choices {
         let index = choice.get("index").cloned().unwrap_or(json!(0));
         let finish = choice.get("finish_reason").cloned().unwrap_or(Value::Null);
+        // Token log probabilities (asked for with `logprobs`) ride on the first piece of text, all
+        // of them: clients join every chunk's, so the whole answer's come out as in the body.
+        let mut logprobs = choice.get("logprobs").filter(|lp| !lp.is_null()).cloned();
         if chat {
             let message = choice.get("message").cloned().unwrap_or(json!({}));
-            chunks.push(chunk(json!([{"index": index, "delta": {"role": message.get("role").cloned().unwrap_or(json!("assistant")), "content": "", "refusal": null}, "logprobs": null, "finish_reason": null}])));
+            // As OpenAI opens a call's stream: `content: null` where the body has none.
+            let opening = if message.get("content").is_some_and(Value::is_null) {
+                Value::Null
+            } else {
+                json!("")
+            };
+            chunks.push(chunk(json!([{"index": index, "delta": {"role": message.get("role").cloned().unwrap_or(json!("assistant")), "content": opening, "refusal": null}, "logprobs": null, "finish_reason": null}])));
             let text = message.get("content").and_then(Value::as_str).unwrap_or("");
             for piece in pieces(text) {
-                chunks.push(chunk(json!([{"index": index, "delta": {"content": piece}, "logprobs": null, "finish_reason": null}])));
+                let lp = logprobs.take().unwrap_or(Value::Null);
+                chunks.push(chunk(json!([{"index": index, "delta": {"content": piece}, "logprobs": lp, "finish_reason": null}])));
             }
             if let Some(refusal) = message.get("refusal").and_then(Value::as_str) {
-                chunks.push(chunk(json!([{"index": index, "delta": {"refusal": refusal}, "logprobs": null, "finish_reason": null}])));
+                let lp = logprobs.take().unwrap_or(Value::Null);
+                chunks.push(chunk(json!([{"index": index, "delta": {"refusal": refusal}, "logprobs": lp, "finish_reason": null}])));
+            }
+            if let Some(annotations) = message
+                .get("annotations")
+                .and_then(Value::as_array)
+                .filter(|a| !a.is_empty())
+            {
+                chunks.push(chunk(json!([{"index": index, "delta": {"annotations": annotations}, "logprobs": null, "finish_reason": null}])));
+            }
+            if let Some(call) = message.get("function_call").filter(|c| c.is_object()) {
+                chunks.push(chunk(json!([{"index": index, "delta": {"function_call": call}, "logprobs": null, "finish_reason": null}])));
             }
             for (i, call) in message
                 .get("tool_calls")
@@ -240,16 +313,21 @@ pub(super) fn rechunk_choices(body: &Value, decode_ms: f64, chat: bool) -> Vec<S
                 call["index"] = json!(i);
                 chunks.push(chunk(json!([{"index": index, "delta": {"tool_calls": [call]}, "logprobs": null, "finish_reason": null}])));
             }
+            let lp = logprobs.take().unwrap_or(Value::Null);
             chunks.push(chunk(
-                json!([{"index": index, "delta": {}, "logprobs": null, "finish_reason": finish}]),
+                json!([{"index": index, "delta": {}, "logprobs": lp, "finish_reason": finish}]),
             ));
         } else {
             let text = choice.get("text").and_then(Value::as_str).unwrap_or("");
             for piece in pieces(text) {
-                chunks.push(chunk(json!([{"text": piece, "index": index, "logprobs": null, "finish_reason": null}])));
+                let lp = logprobs.take().unwrap_or(Value::Null);
+                chunks.push(chunk(
+                    json!([{"text": piece, "index": index, "logprobs": lp, "finish_reason": null}]),
+                ));
             }
+            let lp = logprobs.take().unwrap_or(Value::Null);
             chunks.push(chunk(
-                json!([{"text": "", "index": index, "logprobs": null, "finish_reason": finish}]),
+                json!([{"text": "", "index": index, "logprobs": lp, "finish_reason": finish}]),
             ));
         }
     }
@@ -335,6 +413,85 @@ pub(crate) mod tests {
             check_cacheable(Route::ChatCompletions, &bad, false),
             Err(Uncacheable::InvalidToolArguments)
         );
+    }
+
+    /// Found by an audit against a strict upstream: a hit served in the other shape than its
+    /// miss lost a legacy function call (an empty answer), log probabilities, citations and the
+    /// service tier. Each survives both ways now.
+    #[test]
+    fn function_calls_logprobs_and_citations_survive_either_shape() {
+        let head = |c: Value| {
+            let mut chunk = json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "service_tier": "default"});
+            chunk["choices"] = c;
+            chunk
+        };
+        let streamed = vec![
+            head(
+                json!([{"index": 0, "delta": {"role": "assistant", "content": null, "function_call": {"name": "get_weather", "arguments": ""}}, "finish_reason": null}]),
+            ),
+            head(
+                json!([{"index": 0, "delta": {"function_call": {"arguments": "{\"city\":"}}, "finish_reason": null}]),
+            ),
+            head(
+                json!([{"index": 0, "delta": {"function_call": {"arguments": " \"Oslo\"}"}}, "finish_reason": null}]),
+            ),
+            head(json!([{"index": 0, "delta": {}, "finish_reason": "function_call"}])),
+        ];
+        let body = assemble(Route::ChatCompletions, &streamed);
+        let message = &body["choices"][0]["message"];
+        assert_eq!(
+            message["function_call"],
+            json!({"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"})
+        );
+        assert!(message["content"].is_null(), "{body}");
+        assert_eq!(body["service_tier"], "default");
+        let events = rechunk(Route::ChatCompletions, &body, 5.0);
+        assert!(events.iter().all(|e| e.data["service_tier"] == "default"));
+        let data: Vec<Value> = events.iter().map(|e| e.data.clone()).collect();
+        assert_eq!(assemble(Route::ChatCompletions, &data), body);
+
+        // A body with log probabilities and citations, as a non-streamed miss returns it.
+        let token = |t: &str| json!({"token": t, "logprob": -0.5, "bytes": t.as_bytes(), "top_logprobs": []});
+        let cited = json!({"type": "url_citation", "url_citation": {"url": "https://example.com", "title": "x", "start_index": 0, "end_index": 5}});
+        let body = json!({"id": "c2", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello world", "refusal": null, "annotations": [cited]},
+                "logprobs": {"content": [token("Hello"), token(" world")]}, "finish_reason": "stop"}],
+            "usage": null});
+        let data: Vec<Value> = rechunk(Route::ChatCompletions, &body, 5.0)
+            .into_iter()
+            .map(|e| e.data)
+            .collect();
+        let back = assemble(Route::ChatCompletions, &data);
+        assert_eq!(
+            back["choices"][0]["logprobs"],
+            body["choices"][0]["logprobs"]
+        );
+        assert_eq!(back["choices"][0]["message"]["annotations"], json!([cited]));
+        assert_eq!(back["choices"][0]["message"]["content"], "Hello world");
+
+        // Legacy completions: each array of `logprobs`, either way.
+        let legacy = |text: &str, tokens: Value| {
+            json!({"id": "t1", "object": "text_completion", "created": 1, "model": "m",
+                "choices": [{"text": text, "index": 0, "logprobs": {"tokens": tokens.clone(), "token_logprobs": [-0.1], "top_logprobs": null, "text_offset": [0]}, "finish_reason": null}]})
+        };
+        let mut last = legacy("", json!([]));
+        last["choices"][0]["logprobs"] = Value::Null;
+        last["choices"][0]["finish_reason"] = json!("stop");
+        let streamed = vec![
+            legacy("The", json!(["The"])),
+            legacy(" sea", json!([" sea"])),
+            last,
+        ];
+        let body = assemble(Route::Completions, &streamed);
+        assert_eq!(
+            body["choices"][0]["logprobs"],
+            json!({"tokens": ["The", " sea"], "token_logprobs": [-0.1, -0.1], "top_logprobs": null, "text_offset": [0, 0]})
+        );
+        let data: Vec<Value> = rechunk(Route::Completions, &body, 5.0)
+            .into_iter()
+            .map(|e| e.data)
+            .collect();
+        assert_eq!(assemble(Route::Completions, &data), body);
     }
 
     #[test]
