@@ -189,7 +189,11 @@ pub async fn read(
     check_content_type(&parts.headers)?;
     let raw = read_limited(body, &parts.headers, limit).await?;
     let body = parse_object(&raw)?;
-    let model = required_string(&body, "model")?;
+    let model = if prompt_names_the_model(route, &body) {
+        String::new()
+    } else {
+        required_string(&body, "model")?
+    };
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -213,6 +217,15 @@ pub async fn read(
         stream,
         clock,
     })
+}
+
+/// A Responses API request without `model` that names a stored `prompt`: the prompt carries its
+/// model (OpenAI's SDKs leave `model` out then), so the request is valid without one. The
+/// gateway records its model as empty.
+fn prompt_names_the_model(route: Route, body: &Map<String, Value>) -> bool {
+    route == Route::Responses
+        && body.get("model").is_none_or(Value::is_null)
+        && body.get("prompt").is_some_and(|p| !p.is_null())
 }
 
 fn check_content_type(headers: &HeaderMap) -> Result<(), GatewayError> {
@@ -437,6 +450,8 @@ mod tests {
             r#"{"model":"m","input":"hi"}"#,
             r#"{"model":"m","input":[{"role":"user","content":"hi"}]}"#,
             r#"{"model":"m","previous_response_id":"resp_1"}"#,
+            // A stored prompt names its model.
+            r#"{"prompt":{"id":"pmpt_1"},"input":"hi"}"#,
         ] {
             read_responses(ok).await.expect(ok);
         }

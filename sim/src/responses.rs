@@ -139,10 +139,18 @@ pub async fn create(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> 
         Ok(v) => v,
         Err(message) => return error_response(StatusCode::BAD_REQUEST, &message),
     };
+    // A stored prompt (`prompt.id`) carries its model; the sim's prompts all name `sim-model`.
+    let from_prompt = || {
+        request
+            .pointer("/prompt/id")
+            .and_then(Value::as_str)
+            .map(|_| "sim-model".to_owned())
+    };
     let Some(model) = request
         .get("model")
         .and_then(Value::as_str)
         .map(str::to_owned)
+        .or_else(from_prompt)
     else {
         return error_response(
             StatusCode::BAD_REQUEST,

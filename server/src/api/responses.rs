@@ -200,7 +200,10 @@ fn keys(body: &Map<String, Value>, partition: &mut FieldHasher) -> Result<Turn, 
         user: _user,
         extra,
     } = fields;
-    model_field(partition, model.as_ref())?;
+    // Without a model, the stored `prompt` (in the partition below) names it.
+    if model.as_ref().is_some_and(|m| !m.is_null()) || prompt.as_ref().is_none_or(Value::is_null) {
+        model_field(partition, model.as_ref())?;
+    }
     let instructions = match instructions {
         Some(Value::String(text)) => Some(Value::String(normalize_text(&text))),
         other => other,
@@ -590,6 +593,28 @@ mod tests {
         let mut stored = base.clone();
         stored["store"] = json!(true);
         assert_eq!(keys(stored).partition, p0);
+    }
+
+    /// A stored prompt names its model, so a request may leave `model` out: its prompt (id,
+    /// version, variables) partitions it, and one naming neither is still refused.
+    #[test]
+    fn a_stored_prompt_stands_for_the_model() {
+        let prompt = |id: &str| json!({"prompt": {"id": id, "version": "2"}, "input": "hi"});
+        let (a, b) = (keys(prompt("pmpt_a")), keys(prompt("pmpt_b")));
+        assert_ne!(a.partition, b.partition);
+        assert_eq!(a.prompt, "hi");
+        let mut with_model = prompt("pmpt_a");
+        with_model["model"] = json!("gpt-4.1");
+        assert_ne!(keys(with_model).partition, a.partition);
+        let body = json!({"input": "hi"});
+        let refused = super::super::keys(&KeyInput {
+            route: Route::Responses,
+            body: body.as_object().expect("object"),
+            headers: &http::HeaderMap::new(),
+            tenant: Tenant::Shared,
+            namespace: None,
+        });
+        assert!(refused.is_err());
     }
 
     #[test]

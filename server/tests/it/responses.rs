@@ -361,6 +361,33 @@ async fn what_changes_the_answer_is_another_partition() {
     assert_eq!(outcome(&create(&gw, "sk-a", &base, &off).await), "bypass");
 }
 
+/// A stored prompt names its model: a request without `model` is forwarded (it got the gateway's
+/// own 400 before) and cached under its prompt; another prompt is another partition.
+#[tokio::test]
+async fn a_request_naming_a_stored_prompt_needs_no_model() {
+    let sim = sim_default().await;
+    let gw = start(config_for(sim.base_url())).await;
+    let prompt = |id: &str| json!({"prompt": {"id": id, "variables": {"city": "Oslo"}}, "input": "Plan my day.", "store": false});
+    let miss = create(&gw, "sk-a", &prompt("pmpt_1"), &[]).await;
+    assert_eq!(miss.status(), 200);
+    assert_eq!(outcome(&miss), "miss");
+    let first = output_text(&miss.json().await.expect("json"));
+    wait_for_entries(&gw, 1).await;
+    let hit = create(&gw, "sk-a", &prompt("pmpt_1"), &[]).await;
+    assert_eq!(outcome(&hit), "hit");
+    assert_eq!(output_text(&hit.json().await.expect("json")), first);
+    assert_eq!(
+        outcome(&create(&gw, "sk-a", &prompt("pmpt_2"), &[]).await),
+        "miss"
+    );
+    // Neither a model nor a prompt: the gateway's own 400, naming `model`.
+    let refused = create(&gw, "sk-a", &json!({"input": "Plan my day."}), &[]).await;
+    assert_eq!(refused.status(), 400);
+    let body: Value = refused.json().await.expect("json");
+    assert_eq!(body["error"]["param"], "model", "{body}");
+    assert_eq!(upstream_responses(&sim), 2);
+}
+
 #[tokio::test]
 async fn a_forced_function_call_is_cached_and_replayed_as_typed_events() {
     let sim = sim_default().await;
