@@ -165,7 +165,8 @@ struct Rules {
     default_ttl_s: u64,
 }
 
-fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
+/// An item's entries: one, or one per set of the API's default headers when it names none.
+fn prepare(rules: Rules, value: Value) -> Result<Vec<Prepared>, GatewayError> {
     let item: WarmItem = super::json::from_value(value)?;
     let WarmItem {
         model,
@@ -212,7 +213,7 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
     if let Some(max_tokens) = max_tokens {
         body.insert("max_tokens".to_owned(), Value::from(max_tokens));
     }
-    let headers = key_headers(api, warm, headers)?;
+    let header_sets = key_headers(api, warm, headers)?;
     let model = crate::ingress::required_string(&body, "model")?;
     crate::ingress::check_route_fields(route, &body)?;
     if response.is_empty() {
@@ -242,47 +243,66 @@ fn prepare(rules: Rules, value: Value) -> Result<Prepared, GatewayError> {
         };
         Tenant::Key(*blake3::hash(key.trim().as_bytes()).as_bytes())
     };
-    let keys = crate::api::keys(&KeyInput {
-        route,
-        body: &body,
-        headers: &headers,
-        tenant,
-        namespace: namespace.as_deref(),
-    })?;
     let now_s = unix_ms() / 1000;
-    let summary = RequestSummary {
-        route: route.name().to_owned(),
-        model: model.clone(),
-        namespace,
-        tenant: tenant.label(),
-        prompt: keys.prompt.clone(),
-        stream: false,
-    };
-    Ok(Prepared {
-        route,
-        keys,
-        summary,
-        body: warm.answer(model, response, now_s),
-        ttl_s,
-    })
+    header_sets
+        .iter()
+        .map(|headers| {
+            let keys = crate::api::keys(&KeyInput {
+                route,
+                body: &body,
+                headers,
+                tenant,
+                namespace: namespace.as_deref(),
+            })?;
+            let summary = RequestSummary {
+                route: route.name().to_owned(),
+                model: model.clone(),
+                namespace: namespace.clone(),
+                tenant: tenant.label(),
+                prompt: keys.prompt.clone(),
+                stream: false,
+            };
+            Ok(Prepared {
+                route,
+                keys,
+                summary,
+                body: warm.answer(model.clone(), response.clone(), now_s),
+                ttl_s,
+            })
+        })
+        .collect()
 }
 
 /// The keyed headers a warmed item stands for: those it names (only headers its API keys on), else
-/// the API's defaults, so that it answers the requests its clients send.
+/// each set of the API's defaults, so that it answers the requests its clients send.
 fn key_headers(
     api: &dyn crate::api::Api,
     warm: &dyn crate::api::Warm,
     given: Option<std::collections::BTreeMap<String, String>>,
-) -> Result<axum::http::HeaderMap, GatewayError> {
-    use axum::http::{HeaderName, HeaderValue};
-    let pairs: Vec<(String, String)> = match given {
-        Some(given) => given.into_iter().collect(),
+) -> Result<Vec<axum::http::HeaderMap>, GatewayError> {
+    let sets: Vec<Vec<(String, String)>> = match given {
+        Some(given) => vec![given.into_iter().collect()],
         None => warm
             .default_headers()
             .iter()
-            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .map(|set| {
+                set.iter()
+                    .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                    .collect()
+            })
             .collect(),
     };
+    sets.into_iter()
+        .map(|pairs| header_map(api, pairs))
+        .collect()
+}
+
+/// `pairs` as headers, each one a header `api` keys on.
+fn header_map(
+    api: &dyn crate::api::Api,
+    pairs: Vec<(String, String)>,
+) -> Result<axum::http::HeaderMap, GatewayError> {
+    use axum::http::{HeaderName, HeaderValue};
     let mut headers = axum::http::HeaderMap::new();
     for (name, value) in pairs {
         let lower = name.to_ascii_lowercase();
@@ -340,10 +360,11 @@ pub(crate) async fn warm(
         if items.is_empty() {
             return Err(GatewayError::invalid("No entries to warm.", None));
         }
-        items
+        let prepared = items
             .into_iter()
             .map(|(label, value)| prepare(rules, value).map_err(|e| in_item(&label, e)))
-            .collect::<Result<_, _>>()
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(prepared.into_iter().flatten().collect())
     })
     .await
     .map_err(|e| GatewayError::Internal {

@@ -116,9 +116,11 @@ pub trait Warm: Sync {
     /// The stored answer: `response` as this API's body, under a `warm` id.
     fn answer(&self, model: String, response: String, now_s: u64) -> Value;
     /// Keyed request headers ([`Api::key_headers`]) a warmed item stands for when it names none:
-    /// what the API's clients always send (Anthropic's `anthropic-version`).
-    fn default_headers(&self) -> &'static [(&'static str, &'static str)] {
-        &[]
+    /// what the API's clients always send, one set per kind of client (Anthropic's
+    /// `anthropic-version`, which its SDKs and Claude Code give different values); the item is
+    /// stored once per set, so that it answers each of them.
+    fn default_headers(&self) -> &'static [&'static [(&'static str, &'static str)]] {
+        &[&[]]
     }
 }
 

@@ -35,7 +35,8 @@
 //!
 //! `POST /admin/entries` with `route: "messages"`: a `prompt`, chat-shaped `messages` (a system
 //! message becomes `system`) or a whole `request`; `max_tokens` as the app sends it (it is in the
-//! key), and `anthropic-version: 2023-06-01` unless the item's `headers` say otherwise.
+//! key), and stored under each `anthropic-version` Anthropic's clients send (`2023-06-01`,
+//! `2026-10-21`) unless the item's `headers` say otherwise.
 //!
 //! ## Ids and usage on a hit
 //!
@@ -103,8 +104,10 @@ impl Api for Messages {
     }
 }
 
-/// The one `anthropic-version` Anthropic's SDKs and Claude Code send.
-const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// The `anthropic-version`s Anthropic's clients send: Claude Code (and most examples) the first,
+/// the current SDKs (`anthropic` 2.17, `@anthropic-ai/sdk` 1.17) the second. It is in the key, so a
+/// warmed item is stored under each.
+const ANTHROPIC_VERSIONS: [&str; 2] = ["2023-06-01", "2026-10-21"];
 
 impl Warm for Messages {
     fn prompt(&self, prompt: String) -> Map<String, Value> {
@@ -147,8 +150,11 @@ impl Warm for Messages {
         })
     }
 
-    fn default_headers(&self) -> &'static [(&'static str, &'static str)] {
-        &[("anthropic-version", ANTHROPIC_VERSION)]
+    fn default_headers(&self) -> &'static [&'static [(&'static str, &'static str)]] {
+        &[
+            &[("anthropic-version", ANTHROPIC_VERSIONS[0])],
+            &[("anthropic-version", ANTHROPIC_VERSIONS[1])],
+        ]
     }
 }
 
@@ -528,6 +534,14 @@ fn assemble<'a>(events: impl IntoIterator<Item = &'a Value>) -> Value {
                 };
                 if let Some(delta) = event.get("delta").and_then(Value::as_object) {
                     message.extend(delta.clone());
+                }
+                // Beside `delta`, the event may carry the message's own fields (the context
+                // management beta's `context_management`), which the SDKs copy into it.
+                let fields = event.as_object().into_iter().flatten();
+                for (field, value) in
+                    fields.filter(|(f, _)| !matches!(f.as_str(), "type" | "delta" | "usage"))
+                {
+                    message.insert(field.clone(), value.clone());
                 }
                 if let Some(usage) = event.get("usage").and_then(Value::as_object) {
                     match message.get_mut("usage") {
@@ -940,6 +954,19 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// Found by an audit: a non-streamed hit built from a streamed miss lost the fields
+    /// `message_delta` carries beside `delta` (`context_management`, a beta's).
+    #[test]
+    fn the_message_deltas_own_fields_reach_the_assembled_message() {
+        let applied = json!({"applied_edits": [{"type": "clear_tool_uses_20250919", "cleared_tool_uses": 2}]});
+        let mut body = message(json!([{"type": "text", "text": "Done."}]), "end_turn");
+        let mut events: Vec<Value> = rechunk(&body, 1.0).into_iter().map(|e| e.data).collect();
+        let delta = events.len() - 2;
+        events[delta]["context_management"] = applied.clone();
+        body["context_management"] = applied;
+        assert_eq!(assemble(&events), body);
     }
 
     #[test]

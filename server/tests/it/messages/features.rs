@@ -182,8 +182,10 @@ async fn warmed_entries_answer_messages_requests() {
         "api_key": "sk-a"}))
     .await;
     assert_eq!(status, 201, "{body}");
+    // Stored once per `anthropic-version` Anthropic's clients send: Claude Code's and the SDKs'.
+    assert_eq!(body["created"], 2, "{body}");
 
-    // As an SDK sends it (`anthropic-version`, which the entry stands for): a hit in both shapes.
+    // As Claude Code sends it (`anthropic-version: 2023-06-01`): a hit in both shapes.
     let question = ask("What is the boiling point of water?", false);
     let hit = create(&gw, "sk-a", &question, &[]).await;
     assert_eq!(outcome(&hit), "hit");
@@ -202,6 +204,18 @@ async fn warmed_entries_answer_messages_requests() {
     let typed = parse_typed(&text);
     check_stream(&typed, &text);
     assert_eq!(typed.text(), answer);
+    // As the current SDKs send it: missed before, every SDK request skipping warmed entries.
+    let sdk = [("anthropic-version", "2026-10-21")];
+    let auth = [("x-api-key", "sk-a")];
+    let hit = post_to(
+        &gw,
+        "/v1/messages",
+        &question,
+        &[&auth[..], &sdk[..]].concat(),
+    )
+    .await;
+    assert_eq!(outcome(&hit), "hit");
+    assert_eq!(text_of(&hit.json().await.expect("json")), answer);
     assert_eq!(upstream_messages(&sim), 0);
 
     // What is in the key still counts: another `max_tokens`, a beta the entry was not warmed for.
