@@ -59,8 +59,23 @@ pub async fn get_response(State(sim): State<Sim>, Path(id): Path<String>) -> Res
     }
 }
 
-/// `DELETE /v1/responses/{id}`.
-pub async fn delete_response(State(sim): State<Sim>, Path(id): Path<String>) -> Response {
+/// `DELETE /v1/responses/{id}`. Strict, as some servers and proxies are: a `DELETE` that comes
+/// with a body, or chunked (the framing of one), is refused, since a gateway must not add one.
+pub async fn delete_response(
+    State(sim): State<Sim>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let sized = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|n| n != "0");
+    if sized || headers.contains_key(axum::http::header::TRANSFER_ENCODING) {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "a DELETE request takes no body (it came with Content-Length or Transfer-Encoding)",
+        );
+    }
     match sim.stored.lock().remove(&id) {
         Some(_) => Json(json!({"id": id, "object": "response", "deleted": true})).into_response(),
         None => not_found(format!("No response found with id '{id}'."), None, None),

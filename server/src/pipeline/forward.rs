@@ -666,7 +666,10 @@ pub(crate) async fn passthrough(
     }
     let method =
         reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).unwrap_or(Method::GET);
-    let has_body = !(parts.method == Method::GET || parts.method == Method::HEAD);
+    // A request without a body (a `DELETE`, a bodyless `POST .../cancel`) is sent without one: a
+    // stream body would go out chunked, which it was not, and strict servers refuse a `DELETE`
+    // with a body. Asked of the body itself, which also knows an HTTP/2 request's end.
+    let has_body = !http_body::Body::is_end_stream(&body);
     let mut request = upstream
         .client
         .request(method, upstream.url(provider, below_v1, parts.uri.query()))
