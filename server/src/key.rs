@@ -116,6 +116,14 @@ pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "api-key", "x-api-ke
 /// Domain of the hash of a request that carries several different credentials.
 const CREDENTIALS_DOMAIN: &str = "reprise.credentials.v1";
 
+/// Headers that pick, for one credential, which of its organizations and projects a request acts
+/// for (OpenAI's; a user key may reach several). Each is its own tenant: a stored response's id
+/// belongs to one organization, and a project is a boundary of data and billing.
+pub const SCOPE_HEADERS: [&str; 2] = ["openai-organization", "openai-project"];
+
+/// Domain of the hash of a credential together with the organization or project it acts for.
+const SCOPE_DOMAIN: &str = "reprise.credential-scope.v1";
+
 impl Tenant {
     /// blake3 of the client's credential: the bearer token of `Authorization`, the value of
     /// `api-key` or of `x-api-key`. A client that sends one credential (in any of these headers,
@@ -123,7 +131,9 @@ impl Tenant {
     /// tenant whichever SDK sends it. A client that sends several different ones is the tenant of
     /// all of them together: the upstream may authenticate by any one of those headers, and a
     /// tenant taken from one header alone would let two clients that differ only in another
-    /// share answers. Clients without any share one anonymous tenant, `Key(blake3(""))`.
+    /// share answers. Clients without any share one anonymous tenant, `Key(blake3(""))`. A request
+    /// that names an organization or a project ([`SCOPE_HEADERS`]) is the tenant of its
+    /// credential within that scope; one that names neither keeps its credential's tenant.
     /// Every client is `Shared` when `share_across_keys` is set.
     pub fn from_headers(headers: &HeaderMap, share_across_keys: bool) -> Tenant {
         if share_across_keys {
@@ -154,7 +164,24 @@ impl Tenant {
                 hasher.finalize()
             }
         };
-        Tenant::Key(*hash.as_bytes())
+        let scope: Vec<(usize, &[u8])> = SCOPE_HEADERS
+            .iter()
+            .enumerate()
+            .flat_map(|(i, name)| headers.get_all(*name).iter().map(move |v| (i, v)))
+            .map(|(i, value)| (i, value.as_bytes().trim_ascii()))
+            .filter(|(_, value)| !value.is_empty())
+            .collect();
+        if scope.is_empty() {
+            return Tenant::Key(*hash.as_bytes());
+        }
+        let mut hasher = blake3::Hasher::new_derive_key(SCOPE_DOMAIN);
+        hasher.update(hash.as_bytes());
+        for (header, value) in scope {
+            hasher.update(&(header as u64).to_be_bytes());
+            hasher.update(&(value.len() as u64).to_be_bytes());
+            hasher.update(value);
+        }
+        Tenant::Key(*hasher.finalize().as_bytes())
     }
 
     /// 16 hex digits of the hash, or `shared`: short enough for logs, never the key itself.
@@ -823,6 +850,23 @@ pub(crate) mod tests {
             .chars()
             .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         assert_eq!(label, blake3::hash(b"a").to_hex()[..16]);
+
+        // One key acting for another organization or project is another tenant (a stored
+        // response's id is one organization's); naming neither keeps the key's own tenant.
+        let org = |o: &str| from(&[("authorization", "Bearer a"), ("openai-organization", o)]);
+        assert_ne!(org("org-A"), a);
+        assert_ne!(org("org-A"), org("org-B"));
+        assert_eq!(org("org-A"), org(" org-A "));
+        assert_eq!(org(""), a);
+        let project = from(&[("authorization", "Bearer a"), ("openai-project", "org-A")]);
+        assert_ne!(project, org("org-A"), "which header names it counts");
+        assert_ne!(
+            from(&[
+                ("authorization", "Bearer b"),
+                ("openai-organization", "org-A")
+            ]),
+            org("org-A")
+        );
     }
 
     #[test]

@@ -150,3 +150,46 @@ async fn the_upstream_key_replaces_every_client_credential() {
         }
     }
 }
+
+/// One key acting for two organizations or projects (a user key may reach several): each is its
+/// own tenant, so a stored response's id never answers another organization's request. Before,
+/// the key alone decided and org B was served org A's response id.
+#[tokio::test]
+async fn one_key_in_two_organizations_is_two_tenants() {
+    let sim = sim_default().await;
+    let gw = start(config_for(sim.base_url())).await;
+    let bearer = credential("authorization", "sk-user");
+    for (path, body) in routes("Which organization asked?") {
+        let org_a = [
+            ("authorization", bearer.clone()),
+            ("openai-organization", "org-A".to_owned()),
+        ];
+        assert_eq!(send(&gw, path, &body, &org_a).await, "miss", "{path}");
+        until_hit(&gw, path, &body, &org_a).await;
+        let org_b = [
+            ("authorization", bearer.clone()),
+            ("openai-organization", "org-B".to_owned()),
+        ];
+        assert_eq!(
+            send(&gw, path, &body, &org_b).await,
+            "miss",
+            "{path}: org B"
+        );
+        let project = [
+            ("authorization", bearer.clone()),
+            ("openai-organization", "org-A".to_owned()),
+            ("openai-project", "proj_2".to_owned()),
+        ];
+        assert_eq!(
+            send(&gw, path, &body, &project).await,
+            "miss",
+            "{path}: a project of org A"
+        );
+        let key_alone = [("authorization", bearer.clone())];
+        assert_eq!(
+            send(&gw, path, &body, &key_alone).await,
+            "miss",
+            "{path}: no organization"
+        );
+    }
+}
