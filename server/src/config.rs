@@ -206,7 +206,8 @@ pub struct ServeArgs {
     /// Log format [default: text].
     #[arg(long, env = "REPRISE_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
-    /// Largest accepted JSON request body in bytes [default: 8388608].
+    /// Largest accepted JSON request body in bytes [default: 33554432 = 32 MiB, Anthropic's own
+    /// request limit].
     #[arg(long, env = "REPRISE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
     /// Upstream TCP/TLS connect timeout in ms [default: 10000].
@@ -453,7 +454,10 @@ impl Default for Config {
             replica_id: None,
             admin_token: None,
             log_format: LogFormat::Text,
-            max_body_bytes: 8 * 1024 * 1024,
+            // Anthropic accepts requests up to 32 MB (PDFs and images in base64): a smaller cap
+            // would refuse requests that work without the gateway. The body is held while it is
+            // read and forwarded, not stored.
+            max_body_bytes: 32 * 1024 * 1024,
             connect_timeout_ms: 10_000,
             // Reasoning models can think for minutes before their first token; the official SDKs
             // wait 600 s by default, so the gateway must not give up sooner than they would.
@@ -473,7 +477,7 @@ impl Default for Config {
             max_entries: 100_000,
             max_bytes: 1 << 30,
             // A 100,000-token chat stream records about 20 MiB; the longest answers worth replaying
-            // are far shorter, and 8 MiB (the request body cap too) bounds what each flight holds.
+            // are far shorter, and 8 MiB bounds what each flight holds.
             max_entry_bytes: 8 * 1024 * 1024,
             cache_length_finish: false,
             complete_on_disconnect: true,
