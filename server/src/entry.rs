@@ -359,6 +359,13 @@ impl Replay {
         EntryId(self.record.id)
     }
 
+    /// Whether a stream served from it carries usage when the client asks for it: its stream
+    /// recorded usage (every chunk of a stream asked with `include_usage` has a `usage` member),
+    /// or the body it came from had some. A stream asked without `include_usage` has neither.
+    pub fn has_usage(&self) -> bool {
+        self.record.usage_chunk.is_some() || self.record.events.iter().any(|e| e.had_usage)
+    }
+
     pub fn key(&self) -> CacheKey {
         CacheKey(self.record.key)
     }

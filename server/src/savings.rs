@@ -433,11 +433,14 @@ impl Accounting {
         tables: impl Fn(Table) -> Option<&'static CoreBPE>,
     ) -> Tokens {
         let json = entry.body_json();
+        // A usage of nothing at all is a warmed entry's (no upstream made it): what its hit saved
+        // is counted from the texts, as for an answer that reported no usage.
         let reported = serde_json::from_slice::<UsageOnly>(&json)
             .ok()
             .and_then(|b| b.usage)
             .as_ref()
-            .and_then(usage_tokens);
+            .and_then(usage_tokens)
+            .filter(|(input, output)| input + output > 0);
         if let Some((input, output)) = reported {
             return Tokens {
                 input,

@@ -77,6 +77,8 @@ impl Warm for Chat {
             "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": response, "refusal": null},
                          "logprobs": null, "finish_reason": "stop"}],
+            // No upstream made it, so it counts nothing; a stream that asks for usage gets these.
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         })
     }
 }

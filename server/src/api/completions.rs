@@ -70,6 +70,8 @@ impl Warm for Completions {
             "id": format!("cmpl-warm-{now_s}"), "object": "text_completion", "created": now_s,
             "model": model,
             "choices": [{"index": 0, "text": response, "logprobs": null, "finish_reason": "stop"}],
+            // No upstream made it, so it counts nothing; a stream that asks for usage gets these.
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         })
     }
 }

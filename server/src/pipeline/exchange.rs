@@ -32,7 +32,8 @@ pub(crate) struct Exchange {
     pub keys: Keys,
     /// Whether the response streams (embeddings never do, whatever the body says).
     pub stream: bool,
-    /// `stream_options.include_usage`: the client wants the usage chunk.
+    /// `stream_options.include_usage`: the client wants the usage chunk (chat and legacy
+    /// completions streams).
     pub include_usage: bool,
     /// The similarity a semantic hit needs: the request's own when stricter, else the floor.
     pub threshold: f32,

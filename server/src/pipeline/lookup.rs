@@ -21,6 +21,7 @@ use crate::cache::{Flight, Join};
 use crate::entry::{EntryId, Replay};
 use crate::feedback::{self, Encounter, Met};
 use crate::guard::Guards;
+use crate::ingress::Route;
 use crate::semantic::{self, Query, Semantic};
 use crate::shadow;
 use crate::state::AppState;
@@ -150,6 +151,10 @@ async fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
         return None;
     }
     if let Some(hit) = state.cache.lookup(&ex.keys.exact, &ex.policy).await {
+        if lacks_usage(ex, &hit.replay) {
+            // Its miss replaces the entry with one that has usage.
+            return None;
+        }
         return Some(found(state, ex, hit.replay, hit.age_s, How::Exact));
     }
     if !(ex.policy.semantic && state.semantic.is_some()) {
@@ -183,9 +188,26 @@ async fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
             })?,
     };
     let replay = replay_of(state, &hit.entry).await;
+    if lacks_usage(ex, &replay) {
+        return None;
+    }
     let mut found = found(state, ex, replay, hit.age_s, How::Similar(similarity));
     found.verified = verified;
     Some(found)
+}
+
+/// Whether `replay` cannot serve `ex` as the upstream would: a stream that asks for usage
+/// (`stream_options.include_usage`, which OpenAI always answers with a usage chunk) from an entry
+/// recorded from a stream that asked for none. Before, such a hit ended without usage, and token
+/// counters (LangChain's, the Agents SDK's) read nothing; now it is a miss, whose answer is stored.
+fn lacks_usage(ex: &Exchange, replay: &Replay) -> bool {
+    ex.stream
+        && ex.include_usage
+        && matches!(
+            ex.ingress.route,
+            Route::ChatCompletions | Route::Completions
+        )
+        && !replay.has_usage()
 }
 
 /// What the semantic stage will do for a request.
@@ -352,6 +374,9 @@ pub(crate) async fn apply_search(
         similarity,
         replay,
     } = outcome.hit?;
+    if lacks_usage(ex, &replay) {
+        return None;
+    }
     let verified = match super::verify::check(state, ex, &entry, similarity).await {
         super::verify::Check::Serve(verified) => verified,
         super::verify::Check::Refuse => return None,

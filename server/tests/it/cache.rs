@@ -80,6 +80,38 @@ async fn hits_get_fresh_ids_and_usage_as_asked() {
     let text = stream_text(response).await;
     let (data, _) = parse_sse(&text);
     assert!(!data.iter().any(|d| d.contains("usage")), "{text}");
+
+    // An entry recorded from a stream that asked for no usage cannot give a stream that asks for
+    // it what OpenAI would (a usage chunk): a miss, whose answer replaces it; then a hit with usage.
+    let question = "no usage recorded";
+    let plain = json!({"model": "sim-model", "stream": true, "messages": [{"role": "user", "content": question}]});
+    let _ = stream_text(post(&gw, &plain, &[]).await).await;
+    wait_for_entries(&gw, 2).await;
+    assert_eq!(outcome(&post(&gw, &plain, &[]).await), "hit");
+    let mut asking = plain.clone();
+    asking["stream_options"] = json!({"include_usage": true});
+    let response = post(&gw, &asking, &[]).await;
+    assert_eq!(outcome(&response), "miss", "before: a hit without usage");
+    let text = stream_text(response).await;
+    assert!(text.contains("\"completion_tokens\""), "{text}");
+    let mut again = None;
+    for _ in 0..200 {
+        let response = post(&gw, &asking, &[]).await;
+        if outcome(&response) == "hit" {
+            again = Some(stream_text(response).await);
+            break;
+        }
+        let _ = stream_text(response).await;
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let again = again.expect("the answer with usage is stored and served");
+    assert!(again.contains("\"completion_tokens\""), "{again}");
+    // And it serves the plain stream too, without the usage chunk.
+    let response = post(&gw, &plain, &[]).await;
+    assert_eq!(outcome(&response), "hit");
+    let text = stream_text(response).await;
+    let (data, _) = parse_sse(&text);
+    assert!(!data.iter().any(|d| d.contains("usage")), "{text}");
 }
 
 #[tokio::test]
