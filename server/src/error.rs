@@ -89,6 +89,10 @@ pub enum GatewayError {
     },
     #[error("The gateway is shutting down.")]
     ShuttingDown,
+    /// An admin call that needs an embedding found the embedder too busy to meet its deadline
+    /// (or past it): the caller may try again shortly.
+    #[error("The embedding model is too busy to embed {what} now; try again shortly.")]
+    EmbedderBusy { what: &'static str },
     #[error("The gateway hit an internal error.")]
     Internal { detail: String },
 }
@@ -188,6 +192,11 @@ impl GatewayError {
                 "server_error",
                 "shutting_down",
             ),
+            Self::EmbedderBusy { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "embedder_busy",
+            ),
             Self::Internal { .. } => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
@@ -224,7 +233,7 @@ impl GatewayError {
             | Self::EntryNotFound { .. }
             | Self::RequestNotFound { .. } => NOT_FOUND,
             // Anthropic's "try again shortly": its SDKs retry a 529.
-            Self::ShuttingDown => (
+            Self::ShuttingDown | Self::EmbedderBusy { .. } => (
                 StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
                 "overloaded_error",
             ),
@@ -441,6 +450,11 @@ mod tests {
                 "timeout_error",
             ),
             (GatewayError::ShuttingDown, 529, "overloaded_error"),
+            (
+                GatewayError::EmbedderBusy { what: "the query" },
+                529,
+                "overloaded_error",
+            ),
         ];
         for (err, status, kind) in cases {
             let body = err.body_for(ErrorShape::Anthropic);

@@ -14,6 +14,7 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use super::json::AdminJson;
+use crate::embed::EmbedError;
 use crate::entry::{Entry, EntryId, HitEvent};
 use crate::error::GatewayError;
 use crate::index::VectorIndex;
@@ -246,13 +247,15 @@ async fn embed(
             Some(param),
         ));
     }
-    semantic
-        .embedder
-        .embed(text)
-        .await
-        .map_err(|e| GatewayError::Internal {
-            detail: format!("embedding an admin query: {e}"),
-        })
+    semantic.embedder.embed(text).await.map_err(|e| match e {
+        // Busy now, not broken: a 503 the caller can retry, not a 500.
+        EmbedError::Overloaded | EmbedError::Timeout => {
+            GatewayError::EmbedderBusy { what: "the query" }
+        }
+        other => GatewayError::Internal {
+            detail: format!("embedding an admin query: {other}"),
+        },
+    })
 }
 
 fn matches(entry: &Entry, namespace: Option<&str>, model: Option<&str>) -> bool {
