@@ -88,7 +88,7 @@ use std::future::Future;
 use axum::extract::{Request, State};
 use axum::http::Method;
 use axum::response::Response;
-use axum::routing::{any, get, post};
+use axum::routing::{any, get};
 use axum::{Json, Router};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -101,19 +101,13 @@ pub use crate::state::{AppState, StartError};
 /// The gateway's router.
 pub fn app(state: AppState) -> Router {
     Router::new()
-        // Only a `POST` is a request the gateway reads; any other method on these paths (a
-        // browser's `OPTIONS` preflight, `GET /v1/chat/completions` listing stored completions)
-        // passes through as on any other `/v1/*` path, rather than a 404 of the gateway's own.
-        .route(
-            "/v1/chat/completions",
-            post(chat_completions).fallback(passthrough),
-        )
-        .route("/v1/completions", post(completions).fallback(passthrough))
-        .route("/v1/embeddings", post(embeddings).fallback(passthrough))
+        .route("/v1/chat/completions", any(chat_completions))
+        .route("/v1/completions", any(completions))
+        .route("/v1/embeddings", any(embeddings))
         // `GET`/`DELETE /v1/responses/{id}` and its input items pass through below.
-        .route("/v1/responses", post(responses).fallback(passthrough))
+        .route("/v1/responses", any(responses))
         // `/v1/messages/count_tokens` and the rest below it pass through to Anthropic's upstream.
-        .route("/v1/messages", post(messages).fallback(passthrough))
+        .route("/v1/messages", any(messages))
         .route("/v1/{*rest}", any(passthrough))
         .route("/v1", any(passthrough))
         .route("/healthz", get(healthz))
@@ -123,24 +117,36 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// A request to a cached route's path: only a `POST` is one the gateway reads. Any other method
+/// (a browser's `OPTIONS` preflight, `GET /v1/chat/completions` listing stored completions) passes
+/// through as on any other `/v1/*` path, rather than a 404 of the gateway's own; routed here
+/// rather than as a method fallback, which would add an `Allow: POST` the upstream never sent.
+async fn cached(state: AppState, route: Route, request: Request) -> Response {
+    if request.method() == Method::POST {
+        pipeline::handle(state, route, request).await
+    } else {
+        passthrough(State(state), request).await
+    }
+}
+
 async fn chat_completions(State(state): State<AppState>, request: Request) -> Response {
-    pipeline::handle(state, Route::ChatCompletions, request).await
+    cached(state, Route::ChatCompletions, request).await
 }
 
 async fn completions(State(state): State<AppState>, request: Request) -> Response {
-    pipeline::handle(state, Route::Completions, request).await
+    cached(state, Route::Completions, request).await
 }
 
 async fn embeddings(State(state): State<AppState>, request: Request) -> Response {
-    pipeline::handle(state, Route::Embeddings, request).await
+    cached(state, Route::Embeddings, request).await
 }
 
 async fn responses(State(state): State<AppState>, request: Request) -> Response {
-    pipeline::handle(state, Route::Responses, request).await
+    cached(state, Route::Responses, request).await
 }
 
 async fn messages(State(state): State<AppState>, request: Request) -> Response {
-    pipeline::handle(state, Route::Messages, request).await
+    cached(state, Route::Messages, request).await
 }
 
 #[tracing::instrument(name = "request", skip_all, fields(route = "passthrough", id))]

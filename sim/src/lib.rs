@@ -328,11 +328,11 @@ pub fn router(config: SimConfig) -> (Router, Arc<SimStats>) {
         prompt_cache: Arc::default(),
     };
     let router = Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/chat/completions", post(chat).options(preflight))
+        .route("/v1/completions", post(completions).options(preflight))
+        .route("/v1/embeddings", post(embeddings).options(preflight))
         .route("/v1/models", get(models))
-        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses", post(responses::create).options(preflight))
         .route(
             "/v1/responses/{id}",
             get(responses::get_response).delete(responses::delete_response),
@@ -341,7 +341,7 @@ pub fn router(config: SimConfig) -> (Router, Arc<SimStats>) {
             "/v1/responses/{id}/input_items",
             get(responses::input_items),
         )
-        .route("/v1/messages", post(messages::create))
+        .route("/v1/messages", post(messages::create).options(preflight))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/sim/redirected", get(redirected))
         .route("/stats", get(stats_handler))
@@ -397,6 +397,25 @@ pub async fn spawn(config: SimConfig) -> std::io::Result<SimHandle> {
 
 async fn stats_handler(State(sim): State<Sim>) -> Json<StatsSnapshot> {
     Json(sim.stats.snapshot())
+}
+
+/// A browser's CORS preflight, answered as the providers do: any origin may `POST` with the
+/// headers it names.
+async fn preflight(headers: HeaderMap) -> Response {
+    let asked = headers
+        .get("access-control-request-headers")
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::from_static("*"));
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    let out = response.headers_mut();
+    out.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    out.insert(
+        "access-control-allow-methods",
+        HeaderValue::from_static("POST, OPTIONS"),
+    );
+    out.insert("access-control-allow-headers", asked);
+    out.insert("access-control-max-age", HeaderValue::from_static("86400"));
+    response
 }
 
 async fn stats_reset(State(sim): State<Sim>) -> StatusCode {

@@ -414,11 +414,26 @@ async fn anthropic_clients_and_other_methods_reach_their_own_upstream() {
     assert_eq!(response.status(), 200);
     assert_eq!((models(&openai), models(&anthropic)), (1, 1));
 
+    // A browser's preflight gets the upstream's answer, and nothing the upstream did not send.
+    for path in ["/v1/messages", "/v1/chat/completions", "/v1/responses"] {
+        let response = client()
+            .request(reqwest::Method::OPTIONS, gw.url(path))
+            .header("origin", "https://app.example")
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "content-type,x-api-key")
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 204, "OPTIONS {path}");
+        assert_eq!(
+            header(&response, "access-control-allow-origin").as_deref(),
+            Some("*")
+        );
+        assert_eq!(header(&response, "allow"), None, "OPTIONS {path}");
+    }
     // The sim answers these methods with its own 405; the gateway used to answer 404 itself.
     for (method, path) in [
-        ("OPTIONS", "/v1/messages"),
         ("GET", "/v1/messages"),
-        ("OPTIONS", "/v1/chat/completions"),
         ("GET", "/v1/chat/completions?limit=2"),
         ("HEAD", "/v1/responses"),
         ("GET", "/v1/embeddings"),
