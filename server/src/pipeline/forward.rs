@@ -703,6 +703,11 @@ pub(crate) async fn passthrough(
     clock.upstream_sent = Some(now);
     let status = response.status();
     let mut headers = relayed_headers(response.headers());
+    // The body goes out byte for byte, so its length does too: a `HEAD`'s says what a `GET` would
+    // carry, and a sized body would otherwise go out chunked.
+    if let Some(length) = response.headers().get(header::CONTENT_LENGTH) {
+        headers.insert(header::CONTENT_LENGTH, length.clone());
+    }
     set_request_id(&mut headers, &request_id);
     let done = if status.is_success() {
         Completion::Complete

@@ -433,6 +433,27 @@ async fn other_v1_routes_pass_through() {
         sim.stats.snapshot().last_authorization.as_deref(),
         Some("Bearer sk-x")
     );
+    // Sized as the upstream sized it (it went out chunked before), and so is a `HEAD`.
+    let length = |response: &reqwest::Response| header(response, "content-length");
+    let direct = client()
+        .get(format!("{}/models", sim.base_url()))
+        .send()
+        .await
+        .expect("direct");
+    let via = client()
+        .get(gw.url("/v1/models"))
+        .send()
+        .await
+        .expect("gateway");
+    assert!(length(&direct).is_some());
+    assert_eq!(length(&via), length(&direct));
+    assert_eq!(header(&via, "transfer-encoding"), None);
+    let head = client()
+        .head(gw.url("/v1/models"))
+        .send()
+        .await
+        .expect("head");
+    assert_eq!(length(&head), length(&direct));
     // An upstream 404 for an unknown route is relayed, not replaced.
     let missing = client()
         .get(gw.url("/v1/files/xyz"))
