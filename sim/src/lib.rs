@@ -20,6 +20,7 @@
 //! connection open), and the transport faults, header only: `close-early` (the request is
 //! read, then the connection closes without a response) and `garbage-status` (a status line that is
 //! not HTTP, then close). N counts the content tokens sent before the fault (default 2).
+//! `x-sim-usage: ignore` answers a stream as a server that ignores `stream_options.include_usage`.
 //!
 //! A chat completion that carries a gateway's judge block is answered by [`judge`] instead, from
 //! labeled pairs at a stated accuracy (`judge_labels`, `judge_accuracy`, `judge_seed`,
@@ -639,10 +640,15 @@ async fn generate(
         .get("stream")
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    // `x-sim-usage: ignore` plays an OpenAI-compatible server that ignores the option.
+    let ignores_usage = headers
+        .get("x-sim-usage")
+        .is_some_and(|v| v.as_bytes() == b"ignore");
     let include_usage = request
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
-        .unwrap_or(false);
+        .unwrap_or(false)
+        && !ignores_usage;
     let ids = text::Ids {
         id: match kind {
             Kind::Chat => format!("chatcmpl-sim{id_number:010}"),

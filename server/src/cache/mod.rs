@@ -12,6 +12,7 @@ pub mod responses;
 pub mod tape;
 pub mod writer;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,10 @@ pub struct Cache {
     writer: Writer,
     flights: Flights,
     aliases: Aliases,
+    /// A stream asked for usage (`stream_options.include_usage`) came back without any: the
+    /// upstream ignores it (some OpenAI-compatible servers do), so an entry without usage is no
+    /// worse than what it would send, and is served (see `lookup::lacks_usage`).
+    upstream_ignores_usage: AtomicBool,
 }
 
 /// An exact hit: the entry's replay and how old it is.
@@ -79,7 +84,20 @@ impl Cache {
             settings,
             flights,
             aliases: Aliases::default(),
+            upstream_ignores_usage: AtomicBool::new(false),
         })
+    }
+
+    /// Whether a stream that asked for usage came back without it (since the start).
+    pub fn upstream_ignores_usage(&self) -> bool {
+        self.upstream_ignores_usage.load(Ordering::Relaxed)
+    }
+
+    /// A stream that asked for usage came back without it.
+    pub(crate) fn note_usage_ignored(&self) {
+        if !self.upstream_ignores_usage.swap(true, Ordering::Relaxed) {
+            tracing::info!("the upstream sent no usage to a stream that asked for it (stream_options.include_usage): entries without usage now serve such streams as they are");
+        }
     }
 
     /// Runs `op` on the store from async code: on a blocking thread, bounded in number and time

@@ -39,6 +39,8 @@ pub struct Recorder {
     /// Where an embedding still running beside the upstream request puts its vector; read when the
     /// answer is complete (an answer done first is stored without one, and the backfill adds it).
     pub vector_later: Option<Arc<OnceLock<Vec<f32>>>>,
+    /// The client's stream asked for usage (`stream_options.include_usage`).
+    pub asked_usage: bool,
     landed: bool,
 }
 
@@ -67,6 +69,7 @@ impl Recorder {
             store,
             vector: None,
             vector_later: None,
+            asked_usage: false,
             landed: false,
         }
     }
@@ -171,6 +174,9 @@ impl Recorder {
         }
         let now = unix_ms();
         let usage = body.get("usage").filter(|u| !u.is_null()).cloned();
+        if usage.is_none() && recorded.is_some() && self.asked_usage {
+            self.cache.note_usage_ignored();
+        }
         if usage.is_none() {
             // A hit of this entry will count its tokens: have the tokenizer ready by then.
             crate::savings::warm(&self.summary.model);

@@ -151,7 +151,7 @@ async fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
         return None;
     }
     if let Some(hit) = state.cache.lookup(&ex.keys.exact, &ex.policy).await {
-        if lacks_usage(ex, &hit.replay) {
+        if lacks_usage(state, ex, &hit.replay) {
             // Its miss replaces the entry with one that has usage.
             return None;
         }
@@ -188,7 +188,7 @@ async fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
             })?,
     };
     let replay = replay_of(state, &hit.entry).await;
-    if lacks_usage(ex, &replay) {
+    if lacks_usage(state, ex, &replay) {
         return None;
     }
     let mut found = found(state, ex, replay, hit.age_s, How::Similar(similarity));
@@ -198,16 +198,21 @@ async fn exact(state: &AppState, ex: &mut Exchange) -> Option<Found> {
 
 /// Whether `replay` cannot serve `ex` as the upstream would: a stream that asks for usage
 /// (`stream_options.include_usage`, which OpenAI always answers with a usage chunk) from an entry
-/// recorded from a stream that asked for none. Before, such a hit ended without usage, and token
-/// counters (LangChain's, the Agents SDK's) read nothing; now it is a miss, whose answer is stored.
-fn lacks_usage(ex: &Exchange, replay: &Replay) -> bool {
+/// recorded from an upstream stream that asked for none. Before, such a hit ended without usage,
+/// and token counters (LangChain's, the Agents SDK's) read nothing; now it is a miss, whose answer
+/// is stored in its place. Not for an entry no upstream made (warmed: no TTFT was timed for it),
+/// which an operator chose and which has no usage to give, nor once the upstream has shown that it
+/// ignores the option: its answer would have none either, and every such request would miss.
+fn lacks_usage(state: &AppState, ex: &Exchange, replay: &Replay) -> bool {
     ex.stream
         && ex.include_usage
         && matches!(
             ex.ingress.route,
             Route::ChatCompletions | Route::Completions
         )
+        && replay.ttft_cost_ms().is_some()
         && !replay.has_usage()
+        && !state.cache.upstream_ignores_usage()
 }
 
 /// What the semantic stage will do for a request.
@@ -374,7 +379,7 @@ pub(crate) async fn apply_search(
         similarity,
         replay,
     } = outcome.hit?;
-    if lacks_usage(ex, &replay) {
+    if lacks_usage(state, ex, &replay) {
         return None;
     }
     let verified = match super::verify::check(state, ex, &entry, similarity).await {

@@ -63,7 +63,7 @@ async fn miss(
     search: Option<PendingSearch>,
 ) -> Response {
     let mut recorder = (ex.policy.store || flight.is_some()).then(|| {
-        Recorder::new(
+        let mut recorder = Recorder::new(
             state.cache.clone(),
             ex.route(),
             ex.keys.clone(),
@@ -71,7 +71,9 @@ async fn miss(
             ex.policy.ttl_s,
             flight,
             ex.policy.store,
-        )
+        );
+        recorder.asked_usage = ex.stream && ex.include_usage;
+        recorder
     });
     let started = match search {
         None => forward::start(state, forward::prepare(state, &ex)).await,

@@ -114,6 +114,50 @@ async fn hits_get_fresh_ids_and_usage_as_asked() {
     assert!(!data.iter().any(|d| d.contains("usage")), "{text}");
 }
 
+/// An upstream that ignores `include_usage` (some OpenAI-compatible servers do) would make every
+/// stream asking for usage miss, each answer replacing the last: once it has answered such a
+/// stream without usage, entries without usage serve those streams.
+#[tokio::test]
+async fn streams_asking_for_usage_still_hit_when_the_upstream_ignores_it() {
+    let sim = sim_default().await;
+    let gw = start(config_for(sim.base_url())).await;
+    let ask = |question: &str, usage: bool| {
+        let mut body = json!({"model": "sim-model", "stream": true,
+            "messages": [{"role": "user", "content": question}]});
+        if usage {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    };
+    let ignoring = [("x-sim-usage", "ignore")];
+    let _ = stream_text(post(&gw, &ask("first", false), &ignoring).await).await;
+    wait_for_entries(&gw, 1).await;
+    // The first stream asking for usage misses; its answer has none.
+    let response = post(&gw, &ask("first", true), &ignoring).await;
+    assert_eq!(outcome(&response), "miss");
+    let text = stream_text(response).await;
+    let (data, _) = parse_sse(&text);
+    assert!(!data.iter().any(|d| d.contains("\"usage\"")), "{text}");
+    // From then on an entry without usage serves such a stream, as the upstream would have.
+    let _ = stream_text(post(&gw, &ask("second", false), &ignoring).await).await;
+    wait_for_entries(&gw, 2).await;
+    let mut outcomes = Vec::new();
+    for _ in 0..50 {
+        let response = post(&gw, &ask("second", true), &ignoring).await;
+        outcomes.push(outcome(&response));
+        let _ = stream_text(response).await;
+        if outcomes.last().is_some_and(|o| o == "hit") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        outcomes.first().map(String::as_str),
+        Some("hit"),
+        "{outcomes:?}"
+    );
+}
+
 #[tokio::test]
 async fn requests_that_differ_in_what_shapes_the_answer_never_share_an_entry() {
     let sim = sim_default().await;
