@@ -57,6 +57,14 @@ impl Provider {
     /// upstream. Before, an Anthropic SDK's `models.list()` went to the OpenAI upstream with the
     /// client's Anthropic key.
     pub fn of_request(below_v1: &str, headers: &HeaderMap) -> Provider {
+        // OpenAI's own cached paths stay with it whatever a client sends (their preflight too,
+        // so that it goes where the request it clears will go).
+        let openai_route = Route::ALL
+            .iter()
+            .any(|route| route.provider() == Provider::OpenAi && route.upstream_path() == below_v1);
+        if openai_route {
+            return Provider::OpenAi;
+        }
         let messages = below_v1
             .strip_prefix("/messages")
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
@@ -533,6 +541,12 @@ mod tests {
             Provider::of_request("/files", &preflight),
             Provider::Anthropic
         );
+        // A preflight for an OpenAI route goes where its request will, whatever it names.
+        assert_eq!(
+            Provider::of_request("/chat/completions", &preflight),
+            Provider::OpenAi
+        );
+        assert_eq!(Provider::of_request("/responses", &sdk), Provider::OpenAi);
         // An OpenAI client's preflight.
         let mut openai = HeaderMap::new();
         openai.insert(

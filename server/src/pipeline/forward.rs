@@ -670,6 +670,13 @@ pub(crate) async fn passthrough(
     // stream body would go out chunked, which it was not, and strict servers refuse a `DELETE`
     // with a body. Asked of the body itself, which also knows an HTTP/2 request's end.
     let has_body = !http_body::Body::is_end_stream(&body);
+    // Without one, a method that carries a body still says its length is 0 (as a client sending
+    // none over HTTP/2 or without `Content-Length` meant): servers that want a length refuse a
+    // `POST` that gives none (411).
+    let sized = headers.contains_key(header::CONTENT_LENGTH);
+    if !has_body && !sized && matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    }
     let mut request = upstream
         .client
         .request(method, upstream.url(provider, below_v1, parts.uri.query()))

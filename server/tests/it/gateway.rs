@@ -402,7 +402,7 @@ async fn bad_input_gets_openai_shaped_errors() {
         .await
         .expect("send");
     assert_eq!(other_method.status(), 405);
-    // Nothing above reached the upstream.
+    // No chat request above reached the upstream (the `GET` did, and got its 405).
     assert_eq!(sim.stats.snapshot().requests, 0);
     assert_still_serving(&gw).await;
 }
