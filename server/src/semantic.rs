@@ -1031,9 +1031,7 @@ fn load_dump(
 ) -> Result<(HnswIndex, CaughtUp), DumpUnused> {
     // The missing are inserted one at a time on this thread, where a rebuild inserts every vector
     // with all cores: past `expected / cores` the rebuild is the quicker (and leaves no tombstones).
-    // Below a page (512), adding takes well under a second at any size.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let most_missing = (expected.len() / cores).max(PAGE);
+    let most_missing = most_missing(expected.len());
     let far_behind = |missing: usize| DumpUnused::FarBehind {
         missing,
         stored: expected.len(),
@@ -1107,6 +1105,14 @@ fn load_dump(
     ))
 }
 
+/// The most vectors of `stored` a dump may lack and still be brought up to the store, one insert
+/// at a time on the loading thread: past `stored / cores` a rebuild on every core is the quicker
+/// (and leaves no tombstones). Below a page (512), adding takes well under a second at any size.
+fn most_missing(stored: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (stored / cores).max(PAGE)
+}
+
 /// Checks that `index` (a dump) was saved for this store, given `both`, the ids both hold. An id
 /// names one entry for the life of a store, but a store that starts over (Redis emptied, or a
 /// data dir pointed at another Redis) gives the same ids to other entries: a page of `both`,
@@ -1152,7 +1158,13 @@ fn dumped_ids(
     patience: Patience,
 ) -> BTreeSet<u64> {
     if preloaded.is_none() {
-        if HnswIndex::dump_summary(dir).is_none_or(|dump| dump.dimension != dimension) {
+        let Some(dump) = HnswIndex::dump_summary(dir).filter(|d| d.dimension == dimension) else {
+            return BTreeSet::new();
+        };
+        // As `load_dump` refuses it, from its manifest's count alone: a dump too far behind is
+        // rebuilt from the store, which the reading of every entry serves. (`stored` counts the
+        // entries without a vector too: a dump that only looks too far behind is read in full.)
+        if stored.len().saturating_sub(dump.vectors) > most_missing(stored.len()) {
             return BTreeSet::new();
         }
         *preloaded = Some(HnswIndex::load(dir, index_config(dimension)));
@@ -1169,7 +1181,7 @@ fn dumped_ids(
     match check_sample(index, &both, store, patience) {
         Ok(()) => both.into_iter().collect(),
         Err(why) => {
-            tracing::debug!(%why, "the index dump does not match the store: every entry is read");
+            tracing::info!(%why, "the index dump could not be matched with the store: every stored entry is read to list its vectors");
             BTreeSet::new()
         }
     }
