@@ -35,10 +35,13 @@ pub(super) fn check_choices(body: &Value, allow_length: bool) -> Result<(), Unca
             .pointer("/message/tool_calls")
             .and_then(Value::as_array)
             .into_iter()
-            .flatten();
-        for call in calls {
-            let args = call
-                .pointer("/function/arguments")
+            .flatten()
+            .filter_map(|call| call.get("function"));
+        // A legacy function call's arguments too.
+        let legacy = choice.pointer("/message/function_call");
+        for function in calls.chain(legacy) {
+            let args = function
+                .get("arguments")
                 .and_then(Value::as_str)
                 .unwrap_or("");
             if serde_json::from_str::<Value>(args).is_err() {
@@ -283,6 +286,12 @@ pub(super) fn rechunk_choices(body: &Value, decode_ms: f64, chat: bool) -> Vec<S
                 json!("")
             };
             chunks.push(chunk(json!([{"index": index, "delta": {"role": message.get("role").cloned().unwrap_or(json!("assistant")), "content": opening, "refusal": null}, "logprobs": null, "finish_reason": null}])));
+            // Reasoning streams before the answer, as the providers that return it stream it.
+            if let Some(reasoning) = message.get("reasoning_content").and_then(Value::as_str) {
+                for piece in pieces(reasoning) {
+                    chunks.push(chunk(json!([{"index": index, "delta": {"reasoning_content": piece}, "logprobs": null, "finish_reason": null}])));
+                }
+            }
             let text = message.get("content").and_then(Value::as_str).unwrap_or("");
             for piece in pieces(text) {
                 let lp = logprobs.take().unwrap_or(Value::Null);
@@ -437,7 +446,22 @@ pub(crate) mod tests {
             ),
             head(json!([{"index": 0, "delta": {}, "finish_reason": "function_call"}])),
         ];
+        let mut bad = streamed.clone();
+        bad[2]["choices"][0]["delta"]["function_call"]["arguments"] = json!(" \"Os");
+        assert_eq!(
+            check_cacheable(
+                Route::ChatCompletions,
+                &assemble(Route::ChatCompletions, &bad),
+                false
+            ),
+            Err(Uncacheable::InvalidToolArguments),
+            "a cut legacy call is not stored"
+        );
         let body = assemble(Route::ChatCompletions, &streamed);
+        assert_eq!(
+            check_cacheable(Route::ChatCompletions, &body, false),
+            Ok(())
+        );
         let message = &body["choices"][0]["message"];
         assert_eq!(
             message["function_call"],
@@ -454,7 +478,7 @@ pub(crate) mod tests {
         let token = |t: &str| json!({"token": t, "logprob": -0.5, "bytes": t.as_bytes(), "top_logprobs": []});
         let cited = json!({"type": "url_citation", "url_citation": {"url": "https://example.com", "title": "x", "start_index": 0, "end_index": 5}});
         let body = json!({"id": "c2", "object": "chat.completion", "created": 1, "model": "m",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello world", "refusal": null, "annotations": [cited]},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello world", "refusal": null, "reasoning_content": "Greet them.", "annotations": [cited]},
                 "logprobs": {"content": [token("Hello"), token(" world")]}, "finish_reason": "stop"}],
             "usage": null});
         let data: Vec<Value> = rechunk(Route::ChatCompletions, &body, 5.0)
@@ -468,6 +492,10 @@ pub(crate) mod tests {
         );
         assert_eq!(back["choices"][0]["message"]["annotations"], json!([cited]));
         assert_eq!(back["choices"][0]["message"]["content"], "Hello world");
+        assert_eq!(
+            back["choices"][0]["message"]["reasoning_content"],
+            "Greet them."
+        );
 
         // Legacy completions: each array of `logprobs`, either way.
         let legacy = |text: &str, tokens: Value| {
