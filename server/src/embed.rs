@@ -249,6 +249,8 @@ pub struct FastembedModel {
     fingerprint: String,
     /// Texts per ONNX run: the batch's size, or 1 ([`ModelSpec::one_text_per_run`]).
     one_text_per_run: bool,
+    /// What the tokenizer is given of each text ([`tokenized_bytes`]).
+    tokenized_bytes: usize,
 }
 
 impl FastembedModel {
@@ -311,6 +313,7 @@ impl FastembedModel {
             dimension: spec.dimension,
             fingerprint,
             one_text_per_run: spec.one_text_per_run,
+            tokenized_bytes: tokenized_bytes(spec.max_length),
         };
         // One real call proves the spec matches the model and warms the session (the first run is slow).
         let probe = model
@@ -328,17 +331,27 @@ impl FastembedModel {
     }
 }
 
-/// The most of a text the tokenizer is given, in bytes. The model reads its first `max_length`
-/// tokens (256 for MiniLM) and the tokenizer drops the rest, but only after splitting the whole
-/// text: a 2 MiB prompt took 4 s of the embedding worker, a 20 MiB one 58 s, and the worker's cost
-/// model then refused every lookup for the next 30 misses. A WordPiece token of a word covers at
-/// most 100 characters (a longer word is one `[UNK]`), so 256 tokens of words lie within about
-/// 26 KB: a cut at 64 KiB leaves every such text's tokens, and so its vector, as they were.
+/// The least of a text the tokenizer is given, in bytes; [`tokenized_bytes`] gives a model that
+/// reads more tokens more. The model reads its first `max_length` tokens (256 for MiniLM) and the
+/// tokenizer drops the rest, but only after splitting the whole text: a 2 MiB prompt took 4 s of
+/// the embedding worker, a 20 MiB one 58 s, and the worker's cost model then refused every lookup
+/// for the next 30 misses. A WordPiece token of a word covers at most 100 characters (a longer
+/// word is one `[UNK]`), so 256 tokens of words lie within about 26 KB: a cut at 64 KiB leaves
+/// every such text's tokens, and so its vector, as they were. (A text that opens with long runs
+/// without a break, each one `[UNK]`, can lose tokens the model would have read: the price of a
+/// bound.)
 const TOKENIZED_BYTES: usize = 64 * 1024;
 
-/// `text` cut to [`TOKENIZED_BYTES`], at a character boundary.
-fn tokenized_part(text: &str) -> &str {
-    &text[..text.floor_char_boundary(TOKENIZED_BYTES)]
+/// What the tokenizer is given of each text for a model that reads `max_length` tokens: 256 bytes
+/// a token (more than 100 characters of a word and its separator, in UTF-8), at least
+/// [`TOKENIZED_BYTES`].
+fn tokenized_bytes(max_length: usize) -> usize {
+    max_length.saturating_mul(256).max(TOKENIZED_BYTES)
+}
+
+/// `text` cut to `limit` bytes, at a character boundary.
+fn tokenized_part(text: &str, limit: usize) -> &str {
+    &text[..text.floor_char_boundary(limit)]
 }
 
 impl EmbedModel for FastembedModel {
@@ -350,7 +363,10 @@ impl EmbedModel for FastembedModel {
         } else {
             texts.len().max(1)
         };
-        let texts: Vec<&str> = texts.iter().map(|t| tokenized_part(t)).collect();
+        let texts: Vec<&str> = texts
+            .iter()
+            .map(|t| tokenized_part(t, self.tokenized_bytes))
+            .collect();
         self.inner
             .embed(texts, Some(per_run))
             .map_err(|e| e.to_string())
@@ -1970,7 +1986,7 @@ mod tests {
         let question = "How do I rotate the signing keys of our staging cluster?";
         let past_the_model = format!("{question}{}", " and then some more words".repeat(120));
         let huge = format!("{past_the_model}{}", " filler".repeat(400_000));
-        assert!(huge.len() > 2 * 1024 * 1024 && past_the_model.len() < TOKENIZED_BYTES);
+        assert!(huge.len() > 2 * 1024 * 1024 && past_the_model.len() < tokenized_bytes(256));
         let read = embedder.embed(&past_the_model).await.expect("embed");
         let cut = embedder.embed(&huge).await.expect("embed a 2.8 MB prompt");
         assert!(cosine(&read, &cut) > 0.999_999, "{}", cosine(&read, &cut));
@@ -1978,12 +1994,15 @@ mod tests {
 
     #[test]
     fn a_text_is_cut_for_the_tokenizer_at_a_character_boundary() {
+        assert_eq!(tokenized_bytes(256), TOKENIZED_BYTES);
+        assert_eq!(tokenized_bytes(8_192), 2 * 1024 * 1024);
+        let limit = tokenized_bytes(256);
         let short = "a question";
-        assert_eq!(tokenized_part(short), short);
+        assert_eq!(tokenized_part(short, limit), short);
         // Three bytes a character: the cut falls inside one, and moves back to its start.
-        let wide = "€".repeat(TOKENIZED_BYTES);
-        let cut = tokenized_part(&wide);
-        assert!(cut.len() <= TOKENIZED_BYTES && cut.len() > TOKENIZED_BYTES - 3);
+        let wide = "€".repeat(limit);
+        let cut = tokenized_part(&wide, limit);
+        assert!(cut.len() <= limit && cut.len() > limit - 3);
         assert!(wide.starts_with(cut));
         assert_eq!(cut.chars().count() * 3, cut.len());
     }
