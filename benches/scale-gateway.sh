@@ -205,7 +205,7 @@ redis_replica() {
   t0=$(now)
   REPRISE_ADMIN_TOKEN=$token "$bin/scale-gateway" --entries "$n" --store-only --semantic false --store redis --redis-url "$url" \
     "${SCALE_FLAGS[@]}" --listen 127.0.0.1:"$(free_port)" --upstream-url http://127.0.0.1:"$sim_port"/v1 --data-dir "$WORK/redis-loader" \
-    >"$WORK/redis-loader-$n.log" 2>&1
+    >"$WORK/redis-loader-$n.log" 2>&1 || { echo "loading Redis failed:" >&2; tail -20 "$WORK/redis-loader-$n.log" >&2; exit 1; }
   redis_load_s=$(python3 -c "print($(now) - $t0)")
   redis_mem=$(redis_used_memory "$redis_port")
   for side in $sides; do
@@ -260,7 +260,8 @@ for n in $(echo $sizes $redis_sizes | tr ' ' '\n' | sort -nu); do
       # With the model loaded, so that the data dir records it: a dir without a record is taken
       # as holding the previous model's vectors, and the restarts would re-embed every entry.
       REPRISE_ADMIN_TOKEN=$token "$bin/scale-gateway" --entries "$n" --store-only --data-dir "$data" \
-        "${SCALE_FLAGS[@]}" --listen 127.0.0.1:"$port" --upstream-url http://127.0.0.1:"$sim_port"/v1 >"$WORK/sled-loader-$n.log" 2>&1
+        "${SCALE_FLAGS[@]}" --listen 127.0.0.1:"$port" --upstream-url http://127.0.0.1:"$sim_port"/v1 >"$WORK/sled-loader-$n.log" 2>&1 ||
+        { echo "loading sled failed:" >&2; tail -20 "$WORK/sled-loader-$n.log" >&2; exit 1; }
       load_s=$(python3 -c "print($(now) - $t0)")
       start "probe-$n" "$bin/reprise" "$port" "$data" serve --semantic false
       probe="" started "probe-$n" "$port"

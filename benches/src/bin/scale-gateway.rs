@@ -17,7 +17,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use rand::rngs::StdRng;
@@ -276,6 +276,22 @@ fn entry(
     })
 }
 
+/// Puts `entry`, trying again after 0.2, 0.4, 0.8 and 1.6 s when the store fails: a Redis that
+/// answers late once (its I/O timeout is short, and a million writes meet a busy moment) used
+/// to end a load of many minutes with nothing to show for it.
+fn put_patiently(store: &dyn Store, entry: Entry) -> Result<EntryId, String> {
+    let mut wait = Duration::from_millis(200);
+    for _ in 0..4 {
+        match store.put(entry.clone()) {
+            Ok(id) => return Ok(id),
+            Err(e) => eprintln!("scale-gateway: store: {e}; trying again in {wait:?}"),
+        }
+        std::thread::sleep(wait);
+        wait *= 2;
+    }
+    store.put(entry).map_err(|e| format!("store: {e}"))
+}
+
 /// Writes entries `0..n` from every core: each entry through `store.put`, then (unless
 /// `store_only`) its vector into `index`, as a warmed entry is stored.
 fn write_all(
@@ -304,7 +320,7 @@ fn write_all(
                         let entry = entry(config, &args.model, &ns, prompt, answer, vector)
                             .ok_or("cannot key a synthetic entry")?;
                         let (partition, vector) = (entry.partition.0, entry.vector.clone());
-                        let id = store.put(entry).map_err(|e| format!("store: {e}"))?;
+                        let id = put_patiently(store.as_ref(), entry)?;
                         if let (Some(index), Some(vector)) = (index, vector) {
                             index.insert(id.0, partition, &vector);
                         }
