@@ -347,11 +347,29 @@ fn v3_split(encoded: &[u8]) -> Option<(Vec<u8>, replay::Record)> {
 pub mod fixtures {
     use super::Path;
 
+    /// Opens `dir`, waiting up to five seconds for its lock: sled releases a dropped database's
+    /// file lock from its flusher thread a moment later, so a writer (or a test) opening the
+    /// directory right after another closed it would otherwise fail at random.
+    pub fn open_when_free(dir: &Path) -> sled::Result<sled::Db> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match sled::open(dir) {
+                Err(sled::Error::Io(e))
+                    if e.to_string().contains("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Writes a version-1 data directory at `dir` holding `entries` as (id, exact key, raw encoded
     /// value), with each key's index row, and flushes it. Version 1 assigns ids from sled's id
     /// generator, so the generator is advanced past the largest id given: keep fixture ids small.
     pub fn write_v1_data_dir(dir: &Path, entries: &[(u64, [u8; 32], Vec<u8>)]) -> sled::Result<()> {
-        let db = sled::open(dir)?;
+        let db = open_when_free(dir)?;
         let entry_tree = db.open_tree("entries")?;
         let exact = db.open_tree("exact")?;
         let meta = db.open_tree("meta")?;
@@ -376,7 +394,7 @@ pub mod fixtures {
         id_floor: u64,
     ) -> sled::Result<()> {
         const CHUNK: usize = 4096;
-        let db = sled::open(dir)?;
+        let db = open_when_free(dir)?;
         let entry_tree = db.open_tree("entries")?;
         let chunks = db.open_tree("chunks")?;
         let exact = db.open_tree("exact")?;
@@ -409,7 +427,7 @@ pub mod fixtures {
         id_floor: u64,
     ) -> Result<(), super::MigrationError> {
         write_v2_data_dir(dir, entries, id_floor)?;
-        let db = sled::open(dir)?;
+        let db = open_when_free(dir)?;
         super::v3(&db)?;
         db.open_tree("meta")?
             .insert("schema_version", &3u32.to_be_bytes()[..])?;
@@ -422,21 +440,8 @@ pub mod fixtures {
 mod tests {
     use super::*;
 
-    /// Opens `dir`, waiting for the lock: sled releases a dropped database's file lock from its
-    /// flusher thread a moment later, so opening right after a fixture writer closed it can fail.
     fn open(dir: &Path) -> sled::Db {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        loop {
-            match sled::open(dir) {
-                Err(sled::Error::Io(e))
-                    if e.to_string().contains("could not acquire lock")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                other => return other.expect("open sled"),
-            }
-        }
+        fixtures::open_when_free(dir).expect("open sled")
     }
 
     fn version(db: &sled::Db) -> Option<u32> {

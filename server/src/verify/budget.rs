@@ -421,7 +421,8 @@ mod tests {
             o.add("ns", EntryId(7), 0.97, false, Source::Operator);
             db.flush().expect("flush");
         }
-        let db = sled::Config::new().path(dir.path()).open().expect("sled");
+        // sled lets go of the lock from its flusher a moment after the drop.
+        let db = reprise_migrations::fixtures::open_when_free(dir.path()).expect("sled");
         let o = Observations::open(&db).expect("reopen");
         let curve = o.entry(EntryId(7));
         assert_eq!(curve.observations.len(), 2);
