@@ -547,6 +547,24 @@ impl Record {
         (t0..t1, h0..h1)
     }
 
+    /// Whether the stream holds a usage-only chunk (a `usage` object and no choices), which a
+    /// hit sends only to a client that asked for usage. [`build`] stores such a chunk as one
+    /// `WITH_USAGE` span spanning its whole event; any other chunk also has bytes sent without
+    /// usage. A chunk's `"usage": null` member (some servers send one on every chunk, asked or not)
+    /// is not usage.
+    pub fn has_usage_chunk(&self) -> bool {
+        (0..self.events.len()).any(|i| {
+            let (text, holes) = self.event_ranges(i, i + 1);
+            self.events[i].had_usage
+                && self.stream.holes.get(holes.start).is_some_and(|h| {
+                    h.kind == hole::WITH_USAGE
+                        && h.pos as usize == text.start
+                        && h.len as usize == text.len()
+                        && !text.is_empty()
+                })
+        })
+    }
+
     /// The original chunks and body, as they were stored: `(offset ms, chunk)` and the body.
     pub fn original(&self) -> Result<(Vec<(f64, Value)>, Value), String> {
         let identity = Identity::Original(&self.identities);
@@ -925,5 +943,33 @@ mod tests {
             record.body.render_all(false, fresh),
             b"{\"choices\":[],\"created\":99,\"id\":\"new\"}"
         );
+    }
+
+    /// A usage-only chunk is usage; `"usage": null` on every chunk (asked or not, as some servers
+    /// send it) is not, nor is a usage member on a chunk with choices when no usage-only chunk
+    /// follows (the body's usage then becomes a chunk of its own, `usage_chunk`).
+    #[test]
+    fn only_a_usage_only_chunk_counts_as_the_streams_usage() {
+        let usage = json!({"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4});
+        let text = |u: Value| {
+            json!({"id": "c1", "created": 7, "usage": u,
+                "choices": [{"index": 0, "delta": {"content": "x"}}]})
+        };
+        let usage_only = json!({"id": "c1", "created": 7, "choices": [], "usage": usage});
+        let body = json!({"id": "c1", "created": 7, "choices": []});
+        let nulls = [text(Value::Null), text(Value::Null)];
+        assert!(!build(parts(&nulls, &body, None)).has_usage_chunk());
+        let plain = [json!({"id": "c1", "created": 7, "choices": []})];
+        assert!(!build(parts(&plain, &body, None)).has_usage_chunk());
+        let asked = [text(Value::Null), usage_only.clone()];
+        let record = build(parts(&asked, &body, Some(&usage)));
+        assert!(record.has_usage_chunk() && record.usage_chunk.is_none());
+        // Read back from its bytes, as a lookup sees it.
+        assert!(Record::decode(&record.encode())
+            .expect("decode")
+            .has_usage_chunk());
+        let inline = [text(usage.clone())];
+        let record = build(parts(&inline, &body, Some(&usage)));
+        assert!(!record.has_usage_chunk() && record.usage_chunk.is_some());
     }
 }

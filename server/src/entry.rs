@@ -360,10 +360,11 @@ impl Replay {
     }
 
     /// Whether a stream served from it carries usage when the client asks for it: its stream
-    /// recorded usage (every chunk of a stream asked with `include_usage` has a `usage` member),
-    /// or the body it came from had some. A stream asked without `include_usage` has neither.
+    /// recorded a usage chunk, or the body it came from had usage (sent as a chunk of its own). A
+    /// stream asked without `include_usage` has neither, even from a server that puts
+    /// `"usage": null` on every chunk.
     pub fn has_usage(&self) -> bool {
-        self.record.usage_chunk.is_some() || self.record.events.iter().any(|e| e.had_usage)
+        self.record.usage_chunk.is_some() || self.record.has_usage_chunk()
     }
 
     pub fn key(&self) -> CacheKey {

@@ -20,7 +20,8 @@
 //! connection open), and the transport faults, header only: `close-early` (the request is
 //! read, then the connection closes without a response) and `garbage-status` (a status line that is
 //! not HTTP, then close). N counts the content tokens sent before the fault (default 2).
-//! `x-sim-usage: ignore` answers a stream as a server that ignores `stream_options.include_usage`.
+//! `x-sim-usage: ignore` answers a stream as a server that ignores `stream_options.include_usage`;
+//! `x-sim-usage: nulls`, as one that puts `"usage": null` on every chunk even when not asked.
 //!
 //! A chat completion that carries a gateway's judge block is answered by [`judge`] instead, from
 //! labeled pairs at a stated accuracy (`judge_labels`, `judge_accuracy`, `judge_seed`,
@@ -640,15 +641,20 @@ async fn generate(
         .get("stream")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    // `x-sim-usage: ignore` plays an OpenAI-compatible server that ignores the option.
-    let ignores_usage = headers
-        .get("x-sim-usage")
-        .is_some_and(|v| v.as_bytes() == b"ignore");
-    let include_usage = request
+    // `x-sim-usage: ignore` plays an OpenAI-compatible server that ignores the option, `nulls`
+    // one that puts `"usage": null` on every chunk, asked or not.
+    let usage_mode = headers.get("x-sim-usage").map(|v| v.as_bytes());
+    let asked_usage = request
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
-        .unwrap_or(false)
-        && !ignores_usage;
+        .unwrap_or(false);
+    let usage = if asked_usage && usage_mode != Some(b"ignore") {
+        text::StreamUsage::Chunk
+    } else if usage_mode == Some(b"nulls") {
+        text::StreamUsage::Nulls
+    } else {
+        text::StreamUsage::Omitted
+    };
     let ids = text::Ids {
         id: match kind {
             Kind::Chat => format!("chatcmpl-sim{id_number:010}"),
@@ -658,8 +664,7 @@ async fn generate(
         model: generation.model.clone(),
     };
     if stream {
-        let events =
-            answer.stream_events(&ids, kind == Kind::Chat, include_usage, plan.fault.as_ref());
+        let events = answer.stream_events(&ids, kind == Kind::Chat, usage, plan.fault.as_ref());
         stream_response(events, plan)
     } else {
         // A non-streamed answer arrives when the last token would have.

@@ -195,6 +195,19 @@ pub struct Answer {
     prompt_tokens: u64,
 }
 
+/// What a chat or legacy completions stream says of usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamUsage {
+    /// Nothing: not asked for, or asked of a server that ignores `include_usage`.
+    Omitted,
+    /// `"usage": null` on every chunk and no usage chunk, as some OpenAI-compatible servers
+    /// stream whether or not usage was asked for.
+    Nulls,
+    /// `"usage": null` on every chunk, then a usage-only chunk: OpenAI's answer to
+    /// `stream_options.include_usage`.
+    Chunk,
+}
+
 /// Identity of one response.
 pub struct Ids {
     pub id: String,
@@ -306,7 +319,7 @@ impl Answer {
         &self,
         ids: &Ids,
         chat: bool,
-        include_usage: bool,
+        usage: StreamUsage,
         fault: Option<&Fault>,
     ) -> Vec<Event> {
         let object = if chat {
@@ -323,7 +336,7 @@ impl Answer {
                 "system_fingerprint": "fp_reprise_sim",
                 "choices": choices,
             });
-            if include_usage {
+            if usage != StreamUsage::Omitted {
                 v["usage"] = Value::Null;
             }
             v
@@ -419,7 +432,7 @@ impl Answer {
             };
             events.push(Event::Immediate(sse(&chunk(finish))));
         }
-        if include_usage {
+        if usage == StreamUsage::Chunk {
             let mut last = chunk(json!([]));
             last["usage"] = self.usage();
             events.push(Event::Immediate(sse(&last)));
@@ -474,17 +487,22 @@ mod tests {
             answer.full_body(&ids, true)["choices"][0]["finish_reason"],
             "length"
         );
-        let events = answer.stream_events(&ids, true, true, None);
+        let events = answer.stream_events(&ids, true, StreamUsage::Chunk, None);
         // role + 3 tokens + finish + usage + [DONE]
         assert_eq!(events.len(), 7);
-        let cut = answer.stream_events(&ids, true, false, Some(&Fault::Cut(1)));
+        let cut = answer.stream_events(&ids, true, StreamUsage::Omitted, Some(&Fault::Cut(1)));
         assert_eq!(cut.len(), 2);
-        let err = answer.stream_events(&ids, true, false, Some(&Fault::ErrorEvent(1)));
+        let err = answer.stream_events(
+            &ids,
+            true,
+            StreamUsage::Omitted,
+            Some(&Fault::ErrorEvent(1)),
+        );
         assert!(
             matches!(err.last(), Some(Event::Immediate(b)) if b.starts_with(b"data: {\"error\""))
         );
         // role + 3 tokens + finish + usage, then a stall where `[DONE]` would be.
-        let stall = answer.stream_events(&ids, true, true, Some(&Fault::StallAtDone));
+        let stall = answer.stream_events(&ids, true, StreamUsage::Chunk, Some(&Fault::StallAtDone));
         assert_eq!(stall.len(), 7);
         assert!(matches!(stall.last(), Some(Event::Stall)));
         assert!(

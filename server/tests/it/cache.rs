@@ -158,6 +158,47 @@ async fn streams_asking_for_usage_still_hit_when_the_upstream_ignores_it() {
     );
 }
 
+/// Some servers put `"usage": null` on every chunk even when usage was not asked for. An entry
+/// recorded from such a stream has no usage to give, so a stream asking for usage misses, and
+/// the answer that replaces it (with its usage chunk) serves the next one with usage.
+#[tokio::test]
+async fn a_usage_member_of_null_on_every_chunk_is_not_usage() {
+    let sim = sim_default().await;
+    let gw = start(config_for(sim.base_url())).await;
+    let ask = |usage: bool| {
+        let mut body = json!({"model": "sim-model", "stream": true,
+            "messages": [{"role": "user", "content": "nulls"}]});
+        if usage {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    };
+    let nulls = [("x-sim-usage", "nulls")];
+    let text = stream_text(post(&gw, &ask(false), &nulls).await).await;
+    assert!(text.contains("\"usage\":null"), "{text}");
+    wait_for_entries(&gw, 1).await;
+    let response = post(&gw, &ask(true), &nulls).await;
+    assert_eq!(outcome(&response), "miss");
+    let text = stream_text(response).await;
+    assert!(text.contains("\"completion_tokens\""), "{text}");
+    let mut outcomes = Vec::new();
+    for _ in 0..50 {
+        let response = post(&gw, &ask(true), &nulls).await;
+        outcomes.push(outcome(&response));
+        let text = stream_text(response).await;
+        if outcomes.last().is_some_and(|o| o == "hit") {
+            assert!(text.contains("\"completion_tokens\""), "{text}");
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        outcomes.last().map(String::as_str),
+        Some("hit"),
+        "{outcomes:?}"
+    );
+}
+
 #[tokio::test]
 async fn requests_that_differ_in_what_shapes_the_answer_never_share_an_entry() {
     let sim = sim_default().await;
