@@ -94,6 +94,15 @@ pub trait Api: Sync {
     /// The prefix of the fresh id a hit carries instead of the original's (`chatcmpl-`).
     fn id_prefix(&self) -> &'static str;
 
+    /// The event that ends a stream of this API which failed after it began (the upstream broke
+    /// off, timed out, or the leader a follower read failed), in the shape its clients parse:
+    /// `{"error":{…}}` on OpenAI's chunk streams, Anthropic's `event: error`. `last` is the data of
+    /// the last event the client got, for APIs that number their events.
+    fn stream_error(&self, err: &GatewayError, last: Option<&Value>) -> bytes::Bytes {
+        let _ = last;
+        err.sse_event_for(self.route().provider().error_shape())
+    }
+
     /// How an answer is warmed from text (`POST /admin/entries`); `None` for an API that is not.
     fn warm(&self) -> Option<&dyn Warm> {
         None

@@ -76,6 +76,26 @@ impl Api for Responses {
     fn id_prefix(&self) -> &'static str {
         "resp_"
     }
+
+    /// The Responses API's own `error` event, numbered after the last event sent: the SDKs read
+    /// it as a typed event (`ResponseErrorEvent`), where a chunk-shaped `{"error":…}` would be
+    /// raised as an untyped `APIError` by some and read as an unknown event by others.
+    fn stream_error(&self, err: &GatewayError, last: Option<&Value>) -> bytes::Bytes {
+        let body = err.body();
+        let error = &body["error"];
+        let sequence_number = last
+            .and_then(|v| v.get("sequence_number"))
+            .and_then(Value::as_u64)
+            .map_or(0, |n| n + 1);
+        let data = json!({
+            "type": "error",
+            "code": error["code"],
+            "message": error["message"],
+            "param": error["param"],
+            "sequence_number": sequence_number,
+        });
+        bytes::Bytes::from(format!("event: error\ndata: {data}\n\n"))
+    }
 }
 
 /// How long a provider keeps a stored response (OpenAI: 30 days): an entry that serves a stored

@@ -19,11 +19,13 @@ use crate::lock::lock;
 pub enum FlightEnd {
     /// The leader's answer was clean and is stored (or would have been, under `no-store`).
     Stored(Arc<Replay>),
-    /// The leader's answer failed, broke off or may not be cached: followers go upstream themselves.
-    Uncacheable,
-    /// The leader's stream ended cleanly but was not stored (it passed `max_entry_bytes`): the
-    /// followers already reading it end it as it did; the others were told it was uncacheable
-    /// when it went over.
+    /// The leader's answer failed or broke off: followers that have read nothing go upstream
+    /// themselves; those reading its stream end with the error event its client got (the
+    /// upstream's, or the gateway's), when there was one.
+    Failed(Option<Bytes>),
+    /// The leader's stream ended cleanly but was not stored (it passed `max_entry_bytes`, or the
+    /// rules refused the answer, a `length` finish say): the followers already reading it end it
+    /// as it did; the others go upstream themselves.
     Relayed,
 }
 
@@ -97,7 +99,7 @@ impl Flight {
                 return end;
             }
             if self.tape.is_over() {
-                return FlightEnd::Uncacheable;
+                return FlightEnd::Failed(None);
             }
             notified.await;
         }

@@ -109,12 +109,7 @@ impl Recorder {
     /// why it was not stored, for its size.
     pub fn finish_stream(mut self, phases: Phases) -> Option<&'static str> {
         if self.too_large {
-            self.landed = true;
-            if let Some(flight) = self.flight.take() {
-                self.cache
-                    .flights
-                    .land(&self.keys.exact, &flight, FlightEnd::Relayed);
-            }
+            self.land(FlightEnd::Relayed);
             return self.skipped();
         }
         let recorded = match (&self.flight, &self.own) {
@@ -170,7 +165,12 @@ impl Recorder {
         let allow_length = self.cache.settings.cache_length_finish;
         if let Err(why) = crate::api::of(self.route).check(&body, allow_length) {
             tracing::debug!(?why, "not caching this answer");
-            return self.abandon();
+            // A stream refused here ended cleanly for its client: its followers end it as it did.
+            return if recorded.is_some() {
+                self.land(FlightEnd::Relayed)
+            } else {
+                self.abandon()
+            };
         }
         let now = unix_ms();
         let usage = body.get("usage").filter(|u| !u.is_null()).cloned();
@@ -228,28 +228,28 @@ impl Recorder {
     /// The request was served `entry` instead of the upstream's answer (a semantic hit found while
     /// the upstream request was in flight): followers are served it too, and nothing is stored.
     pub fn served_instead(mut self, entry: Arc<Replay>) {
-        self.landed = true;
-        if let Some(flight) = self.flight.take() {
-            self.cache
-                .flights
-                .land(&self.keys.exact, &flight, FlightEnd::Stored(entry));
-        }
+        self.land(FlightEnd::Stored(entry));
     }
 
     /// The answer will not be stored (failed, partial, or refused by the rules).
     pub fn abandon(mut self) {
-        self.land_failed();
+        self.land(FlightEnd::Failed(None));
     }
 
-    fn land_failed(&mut self) {
+    /// The stream failed after it began; `error_event` is the event that ended its client's
+    /// stream, with which the followers reading it end theirs.
+    pub fn fail(mut self, error_event: Option<Bytes>) {
+        self.land(FlightEnd::Failed(error_event));
+    }
+
+    /// Ends the flight this request leads, once.
+    fn land(&mut self, end: FlightEnd) {
         if self.landed {
             return;
         }
         self.landed = true;
         if let Some(flight) = self.flight.take() {
-            self.cache
-                .flights
-                .land(&self.keys.exact, &flight, FlightEnd::Uncacheable);
+            self.cache.flights.land(&self.keys.exact, &flight, end);
         }
     }
 }
@@ -257,6 +257,6 @@ impl Recorder {
 impl Drop for Recorder {
     fn drop(&mut self) {
         // A recorder dropped without a verdict (a panic, a cancelled task) must not strand followers.
-        self.land_failed();
+        self.land(FlightEnd::Failed(None));
     }
 }

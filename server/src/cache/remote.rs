@@ -74,7 +74,7 @@ impl Drop for Unlanded<'_> {
         if self.armed {
             self.cache
                 .flights
-                .land(&self.key, self.flight, FlightEnd::Uncacheable);
+                .land(&self.key, self.flight, FlightEnd::Failed(None));
         }
     }
 }
@@ -194,7 +194,7 @@ fn keep(
         };
         match end {
             FlightEnd::Stored(_) => cache.writer.send(WriteOp::Release(key, token)),
-            FlightEnd::Uncacheable | FlightEnd::Relayed => {
+            FlightEnd::Failed(_) | FlightEnd::Relayed => {
                 let _ = cache.read(move |store| crate::store::release(store, &key, &token)).await;
             }
         }

@@ -393,7 +393,8 @@ fn relay_stream(
         idle_timeout: state.upstream.idle_timeout,
         saw_done: false,
         saw_finish: false,
-        saw_error_event: false,
+        error_event: None,
+        last_chunk: None,
         invalid_utf8: false,
         failure: None,
         client_gone: false,
@@ -444,7 +445,11 @@ struct Pump {
     idle_timeout: Duration,
     saw_done: bool,
     saw_finish: bool,
-    saw_error_event: bool,
+    /// The error event that ended the client's stream: the upstream's, or the gateway's own when
+    /// the upstream failed. Followers of this stream end theirs with it too.
+    error_event: Option<Bytes>,
+    /// The last chunk relayed, whose number an error event of a numbered stream follows.
+    last_chunk: Option<Bytes>,
     /// An event was not valid UTF-8: relayed as it came, but never stored (parsing it for the
     /// recording would replace the bad bytes and store an answer the upstream never sent).
     invalid_utf8: bool,
@@ -505,11 +510,9 @@ impl Pump {
         }
         // Stop reading the upstream now: dropping it closes that request.
         drop(upstream);
-        if !self.client_gone {
-            self.close_stream().await;
-        }
+        self.close_stream().await;
         let clean = self.failure.is_none()
-            && !self.saw_error_event
+            && self.error_event.is_none()
             && !self.invalid_utf8
             && (self.saw_done || self.saw_finish)
             && self.framer.remainder().iter().all(u8::is_ascii_whitespace);
@@ -518,12 +521,12 @@ impl Pump {
             if clean {
                 store_skipped = recorder.finish_stream(self.clock.phases(Instant::now()));
             } else {
-                recorder.abandon();
+                recorder.fail(self.error_event.clone());
             }
         }
         let completion = if self.client_gone {
             Completion::ClientDisconnected
-        } else if self.failure.is_some() || self.saw_error_event {
+        } else if self.failure.is_some() || self.error_event.is_some() {
             Completion::StreamFailed
         } else {
             Completion::Complete
@@ -555,6 +558,7 @@ impl Pump {
                     if let Some(recorder) = &mut self.recorder {
                         recorder.chunk(now, &event);
                     }
+                    self.last_chunk = Some(event.clone());
                     self.clock.tokens(now, tokens);
                     self.saw_finish |= finish_reason.is_some();
                     // `output_tokens` on the Responses API.
@@ -574,7 +578,7 @@ impl Pump {
                     Bytes::from(with_timing)
                 }
                 EventKind::Error(_) => {
-                    self.saw_error_event = true;
+                    self.error_event = Some(event.clone());
                     event
                 }
                 EventKind::NoData => event,
@@ -604,16 +608,29 @@ impl Pump {
 
     /// Ends the client's stream: an error event if the upstream failed, else the timing comment
     /// when the upstream ended without `[DONE]` (it was already sent before `[DONE]` otherwise).
+    /// The error event is kept even when the client has gone: the followers end with it.
     async fn close_stream(&mut self) {
-        if self.failure.is_none() && !self.saw_done && !self.saw_finish && !self.saw_error_event {
+        if self.failure.is_none()
+            && !self.saw_done
+            && !self.saw_finish
+            && self.error_event.is_none()
+        {
             self.failure = Some(GatewayError::UpstreamProtocol {
                 reason: "the stream ended before completion",
                 detail: "no finish_reason, no [DONE] and no response.completed".to_owned(),
             });
         }
         let tail = if let Some(failure) = &self.failure {
-            failure.log();
-            failure.sse_event_for(self.api.route().provider().error_shape())
+            if !self.client_gone {
+                failure.log();
+            }
+            let last = self
+                .last_chunk
+                .as_deref()
+                .and_then(crate::cache::tape::chunk_of);
+            let event = self.api.stream_error(failure, last.as_ref());
+            self.error_event = Some(event.clone());
+            event
         } else if !self.saw_done {
             let mut comment = self.clock.phases(Instant::now()).sse_comment().to_vec();
             comment.push(b'\n');
@@ -621,7 +638,7 @@ impl Pump {
         } else {
             return;
         };
-        if self.tx.send(tail).await.is_err() {
+        if !self.client_gone && self.tx.send(tail).await.is_err() {
             self.client_gone = true;
         }
     }
@@ -761,7 +778,8 @@ mod tests {
             idle_timeout: Duration::from_secs(30),
             saw_done: false,
             saw_finish: false,
-            saw_error_event: false,
+            error_event: None,
+            last_chunk: None,
             invalid_utf8: false,
             failure: None,
             client_gone: false,

@@ -141,7 +141,7 @@ pub(crate) async fn follow(
     if !(ex.stream && flight.leader_streams) {
         return match flight.end().await {
             FlightEnd::Stored(entry) => Some(serve(state, ex, coalesced(entry))),
-            FlightEnd::Uncacheable | FlightEnd::Relayed => None,
+            FlightEnd::Failed(_) | FlightEnd::Relayed => None,
         };
     }
     let first = flight.next(0).await;
@@ -152,7 +152,7 @@ pub(crate) async fn follow(
     }
     if first.chunks.is_empty() {
         match &first.end {
-            Some(FlightEnd::Uncacheable | FlightEnd::Relayed) => return None,
+            Some(FlightEnd::Failed(_) | FlightEnd::Relayed) => return None,
             // The flight ended before any chunk: the leader was served an entry instead (a semantic
             // hit found while its upstream request was in flight).
             Some(FlightEnd::Stored(entry)) => {
@@ -164,7 +164,7 @@ pub(crate) async fn follow(
     let fresh = Fresh::new(ex.route());
     let include_usage = ex.include_usage;
     let named = ex.route().framing().named_events;
-    let shape = ex.route().provider().error_shape();
+    let api = crate::api::of(ex.route());
     // An Anthropic message's follower gets its own id, as a hit does.
     let renew = ex.route().framing().message_ids;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
@@ -180,6 +180,8 @@ pub(crate) async fn follow(
     state.tasks.spawn(async move {
         let mut update = first;
         let mut seen = 0;
+        // The last chunk sent, whose number an error event of a numbered stream follows.
+        let mut last = None;
         let completion = loop {
             seen += update.chunks.len();
             if update.lagged {
@@ -187,14 +189,14 @@ pub(crate) async fn follow(
                     reason: "the stream broke off",
                     detail: "this client fell behind the coalesced leader's stream, which is too large to keep".into(),
                 };
-                let _ = tx.send(err.sse_event_for(shape)).await;
+                let _ = tx.send(api.stream_error(&err, last.as_ref())).await;
                 break Completion::StreamFailed;
             }
             for event in &update.chunks {
                 let Some(chunk) = crate::cache::tape::chunk_of(event) else {
                     continue;
                 };
-                let chunk = &chunk;
+                let chunk = &*last.insert(chunk);
                 let now = Instant::now();
                 let tokens = if named {
                     reprise_migrations::replay::named_event_tokens(chunk)
@@ -249,12 +251,16 @@ pub(crate) async fn follow(
                     let _ = tx.send(Bytes::from(tail)).await;
                     break Completion::Complete;
                 }
-                Some(FlightEnd::Uncacheable) => {
-                    let err = GatewayError::UpstreamProtocol {
-                        reason: "the stream broke off",
-                        detail: "the coalesced leader's stream failed".into(),
-                    };
-                    let _ = tx.send(err.sse_event_for(shape)).await;
+                Some(FlightEnd::Failed(error_event)) => {
+                    // The event the leader's client got, else one of the gateway's.
+                    let event = error_event.unwrap_or_else(|| {
+                        let err = GatewayError::UpstreamProtocol {
+                            reason: "the stream broke off",
+                            detail: "the coalesced leader's stream failed".into(),
+                        };
+                        api.stream_error(&err, last.as_ref())
+                    });
+                    let _ = tx.send(event).await;
                     break Completion::StreamFailed;
                 }
                 None => update = flight.next(seen).await,

@@ -473,6 +473,64 @@ async fn concurrent_identical_requests_make_one_upstream_call() {
     assert!(texts.iter().all(|t| t == &texts[0] && !t.is_empty()));
 }
 
+/// A follower reading a leader's stream ends as the leader's client did: with the upstream's own
+/// error event when the upstream sent one, and with a clean end when the stream was complete but
+/// not stored (a `length` finish, which the default rules refuse).
+#[tokio::test]
+async fn a_follower_ends_its_stream_as_the_leaders_client_saw_it_end() {
+    let sim = sim_default().await;
+    let gw = std::sync::Arc::new(start(config_for(sim.base_url())).await);
+    let mut length = chat_body("follow length", true);
+    length["max_tokens"] = json!(4);
+    let cases = [
+        (
+            "error event",
+            chat_body("follow an error", true),
+            Some(("x-sim-fault", "error-event=3")),
+        ),
+        ("length", length, None),
+    ];
+    for (case, body, fault) in cases {
+        let mut headers = vec![("x-sim-ttft-ms", "300"), ("x-sim-itl-ms", "40")];
+        headers.extend(fault);
+        let mut tasks = Vec::new();
+        for i in 0..2 {
+            let (gw, headers, body) = (gw.clone(), headers.clone(), body.clone());
+            tasks.push(tokio::spawn(async move {
+                let response = post(&gw, &body, &headers).await;
+                (outcome(&response), stream_text(response).await)
+            }));
+            if i == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+        let mut seen = Vec::new();
+        for t in tasks {
+            seen.push(t.await.expect("task"));
+        }
+        let outcomes: Vec<&str> = seen.iter().map(|(o, _)| o.as_str()).collect();
+        assert_eq!(outcomes, ["miss", "coalesced"], "{case}");
+        let (data, _) = parse_sse(&seen[1].1);
+        if case == "error event" {
+            let last = data.last().expect("events");
+            assert!(
+                last.contains("The server had an error"),
+                "{case}: {}",
+                seen[1].1
+            );
+            assert!(!seen[1].1.contains("coalesced leader"), "{}", seen[1].1);
+        } else {
+            assert_eq!(
+                data.last().map(String::as_str),
+                Some("[DONE]"),
+                "{}",
+                seen[1].1
+            );
+            assert!(!seen[1].1.contains("\"error\""), "{}", seen[1].1);
+        }
+    }
+}
+
 #[tokio::test]
 async fn eviction_keeps_the_store_under_its_caps() {
     let sim = sim::spawn(SimConfig {

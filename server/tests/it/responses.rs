@@ -577,6 +577,64 @@ async fn identical_requests_in_flight_share_one_upstream_call_with_typed_events(
     );
 }
 
+/// A Responses stream that fails after it began ends with the API's own typed `error` event,
+/// numbered after the last event sent (the SDKs read it as a `ResponseErrorEvent`), never with a
+/// chunk-shaped `{"error":…}`; and a follower of that stream ends with the same event.
+#[tokio::test]
+async fn a_broken_stream_ends_with_a_typed_error_event_and_so_do_its_followers() {
+    let sim = sim_default().await;
+    let gw = std::sync::Arc::new(start(config_for(sim.base_url())).await);
+    for fault in ["abort=3", "cut=3"] {
+        let question = format!("Break at {fault}?");
+        let headers = [
+            ("x-sim-fault", fault),
+            ("x-sim-ttft-ms", "300"),
+            ("x-sim-itl-ms", "40"),
+        ];
+        let mut tasks = Vec::new();
+        for i in 0..2 {
+            let (gw, question) = (gw.clone(), question.clone());
+            tasks.push(tokio::spawn(async move {
+                let response = create(&gw, "sk-a", &ask(&question, true), &headers).await;
+                (outcome(&response), response.text().await.expect("body"))
+            }));
+            if i == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+        let mut outcomes = Vec::new();
+        let mut errors = Vec::new();
+        for t in tasks {
+            let (o, text) = t.await.expect("task");
+            let typed = parse_typed(&text);
+            let ((name, error), before) = typed
+                .events
+                .split_last()
+                .map(|(last, before)| (last.clone(), before.to_vec()))
+                .expect("events");
+            assert_eq!(name, "error", "{fault}: {text}");
+            assert_eq!(error["code"], "upstream_invalid_response", "{fault}: {text}");
+            assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
+            let previous = before.last().expect("events before the error").1["sequence_number"]
+                .as_u64()
+                .expect("numbered");
+            assert_eq!(
+                error["sequence_number"],
+                json!(previous + 1),
+                "{fault}: {text}"
+            );
+            assert!(!text.contains("data: {\"error\""), "{fault}: {text}");
+            outcomes.push(o);
+            errors.push(error);
+        }
+        assert_eq!(outcomes, ["miss", "coalesced"], "{fault}");
+        assert_eq!(
+            errors[0], errors[1],
+            "{fault}: the follower ends as the leader did"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_stream_ends_at_response_completed_even_when_the_upstream_holds_on() {
     let sim = sim_default().await;
