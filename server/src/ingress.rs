@@ -34,7 +34,7 @@ const ANTHROPIC_VERSION: &str = "anthropic-version";
 
 /// Which upstream a request goes to: OpenAI-shaped APIs to `upstream_url`, Anthropic's Messages
 /// API (and every path below `/v1/messages`, such as `count_tokens`) to `anthropic_upstream_url`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Provider {
     OpenAi,
     Anthropic,

@@ -51,6 +51,7 @@ pub mod api;
 pub(crate) mod backfill;
 pub mod cache;
 pub mod config;
+pub(crate) mod cors;
 pub mod downstream;
 pub mod embed;
 pub mod entry;

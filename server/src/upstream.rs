@@ -39,6 +39,8 @@ pub struct Upstream {
     api_key: Option<Secret>,
     pub(crate) first_byte_timeout: Duration,
     pub(crate) idle_timeout: Duration,
+    /// What each upstream answers browsers' origins, for the answers the gateway makes itself.
+    pub(crate) cors: crate::cors::Cors,
 }
 
 impl Upstream {
@@ -64,6 +66,7 @@ impl Upstream {
             api_key: config.upstream_api_key.clone(),
             first_byte_timeout: config.first_byte_timeout(),
             idle_timeout: config.idle_timeout(),
+            cors: crate::cors::Cors::default(),
         })
     }
 

@@ -22,6 +22,7 @@
 //! not HTTP, then close). N counts the content tokens sent before the fault (default 2).
 //! `x-sim-usage: ignore` answers a stream as a server that ignores `stream_options.include_usage`;
 //! `x-sim-usage: nulls`, as one that puts `"usage": null` on every chunk even when not asked.
+//! A request with `Origin` gets CORS headers (any origin), unless it says `x-sim-cors: deny`.
 //!
 //! A chat completion that carries a gateway's judge block is answered by [`judge`] instead, from
 //! labeled pairs at a stated accuracy (`judge_labels`, `judge_accuracy`, `judge_seed`,
@@ -349,8 +350,34 @@ pub fn router(config: SimConfig) -> (Router, Arc<SimStats>) {
         .route("/stats", get(stats_handler))
         .route("/stats/reset", post(stats_reset))
         .route("/healthz", get(|| async { "ok" }))
+        .layer(axum::middleware::from_fn(cors_answer))
         .with_state(sim);
     (router, stats)
+}
+
+/// A browser's actual request (one with `Origin`) is answered with the CORS headers that let the
+/// page read it, as the providers do: any origin, `x-request-id` readable. `x-sim-cors: deny`
+/// plays an upstream that grants that origin nothing.
+async fn cors_answer(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let browser = request.headers().contains_key(header::ORIGIN);
+    let deny = request
+        .headers()
+        .get("x-sim-cors")
+        .is_some_and(|v| v.as_bytes() == b"deny");
+    let is_preflight = request.method() == axum::http::Method::OPTIONS;
+    let mut response = next.run(request).await;
+    if browser && !deny && !is_preflight {
+        let out = response.headers_mut();
+        out.insert(
+            header::ACCESS_CONTROL_ALLOW_ORIGIN,
+            HeaderValue::from_static("*"),
+        );
+        out.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static("x-request-id"),
+        );
+    }
+    response
 }
 
 /// Serves the simulator until `shutdown` resolves.

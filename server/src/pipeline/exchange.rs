@@ -112,6 +112,15 @@ impl Exchange {
         let mut policy =
             policy::from_headers(&ingress.headers, &settings.defaults_for(&ingress.headers))?;
         let api = crate::api::of(ingress.route);
+        // A browser's request from an origin the upstream has not answered yet goes upstream: a
+        // hit must carry the upstream's CORS answer to that origin (see `cors.rs`).
+        if !state
+            .upstream
+            .cors
+            .can_answer(ingress.route.provider(), &ingress.headers)
+        {
+            policy.lookup = false;
+        }
         // The API's own rules (the Responses API's stored responses) may keep entries per key.
         let share = state.cache.settings.share_across_keys & api.rules(&ingress.body, &mut policy);
         let tenant = Tenant::from_headers(&ingress.headers, share);

@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::timeout_at;
 
 use crate::cache::Recorder;
+use crate::cors::Cors;
 use crate::downstream::Source;
 use crate::error::{ErrorShape, GatewayError};
 use crate::ingress::{Ingress, Provider, PASSTHROUGH};
@@ -170,6 +171,12 @@ pub(crate) async fn relay(
     let meta = ex.record(ex.policy.miss_outcome());
     let route = ex.route();
     let shape = route.provider().error_shape();
+    if let (Ok(started), Some(origin)) = (&started, Cors::origin(&ex.ingress.headers)) {
+        state
+            .upstream
+            .cors
+            .learn(route.provider(), origin, &started.headers);
+    }
     let Exchange {
         id: request_id,
         ingress: Ingress { mut clock, .. },

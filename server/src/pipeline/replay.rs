@@ -94,6 +94,11 @@ pub(crate) fn serve(state: &AppState, ex: &Exchange, found: Found) -> Response {
     }
     set_cache_outcome(headers, outcome);
     set_request_id(headers, &ex.id);
+    let provider = ex.route().provider();
+    state
+        .upstream
+        .cors
+        .apply(provider, &ex.ingress.headers, headers);
     set_header(headers, "x-reprise-entry", id.to_string());
     set_header(headers, "age", age_s.to_string());
     if let Some(saved) = saved {
@@ -275,5 +280,10 @@ pub(crate) async fn follow(
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     set_cache_outcome(headers, CacheOutcome::Coalesced);
     set_request_id(headers, &ex.id);
+    let provider = ex.route().provider();
+    state
+        .upstream
+        .cors
+        .apply(provider, &ex.ingress.headers, headers);
     Some(response)
 }

@@ -531,6 +531,67 @@ async fn a_follower_ends_its_stream_as_the_leaders_client_saw_it_end() {
     }
 }
 
+/// A browser reads a cross-origin answer only with the upstream's CORS headers. A hit is the
+/// gateway's own answer: it carries what the upstream last answered the request's origin, and a
+/// request from an origin the upstream has not answered yet goes upstream to learn it (a miss that
+/// stores). No origin, no CORS headers; an origin the upstream refused gets none on a hit either.
+#[tokio::test]
+async fn hits_carry_the_upstreams_cors_answer_to_the_requests_origin() {
+    let sim = sim_default().await;
+    let gw = start(config_for(sim.base_url())).await;
+    let app = ("origin", "https://app.example");
+    let allow = |r: &reqwest::Response| {
+        r.headers()
+            .get("access-control-allow-origin")
+            .map(|v| v.to_str().expect("ascii").to_owned())
+    };
+    let ask = |stream: bool| chat_body("asked from a browser", stream);
+    let miss = post(&gw, &ask(false), &[app]).await;
+    assert_eq!(
+        (outcome(&miss), allow(&miss)),
+        ("miss".into(), Some("*".into()))
+    );
+    content(miss, false).await;
+    wait_for_entries(&gw, 1).await;
+    for stream in [false, true] {
+        let hit = post(&gw, &ask(stream), &[app]).await;
+        assert_eq!(outcome(&hit), "hit", "stream {stream}");
+        assert_eq!(allow(&hit).as_deref(), Some("*"), "stream {stream}");
+        assert_eq!(
+            hit.headers()
+                .get("access-control-expose-headers")
+                .map(|v| v.as_bytes()),
+            Some(&b"x-request-id"[..])
+        );
+        content(hit, stream).await;
+    }
+    // No origin (the SDKs outside a browser): a hit, as before, with no CORS headers.
+    let plain = post(&gw, &ask(false), &[]).await;
+    assert_eq!((outcome(&plain), allow(&plain)), ("hit".into(), None));
+    // Another origin: one miss to hear the upstream's answer, then hits.
+    let calls = upstream_calls(&sim);
+    let other = ("origin", "https://other.example");
+    let first = post(&gw, &ask(false), &[other]).await;
+    assert_eq!(
+        (outcome(&first), allow(&first)),
+        ("miss".into(), Some("*".into()))
+    );
+    content(first, false).await;
+    assert_eq!(upstream_calls(&sim), calls + 1);
+    let again = post(&gw, &ask(false), &[other]).await;
+    assert_eq!(
+        (outcome(&again), allow(&again)),
+        ("hit".into(), Some("*".into()))
+    );
+    // An origin the upstream grants nothing gets nothing from a hit either.
+    let denied = [("origin", "https://denied.example"), ("x-sim-cors", "deny")];
+    let first = post(&gw, &ask(false), &denied).await;
+    assert_eq!((outcome(&first), allow(&first)), ("miss".into(), None));
+    content(first, false).await;
+    let again = post(&gw, &ask(false), &denied).await;
+    assert_eq!((outcome(&again), allow(&again)), ("hit".into(), None));
+}
+
 #[tokio::test]
 async fn eviction_keeps_the_store_under_its_caps() {
     let sim = sim::spawn(SimConfig {

@@ -60,6 +60,7 @@ const FLOORS: &[(&str, u8)] = &[
     ("replica.rs", 5),
     ("verify/", 5),
     ("upstream.rs", 5),
+    ("cors.rs", 5),
     ("render.rs", 5),
     // 6. The gateway's state: one `Arc` per part, assembled at start.
     ("state.rs", 6),

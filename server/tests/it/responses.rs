@@ -613,7 +613,10 @@ async fn a_broken_stream_ends_with_a_typed_error_event_and_so_do_its_followers()
                 .map(|(last, before)| (last.clone(), before.to_vec()))
                 .expect("events");
             assert_eq!(name, "error", "{fault}: {text}");
-            assert_eq!(error["code"], "upstream_invalid_response", "{fault}: {text}");
+            assert_eq!(
+                error["code"], "upstream_invalid_response",
+                "{fault}: {text}"
+            );
             assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
             let previous = before.last().expect("events before the error").1["sequence_number"]
                 .as_u64()
