@@ -657,17 +657,32 @@ fn stored_ids(
     store: &dyn Store,
     patience: Patience,
 ) -> Result<(BTreeSet<u64>, Vec<u64>), StoreError> {
-    stored_ids_trusting(store, patience, |_| BTreeSet::new())
+    stored_ids_trusting(store, patience, |_| BTreeSet::new(), Unvouched::Read)
+}
+
+/// What [`stored_ids_trusting`] does with the entries of a store that cannot tell which have a
+/// vector, when no index dump vouches for any of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unvouched {
+    /// Reads them, to list exactly those with a vector and those that want one.
+    Read,
+    /// Lists them all unread, as if each had a vector, for a build from the store that reads every
+    /// entry's cold half anyway and skips those without one ([`StoredVectors`], which also notes
+    /// those that want one). Reading them first would read the whole store twice: a fresh Redis
+    /// replica of a million entries spent about a quarter of its start on the first read.
+    LeftToTheBuild,
 }
 
 /// As [`stored_ids`]; a store that cannot tell which entries have a vector (Redis) also spares
 /// reading those `dumped` names, given its ids: the ids of an index dump checked against the
 /// store, whose entries had a vector when it was saved and still have it (an entry's vector is
-/// only ever added, or replaced for another model, which refuses the dump).
+/// only ever added, or replaced for another model, which refuses the dump). When the dump
+/// vouches for none, `unvouched` says whether the entries are read or left to the build.
 fn stored_ids_trusting(
     store: &dyn Store,
     patience: Patience,
     dumped: impl FnOnce(&[EntryId]) -> BTreeSet<u64>,
+    unvouched: Unvouched,
 ) -> Result<(BTreeSet<u64>, Vec<u64>), StoreError> {
     let mut with_vector = BTreeSet::new();
     let mut unembedded = Vec::new();
@@ -679,6 +694,9 @@ fn stored_ids_trusting(
         None => {
             let ids = patience.read("the stored ids", || store.ids())?;
             let dumped = dumped(&ids);
+            if dumped.is_empty() && unvouched == Unvouched::LeftToTheBuild {
+                return Ok((ids.into_iter().map(|id| id.0).collect(), Vec::new()));
+            }
             let (held, rest): (Vec<EntryId>, Vec<EntryId>) =
                 ids.into_iter().partition(|id| dumped.contains(&id.0));
             with_vector.extend(held.into_iter().map(|id| id.0));
@@ -709,6 +727,8 @@ struct StoredVectors<S> {
     page: std::vec::IntoIter<Entry>,
     patience: Patience,
     failed: Option<StoreError>,
+    /// Entries read without a vector that want one (see [`wants_vector`]), for the backfill.
+    unembedded: Vec<u64>,
 }
 
 impl<S: std::ops::Deref<Target = T>, T: Store + ?Sized> StoredVectors<S> {
@@ -719,12 +739,14 @@ impl<S: std::ops::Deref<Target = T>, T: Store + ?Sized> StoredVectors<S> {
             page: Vec::new().into_iter(),
             patience,
             failed: None,
+            unembedded: Vec::new(),
         }
     }
 
-    /// Why the stream ended before its last id, if it did.
-    fn failed(self) -> Option<StoreError> {
-        self.failed
+    /// Why the stream ended before its last id, if it did, and the entries read that want a
+    /// vector.
+    fn finish(self) -> (Option<StoreError>, Vec<u64>) {
+        (self.failed, self.unembedded)
     }
 }
 
@@ -734,6 +756,9 @@ impl<S: std::ops::Deref<Target = T>, T: Store + ?Sized> Iterator for StoredVecto
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             for entry in self.page.by_ref() {
+                if wants_vector(&entry) {
+                    self.unembedded.push(entry.id.0);
+                }
                 if let Some(vector) = entry.vector {
                     return Some((entry.id.0, entry.partition.0, vector));
                 }
@@ -761,17 +786,18 @@ impl<S: std::ops::Deref<Target = T>, T: Store + ?Sized> Iterator for StoredVecto
 
 /// Builds the index of the stored vectors of `ids`, its graphs now or left to the maintenance
 /// ([`Graphs`]), and says why it lacks the rest if the store could not be read whole (the rest
-/// stays reachable by exact key).
+/// stays reachable by exact key), and which of the entries it read want a vector.
 fn build_from_store(
     store: &dyn Store,
     dimension: usize,
     ids: BTreeSet<u64>,
     patience: Patience,
     graphs: Graphs,
-) -> (HnswIndex, Option<StoreError>) {
+) -> (HnswIndex, Option<StoreError>, Vec<u64>) {
     let mut vectors = StoredVectors::new(store, ids, patience);
     let built = HnswIndex::build_with(index_config(dimension), &mut vectors, graphs);
-    (built, vectors.failed())
+    let (failed, unembedded) = vectors.finish();
+    (built, failed, unembedded)
 }
 
 /// The dump as [`DumpPreload`] loaded it, when it did.
@@ -812,7 +838,12 @@ fn load_in_background(
                 let dumped = |stored: &[EntryId]| {
                     dumped_ids(&dir, dimension, store.as_ref(), stored, &mut preloaded, patience)
                 };
-                let read = stored_ids_trusting(store.as_ref(), patience, dumped);
+                let read = stored_ids_trusting(
+                    store.as_ref(),
+                    patience,
+                    dumped,
+                    Unvouched::LeftToTheBuild,
+                );
                 let (expected, unembedded) = match read {
                     Ok(ids) => ids,
                     Err(err) => {
@@ -838,12 +869,18 @@ fn load_in_background(
                 let filled = if expected.is_empty() {
                     // Nothing to index: a dump could only hold what the store no longer has.
                     target.finish(HnswIndex::new(index_config(dimension)));
-                    Ok(Installed::Whole)
+                    Ok((Installed::Whole, Vec::new()))
                 } else {
                     let preloaded = preloaded.take();
                     load_or_rebuild(&dir, dimension, &store, &expected, preloaded, &target, patience)
                 };
-                match filled {
+                // Those the build found (entries left unread above), once the index serves.
+                if let Ok((_, unembedded)) = &filled {
+                    for &id in unembedded {
+                        backfill.enqueue(EntryId(id));
+                    }
+                }
+                match filled.map(|(what, _)| what) {
                     Ok(Installed::Partial) => break,
                     Ok(Installed::Whole | Installed::AsDumped) => return,
                     Err(why) => {
@@ -879,8 +916,8 @@ fn load_in_background(
 }
 
 /// Puts the dump in service, brought up to the store's `expected` ids, or else an index rebuilt
-/// from the stored vectors, and says which it holds; nothing, and why, when the dump could not be
-/// checked against the store (which did not read).
+/// from the stored vectors, and says which it holds, with the entries it read that want a vector;
+/// nothing, and why, when the dump could not be checked against the store (which did not read).
 fn load_or_rebuild(
     dir: &Path,
     dimension: usize,
@@ -889,7 +926,7 @@ fn load_or_rebuild(
     preloaded: Preloaded,
     target: &SwappableIndex,
     patience: Patience,
-) -> Result<Installed, String> {
+) -> Result<(Installed, Vec<u64>), String> {
     let started = std::time::Instant::now();
     match load_dump(dir, dimension, store, expected, preloaded, patience) {
         Ok((index, caught_up)) => {
@@ -913,7 +950,7 @@ fn load_or_rebuild(
                 _ => Installed::Whole,
             };
             target.install(index, what);
-            Ok(what)
+            Ok((what, caught_up.unembedded))
         }
         Err(DumpUnused::Unchecked(why)) => Err(why),
         Err(reason) => {
@@ -921,7 +958,7 @@ fn load_or_rebuild(
             tracing::warn!(vectors = count, %reason, "rebuilding the vector index in the background: semantic hits resume once the store is read (flat partitions, the large ones searched by their rows' sketches), large partitions get their graphs after");
             // The index in service is empty: every vector is searched once the store is read, in
             // a minute at a million entries, instead of after half an hour of graphs.
-            let (built, failed) = build_from_store(
+            let (built, failed, unembedded) = build_from_store(
                 store.as_ref(),
                 dimension,
                 expected.clone(),
@@ -939,7 +976,7 @@ fn load_or_rebuild(
                 Some(_) => Installed::Partial,
             };
             target.install(built, what);
-            Ok(what)
+            Ok((what, unembedded))
         }
     }
 }
@@ -998,6 +1035,8 @@ struct CaughtUp {
     removed: usize,
     /// Why some of the missing could not be read (the index lacks them), if so.
     failed: Option<StoreError>,
+    /// Of the entries read, those that want a vector.
+    unembedded: Vec<u64>,
 }
 
 /// Why the dump was not used; every case means a rebuild from the store.
@@ -1095,12 +1134,14 @@ fn load_dump(
         catch_up_ms = (started.elapsed() - checked).as_millis() as u64,
         "index dump loaded, checked and caught up"
     );
+    let (failed, unembedded) = vectors.finish();
     Ok((
         index,
         CaughtUp {
             added,
             removed,
-            failed: vectors.failed(),
+            failed,
+            unembedded,
         },
     ))
 }
@@ -1312,7 +1353,13 @@ impl SwappableIndex {
         if !self.begin_rebuild() {
             return Rebuild::Busy;
         }
-        let ids = match stored_ids(store, patience) {
+        // The entries are read once, by the build.
+        let ids = match stored_ids_trusting(
+            store,
+            patience,
+            |_| BTreeSet::new(),
+            Unvouched::LeftToTheBuild,
+        ) {
             Ok((ids, _)) => ids,
             Err(err) => {
                 self.abandon_rebuild();
@@ -1330,12 +1377,12 @@ impl SwappableIndex {
             Graphs::Now
         };
         match build_from_store(store, dimension, ids, patience, graphs) {
-            (built, None) => {
+            (built, None, _) => {
                 let vectors = built.len();
                 self.finish(built);
                 Rebuild::Done(vectors)
             }
-            (partial, Some(err)) => {
+            (partial, Some(err), _) => {
                 if partial.len() > self.len() {
                     self.install(partial, Installed::Partial);
                 } else {
@@ -1651,11 +1698,11 @@ mod tests {
         store.fail(2, 1);
         let mut vectors = StoredVectors::new(store.as_ref(), ids.clone(), QUICK);
         assert_eq!((&mut vectors).count() as u64, n);
-        assert!(vectors.failed().is_none());
+        assert!(vectors.finish().0.is_none());
         store.fail(3, 1);
         let mut vectors = StoredVectors::new(store.as_ref(), ids, QUICK);
         assert_eq!((&mut vectors).count(), PAGE, "the first page only");
-        assert!(vectors.failed().is_some(), "and says why it ended");
+        assert!(vectors.finish().0.is_some(), "and says why it ended");
     }
 
     #[test]
@@ -1664,9 +1711,10 @@ mod tests {
         let n = 2 * PAGE as u64 + 7;
         let store = faulty_store(dir.path(), n, |_| false);
         let index = SwappableIndex::ready(HnswIndex::new(index_config(8)));
-        // The ids and every entry read (three pages), then the build's first page of vectors
-        // but not its second: half an index beats none.
-        store.fail(3, 5);
+        // The ids, then the build's first page of vectors but not its second (the build reads
+        // each entry once: a store without a ledger is not read to list them first): half an
+        // index beats none.
+        store.fail(3, 2);
         let rebuilt = index.rebuild(store.as_ref(), 8, QUICK);
         assert!(matches!(rebuilt, Rebuild::Incomplete(_)), "{rebuilt:?}");
         assert_eq!(index.len(), PAGE);
@@ -1925,7 +1973,7 @@ mod tests {
         let store: Arc<dyn Store> = faulty.clone();
         let dump = dir.path().join("index");
         let (ids, _) = stored_ids(store.as_ref(), QUICK).expect("read");
-        let (built, failed) = build_from_store(store.as_ref(), 8, ids, QUICK, Graphs::Now);
+        let (built, failed, _) = build_from_store(store.as_ref(), 8, ids, QUICK, Graphs::Now);
         assert!(failed.is_none());
         built.save(&dump).expect("save");
         let embedder = Arc::new(
@@ -1968,9 +2016,9 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(5));
             }
         };
-        // The ids failing past patience once; then, with every entry read (the ids and three
-        // pages), the build's second page failing past it.
-        for (failures, good_reads, to_embed) in [(4, 0, n.div_ceil(5)), (3, 5, 0)] {
+        // The ids failing past patience once; then, with the ids and the build's first page
+        // read, its second page failing past it.
+        for (failures, good_reads, to_embed) in [(4, 0, n.div_ceil(5)), (3, 2, 0)] {
             faulty.fail(failures, good_reads);
             let index = SwappableIndex::building(HnswIndex::new(index_config(8)));
             let backfill = Backfill::start(embedder.clone(), index.clone(), store.clone(), vec![]);
@@ -2001,7 +2049,8 @@ mod tests {
         let store: Arc<dyn Store> = faulty.clone();
         let dump = dir.path().join("index");
         let (ids, _) = stored_ids(store.as_ref(), QUICK).expect("read");
-        let (built, failed) = build_from_store(store.as_ref(), 8, ids.clone(), QUICK, Graphs::Now);
+        let (built, failed, _) =
+            build_from_store(store.as_ref(), 8, ids.clone(), QUICK, Graphs::Now);
         assert!(failed.is_none());
         built.save(&dump).expect("save");
         // Since the dump: one entry deleted, ten stored with a vector and five without.
@@ -2019,7 +2068,8 @@ mod tests {
         let dumped = |stored: &[EntryId]| {
             dumped_ids(&dump, 8, store.as_ref(), stored, &mut preloaded, QUICK)
         };
-        let trusted = stored_ids_trusting(store.as_ref(), QUICK, dumped).expect("read");
+        let trusted =
+            stored_ids_trusting(store.as_ref(), QUICK, dumped, Unvouched::Read).expect("read");
         assert_eq!(trusted, (all.clone(), unembedded.clone()));
         let asked = faulty.cold_asked.load(Ordering::SeqCst);
         assert!(
@@ -2046,7 +2096,8 @@ mod tests {
         let dumped = |stored: &[EntryId]| {
             dumped_ids(&other, 8, store.as_ref(), stored, &mut preloaded, QUICK)
         };
-        let read = stored_ids_trusting(store.as_ref(), QUICK, dumped).expect("read");
+        let read =
+            stored_ids_trusting(store.as_ref(), QUICK, dumped, Unvouched::Read).expect("read");
         assert_eq!(read, (all, unembedded));
         assert!(faulty.cold_asked.load(Ordering::SeqCst) as u64 >= n + 15 - 1);
         // No dump at all: every entry is read, and nothing is loaded.
@@ -2057,6 +2108,44 @@ mod tests {
         };
         assert!(dumped(&[EntryId(first + 1)]).is_empty());
         assert!(preloaded.is_none());
+    }
+
+    /// A fresh replica of a store without a ledger (Redis), with no dump to vouch for any entry,
+    /// read every entry's cold half twice: once to list those with a vector, once to build. The
+    /// listing now leaves them unread; the build reads each once, skips those without a vector and
+    /// names those that want one, for the backfill.
+    #[test]
+    fn a_store_without_a_ledger_is_read_once_when_no_dump_vouches_for_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let n = 3 * PAGE as u64;
+        let faulty = faulty_store(dir.path(), n, |i| i % 7 == 0);
+        let store: Arc<dyn Store> = faulty.clone();
+        let (with_vector, unembedded) = stored_ids(store.as_ref(), QUICK).expect("read");
+        assert!(!unembedded.is_empty());
+        faulty.cold_asked.store(0, Ordering::SeqCst);
+        let none = |_: &[EntryId]| BTreeSet::new();
+        let (listed, found) =
+            stored_ids_trusting(store.as_ref(), QUICK, none, Unvouched::LeftToTheBuild)
+                .expect("list");
+        assert_eq!(faulty.cold_asked.load(Ordering::SeqCst), 0);
+        assert_eq!((listed.len() as u64, found.len()), (n, 0));
+        let (built, failed, found) =
+            build_from_store(store.as_ref(), 8, listed, QUICK, Graphs::Now);
+        assert!(failed.is_none());
+        assert_eq!(built.ids(), with_vector);
+        assert_eq!(found, unembedded);
+        assert_eq!(faulty.cold_asked.load(Ordering::SeqCst) as u64, n);
+        // A dump caught up from such a list skips the entries without a vector in the same way.
+        let dump = dir.path().join("index");
+        let some: BTreeSet<u64> = with_vector.iter().copied().skip(10).collect();
+        build_from_store(store.as_ref(), 8, some, QUICK, Graphs::Now)
+            .0
+            .save(&dump)
+            .expect("save");
+        let all: BTreeSet<u64> = with_vector.iter().chain(&unembedded).copied().collect();
+        let (index, caught_up) = load_dump(&dump, 8, &store, &all, None, QUICK).expect("loaded");
+        assert_eq!(index.ids(), with_vector);
+        assert_eq!(caught_up.unembedded, unembedded);
     }
 
     #[test]
