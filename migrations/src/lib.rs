@@ -355,7 +355,8 @@ pub mod fixtures {
         loop {
             match sled::open(dir) {
                 Err(sled::Error::Io(e))
-                    if e.to_string().contains("could not acquire lock")
+                    if (e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.to_string().contains("could not acquire lock"))
                         && std::time::Instant::now() < deadline =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(20));

@@ -551,9 +551,9 @@ impl Record {
     /// hit sends only to a client that asked for usage. [`build`] stores such a chunk as one
     /// `WITH_USAGE` span spanning its whole event; any other chunk also has bytes sent without
     /// usage. A chunk's `"usage": null` member (some servers send one on every chunk, asked or not)
-    /// is not usage.
+    /// is not usage. Looked for from the end, where a stream puts it.
     pub fn has_usage_chunk(&self) -> bool {
-        (0..self.events.len()).any(|i| {
+        (0..self.events.len()).rev().any(|i| {
             let (text, holes) = self.event_ranges(i, i + 1);
             self.events[i].had_usage
                 && self.stream.holes.get(holes.start).is_some_and(|h| {

@@ -4,10 +4,10 @@
 //! A browser reads a cross-origin response only when it carries `Access-Control-Allow-Origin` for
 //! the page's origin. A miss relays the upstream's headers, so it has them; a hit is the gateway's
 //! own answer, and without them the browser refuses it although the same request had worked as a
-//! miss. The policy is the upstream's (OpenAI's and Anthropic's grant browsers access on their own
-//! terms), so the gateway never invents one: it repeats what the upstream last said to that origin,
-//! and a request from an origin it has not heard the upstream answer yet goes upstream (a miss that
-//! still stores its answer) to learn it.
+//! miss. The policy is the upstream's (OpenAI and Anthropic grant browsers access on their own
+//! terms), so the gateway never invents one: it repeats what the upstream last said to the same
+//! asker, and a request from an asker it has not heard the upstream answer yet goes upstream (see
+//! `pipeline/lookup.rs`) to learn it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,6 +19,7 @@ use axum::http::header::{
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::ingress::Provider;
+use crate::key::Tenant;
 use crate::lock::lock;
 
 /// The response headers that make up a CORS answer to an actual (not preflight) request.
@@ -28,29 +29,63 @@ const ANSWER: [HeaderName; 3] = [
     ACCESS_CONTROL_EXPOSE_HEADERS,
 ];
 
-/// Origins remembered per process. A browser app has one or a few; past this many (origins made up
-/// by a client) the memory starts over, each origin then relearning with one miss.
-const MAX_ORIGINS: usize = 1024;
+/// Anthropic answers a browser only when the request opts in with this header.
+const ANTHROPIC_OPT_IN: &str = "anthropic-dangerous-direct-browser-access";
 
-/// The CORS headers an upstream sent to one origin (empty when it sent none: a hit then sends none
+/// Askers remembered per process. A browser app has one origin or a few; past this many (origins
+/// made up by a client) one is forgotten for each new one, which relearns with one miss.
+const MAX_ASKERS: usize = 1024;
+
+/// An `Origin` longer than any real one (a scheme, a host name of at most 253 bytes and a port) is
+/// never learned: its requests always go upstream.
+const MAX_ORIGIN_BYTES: usize = 300;
+
+/// Whom an upstream's CORS answer was given to: a browser's origin, as one tenant asked from it
+/// (an upstream may grant browsers per key), opted in to Anthropic's browser access or not.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Asker {
+    provider: Provider,
+    tenant: Tenant,
+    origin: HeaderValue,
+    opted_in: bool,
+}
+
+impl Asker {
+    /// The asker of a request from a browser (one with `Origin`: browsers send it on cross-origin
+    /// requests and on any `POST`; the SDKs outside a browser do not); `None` otherwise.
+    pub(crate) fn of(provider: Provider, tenant: Tenant, request: &HeaderMap) -> Option<Self> {
+        let origin = request.get(ORIGIN)?.clone();
+        let opted_in = provider == Provider::Anthropic
+            && request
+                .get(ANTHROPIC_OPT_IN)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+        Some(Self {
+            provider,
+            tenant,
+            origin,
+            opted_in,
+        })
+    }
+}
+
+/// The CORS headers an upstream sent to one asker (empty when it sent none: a hit then sends none
 /// either, and the browser refuses it as it would have refused the upstream's answer).
 pub(crate) type Answer = Vec<(HeaderName, HeaderValue)>;
 
-/// What each upstream last answered each origin.
+/// What each upstream last answered each asker.
 #[derive(Default)]
 pub(crate) struct Cors {
-    known: Mutex<HashMap<(Provider, HeaderValue), Answer>>,
+    known: Mutex<HashMap<Asker, Answer>>,
 }
 
 impl Cors {
-    /// The request's `Origin`, when it has one (browsers send it on cross-origin requests and on
-    /// any `POST`; the SDKs outside a browser do not).
-    pub(crate) fn origin(request: &HeaderMap) -> Option<&HeaderValue> {
-        request.get(ORIGIN)
-    }
-
-    /// Notes the CORS headers of `provider`'s response to a request from `origin`.
-    pub(crate) fn learn(&self, provider: Provider, origin: &HeaderValue, response: &HeaderMap) {
+    /// Notes the CORS headers of a successful (2xx) upstream response to `asker`. An error page
+    /// (a refused key, a rate limit, a proxy's 502) may carry none, or other ones, and must not
+    /// decide what the hits of a request that works carry.
+    pub(crate) fn learn(&self, asker: &Asker, success: bool, response: &HeaderMap) {
+        if !success || asker.origin.len() > MAX_ORIGIN_BYTES {
+            return;
+        }
         let mut answer: Answer = ANSWER
             .iter()
             .flat_map(|name| {
@@ -71,32 +106,24 @@ impl Cors {
             answer.push((VARY, HeaderValue::from_static("Origin")));
         }
         let mut known = lock(&self.known);
-        if known.len() >= MAX_ORIGINS && !known.contains_key(&(provider, origin.clone())) {
-            known.clear();
+        if known.len() >= MAX_ASKERS && !known.contains_key(asker) {
+            if let Some(any) = known.keys().next().cloned() {
+                known.remove(&any);
+            }
         }
-        known.insert((provider, origin.clone()), answer);
+        known.insert(asker.clone(), answer);
     }
 
-    /// What `provider` last answered `origin`; `None` when it has not been heard yet.
-    pub(crate) fn answer(&self, provider: Provider, origin: &HeaderValue) -> Option<Answer> {
-        lock(&self.known).get(&(provider, origin.clone())).cloned()
+    /// What the upstream last answered `asker`; `None` when it has not been heard yet.
+    pub(crate) fn answer(&self, asker: &Asker) -> Option<Answer> {
+        lock(&self.known).get(asker).cloned()
     }
+}
 
-    /// Whether a request with these headers can be answered by the gateway itself: it names no
-    /// origin, or the upstream's answer to its origin is known.
-    pub(crate) fn can_answer(&self, provider: Provider, request: &HeaderMap) -> bool {
-        Self::origin(request)
-            .is_none_or(|origin| lock(&self.known).contains_key(&(provider, origin.clone())))
-    }
-
-    /// Adds to `response` what `provider` answered the request's origin, if it has one.
-    pub(crate) fn apply(&self, provider: Provider, request: &HeaderMap, response: &mut HeaderMap) {
-        let Some(answer) = Self::origin(request).and_then(|o| self.answer(provider, o)) else {
-            return;
-        };
-        for (name, value) in answer {
-            response.append(name, value);
-        }
+/// Adds a learned answer to the gateway's own response.
+pub(crate) fn apply(answer: &Answer, response: &mut HeaderMap) {
+    for (name, value) in answer {
+        response.append(name.clone(), value.clone());
     }
 }
 
@@ -115,28 +142,28 @@ mod tests {
         h
     }
 
+    fn asker(provider: Provider, tenant: u8, request: &[(&str, &str)]) -> Asker {
+        Asker::of(provider, Tenant::Key([tenant; 32]), &headers(request)).expect("an origin")
+    }
+
     #[test]
-    fn an_origin_gets_what_its_upstream_answered_it_and_nothing_is_made_up() {
+    fn an_asker_gets_what_its_upstream_answered_it_and_nothing_is_made_up() {
         let cors = Cors::default();
-        let app = HeaderValue::from_static("https://app.example");
-        let request = headers(&[("origin", "https://app.example")]);
-        assert!(!cors.can_answer(Provider::OpenAi, &request));
-        assert!(cors.can_answer(Provider::OpenAi, &HeaderMap::new()));
-        cors.learn(
-            Provider::OpenAi,
-            &app,
-            &headers(&[
-                ("access-control-allow-origin", "https://app.example"),
-                ("access-control-expose-headers", "x-request-id"),
-                ("vary", "Accept-Encoding, origin"),
-                ("content-type", "application/json"),
-            ]),
-        );
-        assert!(cors.can_answer(Provider::OpenAi, &request));
-        // Learned per upstream: Anthropic's answer to the same origin is its own.
-        assert!(!cors.can_answer(Provider::Anthropic, &request));
+        assert!(Asker::of(Provider::OpenAi, Tenant::Shared, &HeaderMap::new()).is_none());
+        let app = asker(Provider::OpenAi, 1, &[("origin", "https://app.example")]);
+        assert_eq!(cors.answer(&app), None);
+        let granted = headers(&[
+            ("access-control-allow-origin", "https://app.example"),
+            ("access-control-expose-headers", "x-request-id"),
+            ("vary", "Accept-Encoding, origin"),
+            ("content-type", "application/json"),
+        ]);
+        // An error page teaches nothing.
+        cors.learn(&app, false, &HeaderMap::new());
+        assert_eq!(cors.answer(&app), None);
+        cors.learn(&app, true, &granted);
         let mut response = HeaderMap::new();
-        cors.apply(Provider::OpenAi, &request, &mut response);
+        apply(&cors.answer(&app).expect("known"), &mut response);
         assert_eq!(
             response,
             headers(&[
@@ -145,29 +172,52 @@ mod tests {
                 ("vary", "Origin"),
             ])
         );
+        // Learned per upstream and per tenant.
+        let anthropic = asker(Provider::Anthropic, 1, &[("origin", "https://app.example")]);
+        let other_tenant = asker(Provider::OpenAi, 2, &[("origin", "https://app.example")]);
+        assert_eq!(cors.answer(&anthropic), None);
+        assert_eq!(cors.answer(&other_tenant), None);
+        // Anthropic's opt-in is part of the asker: a grant to it is not given to a request without.
+        let opted = asker(
+            Provider::Anthropic,
+            1,
+            &[
+                ("origin", "https://app.example"),
+                ("anthropic-dangerous-direct-browser-access", "true"),
+            ],
+        );
+        assert_ne!(opted, anthropic);
+        cors.learn(&opted, true, &granted);
+        assert_eq!(cors.answer(&anthropic), None);
         // An upstream that grants nothing: known, and a hit grants nothing either.
-        let other = HeaderValue::from_static("https://evil.example");
-        cors.learn(Provider::OpenAi, &other, &headers(&[("vary", "Origin")]));
-        let request = headers(&[("origin", "https://evil.example")]);
-        assert!(cors.can_answer(Provider::OpenAi, &request));
-        let mut response = HeaderMap::new();
-        cors.apply(Provider::OpenAi, &request, &mut response);
-        assert_eq!(response, headers(&[("vary", "Origin")]));
+        let denied = asker(Provider::OpenAi, 1, &[("origin", "https://evil.example")]);
+        cors.learn(&denied, true, &headers(&[("content-type", "text/plain")]));
+        assert_eq!(cors.answer(&denied), Some(Vec::new()));
     }
 
     #[test]
-    fn past_its_bound_the_memory_starts_over() {
+    fn past_its_bound_the_memory_forgets_one_asker_per_new_one() {
         let cors = Cors::default();
         let allow = headers(&[("access-control-allow-origin", "*")]);
-        for i in 0..MAX_ORIGINS {
-            let origin = HeaderValue::from_str(&format!("https://{i}.example")).expect("value");
-            cors.learn(Provider::OpenAi, &origin, &allow);
+        let of = |i: usize| {
+            asker(
+                Provider::OpenAi,
+                1,
+                &[("origin", &format!("https://{i}.example"))],
+            )
+        };
+        for i in 0..MAX_ASKERS {
+            cors.learn(&of(i), true, &allow);
         }
-        let first = HeaderValue::from_static("https://0.example");
-        assert!(cors.answer(Provider::OpenAi, &first).is_some());
-        let one_more = HeaderValue::from_static("https://new.example");
-        cors.learn(Provider::OpenAi, &one_more, &allow);
-        assert!(cors.answer(Provider::OpenAi, &first).is_none());
-        assert!(cors.answer(Provider::OpenAi, &one_more).is_some());
+        cors.learn(&of(MAX_ASKERS), true, &allow);
+        let known = (0..=MAX_ASKERS)
+            .filter(|&i| cors.answer(&of(i)).is_some())
+            .count();
+        assert_eq!(known, MAX_ASKERS);
+        assert!(cors.answer(&of(MAX_ASKERS)).is_some());
+        // An origin no browser sends is never learned.
+        let long = asker(Provider::OpenAi, 1, &[("origin", &"x".repeat(400))]);
+        cors.learn(&long, true, &allow);
+        assert_eq!(cors.answer(&long), None);
     }
 }

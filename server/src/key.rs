@@ -100,7 +100,7 @@ impl PartitionKey {
 }
 
 /// Whose cache a request may read: one per API key, or one for everybody.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tenant {
     Shared,
     /// blake3 of the client's credential (the empty credential for anonymous clients).

@@ -398,9 +398,11 @@ impl Semantic {
     /// Rebuilds the index from the vectors in the store, for a replica that missed changes of the
     /// shared store. Blocking. The old index serves meanwhile; changes made meanwhile are kept.
     pub fn resync(&self, store: &dyn Store) -> Rebuild {
-        let rebuilt = self
-            .index
-            .rebuild(store, self.embedder.dimension(), PATIENCE);
+        let mut unembedded = Vec::new();
+        let rebuilt =
+            self.index
+                .rebuild_noting(store, self.embedder.dimension(), PATIENCE, &mut unembedded);
+        enqueue_unembedded(&self.backfill, unembedded);
         if let Rebuild::Done(vectors) = rebuilt {
             tracing::info!(vectors, "vector index rebuilt from the shared store");
         }
@@ -657,11 +659,12 @@ fn stored_ids(
     store: &dyn Store,
     patience: Patience,
 ) -> Result<(BTreeSet<u64>, Vec<u64>), StoreError> {
-    stored_ids_trusting(store, patience, |_| BTreeSet::new(), Unvouched::Read)
+    stored_ids_trusting(store, patience, |_| None, Unvouched::Read)
 }
 
 /// What [`stored_ids_trusting`] does with the entries of a store that cannot tell which have a
-/// vector, when no index dump vouches for any of them.
+/// vector, when there is no index dump to vouch for any of them (one that vouches for none, far
+/// behind or another store's, has them read: `load_dump` may still use it, given the exact ids).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Unvouched {
     /// Reads them, to list exactly those with a vector and those that want one.
@@ -676,12 +679,12 @@ enum Unvouched {
 /// As [`stored_ids`]; a store that cannot tell which entries have a vector (Redis) also spares
 /// reading those `dumped` names, given its ids: the ids of an index dump checked against the
 /// store, whose entries had a vector when it was saved and still have it (an entry's vector is
-/// only ever added, or replaced for another model, which refuses the dump). When the dump
-/// vouches for none, `unvouched` says whether the entries are read or left to the build.
+/// only ever added, or replaced for another model, which refuses the dump). `dumped` is `None`
+/// when there is no dump: `unvouched` then says whether the entries are read or left to the build.
 fn stored_ids_trusting(
     store: &dyn Store,
     patience: Patience,
-    dumped: impl FnOnce(&[EntryId]) -> BTreeSet<u64>,
+    dumped: impl FnOnce(&[EntryId]) -> Option<BTreeSet<u64>>,
     unvouched: Unvouched,
 ) -> Result<(BTreeSet<u64>, Vec<u64>), StoreError> {
     let mut with_vector = BTreeSet::new();
@@ -693,10 +696,10 @@ fn stored_ids_trusting(
         }
         None => {
             let ids = patience.read("the stored ids", || store.ids())?;
-            let dumped = dumped(&ids);
-            if dumped.is_empty() && unvouched == Unvouched::LeftToTheBuild {
+            let Some(dumped) = dumped(&ids).or((unvouched == Unvouched::Read).then(BTreeSet::new))
+            else {
                 return Ok((ids.into_iter().map(|id| id.0).collect(), Vec::new()));
-            }
+            };
             let (held, rest): (Vec<EntryId>, Vec<EntryId>) =
                 ids.into_iter().partition(|id| dumped.contains(&id.0));
             with_vector.extend(held.into_iter().map(|id| id.0));
@@ -852,16 +855,7 @@ fn load_in_background(
                         continue;
                     }
                 };
-                if !unembedded.is_empty() {
-                    tracing::info!(
-                        entries = unembedded.len(),
-                        "stored entries without a vector will be embedded in the background"
-                    );
-                }
-                // Named again after a retry: the backfill keeps each id once.
-                for id in unembedded {
-                    backfill.enqueue(EntryId(id));
-                }
+                enqueue_unembedded(&backfill, unembedded);
                 tracing::debug!(
                     ms = started.elapsed().as_millis() as u64,
                     "stored ids read for the vector index"
@@ -875,12 +869,11 @@ fn load_in_background(
                     load_or_rebuild(&dir, dimension, &store, &expected, preloaded, &target, patience)
                 };
                 // Those the build found (entries left unread above), once the index serves.
-                if let Ok((_, unembedded)) = &filled {
-                    for &id in unembedded {
-                        backfill.enqueue(EntryId(id));
-                    }
-                }
-                match filled.map(|(what, _)| what) {
+                let filled = filled.map(|(what, unembedded)| {
+                    enqueue_unembedded(&backfill, unembedded);
+                    what
+                });
+                match filled {
                     Ok(Installed::Partial) => break,
                     Ok(Installed::Whole | Installed::AsDumped) => return,
                     Err(why) => {
@@ -896,7 +889,10 @@ fn load_in_background(
                 if !target.is_partial() {
                     return;
                 }
-                match target.rebuild(store.as_ref(), dimension, patience) {
+                let mut unembedded = Vec::new();
+                let rebuilt = target.rebuild_noting(store.as_ref(), dimension, patience, &mut unembedded);
+                enqueue_unembedded(&backfill, unembedded);
+                match rebuilt {
                     Rebuild::Done(vectors) => {
                         tracing::info!(vectors, "vector index rebuilt from the store");
                         return;
@@ -912,6 +908,20 @@ fn load_in_background(
         // Out of the building state, or no dump would ever be saved and every change kept.
         index.finish(HnswIndex::new(index_config(dimension)));
         tracing::error!(error = %err, "could not start the index load thread: the vector index starts empty");
+    }
+}
+
+/// Hands the stored entries without a vector to the backfill (named again after a retry: it keeps
+/// each id once).
+fn enqueue_unembedded(backfill: &Backfill, unembedded: Vec<u64>) {
+    if !unembedded.is_empty() {
+        tracing::info!(
+            entries = unembedded.len(),
+            "stored entries without a vector will be embedded in the background"
+        );
+    }
+    for id in unembedded {
+        backfill.enqueue(EntryId(id));
     }
 }
 
@@ -1185,11 +1195,12 @@ fn check_sample(
 }
 
 /// For a store that cannot tell which of its entries have a vector (Redis), the ids of `stored`
-/// that the index dump holds, once a sample of them matches the store (none otherwise, nor
-/// without a dump of this dimension): the dump is loaded into `preloaded` before the store's
-/// entries are read rather than after, so that only the entries stored since it was saved are
-/// read. A replica restarting on a million entries otherwise reads every cold half (3 GB, about a
-/// minute) to learn which vectors its own dump already holds.
+/// that the index dump holds, once a sample of them matches the store (none otherwise): the dump
+/// is loaded into `preloaded` before the store's entries are read rather than after, so that only
+/// the entries stored since it was saved are read. A replica restarting on a million entries
+/// otherwise reads every cold half (3 GB, about a minute) to learn which vectors its own dump
+/// already holds. `None` when there is no dump of this dimension that loads: the index is then
+/// built from the store, which reads every entry anyway.
 fn dumped_ids(
     dir: &Path,
     dimension: usize,
@@ -1197,21 +1208,20 @@ fn dumped_ids(
     stored: &[EntryId],
     preloaded: &mut Preloaded,
     patience: Patience,
-) -> BTreeSet<u64> {
+) -> Option<BTreeSet<u64>> {
     if preloaded.is_none() {
-        let Some(dump) = HnswIndex::dump_summary(dir).filter(|d| d.dimension == dimension) else {
-            return BTreeSet::new();
-        };
+        let dump = HnswIndex::dump_summary(dir).filter(|d| d.dimension == dimension)?;
         // As `load_dump` refuses it, from its manifest's count alone: a dump too far behind is
         // rebuilt from the store, which the reading of every entry serves. (`stored` counts the
-        // entries without a vector too: a dump that only looks too far behind is read in full.)
+        // entries without a vector too: a dump that only looks too far behind is read in full,
+        // and then loaded when the entries with a vector show it is not.)
         if stored.len().saturating_sub(dump.vectors) > most_missing(stored.len()) {
-            return BTreeSet::new();
+            return Some(BTreeSet::new());
         }
         *preloaded = Some(HnswIndex::load(dir, index_config(dimension)));
     }
     let Some(Ok(index)) = preloaded.as_ref() else {
-        return BTreeSet::new();
+        return None;
     };
     let held = index.ids();
     let both: Vec<u64> = stored
@@ -1220,10 +1230,10 @@ fn dumped_ids(
         .filter(|id| held.contains(id))
         .collect();
     match check_sample(index, &both, store, patience) {
-        Ok(()) => both.into_iter().collect(),
+        Ok(()) => Some(both.into_iter().collect()),
         Err(why) => {
             tracing::info!(%why, "the index dump could not be matched with the store: every stored entry is read to list its vectors");
-            BTreeSet::new()
+            Some(BTreeSet::new())
         }
     }
 }
@@ -1349,17 +1359,25 @@ impl SwappableIndex {
     /// cannot be read whole, what was read replaces the index in service only if it holds more
     /// vectors (the old one may have missed changes, not whole pages of entries), and the caller
     /// tries again later.
+    #[cfg(test)]
     fn rebuild(&self, store: &dyn Store, dimension: usize, patience: Patience) -> Rebuild {
+        self.rebuild_noting(store, dimension, patience, &mut Vec::new())
+    }
+
+    /// As `rebuild`, adding to `unembedded` the entries it read that want a vector (a store
+    /// without a ledger is read once, by the build, so they are found there), for the backfill.
+    fn rebuild_noting(
+        &self,
+        store: &dyn Store,
+        dimension: usize,
+        patience: Patience,
+        unembedded: &mut Vec<u64>,
+    ) -> Rebuild {
         if !self.begin_rebuild() {
             return Rebuild::Busy;
         }
         // The entries are read once, by the build.
-        let ids = match stored_ids_trusting(
-            store,
-            patience,
-            |_| BTreeSet::new(),
-            Unvouched::LeftToTheBuild,
-        ) {
+        let ids = match stored_ids_trusting(store, patience, |_| None, Unvouched::LeftToTheBuild) {
             Ok((ids, _)) => ids,
             Err(err) => {
                 self.abandon_rebuild();
@@ -1376,13 +1394,15 @@ impl SwappableIndex {
         } else {
             Graphs::Now
         };
-        match build_from_store(store, dimension, ids, patience, graphs) {
-            (built, None, _) => {
+        let (built, failed, found) = build_from_store(store, dimension, ids, patience, graphs);
+        unembedded.extend(found);
+        match (built, failed) {
+            (built, None) => {
                 let vectors = built.len();
                 self.finish(built);
                 Rebuild::Done(vectors)
             }
-            (partial, Some(err), _) => {
+            (partial, Some(err)) => {
                 if partial.len() > self.len() {
                     self.install(partial, Installed::Partial);
                 } else {
@@ -2016,9 +2036,11 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(5));
             }
         };
-        // The ids failing past patience once; then, with the ids and the build's first page
-        // read, its second page failing past it.
-        for (failures, good_reads, to_embed) in [(4, 0, n.div_ceil(5)), (3, 2, 0)] {
+        // With the ids and the build's first page read, its second page failing past patience:
+        // the entries without a vector are found by the build (there is no dump to vouch for
+        // any), those of the unread pages by the rebuild that follows; then the ids failing past
+        // patience once.
+        for (failures, good_reads, to_embed) in [(3, 2, n.div_ceil(5)), (4, 0, 0)] {
             faulty.fail(failures, good_reads);
             let index = SwappableIndex::building(HnswIndex::new(index_config(8)));
             let backfill = Backfill::start(embedder.clone(), index.clone(), store.clone(), vec![]);
@@ -2028,7 +2050,7 @@ mod tests {
                 !index.is_building() && index.len() as u64 == n
             });
             assert_eq!(faulty.failures.load(Ordering::SeqCst), 0);
-            // Those without a vector were found and embedded (in the first round).
+            // Those without a vector were found and embedded (in the first round), all of them.
             until("the backfill", &|| backfill.stats().pending == 0);
             assert_eq!(backfill.stats().embedded, to_embed);
             backfill.stop();
@@ -2106,7 +2128,7 @@ mod tests {
         let mut dumped = |stored: &[EntryId]| {
             dumped_ids(&none, 8, store.as_ref(), stored, &mut preloaded, QUICK)
         };
-        assert!(dumped(&[EntryId(first + 1)]).is_empty());
+        assert!(dumped(&[EntryId(first + 1)]).is_none());
         assert!(preloaded.is_none());
     }
 
@@ -2123,7 +2145,7 @@ mod tests {
         let (with_vector, unembedded) = stored_ids(store.as_ref(), QUICK).expect("read");
         assert!(!unembedded.is_empty());
         faulty.cold_asked.store(0, Ordering::SeqCst);
-        let none = |_: &[EntryId]| BTreeSet::new();
+        let none = |_: &[EntryId]| None;
         let (listed, found) =
             stored_ids_trusting(store.as_ref(), QUICK, none, Unvouched::LeftToTheBuild)
                 .expect("list");
@@ -2146,6 +2168,35 @@ mod tests {
         let (index, caught_up) = load_dump(&dump, 8, &store, &all, None, QUICK).expect("loaded");
         assert_eq!(index.ids(), with_vector);
         assert_eq!(caught_up.unembedded, unembedded);
+    }
+
+    /// A dump that only looks far behind by its count, because most entries of a store without a
+    /// ledger never get a vector, is still loaded: those entries are read to list the vectors
+    /// (not left to the build, which would rebuild the index), and the dump then matches.
+    #[test]
+    fn a_dump_that_only_looks_far_behind_has_its_entries_read_and_is_loaded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let n = 3 * PAGE as u64;
+        let faulty = faulty_store(&dir.path().join("db"), n, |i| i % 3 != 0);
+        let store: Arc<dyn Store> = faulty.clone();
+        let (with_vector, _) = stored_ids(store.as_ref(), QUICK).expect("read");
+        let dump = dir.path().join("index");
+        build_from_store(store.as_ref(), 8, with_vector.clone(), QUICK, Graphs::Now)
+            .0
+            .save(&dump)
+            .expect("save");
+        let mut preloaded = None;
+        let dumped = |stored: &[EntryId]| {
+            dumped_ids(&dump, 8, store.as_ref(), stored, &mut preloaded, QUICK)
+        };
+        let (expected, _) =
+            stored_ids_trusting(store.as_ref(), QUICK, dumped, Unvouched::LeftToTheBuild)
+                .expect("read");
+        assert_eq!(expected, with_vector, "read, not left to the build");
+        let (index, caught_up) =
+            load_dump(&dump, 8, &store, &expected, preloaded, QUICK).expect("loaded");
+        assert_eq!((caught_up.added, caught_up.removed), (0, 0));
+        assert_eq!(index.ids(), with_vector);
     }
 
     #[test]

@@ -20,13 +20,14 @@ pub enum FlightEnd {
     /// The leader's answer was clean and is stored (or would have been, under `no-store`).
     Stored(Arc<Replay>),
     /// The leader's answer failed or broke off: followers that have read nothing go upstream
-    /// themselves; those reading its stream end with the error event its client got (the
-    /// upstream's, or the gateway's), when there was one.
+    /// themselves; those reading its stream end with the error events its client got (the
+    /// upstream's, and the gateway's), when it got any (not when it had left).
     Failed(Option<Bytes>),
-    /// The leader's stream ended cleanly but was not stored (it passed `max_entry_bytes`, or the
-    /// rules refused the answer, a `length` finish say): the followers already reading it end it
-    /// as it did; the others go upstream themselves.
-    Relayed,
+    /// The leader's stream ended cleanly but was not stored: it passed `max_entry_bytes` (the
+    /// reason, `too_large`, goes into the followers' records as into the leader's), or the rules
+    /// refused the answer (a `length` finish, say). The followers already reading it end it as it
+    /// did; the others go upstream themselves.
+    Relayed(Option<&'static str>),
 }
 
 /// A miss in progress that identical requests can join.

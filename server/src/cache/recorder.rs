@@ -1,7 +1,7 @@
 //! The recorder: follows a miss's answer as it is relayed, feeds its flight's followers, and turns
-//! a clean answer into an entry for the writer. A failed, partial or refused answer ends the flight
-//! as uncacheable and is never stored, and so is one larger than `max_entry_bytes` (relayed
-//! whole, its recording dropped the moment it passes the cap).
+//! a clean answer into an entry for the writer. A failed or partial answer ends the flight as
+//! failed, one the rules refuse or larger than `max_entry_bytes` (relayed whole, its recording
+//! dropped the moment it passes the cap) as relayed; none of them is stored.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -109,7 +109,7 @@ impl Recorder {
     /// why it was not stored, for its size.
     pub fn finish_stream(mut self, phases: Phases) -> Option<&'static str> {
         if self.too_large {
-            self.land(FlightEnd::Relayed);
+            self.land(FlightEnd::Relayed(Some("too_large")));
             return self.skipped();
         }
         let recorded = match (&self.flight, &self.own) {
@@ -167,7 +167,7 @@ impl Recorder {
             tracing::debug!(?why, "not caching this answer");
             // A stream refused here ended cleanly for its client: its followers end it as it did.
             return if recorded.is_some() {
-                self.land(FlightEnd::Relayed)
+                self.land(FlightEnd::Relayed(None))
             } else {
                 self.abandon()
             };
@@ -231,15 +231,15 @@ impl Recorder {
         self.land(FlightEnd::Stored(entry));
     }
 
-    /// The answer will not be stored (failed, partial, or refused by the rules).
+    /// The answer will not be stored: it failed, was cut, or could not be read back.
     pub fn abandon(mut self) {
         self.land(FlightEnd::Failed(None));
     }
 
-    /// The stream failed after it began; `error_event` is the event that ended its client's
-    /// stream, with which the followers reading it end theirs.
-    pub fn fail(mut self, error_event: Option<Bytes>) {
-        self.land(FlightEnd::Failed(error_event));
+    /// The stream failed after it began; `error_events` are the error events its client got,
+    /// with which the followers reading it end theirs.
+    pub fn fail(mut self, error_events: Option<Bytes>) {
+        self.land(FlightEnd::Failed(error_events));
     }
 
     /// Ends the flight this request leads, once.

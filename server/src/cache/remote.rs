@@ -194,7 +194,7 @@ fn keep(
         };
         match end {
             FlightEnd::Stored(_) => cache.writer.send(WriteOp::Release(key, token)),
-            FlightEnd::Failed(_) | FlightEnd::Relayed => {
+            FlightEnd::Failed(_) | FlightEnd::Relayed(_) => {
                 let _ = cache.read(move |store| crate::store::release(store, &key, &token)).await;
             }
         }

@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use axum::http::HeaderMap;
 
+use crate::cors::{self, Asker};
 use crate::entry::{EntryId, HitKind, Replay, RequestSummary};
 use crate::error::GatewayError;
 use crate::feedback::PromptKey;
@@ -29,6 +30,11 @@ pub(crate) struct Exchange {
     pub settings: Arc<LiveSettings>,
     pub policy: Policy,
     pub tenant: Tenant,
+    /// Who asks, when a browser does (the request has `Origin`).
+    pub browser: Option<Asker>,
+    /// What the upstream last answered that asker (CORS headers), for a hit to carry; `None` for
+    /// a browser's request when it has not been heard yet, which then goes upstream.
+    pub cors: Option<cors::Answer>,
     pub keys: Keys,
     /// Whether the response streams (embeddings never do, whatever the body says).
     pub stream: bool,
@@ -112,18 +118,12 @@ impl Exchange {
         let mut policy =
             policy::from_headers(&ingress.headers, &settings.defaults_for(&ingress.headers))?;
         let api = crate::api::of(ingress.route);
-        // A browser's request from an origin the upstream has not answered yet goes upstream: a
-        // hit must carry the upstream's CORS answer to that origin (see `cors.rs`).
-        if !state
-            .upstream
-            .cors
-            .can_answer(ingress.route.provider(), &ingress.headers)
-        {
-            policy.lookup = false;
-        }
         // The API's own rules (the Responses API's stored responses) may keep entries per key.
         let share = state.cache.settings.share_across_keys & api.rules(&ingress.body, &mut policy);
         let tenant = Tenant::from_headers(&ingress.headers, share);
+        let browser = Asker::of(ingress.route.provider(), tenant, &ingress.headers);
+        // Read once: the hit serves what the lookup was decided on.
+        let cors = browser.as_ref().and_then(|b| state.upstream.cors.answer(b));
         let keys = crate::api::keys(&KeyInput {
             route: ingress.route,
             body: &ingress.body,
@@ -161,6 +161,8 @@ impl Exchange {
             settings,
             policy,
             tenant,
+            browser,
+            cors,
             keys,
             prompt_key: OnceLock::new(),
             verify_plan: OnceLock::new(),

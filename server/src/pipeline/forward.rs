@@ -20,7 +20,6 @@ use tokio::sync::mpsc;
 use tokio::time::timeout_at;
 
 use crate::cache::Recorder;
-use crate::cors::Cors;
 use crate::downstream::Source;
 use crate::error::{ErrorShape, GatewayError};
 use crate::ingress::{Ingress, Provider, PASSTHROUGH};
@@ -171,11 +170,12 @@ pub(crate) async fn relay(
     let meta = ex.record(ex.policy.miss_outcome());
     let route = ex.route();
     let shape = route.provider().error_shape();
-    if let (Ok(started), Some(origin)) = (&started, Cors::origin(&ex.ingress.headers)) {
+    if let (Ok(started), Some(browser)) = (&started, &ex.browser) {
+        let success = started.response_status.is_success();
         state
             .upstream
             .cors
-            .learn(route.provider(), origin, &started.headers);
+            .learn(browser, success, &started.headers);
     }
     let Exchange {
         id: request_id,
@@ -400,7 +400,7 @@ fn relay_stream(
         idle_timeout: state.upstream.idle_timeout,
         saw_done: false,
         saw_finish: false,
-        error_event: None,
+        error_events: Vec::new(),
         last_chunk: None,
         invalid_utf8: false,
         failure: None,
@@ -452,9 +452,9 @@ struct Pump {
     idle_timeout: Duration,
     saw_done: bool,
     saw_finish: bool,
-    /// The error event that ended the client's stream: the upstream's, or the gateway's own when
-    /// the upstream failed. Followers of this stream end theirs with it too.
-    error_event: Option<Bytes>,
+    /// The error events of the client's stream, as sent: the upstream's, and the gateway's own
+    /// when the upstream failed. Followers of this stream end theirs with them too.
+    error_events: Vec<u8>,
     /// The last chunk relayed, whose number an error event of a numbered stream follows.
     last_chunk: Option<Bytes>,
     /// An event was not valid UTF-8: relayed as it came, but never stored (parsing it for the
@@ -517,9 +517,13 @@ impl Pump {
         }
         // Stop reading the upstream now: dropping it closes that request.
         drop(upstream);
-        self.close_stream().await;
+        // A client that left gets nothing more; its followers then learn only that the stream
+        // they read was dropped, not an upstream failure that did not happen.
+        if !self.client_gone {
+            self.close_stream().await;
+        }
         let clean = self.failure.is_none()
-            && self.error_event.is_none()
+            && self.error_events.is_empty()
             && !self.invalid_utf8
             && (self.saw_done || self.saw_finish)
             && self.framer.remainder().iter().all(u8::is_ascii_whitespace);
@@ -528,12 +532,13 @@ impl Pump {
             if clean {
                 store_skipped = recorder.finish_stream(self.clock.phases(Instant::now()));
             } else {
-                recorder.fail(self.error_event.clone());
+                let sent = (!self.error_events.is_empty()).then(|| self.error_events.clone());
+                recorder.fail(sent.map(Bytes::from));
             }
         }
         let completion = if self.client_gone {
             Completion::ClientDisconnected
-        } else if self.failure.is_some() || self.error_event.is_some() {
+        } else if self.failure.is_some() || !self.error_events.is_empty() {
             Completion::StreamFailed
         } else {
             Completion::Complete
@@ -585,7 +590,7 @@ impl Pump {
                     Bytes::from(with_timing)
                 }
                 EventKind::Error(_) => {
-                    self.error_event = Some(event.clone());
+                    self.error_events.extend_from_slice(&event);
                     event
                 }
                 EventKind::NoData => event,
@@ -613,14 +618,14 @@ impl Pump {
         true
     }
 
-    /// Ends the client's stream: an error event if the upstream failed, else the timing comment
-    /// when the upstream ended without `[DONE]` (it was already sent before `[DONE]` otherwise).
-    /// The error event is kept even when the client has gone: the followers end with it.
+    /// Ends the client's stream: an error event if the upstream failed (kept with the upstream's
+    /// own, for the followers), else the timing comment when the upstream ended without `[DONE]`
+    /// (it was already sent before `[DONE]` otherwise).
     async fn close_stream(&mut self) {
         if self.failure.is_none()
             && !self.saw_done
             && !self.saw_finish
-            && self.error_event.is_none()
+            && self.error_events.is_empty()
         {
             self.failure = Some(GatewayError::UpstreamProtocol {
                 reason: "the stream ended before completion",
@@ -628,15 +633,13 @@ impl Pump {
             });
         }
         let tail = if let Some(failure) = &self.failure {
-            if !self.client_gone {
-                failure.log();
-            }
+            failure.log();
             let last = self
                 .last_chunk
                 .as_deref()
                 .and_then(crate::cache::tape::chunk_of);
             let event = self.api.stream_error(failure, last.as_ref());
-            self.error_event = Some(event.clone());
+            self.error_events.extend_from_slice(&event);
             event
         } else if !self.saw_done {
             let mut comment = self.clock.phases(Instant::now()).sse_comment().to_vec();
@@ -645,7 +648,7 @@ impl Pump {
         } else {
             return;
         };
-        if !self.client_gone && self.tx.send(tail).await.is_err() {
+        if self.tx.send(tail).await.is_err() {
             self.client_gone = true;
         }
     }
@@ -785,7 +788,7 @@ mod tests {
             idle_timeout: Duration::from_secs(30),
             saw_done: false,
             saw_finish: false,
-            error_event: None,
+            error_events: Vec::new(),
             last_chunk: None,
             invalid_utf8: false,
             failure: None,

@@ -61,8 +61,24 @@ pub(crate) struct PendingSearch {
     pub vector: Arc<OnceLock<Vec<f32>>>,
 }
 
-/// Runs the lookup for `ex`.
+/// Runs the lookup for `ex`. A browser's request whose CORS answer the upstream has not given
+/// yet (see `cors.rs`) cannot be served by the gateway: what would have been a hit goes upstream
+/// instead, storing nothing over the entry that would have served it, and teaches the answer.
 pub(crate) async fn decide(state: &AppState, ex: &mut Exchange) -> Decision {
+    let decision = look_up(state, ex).await;
+    match decision {
+        Decision::Hit(_) | Decision::Follow(_) if ex.browser.is_some() && ex.cors.is_none() => {
+            ex.policy.store = false;
+            Decision::Miss {
+                flight: None,
+                search: None,
+            }
+        }
+        decision => decision,
+    }
+}
+
+async fn look_up(state: &AppState, ex: &mut Exchange) -> Decision {
     if let Some(found) = exact(state, ex).await {
         return Decision::Hit(found);
     }

@@ -94,11 +94,9 @@ pub(crate) fn serve(state: &AppState, ex: &Exchange, found: Found) -> Response {
     }
     set_cache_outcome(headers, outcome);
     set_request_id(headers, &ex.id);
-    let provider = ex.route().provider();
-    state
-        .upstream
-        .cors
-        .apply(provider, &ex.ingress.headers, headers);
+    if let Some(answer) = &ex.cors {
+        crate::cors::apply(answer, headers);
+    }
     set_header(headers, "x-reprise-entry", id.to_string());
     set_header(headers, "age", age_s.to_string());
     if let Some(saved) = saved {
@@ -146,7 +144,7 @@ pub(crate) async fn follow(
     if !(ex.stream && flight.leader_streams) {
         return match flight.end().await {
             FlightEnd::Stored(entry) => Some(serve(state, ex, coalesced(entry))),
-            FlightEnd::Failed(_) | FlightEnd::Relayed => None,
+            FlightEnd::Failed(_) | FlightEnd::Relayed(_) => None,
         };
     }
     let first = flight.next(0).await;
@@ -157,7 +155,7 @@ pub(crate) async fn follow(
     }
     if first.chunks.is_empty() {
         match &first.end {
-            Some(FlightEnd::Failed(_) | FlightEnd::Relayed) => return None,
+            Some(FlightEnd::Failed(_) | FlightEnd::Relayed(_)) => return None,
             // The flight ended before any chunk: the leader was served an entry instead (a semantic
             // hit found while its upstream request was in flight).
             Some(FlightEnd::Stored(entry)) => {
@@ -248,17 +246,19 @@ pub(crate) async fn follow(
                     let _ = tx.send(Bytes::from(tail)).await;
                     break Completion::Complete;
                 }
-                Some(FlightEnd::Relayed) => {
-                    // The leader's answer was complete but too large to store: nothing served it.
-                    finisher.meta.store_skipped = Some("too_large");
+                Some(FlightEnd::Relayed(skipped)) => {
+                    // The leader's answer was complete but not stored (too large, or refused by
+                    // the rules): nothing served it.
+                    finisher.meta.store_skipped = skipped;
                     let mut tail = clock.phases(Instant::now()).sse_comment().to_vec();
                     tail.extend_from_slice(if named { b"\n" } else { b"data: [DONE]\n\n" });
                     let _ = tx.send(Bytes::from(tail)).await;
                     break Completion::Complete;
                 }
-                Some(FlightEnd::Failed(error_event)) => {
-                    // The event the leader's client got, else one of the gateway's.
-                    let event = error_event.unwrap_or_else(|| {
+                Some(FlightEnd::Failed(error_events)) => {
+                    // The error events the leader's client got, else one of the gateway's (its
+                    // client left, or the answer could not be recorded).
+                    let event = error_events.unwrap_or_else(|| {
                         let err = GatewayError::UpstreamProtocol {
                             reason: "the stream broke off",
                             detail: "the coalesced leader's stream failed".into(),
@@ -280,10 +280,8 @@ pub(crate) async fn follow(
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     set_cache_outcome(headers, CacheOutcome::Coalesced);
     set_request_id(headers, &ex.id);
-    let provider = ex.route().provider();
-    state
-        .upstream
-        .cors
-        .apply(provider, &ex.ingress.headers, headers);
+    if let Some(answer) = &ex.cors {
+        crate::cors::apply(answer, headers);
+    }
     Some(response)
 }

@@ -508,6 +508,8 @@ async fn a_follower_ends_its_stream_as_the_leaders_client_saw_it_end() {
         for t in tasks {
             seen.push(t.await.expect("task"));
         }
+        // Whichever reached the flight first leads (the other was sent 50 ms later).
+        seen.sort_by(|a, b| b.0.cmp(&a.0));
         let outcomes: Vec<&str> = seen.iter().map(|(o, _)| o.as_str()).collect();
         assert_eq!(outcomes, ["miss", "coalesced"], "{case}");
         let (data, _) = parse_sse(&seen[1].1);
@@ -532,9 +534,10 @@ async fn a_follower_ends_its_stream_as_the_leaders_client_saw_it_end() {
 }
 
 /// A browser reads a cross-origin answer only with the upstream's CORS headers. A hit is the
-/// gateway's own answer: it carries what the upstream last answered the request's origin, and a
-/// request from an origin the upstream has not answered yet goes upstream to learn it (a miss that
-/// stores). No origin, no CORS headers; an origin the upstream refused gets none on a hit either.
+/// gateway's own answer: it carries what the upstream last answered the request's origin (for
+/// that key), and a request from an origin the upstream has not answered yet goes upstream to
+/// learn it, storing nothing over the entry that would have served it. An error answer teaches
+/// nothing. No origin, no CORS headers; an origin the upstream refused gets none on a hit either.
 #[tokio::test]
 async fn hits_carry_the_upstreams_cors_answer_to_the_requests_origin() {
     let sim = sim_default().await;
@@ -545,6 +548,11 @@ async fn hits_carry_the_upstreams_cors_answer_to_the_requests_origin() {
             .get("access-control-allow-origin")
             .map(|v| v.to_str().expect("ascii").to_owned())
     };
+    let entry = |r: &reqwest::Response| {
+        r.headers()
+            .get("x-reprise-entry")
+            .map(|v| v.to_str().expect("ascii").to_owned())
+    };
     let ask = |stream: bool| chat_body("asked from a browser", stream);
     let miss = post(&gw, &ask(false), &[app]).await;
     assert_eq!(
@@ -553,6 +561,7 @@ async fn hits_carry_the_upstreams_cors_answer_to_the_requests_origin() {
     );
     content(miss, false).await;
     wait_for_entries(&gw, 1).await;
+    let mut served = None;
     for stream in [false, true] {
         let hit = post(&gw, &ask(stream), &[app]).await;
         assert_eq!(outcome(&hit), "hit", "stream {stream}");
@@ -563,14 +572,18 @@ async fn hits_carry_the_upstreams_cors_answer_to_the_requests_origin() {
                 .map(|v| v.as_bytes()),
             Some(&b"x-request-id"[..])
         );
+        served = entry(&hit);
         content(hit, stream).await;
     }
     // No origin (the SDKs outside a browser): a hit, as before, with no CORS headers.
     let plain = post(&gw, &ask(false), &[]).await;
     assert_eq!((outcome(&plain), allow(&plain)), ("hit".into(), None));
-    // Another origin: one miss to hear the upstream's answer, then hits.
-    let calls = upstream_calls(&sim);
+    // Another origin: an upstream error teaches nothing; then one miss to hear the upstream's
+    // answer, which leaves the entry as it was; then hits.
     let other = ("origin", "https://other.example");
+    let failed = post(&gw, &ask(false), &[other, ("x-sim-fault", "status=429")]).await;
+    assert_eq!(failed.status(), 429);
+    let calls = upstream_calls(&sim);
     let first = post(&gw, &ask(false), &[other]).await;
     assert_eq!(
         (outcome(&first), allow(&first)),
@@ -583,6 +596,12 @@ async fn hits_carry_the_upstreams_cors_answer_to_the_requests_origin() {
         (outcome(&again), allow(&again)),
         ("hit".into(), Some("*".into()))
     );
+    assert_eq!(entry(&again), served, "the entry that served before");
+    // Another key from the same origin is another asker: it learns for itself.
+    let other_key = [app, ("authorization", "Bearer sk-tenant-b")];
+    let first = post_to(&gw, "/v1/chat/completions", &ask(false), &other_key).await;
+    assert_eq!(outcome(&first), "miss");
+    content(first, false).await;
     // An origin the upstream grants nothing gets nothing from a hit either.
     let denied = [("origin", "https://denied.example"), ("x-sim-cors", "deny")];
     let first = post(&gw, &ask(false), &denied).await;
