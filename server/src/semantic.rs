@@ -1378,7 +1378,11 @@ impl SwappableIndex {
         }
         // The entries are read once, by the build.
         let ids = match stored_ids_trusting(store, patience, |_| None, Unvouched::LeftToTheBuild) {
-            Ok((ids, _)) => ids,
+            Ok((ids, listed)) => {
+                // A store with a ledger lists those without a vector up front.
+                unembedded.extend(listed);
+                ids
+            }
             Err(err) => {
                 self.abandon_rebuild();
                 return Rebuild::Incomplete(err);

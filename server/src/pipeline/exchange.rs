@@ -64,6 +64,8 @@ pub(crate) struct MissNotes {
     pub shadowed: Option<ShadowDecision>,
     /// The entry an operator's verdict kept from being served.
     pub vetoed: Option<EntryId>,
+    /// The lookup was skipped for a browser whose CORS answer is not known yet: still a `miss`.
+    pub cors_unknown: bool,
     /// What the verify stage did with the candidate (`x-reprise-verify`): the judge's verdict,
     /// `queued` or `dropped`.
     pub verify: Option<String>,
@@ -121,7 +123,12 @@ impl Exchange {
         // The API's own rules (the Responses API's stored responses) may keep entries per key.
         let share = state.cache.settings.share_across_keys & api.rules(&ingress.body, &mut policy);
         let tenant = Tenant::from_headers(&ingress.headers, share);
-        let browser = Asker::of(ingress.route.provider(), tenant, &ingress.headers);
+        // Per key even when keys share answers: an upstream may grant browsers per key.
+        let browser = Asker::of(
+            ingress.route.provider(),
+            Tenant::from_headers(&ingress.headers, false),
+            &ingress.headers,
+        );
         // Read once: the hit serves what the lookup was decided on.
         let cors = browser.as_ref().and_then(|b| state.upstream.cors.answer(b));
         let keys = crate::api::keys(&KeyInput {

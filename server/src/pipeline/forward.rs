@@ -167,7 +167,11 @@ pub(crate) async fn relay(
     started: Result<Started, GatewayError>,
     recorder: Option<Recorder>,
 ) -> Response {
-    let meta = ex.record(ex.policy.miss_outcome());
+    let meta = ex.record(if ex.misses.cors_unknown {
+        CacheOutcome::Miss
+    } else {
+        ex.policy.miss_outcome()
+    });
     let route = ex.route();
     let shape = route.provider().error_shape();
     if let (Ok(started), Some(browser)) = (&started, &ex.browser) {
@@ -442,6 +446,9 @@ struct Stream {
     first_events: Vec<Bytes>,
 }
 
+/// The most error-event bytes kept for a stream's followers.
+const MAX_ERROR_EVENTS_BYTES: usize = 64 * 1024;
+
 /// The task that reads the upstream stream and feeds the client's channel.
 struct Pump {
     /// The route's adapter: how this API's events read (tokens, usage, the clean end).
@@ -590,7 +597,11 @@ impl Pump {
                     Bytes::from(with_timing)
                 }
                 EventKind::Error(_) => {
-                    self.error_events.extend_from_slice(&event);
+                    // An upstream that goes on sending them is still relayed; followers get the
+                    // first 64 KiB.
+                    if self.error_events.len() < MAX_ERROR_EVENTS_BYTES {
+                        self.error_events.extend_from_slice(&event);
+                    }
                     event
                 }
                 EventKind::NoData => event,

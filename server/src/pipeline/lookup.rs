@@ -61,24 +61,25 @@ pub(crate) struct PendingSearch {
     pub vector: Arc<OnceLock<Vec<f32>>>,
 }
 
-/// Runs the lookup for `ex`. A browser's request whose CORS answer the upstream has not given
-/// yet (see `cors.rs`) cannot be served by the gateway: what would have been a hit goes upstream
-/// instead, storing nothing over the entry that would have served it, and teaches the answer.
+/// Runs the lookup for `ex`.
 pub(crate) async fn decide(state: &AppState, ex: &mut Exchange) -> Decision {
-    let decision = look_up(state, ex).await;
-    match decision {
-        Decision::Hit(_) | Decision::Follow(_) if ex.browser.is_some() && ex.cors.is_none() => {
+    if ex.browser.is_some() && ex.cors.is_none() && ex.policy.lookup {
+        // A browser's request whose CORS answer the upstream has not given yet (see `cors.rs`):
+        // nothing the gateway answers itself would reach the page. It goes upstream, which
+        // teaches the answer, and stores only where no entry would be replaced (the entry that
+        // would have served it keeps its id, hits and verdicts). No search, no judge, no wait
+        // for another replica's answer.
+        if state
+            .cache
+            .lookup(&ex.keys.exact, &ex.policy)
+            .await
+            .is_some()
+        {
             ex.policy.store = false;
-            Decision::Miss {
-                flight: None,
-                search: None,
-            }
         }
-        decision => decision,
+        ex.policy.lookup = false;
+        ex.misses.cors_unknown = true;
     }
-}
-
-async fn look_up(state: &AppState, ex: &mut Exchange) -> Decision {
     if let Some(found) = exact(state, ex).await {
         return Decision::Hit(found);
     }

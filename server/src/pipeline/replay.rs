@@ -261,7 +261,7 @@ pub(crate) async fn follow(
                     let event = error_events.unwrap_or_else(|| {
                         let err = GatewayError::UpstreamProtocol {
                             reason: "the stream broke off",
-                            detail: "the coalesced leader's stream failed".into(),
+                            detail: "the stream this request joined ended without a whole answer (its first client left, or it could not be recorded)".into(),
                         };
                         api.stream_error(&err, last.as_ref())
                     });
