@@ -52,9 +52,12 @@ pub(crate) struct Asker {
 
 impl Asker {
     /// The asker of a request from a browser (one with `Origin`: browsers send it on cross-origin
-    /// requests and on any `POST`; the SDKs outside a browser do not); `None` otherwise.
-    pub(crate) fn of(provider: Provider, tenant: Tenant, request: &HeaderMap) -> Option<Self> {
+    /// requests and on any `POST`; the SDKs outside a browser do not); `None` otherwise, before
+    /// any credential is hashed. Per key even when keys share answers: an upstream may grant
+    /// browsers per key.
+    pub(crate) fn of(provider: Provider, request: &HeaderMap) -> Option<Self> {
         let origin = request.get(ORIGIN)?.clone();
+        let tenant = Tenant::from_headers(request, false);
         let opted_in = provider == Provider::Anthropic
             && request
                 .get(ANTHROPIC_OPT_IN)
@@ -143,13 +146,16 @@ mod tests {
     }
 
     fn asker(provider: Provider, tenant: u8, request: &[(&str, &str)]) -> Asker {
-        Asker::of(provider, Tenant::Key([tenant; 32]), &headers(request)).expect("an origin")
+        let key = format!("Bearer sk-{tenant}");
+        let mut request = request.to_vec();
+        request.push(("authorization", &key));
+        Asker::of(provider, &headers(&request)).expect("an origin")
     }
 
     #[test]
     fn an_asker_gets_what_its_upstream_answered_it_and_nothing_is_made_up() {
         let cors = Cors::default();
-        assert!(Asker::of(Provider::OpenAi, Tenant::Shared, &HeaderMap::new()).is_none());
+        assert!(Asker::of(Provider::OpenAi, &HeaderMap::new()).is_none());
         let app = asker(Provider::OpenAi, 1, &[("origin", "https://app.example")]);
         assert_eq!(cors.answer(&app), None);
         let granted = headers(&[

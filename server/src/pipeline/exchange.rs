@@ -123,12 +123,7 @@ impl Exchange {
         // The API's own rules (the Responses API's stored responses) may keep entries per key.
         let share = state.cache.settings.share_across_keys & api.rules(&ingress.body, &mut policy);
         let tenant = Tenant::from_headers(&ingress.headers, share);
-        // Per key even when keys share answers: an upstream may grant browsers per key.
-        let browser = Asker::of(
-            ingress.route.provider(),
-            Tenant::from_headers(&ingress.headers, false),
-            &ingress.headers,
-        );
+        let browser = Asker::of(ingress.route.provider(), &ingress.headers);
         // Read once: the hit serves what the lookup was decided on.
         let cors = browser.as_ref().and_then(|b| state.upstream.cors.answer(b));
         let keys = crate::api::keys(&KeyInput {
