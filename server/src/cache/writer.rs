@@ -196,8 +196,29 @@ fn writer_loop(
     let mut dirty = false;
     // The caps hold at every put from here (the store evicts before it writes); sweeps only expire
     // entries and delete unreadable ones.
-    if let Err(err) = store.set_caps(budget.max_entries, budget.max_bytes) {
-        tracing::warn!(error = %err, "evicting down to the store's caps failed");
+    let (entries, bytes) = (store.len(), store.bytes());
+    let over = entries > budget.max_entries || bytes > budget.max_bytes;
+    if over {
+        // Said before it starts: a cache restarted with smaller caps (or none given, on a store a
+        // larger cap filled) loses entries for good, possibly most of them, and the eviction keeps
+        // the writer busy meanwhile.
+        tracing::warn!(
+            entries,
+            bytes,
+            max_entries = budget.max_entries,
+            max_bytes = budget.max_bytes,
+            "the store is over its caps (--max-entries, --max-bytes): evicting the least recently \
+             used entries down to them now"
+        );
+    }
+    match store.set_caps(budget.max_entries, budget.max_bytes) {
+        Ok(()) if over => tracing::warn!(
+            evicted = entries.saturating_sub(store.len()),
+            left = store.len(),
+            "evicted down to the store's caps"
+        ),
+        Ok(()) => {}
+        Err(err) => tracing::warn!(error = %err, "evicting down to the store's caps failed"),
     }
     loop {
         let op = rx.recv_timeout(interval);
