@@ -1,7 +1,8 @@
 //! Criterion bench of one embedding, the floor of a semantic hit (issue 22): the model call alone
-//! (tokenizer, ONNX Runtime run, pooling; no thread hop) at the gateway's thread count and at one
-//! thread, against the same text through the embedding queue as a lone request sees it (the worker
-//! thread, the gathering rule, the reply). The gap between the last two is what the queue adds.
+//! (tokenizer, ONNX Runtime run, pooling; no thread hop) at one thread per core and at one thread,
+//! against the same text through the embedding queue as a lone request sees it, at the gateway's
+//! default thread count (the worker thread, the gathering rule, the reply). The gap between the
+//! queue and the model at the same thread count is what the queue adds.
 //!
 //! Run: `cargo bench -p reprise-benches --bench embed` (needs `scripts/provision-models.sh`).
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use reprise_server::embed::{EmbedConfig, EmbedModel, Embedder, FastembedModel};
 
-fn config(threads: usize) -> EmbedConfig {
+fn config(threads: Option<usize>) -> EmbedConfig {
     let models = std::env::var_os("REPRISE_MODELS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models")));
@@ -26,12 +27,11 @@ fn config(threads: usize) -> EmbedConfig {
 }
 
 fn embedding(c: &mut Criterion) {
-    // The gateway's own choice: every core (`semantic.rs`).
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let text = "How do I reset my password if I no longer have access to my email?".to_owned();
     let mut group = c.benchmark_group("embed");
     for threads in [cores, 1] {
-        let mut model = match FastembedModel::load(&config(threads)) {
+        let mut model = match FastembedModel::load(&config(Some(threads))) {
             Ok(m) => m,
             Err(err) => {
                 eprintln!("embedding benches skipped ({err}); run scripts/provision-models.sh");
@@ -43,7 +43,8 @@ fn embedding(c: &mut Criterion) {
             b.iter(|| model.embed(black_box(&texts)))
         });
     }
-    let embedder = match Embedder::load(&config(cores)) {
+    // The gateway's own choice: the model's default (one thread for a model run one text at a time).
+    let embedder = match Embedder::load(&config(None)) {
         Ok(e) => e,
         Err(err) => {
             eprintln!("embedding benches skipped ({err})");
@@ -56,10 +57,9 @@ fn embedding(c: &mut Criterion) {
     else {
         return;
     };
-    group.bench_function(
-        format!("queue/one text, lone caller/{cores} threads"),
-        |b| b.iter(|| runtime.block_on(embedder.embed(black_box(&text)))),
-    );
+    group.bench_function("queue/one text, lone caller/default threads", |b| {
+        b.iter(|| runtime.block_on(embedder.embed(black_box(&text))))
+    });
     group.finish();
 }
 

@@ -289,8 +289,8 @@ pub struct ServeArgs {
     /// Embedding deadline in ms; a later embedding falls back to exact matching [default: 250].
     #[arg(long, env = "REPRISE_EMBED_DEADLINE_MS")]
     pub embed_deadline_ms: Option<u64>,
-    /// ONNX Runtime threads per model call (the embed worker counts as one); under load from other
-    /// processes, 1 can be faster than one per core [default: one per core].
+    /// ONNX Runtime threads per model call (the embed worker counts as one) [default: 1 for a model
+    /// run one text at a time, as the provisioned one is; one per core for a model that batches].
     #[arg(long, env = "REPRISE_EMBED_THREADS")]
     pub embed_threads: Option<usize>,
     /// Longest expected wait, in ms, for a miss's vector (queued model calls ahead of it and its
@@ -405,7 +405,7 @@ pub struct Config {
     pub ort_lib: PathBuf,
     pub semantic: bool,
     pub embed_deadline_ms: u64,
-    /// ONNX Runtime intra-op threads; `None`: one per core.
+    /// ONNX Runtime intra-op threads; `None`: the model's default (`embed::default_threads`).
     pub embed_threads: Option<usize>,
     /// Longest expected wait for a miss's vector before it skips semantic matching.
     pub embed_queue_budget_ms: u64,
@@ -781,7 +781,7 @@ impl Config {
                 return Err(ConfigError::Invalid {
                     field: "embed_threads",
                     reason: format!(
-                        "{threads} is not between 1 and 256 (leave it unset for one per core)"
+                        "{threads} is not between 1 and 256 (leave it unset for the model's default)"
                     ),
                 });
             }

@@ -128,8 +128,9 @@ pub struct EmbedConfig {
     /// Longest expected wait for its vector (queued model work ahead of it and its own batch's
     /// call) that a deadline-bound text may accept; zero admits texts only while the model is idle.
     pub queue_budget: Duration,
-    /// ONNX Runtime intra-op threads (the worker thread counts as one of them).
-    pub threads: usize,
+    /// ONNX Runtime intra-op threads (the worker thread counts as one of them); `None`: the
+    /// model's own default ([`default_threads`]).
+    pub threads: Option<usize>,
 }
 
 impl Default for EmbedConfig {
@@ -142,7 +143,7 @@ impl Default for EmbedConfig {
             max_batch: 32,
             max_wait: Duration::from_millis(2),
             queue_budget: Duration::from_millis(DEFAULT_QUEUE_BUDGET_MS),
-            threads: 2,
+            threads: None,
         }
     }
 }
@@ -157,7 +158,7 @@ impl EmbedConfig {
         if self.max_batch == 0 {
             return bad("embed `max_batch` must be at least 1");
         }
-        if self.threads == 0 {
+        if self.threads == Some(0) {
             return bad("embed `threads` must be at least 1");
         }
         Ok(())
@@ -245,6 +246,8 @@ pub trait EmbedModel: Send {
 /// The real model: fastembed's ONNX text embedding with the pooling from `reprise-model.toml`.
 pub struct FastembedModel {
     inner: fastembed::TextEmbedding,
+    /// ONNX Runtime intra-op threads it runs with.
+    threads: usize,
     dimension: usize,
     fingerprint: String,
     /// Texts per ONNX run: the batch's size, or 1 ([`ModelSpec::one_text_per_run`]).
@@ -268,8 +271,19 @@ impl FastembedModel {
 
     fn load_inner(config: &EmbedConfig) -> Result<FastembedModel, EmbedError> {
         config.validate()?;
+        // The tokenizer hands every batch to rayon's pool and blocks until a pool thread has
+        // tokenized it, even a batch of one text, which is every call of a one-text-per-run model:
+        // two thread wake-ups for ~20 µs of work. Tokenized on the worker's own thread, a semantic
+        // hit's TTFT went 4.79 -> 4.47 ms at concurrency 1 in one gateway A/B (back-to-back calls
+        // in `benches/benches/embed.rs`, with no other thread waking, showed no difference). A
+        // batch of many texts loses its parallel tokenizing, a small part of a model call that
+        // takes milliseconds per text. Process-wide, and the same for every model loaded.
+        tokenizers::utils::parallelism::set_parallelism(false);
         let spec = ModelSpec::read(&config.model_dir)?;
         let pooling = spec.fastembed_pooling().map_err(EmbedError::Load)?;
+        let threads = config
+            .threads
+            .unwrap_or_else(|| default_threads(spec.one_text_per_run));
         let read = |name: &str| {
             let path = config.model_dir.join(name);
             std::fs::read(&path).map_err(|e| {
@@ -302,7 +316,7 @@ impl FastembedModel {
         let options = fastembed::InitOptionsUserDefined::new()
             .with_environment(ort_environment(&config.ort_lib)?)
             .with_max_length(spec.max_length)
-            .with_intra_threads(config.threads)
+            .with_intra_threads(threads)
             // ONNX Runtime's pool threads spin after each run by default; with a small core count that
             // spinning steals the CPU the tokio workers need between batches, for no gain here.
             .with_session_config("session.intra_op.allow_spinning", "0");
@@ -310,6 +324,7 @@ impl FastembedModel {
             .map_err(|e| EmbedError::Load(format!("{}: {e}", config.model_dir.display())))?;
         let mut model = FastembedModel {
             inner,
+            threads,
             dimension: spec.dimension,
             fingerprint,
             one_text_per_run: spec.one_text_per_run,
@@ -328,6 +343,21 @@ impl FastembedModel {
             )));
         }
         Ok(model)
+    }
+}
+
+/// ONNX Runtime intra-op threads for a model whose config names none. A model that runs one text
+/// per run gets one: a short text's run is about a hundred operators, each too small to split, and
+/// waking a second thread for each costs more than it saves. On the 2-core reference machine two
+/// threads made the semantic hit's TTFT 1.19x (concurrency 1) and 1.27x (concurrency 8) of one
+/// thread's and took more CPU per text (`benches/results/2026-12-07-embed-threads-tokenizer.md`;
+/// `2026-12-05-embed-threads.md` found the same). A model that runs whole batches gets one per
+/// core, which a batch's larger products can use.
+fn default_threads(one_text_per_run: bool) -> usize {
+    if one_text_per_run {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(2, |n| n.get())
     }
 }
 
@@ -649,7 +679,7 @@ impl Embedder {
         tracing::info!(
             model_dir = %config.model_dir.display(),
             dimension = model.dimension(),
-            threads = config.threads,
+            threads = model.threads,
             load_ms = started.elapsed().as_millis() as u64,
             call_fixed_ms = cost.map_or(0.0, |c| c.fixed.as_secs_f64() * 1e3),
             call_per_text_ms = cost.map_or(0.0, |c| c.per_text.as_secs_f64() * 1e3),
@@ -1865,6 +1895,19 @@ mod tests {
     }
 
     #[test]
+    fn a_model_run_one_text_at_a_time_gets_one_thread_unless_told() {
+        assert_eq!(default_threads(true), 1);
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        assert_eq!(default_threads(false), cores);
+        assert_eq!(EmbedConfig::default().threads, None);
+        let zero = EmbedConfig {
+            threads: Some(0),
+            ..EmbedConfig::default()
+        };
+        assert!(zero.validate().is_err());
+    }
+
+    #[test]
     fn config_and_spec_errors_name_the_field_or_file() {
         let bad = EmbedConfig {
             max_batch: 0,
@@ -1954,6 +1997,8 @@ mod tests {
     async fn real_model_gives_unit_vectors_that_rank_paraphrases_close() {
         let Some(embedder) = real().await else { return };
         assert_eq!(embedder.dimension(), 384);
+        // Loading it turned off the tokenizer's hand-off to rayon (see `load_inner`).
+        assert!(!tokenizers::utils::parallelism::get_parallelism());
         let reset = embedder
             .embed("how do I reset my password")
             .await

@@ -231,9 +231,7 @@ impl Semantic {
             max_batch: config.embed_max_batch,
             max_wait: Duration::from_millis(config.embed_max_wait_ms),
             queue_budget: Duration::from_millis(config.embed_queue_budget_ms),
-            threads: config
-                .embed_threads
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+            threads: config.embed_threads,
         };
         let embedder = match Embedder::load(&embed_config) {
             Ok(e) => Arc::new(e),
