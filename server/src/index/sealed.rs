@@ -17,6 +17,11 @@
 //!
 //! A sealed segment never changes; the index inserts into an `hnsw_rs` segment and seals it once
 //! it is full or rebuilt.
+//!
+//! Its rows and layer links are [`Huge`] arrays, in huge pages where the kernel gives them: a search
+//! reads a few thousand rows at random, and with small pages nearly each one also missed the TLB
+//! (at 1M entries the search phase went 1.92-2.06 -> 1.69 ms p50,
+//! `benches/results/2026-12-07-huge-pages-1m.md`).
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
@@ -29,6 +34,7 @@ use half::f16;
 use hnsw_rs::hnsw::{Hnsw, Point};
 use hnsw_rs::prelude::Distance;
 
+use super::huge::Huge;
 use super::quant::dot_f32_f16;
 use super::sketch::{nearest, sketch_all, Sketch, CANDIDATES};
 
@@ -38,12 +44,13 @@ const HEADER: usize = 8 + 4 * 4;
 
 /// One layer's links in CSR form: row `members[i]`'s neighbours are
 /// `links[offsets[i]..offsets[i + 1]]` (rows, not slots). Layer 0 holds every row and leaves
-/// `members` empty (member `i` is row `i`).
-#[derive(Debug, Default, PartialEq)]
+/// `members` empty (member `i` is row `i`). Its offsets and links are read at random by every
+/// search, as the rows are: in [`Huge`] memory.
+#[derive(Debug, PartialEq)]
 struct Layer {
     members: Vec<u32>,
-    offsets: Vec<u32>,
-    links: Vec<u32>,
+    offsets: Huge<u32>,
+    links: Huge<u32>,
 }
 
 impl Layer {
@@ -88,7 +95,7 @@ pub struct Sealed {
     /// Row `i`'s slot: the partition's point number, which `hnsw_rs` knew as the data id.
     slots: Vec<u32>,
     /// Row `i` is `codes[i * dim..(i + 1) * dim]`.
-    codes: Vec<f16>,
+    codes: Huge<f16>,
     /// Layer 0 first.
     layers: Vec<Layer>,
     /// Where every search starts: a row of the top layer.
@@ -159,7 +166,7 @@ impl Sealed {
         }
         let mut row_of: HashMap<usize, u32> = HashMap::with_capacity(rows);
         let mut slots = Vec::with_capacity(rows);
-        let mut codes = Vec::with_capacity(rows * dim);
+        let mut codes = Huge::zeroed(rows * dim);
         for (row, point) in points.iter().enumerate() {
             let slot = point.get_origin_id();
             let row = row as u32;
@@ -171,31 +178,29 @@ impl Sealed {
             if code.len() != dim {
                 return None;
             }
-            codes.extend_from_slice(code);
+            codes[row as usize * dim..(row as usize + 1) * dim].copy_from_slice(code);
         }
         let top = usize::from(indexation.get_max_level_observed());
-        let mut layers: Vec<Layer> = (0..=top).map(|_| Layer::default()).collect();
-        for layer in &mut layers {
-            layer.offsets.push(0);
-        }
+        // Built as vectors, then copied into their final memory once their sizes are known.
+        let mut layers: Vec<[Vec<u32>; 3]> = (0..=top).map(|_| [vec![], vec![0], vec![]]).collect();
         // A point's links up to its own level. Above it `hnsw_rs` also keeps the points its insert
         // passed on the way down; the point is not in those layers, so they are left out (a link to
         // a row outside a layer leads nowhere: it has no neighbours there).
         for (row, point) in points.iter().enumerate() {
             let level = usize::from(point.get_point_id().0).min(top);
             let neighbourhood = point.get_neighborhood_id();
-            for (l, layer) in layers.iter_mut().enumerate().take(level + 1) {
+            for (l, [members, offsets, links]) in layers.iter_mut().enumerate().take(level + 1) {
                 if l > 0 {
-                    layer.members.push(row as u32);
+                    members.push(row as u32);
                 }
                 let around = neighbourhood.get(l).map_or(&[][..], Vec::as_slice);
-                layer.links.extend(
+                links.extend(
                     around
                         .iter()
                         .filter_map(|n| row_of.get(&n.get_origin_id()).copied())
                         .filter(|n| *n as usize != row),
                 );
-                layer.offsets.push(u32::try_from(layer.links.len()).ok()?);
+                offsets.push(u32::try_from(links.len()).ok()?);
             }
         }
         // Any point of the top layer leads down to all others: the first one listed there
@@ -205,11 +210,17 @@ impl Sealed {
             .next()
             .and_then(|p| row_of.get(&p.get_origin_id()).copied())
             .unwrap_or(0);
-        for layer in &mut layers {
-            layer.members.shrink_to_fit();
-            layer.offsets.shrink_to_fit();
-            layer.links.shrink_to_fit();
-        }
+        let layers: Vec<Layer> = layers
+            .into_iter()
+            .map(|[mut members, offsets, links]| {
+                members.shrink_to_fit();
+                Layer {
+                    members,
+                    offsets: Huge::from_slice(&offsets),
+                    links: Huge::from_slice(&links),
+                }
+            })
+            .collect();
         let sketches = sketch_all(&codes, dim);
         Some(Self {
             dim,
@@ -440,11 +451,11 @@ impl Sealed {
         }
         take(u64::from(rows) * 4 + u64::from(rows) * dim as u64 * 2)?;
         let slots = read_u32s(input, rows as usize)?;
-        let mut codes = vec![f16::ZERO; rows as usize * dim];
+        let mut codes = Huge::<f16>::zeroed(rows as usize * dim);
         input
-            .read_exact(bytemuck::cast_slice_mut(&mut codes))
+            .read_exact(bytemuck::cast_slice_mut(&mut codes[..]))
             .map_err(|e| e.to_string())?;
-        for c in &mut codes {
+        for c in codes.iter_mut() {
             *c = f16::from_bits(u16::from_le(c.to_bits()));
         }
         let mut parsed = Vec::with_capacity(layers as usize);
@@ -460,8 +471,8 @@ impl Sealed {
             take((u64::from(members) + u64::from(entries) + 1 + u64::from(links)) * 4)?;
             let layer = Layer {
                 members: read_u32s(input, members as usize)?,
-                offsets: read_u32s(input, entries as usize + 1)?,
-                links: read_u32s(input, links as usize)?,
+                offsets: Huge::from_slice(&read_u32s(input, entries as usize + 1)?),
+                links: Huge::from_slice(&read_u32s(input, links as usize)?),
             };
             let sorted = layer.members.windows(2).all(|w| w[0] < w[1]);
             // A layer's members are members of the layer below (layer 0 holds every row).
@@ -474,7 +485,11 @@ impl Sealed {
             if !sorted
                 || !nested
                 || !offsets_ok
-                || layer.members.iter().chain(&layer.links).any(|r| *r >= rows)
+                || layer
+                    .members
+                    .iter()
+                    .chain(layer.links.iter())
+                    .any(|r| *r >= rows)
             {
                 return Err(format!("layer {l} is malformed"));
             }
