@@ -20,7 +20,7 @@
 #   onnxruntime/): each gateway runs the model in its own, so one build (the same DIR twice) compares
 #   two models; given, they are used as they are (not provisioned). Without them both gateways run
 #   ./models, provisioned first. FLAGS are extra `reprise serve` flags of one side (split on
-#   spaces), so one build compares two settings, e.g. --before-flags "" --after-flags "--embed-threads 1".
+#   spaces), so one build compares two settings, e.g. --before-flags "" --after-flags "--embed-threads 2".
 #   Defaults: 10 rounds (300 asks a run), 3 reps, concurrency 1 and 8.
 set -euo pipefail
 cd "$(dirname "$0")/.."

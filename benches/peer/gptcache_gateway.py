@@ -10,8 +10,8 @@ lookup goes through its generic `adapt()` entry point. Two things are ours:
 
 - the embedding function handed to `Cache.init` (GPTCache's custom-embedding hook): the same
   int8 all-MiniLM-L6-v2 ONNX model and tokenizer files Reprise loads, run with onnxruntime with
-  the settings Reprise uses (mean pooling over the attention mask, L2 norm, 256 tokens, two
-  intra-op threads, no spinning), so both caches see the same vectors;
+  the settings Reprise uses (mean pooling over the attention mask, L2 norm, 256 tokens, one
+  intra-op thread, no spinning), so both caches see the same vectors;
 - the HTTP side (aiohttp), because GPTCache's own server and OpenAI adapter are written against
   the pre-1.0 `openai` package and call it synchronously inside async handlers.
 
@@ -442,8 +442,8 @@ def main() -> None:
     parser.add_argument(
         "--intra-threads",
         type=int,
-        default=2,
-        help="ONNX Runtime intra-op threads per embedding (Reprise's default: 2)",
+        default=1,
+        help="ONNX Runtime intra-op threads per embedding (Reprise's default for this model: 1)",
     )
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args()

@@ -224,7 +224,7 @@ render() { "$python" benches/peer/render_results.py "$1" "$manifest"; }
   echo "- **Same model.** Reprise embeds with its Rust stack (fastembed + ONNX Runtime). GPTCache $gptcache_version gets"
   echo "  the same int8 all-MiniLM-L6-v2 ONNX file and tokenizer through its custom-embedding hook"
   echo "  (\`Cache.init(embedding_func=...)\`), run with onnxruntime $ort_version: mean pooling, L2 norm, 256"
-  echo "  tokens, 2 intra-op threads, no spinning, as Reprise configures it. Both embed the last message."
+  echo "  tokens, 1 intra-op thread, no spinning, as Reprise configures it. Both embed the last message."
   echo "- **Same threshold.** Reprise: cosine >= $threshold. GPTCache: its \`sqlite,faiss\` data manager"
   echo "  (squared L2 on unit vectors, d2 = 2 - 2 cos) with \`SearchDistanceEvaluation(max_distance=4)\` and"
   echo "  \`similarity_threshold\` = 1 - 2(1 - $threshold)/4, which accepts exactly d2 <= 2(1 - $threshold); top_k = 1 on both."

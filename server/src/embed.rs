@@ -129,7 +129,7 @@ pub struct EmbedConfig {
     /// call) that a deadline-bound text may accept; zero admits texts only while the model is idle.
     pub queue_budget: Duration,
     /// ONNX Runtime intra-op threads (the worker thread counts as one of them); `None`: the
-    /// model's own default ([`default_threads`]).
+    /// model's own default, one for a model run one text at a time, else one per core.
     pub threads: Option<usize>,
 }
 
@@ -273,9 +273,10 @@ impl FastembedModel {
         config.validate()?;
         // The tokenizer hands every batch to rayon's pool and blocks until a pool thread has
         // tokenized it, even a batch of one text, which is every call of a one-text-per-run model:
-        // two thread wake-ups for ~20 µs of work. Tokenized on the worker's own thread, a semantic
-        // hit's TTFT went 4.79 -> 4.47 ms at concurrency 1 in one gateway A/B (back-to-back calls
-        // in `benches/benches/embed.rs`, with no other thread waking, showed no difference). A
+        // two thread wake-ups for a short text's tokenizing. Tokenized on the worker's own thread,
+        // a semantic hit's TTFT went 4.79 -> 4.47 ms at concurrency 1 and 14.42 -> 15.42 ms at 8
+        // in one gateway A/B (within the spread of such runs), and back-to-back calls in
+        // `benches/benches/embed.rs` showed no difference: kept for the hand-off it removes. A
         // batch of many texts loses its parallel tokenizing, a small part of a model call that
         // takes milliseconds per text. Process-wide, and the same for every model loaded.
         tokenizers::utils::parallelism::set_parallelism(false);
@@ -349,10 +350,12 @@ impl FastembedModel {
 /// ONNX Runtime intra-op threads for a model whose config names none. A model that runs one text
 /// per run gets one: a short text's run is about a hundred operators, each too small to split, and
 /// waking a second thread for each costs more than it saves. On the 2-core reference machine two
-/// threads made the semantic hit's TTFT 1.19x (concurrency 1) and 1.27x (concurrency 8) of one
-/// thread's and took more CPU per text (`benches/results/2026-12-07-embed-threads-tokenizer.md`;
-/// `2026-12-05-embed-threads.md` found the same). A model that runs whole batches gets one per
-/// core, which a batch's larger products can use.
+/// threads made the semantic hit's TTFT p50 1.19x (concurrency 1) and 1.27x (concurrency 8) of one
+/// thread's, with 0.79-0.84x the texts per second of model time
+/// (`benches/results/2026-12-07-embed-threads-tokenizer.md`; `2026-12-05-embed-threads.md` found
+/// the same). One thread's p99 at concurrency 1 was higher in every run (6.5 -> 8.5, 9.8 -> 14.2,
+/// 20.3 -> 22.2 ms; why is not measured). A model
+/// that runs whole batches gets one per core, which a batch's larger products can use.
 fn default_threads(one_text_per_run: bool) -> usize {
     if one_text_per_run {
         1

@@ -208,15 +208,21 @@ fn writer_loop(
             max_entries = budget.max_entries,
             max_bytes = budget.max_bytes,
             "the store is over its caps (--max-entries, --max-bytes): evicting the least recently \
-             used entries down to them now"
+             used entries down to them"
         );
     }
     match store.set_caps(budget.max_entries, budget.max_bytes) {
-        Ok(()) if over => tracing::warn!(
-            evicted = entries.saturating_sub(store.len()),
-            left = store.len(),
-            "evicted down to the store's caps"
-        ),
+        Ok(()) if over => {
+            let (left, left_bytes) = (store.len(), store.bytes());
+            let evicted = entries.saturating_sub(left);
+            // sled evicts here at once; a store that leaves its caps to the sweeps (Redis) is
+            // brought down by them, a batch at a time.
+            if left > budget.max_entries || left_bytes > budget.max_bytes {
+                tracing::warn!(evicted, left, "the rest is left to the cache's sweeps");
+            } else {
+                tracing::warn!(evicted, left, "evicted down to the store's caps");
+            }
+        }
         Ok(()) => {}
         Err(err) => tracing::warn!(error = %err, "evicting down to the store's caps failed"),
     }

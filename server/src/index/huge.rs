@@ -5,8 +5,12 @@
 //! with 4 KiB pages nearly every row also misses the TLB, so its load waits for a page walk before
 //! it can even start. A million f16 rows of 384 dimensions are 768 MB: 190,000 small pages, but
 //! 370 huge ones, which the TLB covers. Linux gives an anonymous mapping huge pages when it is
-//! advised to (`MADV_HUGEPAGE`, honoured in the kernel's default `madvise` THP mode); the heap's
-//! allocations are never advised. Elsewhere, or when the kernel declines, it is ordinary memory.
+//! advised to (`MADV_HUGEPAGE`) in its `madvise` THP mode, which many distributions set and this
+//! machine has, and anyway in `always`; the heap's allocations are never advised. Under `never`,
+//! on other systems, or when the kernel declines, it is ordinary memory.
+//!
+//! An array never grows or shrinks: it is made at its final size (zeroed, or copied from a slice),
+//! for memory written once and then read, as a sealed segment's is.
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
@@ -14,7 +18,8 @@ use std::ops::{Deref, DerefMut};
 use bytemuck::Pod;
 use memmap2::MmapMut;
 
-/// Below this many bytes an array stays on the heap: a huge page would cover all of it and more.
+/// A huge page (x86-64, arm64 with 4 KiB pages). Below this many bytes an array stays on the heap:
+/// a huge page would cover all of it and more.
 const MAPPED_FROM: usize = 2 << 20;
 
 /// `len` values of `T`, zeroed when made, in memory advised for huge pages when large enough.
@@ -24,7 +29,8 @@ pub(super) struct Huge<T: Pod> {
 
 enum Memory<T> {
     Heap(Vec<T>),
-    /// Its bytes: `len` values from the start (page-aligned, so aligned for `T`).
+    /// `len` values from its start (page-aligned, so aligned for `T`), then up to a huge page of
+    /// bytes never used.
     Mapped {
         map: MmapMut,
         len: usize,
@@ -37,8 +43,11 @@ impl<T: Pod> Huge<T> {
     pub(super) fn zeroed(len: usize) -> Self {
         let bytes = len.saturating_mul(size_of::<T>());
         if bytes >= MAPPED_FROM {
-            // Anonymous mappings are zero-filled by the kernel, and not touched until written.
-            if let Ok(map) = MmapMut::map_anon(bytes) {
+            // Anonymous mappings are zero-filled by the kernel, and not touched until written. A
+            // whole number of huge pages: Linux aligns only such a mapping to a huge page, and an
+            // unaligned one gets huge pages only where whole ones fit inside it.
+            let mapped = bytes.div_ceil(MAPPED_FROM).saturating_mul(MAPPED_FROM);
+            if let Ok(map) = MmapMut::map_anon(mapped) {
                 #[cfg(target_os = "linux")]
                 if let Err(err) = map.advise(memmap2::Advice::HugePage) {
                     tracing::debug!(error = %err, "huge pages not advised for an index array");
@@ -72,7 +81,7 @@ impl<T: Pod> Deref for Huge<T> {
     fn deref(&self) -> &[T] {
         match &self.memory {
             Memory::Heap(values) => values,
-            Memory::Mapped { map, len } => &bytemuck::cast_slice(&map[..])[..*len],
+            Memory::Mapped { map, len } => bytemuck::cast_slice(&map[..len * size_of::<T>()]),
         }
     }
 }
@@ -81,7 +90,9 @@ impl<T: Pod> DerefMut for Huge<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         match &mut self.memory {
             Memory::Heap(values) => values,
-            Memory::Mapped { map, len } => &mut bytemuck::cast_slice_mut(&mut map[..])[..*len],
+            Memory::Mapped { map, len } => {
+                bytemuck::cast_slice_mut(&mut map[..*len * size_of::<T>()])
+            }
         }
     }
 }

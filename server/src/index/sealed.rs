@@ -181,7 +181,8 @@ impl Sealed {
             codes[row as usize * dim..(row as usize + 1) * dim].copy_from_slice(code);
         }
         let top = usize::from(indexation.get_max_level_observed());
-        // Built as vectors, then copied into their final memory once their sizes are known.
+        // Built as vectors, then copied into their final memory once their sizes are known: one
+        // segment is sealed at a time, so the copy costs its links once more, briefly.
         let mut layers: Vec<[Vec<u32>; 3]> = (0..=top).map(|_| [vec![], vec![0], vec![]]).collect();
         // A point's links up to its own level. Above it `hnsw_rs` also keeps the points its insert
         // passed on the way down; the point is not in those layers, so they are left out (a link to
@@ -469,11 +470,13 @@ impl Sealed {
                 return Err("bad layer size".into());
             }
             take((u64::from(members) + u64::from(entries) + 1 + u64::from(links)) * 4)?;
-            let layer = Layer {
+            let mut layer = Layer {
                 members: read_u32s(input, members as usize)?,
-                offsets: Huge::from_slice(&read_u32s(input, entries as usize + 1)?),
-                links: Huge::from_slice(&read_u32s(input, links as usize)?),
+                offsets: Huge::zeroed(entries as usize + 1),
+                links: Huge::zeroed(links as usize),
             };
+            read_u32s_into(input, &mut layer.offsets)?;
+            read_u32s_into(input, &mut layer.links)?;
             let sorted = layer.members.windows(2).all(|w| w[0] < w[1]);
             // A layer's members are members of the layer below (layer 0 holds every row).
             let nested = previous.as_ref().is_none_or(|below| {
@@ -529,13 +532,20 @@ fn write_u32s(out: &mut impl Write, values: &[u32]) -> std::io::Result<()> {
 
 fn read_u32s(input: &mut impl Read, n: usize) -> Result<Vec<u32>, String> {
     let mut values = vec![0u32; n];
+    read_u32s_into(input, &mut values)?;
+    Ok(values)
+}
+
+/// Fills `values` from little-endian `u32`s, in place: a 2^20-row segment's links (about 110 MB)
+/// are read into their final memory, not copied there, since segments load on every core at once.
+fn read_u32s_into(input: &mut impl Read, values: &mut [u32]) -> Result<(), String> {
     input
-        .read_exact(bytemuck::cast_slice_mut(&mut values))
+        .read_exact(bytemuck::cast_slice_mut(values))
         .map_err(|e| e.to_string())?;
-    for v in &mut values {
+    for v in values {
         *v = u32::from_le(*v);
     }
-    Ok(values)
+    Ok(())
 }
 
 #[cfg(test)]
