@@ -54,7 +54,6 @@
 //!   graph outside both locks and replays the inserts it missed before swapping.
 
 mod growing;
-mod huge;
 mod pools;
 pub mod quant;
 pub mod sealed;

@@ -17,11 +17,6 @@
 //!
 //! A sealed segment never changes; the index inserts into an `hnsw_rs` segment and seals it once
 //! it is full or rebuilt.
-//!
-//! Its rows and layer links are [`Huge`] arrays, in huge pages where the kernel gives them: a search
-//! reads a few thousand rows at random, and with small pages nearly each one also missed the TLB
-//! (at 1M entries the search phase went 1.92-2.06 -> 1.69 ms p50,
-//! `benches/results/2026-12-07-huge-pages-1m.md`).
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
@@ -34,7 +29,6 @@ use half::f16;
 use hnsw_rs::hnsw::{Hnsw, Point};
 use hnsw_rs::prelude::Distance;
 
-use super::huge::Huge;
 use super::quant::dot_f32_f16;
 use super::sketch::{nearest, sketch_all, Sketch, CANDIDATES};
 
@@ -44,13 +38,12 @@ const HEADER: usize = 8 + 4 * 4;
 
 /// One layer's links in CSR form: row `members[i]`'s neighbours are
 /// `links[offsets[i]..offsets[i + 1]]` (rows, not slots). Layer 0 holds every row and leaves
-/// `members` empty (member `i` is row `i`). Its offsets and links are read at random by every
-/// search, as the rows are: in [`Huge`] memory.
-#[derive(Debug, PartialEq)]
+/// `members` empty (member `i` is row `i`).
+#[derive(Debug, Default, PartialEq)]
 struct Layer {
     members: Vec<u32>,
-    offsets: Huge<u32>,
-    links: Huge<u32>,
+    offsets: Vec<u32>,
+    links: Vec<u32>,
 }
 
 impl Layer {
@@ -95,7 +88,7 @@ pub struct Sealed {
     /// Row `i`'s slot: the partition's point number, which `hnsw_rs` knew as the data id.
     slots: Vec<u32>,
     /// Row `i` is `codes[i * dim..(i + 1) * dim]`.
-    codes: Huge<f16>,
+    codes: Vec<f16>,
     /// Layer 0 first.
     layers: Vec<Layer>,
     /// Where every search starts: a row of the top layer.
@@ -166,7 +159,7 @@ impl Sealed {
         }
         let mut row_of: HashMap<usize, u32> = HashMap::with_capacity(rows);
         let mut slots = Vec::with_capacity(rows);
-        let mut codes = Huge::zeroed(rows * dim);
+        let mut codes = Vec::with_capacity(rows * dim);
         for (row, point) in points.iter().enumerate() {
             let slot = point.get_origin_id();
             let row = row as u32;
@@ -178,30 +171,31 @@ impl Sealed {
             if code.len() != dim {
                 return None;
             }
-            codes[row as usize * dim..(row as usize + 1) * dim].copy_from_slice(code);
+            codes.extend_from_slice(code);
         }
         let top = usize::from(indexation.get_max_level_observed());
-        // Built as vectors, then copied into their final memory once their sizes are known: one
-        // segment is sealed at a time, so the copy costs its links once more, briefly.
-        let mut layers: Vec<[Vec<u32>; 3]> = (0..=top).map(|_| [vec![], vec![0], vec![]]).collect();
+        let mut layers: Vec<Layer> = (0..=top).map(|_| Layer::default()).collect();
+        for layer in &mut layers {
+            layer.offsets.push(0);
+        }
         // A point's links up to its own level. Above it `hnsw_rs` also keeps the points its insert
         // passed on the way down; the point is not in those layers, so they are left out (a link to
         // a row outside a layer leads nowhere: it has no neighbours there).
         for (row, point) in points.iter().enumerate() {
             let level = usize::from(point.get_point_id().0).min(top);
             let neighbourhood = point.get_neighborhood_id();
-            for (l, [members, offsets, links]) in layers.iter_mut().enumerate().take(level + 1) {
+            for (l, layer) in layers.iter_mut().enumerate().take(level + 1) {
                 if l > 0 {
-                    members.push(row as u32);
+                    layer.members.push(row as u32);
                 }
                 let around = neighbourhood.get(l).map_or(&[][..], Vec::as_slice);
-                links.extend(
+                layer.links.extend(
                     around
                         .iter()
                         .filter_map(|n| row_of.get(&n.get_origin_id()).copied())
                         .filter(|n| *n as usize != row),
                 );
-                offsets.push(u32::try_from(links.len()).ok()?);
+                layer.offsets.push(u32::try_from(layer.links.len()).ok()?);
             }
         }
         // Any point of the top layer leads down to all others: the first one listed there
@@ -211,17 +205,11 @@ impl Sealed {
             .next()
             .and_then(|p| row_of.get(&p.get_origin_id()).copied())
             .unwrap_or(0);
-        let layers: Vec<Layer> = layers
-            .into_iter()
-            .map(|[mut members, offsets, links]| {
-                members.shrink_to_fit();
-                Layer {
-                    members,
-                    offsets: Huge::from_slice(&offsets),
-                    links: Huge::from_slice(&links),
-                }
-            })
-            .collect();
+        for layer in &mut layers {
+            layer.members.shrink_to_fit();
+            layer.offsets.shrink_to_fit();
+            layer.links.shrink_to_fit();
+        }
         let sketches = sketch_all(&codes, dim);
         Some(Self {
             dim,
@@ -452,11 +440,11 @@ impl Sealed {
         }
         take(u64::from(rows) * 4 + u64::from(rows) * dim as u64 * 2)?;
         let slots = read_u32s(input, rows as usize)?;
-        let mut codes = Huge::<f16>::zeroed(rows as usize * dim);
+        let mut codes = vec![f16::ZERO; rows as usize * dim];
         input
-            .read_exact(bytemuck::cast_slice_mut(&mut codes[..]))
+            .read_exact(bytemuck::cast_slice_mut(&mut codes))
             .map_err(|e| e.to_string())?;
-        for c in codes.iter_mut() {
+        for c in &mut codes {
             *c = f16::from_bits(u16::from_le(c.to_bits()));
         }
         let mut parsed = Vec::with_capacity(layers as usize);
@@ -470,13 +458,11 @@ impl Sealed {
                 return Err("bad layer size".into());
             }
             take((u64::from(members) + u64::from(entries) + 1 + u64::from(links)) * 4)?;
-            let mut layer = Layer {
+            let layer = Layer {
                 members: read_u32s(input, members as usize)?,
-                offsets: Huge::zeroed(entries as usize + 1),
-                links: Huge::zeroed(links as usize),
+                offsets: read_u32s(input, entries as usize + 1)?,
+                links: read_u32s(input, links as usize)?,
             };
-            read_u32s_into(input, &mut layer.offsets)?;
-            read_u32s_into(input, &mut layer.links)?;
             let sorted = layer.members.windows(2).all(|w| w[0] < w[1]);
             // A layer's members are members of the layer below (layer 0 holds every row).
             let nested = previous.as_ref().is_none_or(|below| {
@@ -488,11 +474,7 @@ impl Sealed {
             if !sorted
                 || !nested
                 || !offsets_ok
-                || layer
-                    .members
-                    .iter()
-                    .chain(layer.links.iter())
-                    .any(|r| *r >= rows)
+                || layer.members.iter().chain(&layer.links).any(|r| *r >= rows)
             {
                 return Err(format!("layer {l} is malformed"));
             }
@@ -532,20 +514,13 @@ fn write_u32s(out: &mut impl Write, values: &[u32]) -> std::io::Result<()> {
 
 fn read_u32s(input: &mut impl Read, n: usize) -> Result<Vec<u32>, String> {
     let mut values = vec![0u32; n];
-    read_u32s_into(input, &mut values)?;
-    Ok(values)
-}
-
-/// Fills `values` from little-endian `u32`s, in place: a 2^20-row segment's links (about 110 MB)
-/// are read into their final memory, not copied there, since segments load on every core at once.
-fn read_u32s_into(input: &mut impl Read, values: &mut [u32]) -> Result<(), String> {
     input
-        .read_exact(bytemuck::cast_slice_mut(values))
+        .read_exact(bytemuck::cast_slice_mut(&mut values))
         .map_err(|e| e.to_string())?;
-    for v in values {
+    for v in &mut values {
         *v = u32::from_le(*v);
     }
-    Ok(())
+    Ok(values)
 }
 
 #[cfg(test)]
