@@ -17,8 +17,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reprise_server::embed::{EmbedConfig, Embedder};
 use reprise_server::index::quant::{
-    cosine_f16, cosine_f32_i8, cosine_i8, dot_f16, dot_f32_f16, encode_f16, encode_i8,
-    portable_dot_f16, portable_dot_f32_f16, DistF16, DistI8,
+    cosine_f16, cosine_f32_i8, cosine_i8, dot_f16, dot_f32_f16, dot_f32_i8, encode_f16, encode_i8,
+    encode_i8_f16, portable_dot_f16, portable_dot_f32_f16, DistF16, DistI8,
 };
 use reprise_server::index::sketch::{nearest, Planes, Sketch, CANDIDATES};
 use reprise_server::index::{dot, Graphs, HnswIndex, IndexConfig, VectorIndex};
@@ -239,6 +239,8 @@ fn dist(flags: &Args) {
         black_box(sum);
         t.elapsed().as_nanos() as f64 / rounds as f64
     };
+    let mut walk = vec![0i8; dim];
+    let step = encode_i8_f16(&hb, &mut walk);
     println!("| distance ({dim}-d) | ns per call |\n|---|---|");
     println!(
         "| f32 dot (before) | {:.1} |",
@@ -269,6 +271,10 @@ fn dist(flags: &Args) {
         println!(
             "| f32 · f16 (scan, re-rank), run-time dispatch, round {round} | {:.1} |",
             time(&|| dot_f32_f16(black_box(&a), black_box(&hb)))
+        );
+        println!(
+            "| f32 · int8 × step (a sealed graph's walk), run-time dispatch, round {round} | {:.1} |",
+            time(&|| dot_f32_i8(black_box(&a), black_box(&walk)) * step)
         );
     }
     // The recheck's parts: one row's sketch (at seal and load, per row) and the scan of a

@@ -32,7 +32,9 @@
 //!   `hnsw_rs` builds every graph; a built one is *sealed* ([`sealed`]): the same points, links
 //!   and layers read out into flat arrays (about 1 KB per 384-d vector in all instead of 3.0-4.2 KB,
 //!   a search 4-5× cheaper, a dump read straight into its arrays:
-//!   `benches/results/2026-12-06-sealed-segments.md`), and the `hnsw_rs` graph freed. Inserts into
+//!   `benches/results/2026-12-06-sealed-segments.md`; 1.4 KB since its walk reads int8 codes of the
+//!   rows, computed at sealing and loading: `benches/results/2026-12-07-int8-walk.md`), and the
+//!   `hnsw_rs` graph freed. Inserts into
 //!   a partition that has its graph go to a *growing* segment ([`growing`]), an `hnsw_rs` graph
 //!   of at most `seal_points` points with a sign sketch per point beside it, by which it is
 //!   searched (its graph is for its sealing), and which the maintenance seals once full.
