@@ -223,52 +223,41 @@ pub fn dot_f32_i8(query: &[f32], code: &[i8]) -> f32 {
 /// The plain loop of [`dot_f32_i8`] (public so benches can time it as they time the f16 loops).
 #[inline(always)]
 pub fn portable_dot_f32_i8(query: &[f32], code: &[i8]) -> f32 {
-    let n = query.len().min(code.len());
-    let (cq, tq) = query[..n].as_chunks::<F16_LANES>();
-    let (cc, tc) = code[..n].as_chunks::<F16_LANES>();
-    let mut acc = [0.0f32; F16_LANES];
-    for (q, c) in cq.iter().zip(cc) {
-        for i in 0..F16_LANES {
-            acc[i] += q[i] * f32::from(c[i]);
-        }
-    }
-    let tail: f32 = tq.iter().zip(tc).map(|(q, c)| q * f32::from(*c)).sum();
-    acc.iter().sum::<f32>() + tail
+    portable_dot(query, code, |q| q, f32::from)
 }
 
 /// The plain loops: [`widen`] vectorizes with whatever the dispatch enabled (SSE2, AVX2). Public so
 /// benches can time them called directly, i.e. compiled for baseline x86-64 (the form before dispatch).
 #[inline(always)]
 pub fn portable_dot_f32_f16(query: &[f32], row: &[f16]) -> f32 {
-    let n = query.len().min(row.len());
-    let (cq, tq) = query[..n].as_chunks::<F16_LANES>();
-    let (cr, tr) = row[..n].as_chunks::<F16_LANES>();
-    let mut acc = [0.0f32; F16_LANES];
-    for (q, r) in cq.iter().zip(cr) {
-        for i in 0..F16_LANES {
-            acc[i] += q[i] * widen(r[i].to_bits());
-        }
-    }
-    let tail: f32 = tq.iter().zip(tr).map(|(q, r)| q * widen(r.to_bits())).sum();
-    acc.iter().sum::<f32>() + tail
+    portable_dot(query, row, |q| q, |r| widen(r.to_bits()))
 }
 
 #[inline(always)]
 pub fn portable_dot_f16(a: &[f16], b: &[f16]) -> f32 {
+    let widen = |h: f16| widen(h.to_bits());
+    portable_dot(a, b, widen, widen)
+}
+
+/// The dot product of `a` and `b` as `fa` and `fb` turn their values into f32, in
+/// [`F16_LANES`] independent accumulators.
+#[inline(always)]
+fn portable_dot<A: Copy, B: Copy>(
+    a: &[A],
+    b: &[B],
+    fa: impl Fn(A) -> f32,
+    fb: impl Fn(B) -> f32,
+) -> f32 {
     let n = a.len().min(b.len());
     let (ca, ta) = a[..n].as_chunks::<F16_LANES>();
     let (cb, tb) = b[..n].as_chunks::<F16_LANES>();
     let mut acc = [0.0f32; F16_LANES];
     for (x, y) in ca.iter().zip(cb) {
         for i in 0..F16_LANES {
-            acc[i] += widen(x[i].to_bits()) * widen(y[i].to_bits());
+            acc[i] += fa(x[i]) * fb(y[i]);
         }
     }
-    let tail: f32 = ta
-        .iter()
-        .zip(tb)
-        .map(|(x, y)| widen(x.to_bits()) * widen(y.to_bits()))
-        .sum();
+    let tail: f32 = ta.iter().zip(tb).map(|(x, y)| fa(*x) * fb(*y)).sum();
     acc.iter().sum::<f32>() + tail
 }
 
@@ -277,14 +266,24 @@ pub fn portable_dot_f16(a: &[f16], b: &[f16]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{portable_dot_f16, portable_dot_f32_f16, portable_dot_f32_i8, F16_LANES};
+    use core::arch::x86_64::__m512;
     use half::f16;
     use pulp::x86::V4;
 
     /// Elements per unrolled step: four registers of 16.
     const STEP: usize = 4 * F16_LANES;
 
+    /// The dot product of `a` and `b`, 16 lanes at a time as `widen_a` and `widen_b` turn them
+    /// into f32 registers, four fused multiply-add chains; the tail by `tail`.
     #[inline(always)]
-    pub(super) fn dot_f16(simd: V4, a: &[f16], b: &[f16]) -> f32 {
+    fn dot<A: Copy, B: Copy>(
+        simd: V4,
+        a: &[A],
+        b: &[B],
+        widen_a: impl Fn([A; F16_LANES]) -> __m512,
+        widen_b: impl Fn([B; F16_LANES]) -> __m512,
+        tail: impl Fn(&[A], &[B]) -> f32,
+    ) -> f32 {
         let f = simd.avx512f;
         let n = a.len().min(b.len());
         let (ca, ta) = a[..n].as_chunks::<STEP>();
@@ -294,61 +293,51 @@ mod avx512 {
             let (xs, _) = x.as_chunks::<F16_LANES>();
             let (ys, _) = y.as_chunks::<F16_LANES>();
             for ((acc, x), y) in acc.iter_mut().zip(xs).zip(ys) {
-                let x = f._mm512_cvtph_ps(bytemuck::cast(*x));
-                let y = f._mm512_cvtph_ps(bytemuck::cast(*y));
-                *acc = f._mm512_fmadd_ps(x, y, *acc);
+                *acc = f._mm512_fmadd_ps(widen_a(*x), widen_b(*y), *acc);
             }
         }
         let sum = f._mm512_add_ps(
             f._mm512_add_ps(acc[0], acc[1]),
             f._mm512_add_ps(acc[2], acc[3]),
         );
-        f._mm512_reduce_add_ps(sum) + portable_dot_f16(ta, tb)
+        f._mm512_reduce_add_ps(sum) + tail(ta, tb)
+    }
+
+    #[inline(always)]
+    pub(super) fn dot_f16(simd: V4, a: &[f16], b: &[f16]) -> f32 {
+        let f = simd.avx512f;
+        let widen = |x: [f16; F16_LANES]| f._mm512_cvtph_ps(bytemuck::cast(x));
+        dot(simd, a, b, widen, widen, portable_dot_f16)
     }
 
     #[inline(always)]
     pub(super) fn dot_f32_f16(simd: V4, query: &[f32], row: &[f16]) -> f32 {
         let f = simd.avx512f;
-        let n = query.len().min(row.len());
-        let (cq, tq) = query[..n].as_chunks::<STEP>();
-        let (cr, tr) = row[..n].as_chunks::<STEP>();
-        let mut acc = [f._mm512_setzero_ps(); 4];
-        for (q, r) in cq.iter().zip(cr) {
-            let (qs, _) = q.as_chunks::<F16_LANES>();
-            let (rs, _) = r.as_chunks::<F16_LANES>();
-            for ((acc, q), r) in acc.iter_mut().zip(qs).zip(rs) {
-                let r = f._mm512_cvtph_ps(bytemuck::cast(*r));
-                *acc = f._mm512_fmadd_ps(bytemuck::cast(*q), r, *acc);
-            }
-        }
-        let sum = f._mm512_add_ps(
-            f._mm512_add_ps(acc[0], acc[1]),
-            f._mm512_add_ps(acc[2], acc[3]),
-        );
-        f._mm512_reduce_add_ps(sum) + portable_dot_f32_f16(tq, tr)
+        let widen = |r: [f16; F16_LANES]| f._mm512_cvtph_ps(bytemuck::cast(r));
+        dot(
+            simd,
+            query,
+            row,
+            bytemuck::cast,
+            widen,
+            portable_dot_f32_f16,
+        )
     }
 
     /// 16 codes at a time: sign-extended to i32 (`vpmovsxbd`), converted to f32, multiplied in.
     #[inline(always)]
     pub(super) fn dot_f32_i8(simd: V4, query: &[f32], code: &[i8]) -> f32 {
         let f = simd.avx512f;
-        let n = query.len().min(code.len());
-        let (cq, tq) = query[..n].as_chunks::<STEP>();
-        let (cc, tc) = code[..n].as_chunks::<STEP>();
-        let mut acc = [f._mm512_setzero_ps(); 4];
-        for (q, c) in cq.iter().zip(cc) {
-            let (qs, _) = q.as_chunks::<F16_LANES>();
-            let (cs, _) = c.as_chunks::<F16_LANES>();
-            for ((acc, q), c) in acc.iter_mut().zip(qs).zip(cs) {
-                let c = f._mm512_cvtepi32_ps(f._mm512_cvtepi8_epi32(bytemuck::cast(*c)));
-                *acc = f._mm512_fmadd_ps(bytemuck::cast(*q), c, *acc);
-            }
-        }
-        let sum = f._mm512_add_ps(
-            f._mm512_add_ps(acc[0], acc[1]),
-            f._mm512_add_ps(acc[2], acc[3]),
-        );
-        f._mm512_reduce_add_ps(sum) + portable_dot_f32_i8(tq, tc)
+        let widen =
+            |c: [i8; F16_LANES]| f._mm512_cvtepi32_ps(f._mm512_cvtepi8_epi32(bytemuck::cast(c)));
+        dot(
+            simd,
+            query,
+            code,
+            bytemuck::cast,
+            widen,
+            portable_dot_f32_i8,
+        )
     }
 }
 
