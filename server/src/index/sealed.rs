@@ -21,7 +21,7 @@
 //! so a result's similarity is what it was. In a sealed graph of 998k clustered vectors a search
 //! (graph alone, `ef` 128) took 0.61-0.76x the time in four of five pairs alternated with the f16
 //! walk, at recall@1 0.990 against 0.988; in a 1M-entry gateway the search phase of a semantic hit
-//! was 0.80-0.87x in four of five. It costs 388 bytes more per row (code and step), 0.35 GB at a
+//! was 0.80-0.91x in seven of eight. It costs 388 bytes more per row (code and step), 0.35 GB at a
 //! million (`benches/results/2026-12-07-int8-walk.md`).
 //!
 //! A sealed segment never changes; the index inserts into an `hnsw_rs` segment and seals it once
