@@ -9,7 +9,8 @@
 //! - Vectors are L2-normalized on the way in and held once, as f16 ([`quant`]): 768 bytes for a
 //!   384-d vector instead of 1,536 twice, measured to keep recall@1 ≥ 0.99 against f32 where int8
 //!   did not quite (`benches/results/2026-12-05-scale.md`). The query stays f32: a sealed graph
-//!   scores its rows with the f32·f16 dot product, a growing one's candidates are re-ranked by it.
+//!   scores the rows it keeps with the f32·f16 dot product (its walk reads int8 codes of them), a
+//!   growing one's candidates are re-ranked by it.
 //! - Every partition is searched on its own. A partition of at most `brute_force_below` live
 //!   vectors is *flat*: ids and codes in two contiguous arrays, scanned exactly. A larger one gets a
 //!   graph of its own, which holds its codes (the only copy); the index keeps, per graph point (a
@@ -26,7 +27,7 @@
 //!   path ([`VectorIndex::search_now`]), one per search thread: a lookup that finds none free is
 //!   told so at once ([`ScansBusy`]) rather than queue. While its graph is built the partition's codes are held
 //!   three times (the flat rows, the rows copied for the build, the graph's own), four while the
-//!   graph is sealed.
+//!   graph is sealed (and its int8 walk codes, half a copy, computed then).
 //! - A partition's graph is split into *segments* of at most `segment_points` points (2^20 by
 //!   default), each a graph whose points carry the partition's slot numbers as their data ids.
 //!   `hnsw_rs` builds every graph; a built one is *sealed* ([`sealed`]): the same points, links
@@ -62,7 +63,7 @@ pub mod sealed;
 pub mod sketch;
 
 use growing::Growing;
-use pools::{build_pool, search_pool, search_threads};
+use pools::{on_build_threads, search_pool, search_threads};
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -1044,15 +1045,12 @@ fn new_graph(config: &IndexConfig, capacity: usize) -> Graph {
 /// Drops a replaced body or graph on the build threads: `hnsw_rs` frees a graph with a parallel
 /// loop, which would otherwise take rayon's global pool at the requests' priority.
 fn free_on_build_threads<T: Send>(old: T) {
-    match build_pool() {
-        Some(pool) => pool.install(move || drop(old)),
-        None => drop(old),
-    }
+    on_build_threads(move || drop(old));
 }
 
 /// Builds the segments of a graph whose slot `i` is row `i` of `codes`: as few as
 /// `segment_points` allows, of equal size, each with `hnsw_rs`'s rayon-parallel insertion (all
-/// cores, on [`build_pool`]), then sealed (the `hnsw_rs` graph freed there); one that cannot be
+/// cores, on the build threads), then sealed (the `hnsw_rs` graph freed there); one that cannot be
 /// sealed (it is empty) is left growing.
 fn build_graph(config: &IndexConfig, codes: &[Code]) -> Vec<Segment> {
     build_hnsw(config, codes)
@@ -1085,23 +1083,16 @@ fn build_hnsw(config: &IndexConfig, codes: &[Code]) -> Vec<Graph> {
                 .map(|(row, code)| (code, first + row))
                 .collect();
             let graph = new_graph(config, batch.len());
-            match build_pool() {
-                Some(pool) => pool.install(|| graph.parallel_insert_slice(&batch)),
-                None => graph.parallel_insert_slice(&batch),
-            }
+            on_build_threads(|| graph.parallel_insert_slice(&batch));
             graph
         })
         .collect()
 }
 
-/// `graph` sealed (the conversion on [`build_pool`]); `None` if it cannot be (it is empty, or
+/// `graph` sealed (the conversion on the build threads); `None` if it cannot be (it is empty, or
 /// repeats a slot).
 fn seal(config: &IndexConfig, graph: &Graph) -> Option<Sealed> {
-    let convert = || Sealed::from_graph(graph, config.dimension);
-    match build_pool() {
-        Some(pool) => pool.install(convert),
-        None => convert(),
-    }
+    on_build_threads(|| Sealed::from_graph(graph, config.dimension))
 }
 
 /// A new, empty growing segment.
@@ -3845,7 +3836,7 @@ mod tests {
     fn builds_insert_on_threads_at_a_lower_priority() {
         let nice = || crate::priority::nice_of_this_thread().expect("a nice value");
         let caller = nice();
-        let pool = build_pool().expect("the build pool starts");
+        let pool = pools::build_pool().expect("the build pool starts");
         let lowered: Vec<i32> = pool.broadcast(|_| nice());
         assert_eq!(lowered.len(), pool.current_num_threads());
         // 10, or the test's own when it already runs nicer (never raised).

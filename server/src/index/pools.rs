@@ -20,6 +20,15 @@ pub(crate) fn build_pool() -> Option<&'static rayon::ThreadPool> {
     .as_ref()
 }
 
+/// Runs `op` on the build threads ([`build_pool`]), or on the caller's and rayon's global pool when
+/// they could not be started.
+pub(crate) fn on_build_threads<R: Send>(op: impl FnOnce() -> R + Send) -> R {
+    match build_pool() {
+        Some(pool) => pool.install(op),
+        None => op(),
+    }
+}
+
 /// The threads a search of several segments runs them on: one per core, at the requests'
 /// priority. Not rayon's global pool: `hnsw_rs` frees a graph on it, in parallel, and a search
 /// queued behind that would hold the state lock, and stall every search behind a queued insert.

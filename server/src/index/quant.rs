@@ -15,8 +15,10 @@
 //! (`widen`) is compiled for AVX2 or SSE2, whichever the CPU has.
 //!
 //! An int8 code is `round(v · 127 / max|v|)`: the scale is per vector, so every vector uses the
-//! whole int8 range. Cosine does not depend on the scale, so it is not stored: the distance divides
-//! by the codes' own norms, computed in the same pass as the dot product.
+//! whole int8 range. Cosine does not depend on the scale, so `DistI8` needs none: it divides by the
+//! codes' own norms, computed in the same pass as the dot product. A sealed graph's walk keeps each
+//! row's step (`max|v| / 127`), which turns the f32 query's dot product with the codes into one with
+//! the row.
 
 use std::sync::LazyLock;
 
@@ -185,10 +187,11 @@ pub(super) fn widen(h: u16) -> f32 {
     f32::from_bits(magnitude.to_bits() | ((h & 0x8000) << 16))
 }
 
-/// Independent f32 accumulators of the f16 loops (see [`dot`](super::dot)).
-const F16_LANES: usize = 16;
+/// Independent f32 accumulators of the f16 and int8 loops, one 512-bit register of f32 (see
+/// [`dot`](super::dot)).
+const LANES_F32: usize = 16;
 
-/// The best instruction set of this CPU, detected once (`pulp`): the f16 loops below are compiled
+/// The best instruction set of this CPU, detected once (`pulp`): the loops below are compiled
 /// for it and chosen at run time, so the binary still targets baseline x86-64.
 static ARCH: LazyLock<Arch> = LazyLock::new(Arch::new);
 
@@ -220,9 +223,9 @@ pub fn dot_f32_i8(query: &[f32], code: &[i8]) -> f32 {
     ARCH.dispatch(|| portable_dot_f32_i8(query, code))
 }
 
-/// The plain loop of [`dot_f32_i8`] (public so benches can time it as they time the f16 loops).
+/// The plain loop of [`dot_f32_i8`].
 #[inline(always)]
-pub fn portable_dot_f32_i8(query: &[f32], code: &[i8]) -> f32 {
+fn portable_dot_f32_i8(query: &[f32], code: &[i8]) -> f32 {
     portable_dot(query, code, |q| q, f32::from)
 }
 
@@ -240,7 +243,7 @@ pub fn portable_dot_f16(a: &[f16], b: &[f16]) -> f32 {
 }
 
 /// The dot product of `a` and `b` as `fa` and `fb` turn their values into f32, in
-/// [`F16_LANES`] independent accumulators.
+/// [`LANES_F32`] independent accumulators.
 #[inline(always)]
 fn portable_dot<A: Copy, B: Copy>(
     a: &[A],
@@ -249,11 +252,11 @@ fn portable_dot<A: Copy, B: Copy>(
     fb: impl Fn(B) -> f32,
 ) -> f32 {
     let n = a.len().min(b.len());
-    let (ca, ta) = a[..n].as_chunks::<F16_LANES>();
-    let (cb, tb) = b[..n].as_chunks::<F16_LANES>();
-    let mut acc = [0.0f32; F16_LANES];
+    let (ca, ta) = a[..n].as_chunks::<LANES_F32>();
+    let (cb, tb) = b[..n].as_chunks::<LANES_F32>();
+    let mut acc = [0.0f32; LANES_F32];
     for (x, y) in ca.iter().zip(cb) {
-        for i in 0..F16_LANES {
+        for i in 0..LANES_F32 {
             acc[i] += fa(x[i]) * fb(y[i]);
         }
     }
@@ -261,17 +264,18 @@ fn portable_dot<A: Copy, B: Copy>(
     acc.iter().sum::<f32>() + tail
 }
 
-/// AVX-512 kernels: `vcvtph2ps` widens 16 f16 at once, four fused multiply-add chains hide the FMA
-/// latency. Only called inside `V4::vectorize`, which enables the features they are compiled for.
+/// AVX-512 kernels: `vcvtph2ps` widens 16 f16 at once (`vpmovsxbd` and `vcvtdq2ps` 16 int8), four
+/// fused multiply-add chains hide the FMA latency. Only called inside `V4::vectorize`, which enables
+/// the features they are compiled for.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{portable_dot_f16, portable_dot_f32_f16, portable_dot_f32_i8, F16_LANES};
+    use super::{portable_dot_f16, portable_dot_f32_f16, portable_dot_f32_i8, LANES_F32};
     use core::arch::x86_64::__m512;
     use half::f16;
     use pulp::x86::V4;
 
     /// Elements per unrolled step: four registers of 16.
-    const STEP: usize = 4 * F16_LANES;
+    const STEP: usize = 4 * LANES_F32;
 
     /// The dot product of `a` and `b`, 16 lanes at a time as `widen_a` and `widen_b` turn them
     /// into f32 registers, four fused multiply-add chains; the tail by `tail`.
@@ -280,8 +284,8 @@ mod avx512 {
         simd: V4,
         a: &[A],
         b: &[B],
-        widen_a: impl Fn([A; F16_LANES]) -> __m512,
-        widen_b: impl Fn([B; F16_LANES]) -> __m512,
+        widen_a: impl Fn([A; LANES_F32]) -> __m512,
+        widen_b: impl Fn([B; LANES_F32]) -> __m512,
         tail: impl Fn(&[A], &[B]) -> f32,
     ) -> f32 {
         let f = simd.avx512f;
@@ -290,8 +294,8 @@ mod avx512 {
         let (cb, tb) = b[..n].as_chunks::<STEP>();
         let mut acc = [f._mm512_setzero_ps(); 4];
         for (x, y) in ca.iter().zip(cb) {
-            let (xs, _) = x.as_chunks::<F16_LANES>();
-            let (ys, _) = y.as_chunks::<F16_LANES>();
+            let (xs, _) = x.as_chunks::<LANES_F32>();
+            let (ys, _) = y.as_chunks::<LANES_F32>();
             for ((acc, x), y) in acc.iter_mut().zip(xs).zip(ys) {
                 *acc = f._mm512_fmadd_ps(widen_a(*x), widen_b(*y), *acc);
             }
@@ -306,14 +310,14 @@ mod avx512 {
     #[inline(always)]
     pub(super) fn dot_f16(simd: V4, a: &[f16], b: &[f16]) -> f32 {
         let f = simd.avx512f;
-        let widen = |x: [f16; F16_LANES]| f._mm512_cvtph_ps(bytemuck::cast(x));
+        let widen = |x: [f16; LANES_F32]| f._mm512_cvtph_ps(bytemuck::cast(x));
         dot(simd, a, b, widen, widen, portable_dot_f16)
     }
 
     #[inline(always)]
     pub(super) fn dot_f32_f16(simd: V4, query: &[f32], row: &[f16]) -> f32 {
         let f = simd.avx512f;
-        let widen = |r: [f16; F16_LANES]| f._mm512_cvtph_ps(bytemuck::cast(r));
+        let widen = |r: [f16; LANES_F32]| f._mm512_cvtph_ps(bytemuck::cast(r));
         dot(
             simd,
             query,
@@ -329,7 +333,7 @@ mod avx512 {
     pub(super) fn dot_f32_i8(simd: V4, query: &[f32], code: &[i8]) -> f32 {
         let f = simd.avx512f;
         let widen =
-            |c: [i8; F16_LANES]| f._mm512_cvtepi32_ps(f._mm512_cvtepi8_epi32(bytemuck::cast(c)));
+            |c: [i8; LANES_F32]| f._mm512_cvtepi32_ps(f._mm512_cvtepi8_epi32(bytemuck::cast(c)));
         dot(
             simd,
             query,

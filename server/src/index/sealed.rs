@@ -21,8 +21,8 @@
 //! so a result's similarity is what it was. In a sealed graph of 998k clustered vectors a search
 //! (graph alone, `ef` 128) took 0.61-0.76x the time in four of five pairs alternated with the f16
 //! walk, at recall@1 0.990 against 0.988; in a 1M-entry gateway the search phase of a semantic hit
-//! was 0.80-0.91x in seven of eight. It costs 388 bytes more per row (code and step), 0.35 GB at a
-//! million (`benches/results/2026-12-07-int8-walk.md`).
+//! was 0.80-0.91x in seven of eight. It costs 388 bytes more per row (code and step), 0.39 GB for a
+//! million rows (`benches/results/2026-12-07-int8-walk.md`).
 //!
 //! A sealed segment never changes; the index inserts into an `hnsw_rs` segment and seals it once
 //! it is full or rebuilt.
@@ -113,8 +113,8 @@ pub struct Sealed {
     steps: Vec<f32>,
 }
 
-/// Every row's int8 code and step ([`encode_i8_f16`]), on the build threads (at a restart with a
-/// million rows, beside the sketches).
+/// Every row's int8 code and step ([`encode_i8_f16`]), on the build threads (at a restart, a
+/// million rows after the sketches).
 fn walk_codes(codes: &[f16], dim: usize) -> (Vec<i8>, Vec<f32>) {
     let dim = dim.max(1);
     let encode = || {
@@ -127,10 +127,7 @@ fn walk_codes(codes: &[f16], dim: usize) -> (Vec<i8>, Vec<f32>) {
             .for_each(|((out, step), row)| *step = encode_i8_f16(row, out));
         (walk, steps)
     };
-    match super::pools::build_pool() {
-        Some(pool) => pool.install(encode),
-        None => encode(),
-    }
+    super::pools::on_build_threads(encode)
 }
 
 /// Reads one value from every cache line of `rows` of `values` (rows of `dim`) before any of them

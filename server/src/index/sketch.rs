@@ -150,10 +150,7 @@ pub fn sketch_all(codes: &[f16], dim: usize) -> Vec<Sketch> {
             .collect_into_vec(&mut sketches);
         sketches
     };
-    match super::pools::build_pool() {
-        Some(pool) => pool.install(sketch),
-        None => sketch(),
-    }
+    super::pools::on_build_threads(sketch)
 }
 
 static ARCH: LazyLock<Arch> = LazyLock::new(Arch::new);
