@@ -1,5 +1,6 @@
 //! What each upstream answers a browser's origin (its CORS response headers), learned from the
-//! responses it sends and given to the answers the gateway makes itself (hits, followers).
+//! responses it sends and given to the answers the gateway makes itself (hits, followers, and its
+//! own errors: without them a page sees a CORS failure, never the error's status and message).
 //!
 //! A browser reads a cross-origin response only when it carries `Access-Control-Allow-Origin` for
 //! the page's origin. A miss relays the upstream's headers, so it has them; a hit is the gateway's
@@ -123,9 +124,10 @@ impl Cors {
     }
 }
 
-/// Adds a learned answer to the gateway's own response.
-pub(crate) fn apply(answer: &Answer, response: &mut HeaderMap) {
-    for (name, value) in answer {
+/// Adds a learned answer, if any, to the gateway's own response: a hit, or an error of the
+/// gateway's own, which a browser can read (its status, its message) only with these headers.
+pub(crate) fn apply(answer: Option<&Answer>, response: &mut HeaderMap) {
+    for (name, value) in answer.into_iter().flatten() {
         response.append(name.clone(), value.clone());
     }
 }
@@ -169,7 +171,7 @@ mod tests {
         assert_eq!(cors.answer(&app), None);
         cors.learn(&app, true, &granted);
         let mut response = HeaderMap::new();
-        apply(&cors.answer(&app).expect("known"), &mut response);
+        apply(Some(&cors.answer(&app).expect("known")), &mut response);
         assert_eq!(
             response,
             headers(&[

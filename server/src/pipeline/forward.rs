@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::timeout_at;
 
 use crate::cache::Recorder;
+use crate::cors::Asker;
 use crate::downstream::Source;
 use crate::error::{ErrorShape, GatewayError};
 use crate::ingress::{Ingress, Provider, PASSTHROUGH};
@@ -184,15 +185,19 @@ pub(crate) async fn relay(
     let Exchange {
         id: request_id,
         ingress: Ingress { mut clock, .. },
+        cors,
         ..
     } = ex;
+    let fail = |meta, clock, err| {
+        fail_before_response(state, meta, clock, err, shape, &request_id, cors.as_ref())
+    };
     let started = match started {
         Ok(s) => s,
         Err(err) => {
             if let Some(r) = recorder {
                 r.abandon();
             }
-            return fail_before_response(state, meta, clock, err, shape, &request_id);
+            return fail(meta, clock, err);
         }
     };
     clock.upstream_head = Some(started.head);
@@ -227,13 +232,15 @@ pub(crate) async fn relay(
                 request_id,
                 recorder,
                 shape,
+                cors,
             )
             .await
         }
     }
 }
 
-/// Builds the response for an error raised before anything was sent to the client, and records it.
+/// Builds the response for an error raised before anything was sent to the client, with the CORS
+/// answer the upstream gave its asker, and records it.
 fn fail_before_response(
     state: &AppState,
     mut meta: RecordMeta,
@@ -241,6 +248,7 @@ fn fail_before_response(
     err: GatewayError,
     shape: ErrorShape,
     request_id: &str,
+    cors: Option<&crate::cors::Answer>,
 ) -> Response {
     let cache = meta.cache;
     meta.error = Some(err.code());
@@ -253,6 +261,7 @@ fn fail_before_response(
     let mut response = err.into_response_for(shape);
     set_request_id(response.headers_mut(), request_id);
     set_cache_outcome(response.headers_mut(), cache);
+    crate::cors::apply(cors, response.headers_mut());
     response
 }
 
@@ -284,7 +293,11 @@ async fn relay_whole(
     request_id: String,
     recorder: Option<Recorder>,
     shape: ErrorShape,
+    cors: Option<crate::cors::Answer>,
 ) -> Response {
+    let fail = |meta, clock, err| {
+        fail_before_response(state, meta, clock, err, shape, &request_id, cors.as_ref())
+    };
     let status = response.status();
     let mut stream = response.bytes_stream();
     let mut body = Vec::new();
@@ -304,7 +317,7 @@ async fn relay_whole(
                 if let Some(r) = recorder {
                     r.abandon();
                 }
-                return fail_before_response(state, meta, clock, err, shape, &request_id);
+                return fail(meta, clock, err);
             }
             Err(_) => {
                 let err = GatewayError::UpstreamTimeout {
@@ -313,7 +326,7 @@ async fn relay_whole(
                 if let Some(r) = recorder {
                     r.abandon();
                 }
-                return fail_before_response(state, meta, clock, err, shape, &request_id);
+                return fail(meta, clock, err);
             }
         }
     }
@@ -740,7 +753,17 @@ pub(crate) async fn passthrough(
                 None => err,
             };
             let shape = provider.error_shape();
-            return fail_before_response(state, meta, clock, err, shape, &request_id);
+            let browser = Asker::of(provider, &parts.headers);
+            let answer = browser.as_ref().and_then(|b| upstream.cors.answer(b));
+            return fail_before_response(
+                state,
+                meta,
+                clock,
+                err,
+                shape,
+                &request_id,
+                answer.as_ref(),
+            );
         }
     };
     let now = Instant::now();

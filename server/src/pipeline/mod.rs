@@ -17,6 +17,7 @@ pub(crate) use exchange::Exchange;
 pub(crate) use lookup::Decision;
 
 use crate::cache::{Flight, Recorder};
+use crate::cors::{self, Asker};
 use crate::ingress::{self, Route};
 use crate::record::error_response;
 use crate::state::AppState;
@@ -28,17 +29,25 @@ pub(crate) async fn handle(state: AppState, route: Route, request: Request) -> R
     let started = Instant::now();
     let id = state.requests.next_id();
     tracing::Span::current().record("id", id.as_str());
-    // Errors take the shape of the API the client speaks.
+    // Errors take the shape of the API the client speaks, and carry the CORS answer the upstream
+    // gave the asker (a browser reads an error's status and message only with it).
     let shape = route.provider().error_shape();
+    let browser = Asker::of(route.provider(), request.headers());
+    let fail = |err| {
+        let mut response = error_response(err, shape, &id);
+        let answer = browser.as_ref().and_then(|b| state.upstream.cors.answer(b));
+        cors::apply(answer.as_ref(), response.headers_mut());
+        response
+    };
     // 1. ingress
     let ingress = match ingress::read(route, request, state.config.max_body_bytes, started).await {
         Ok(ingress) => ingress,
-        Err(err) => return error_response(err, shape, &id),
+        Err(err) => return fail(err),
     };
     // 2. policy and 3. key
     let mut ex = match Exchange::new(&state, ingress, id.clone()) {
         Ok(ex) => ex,
-        Err(err) => return error_response(err, shape, &id),
+        Err(err) => return fail(err),
     };
     // 4. lookup, then 5. replay or 6. forward (7. downstream and 8. record follow the response).
     match lookup::decide(&state, &mut ex).await {

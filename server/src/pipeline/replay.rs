@@ -94,9 +94,7 @@ pub(crate) fn serve(state: &AppState, ex: &Exchange, found: Found) -> Response {
     }
     set_cache_outcome(headers, outcome);
     set_request_id(headers, &ex.id);
-    if let Some(answer) = &ex.cors {
-        crate::cors::apply(answer, headers);
-    }
+    crate::cors::apply(ex.cors.as_ref(), headers);
     set_header(headers, "x-reprise-entry", id.to_string());
     set_header(headers, "age", age_s.to_string());
     if let Some(saved) = saved {
@@ -280,8 +278,6 @@ pub(crate) async fn follow(
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     set_cache_outcome(headers, CacheOutcome::Coalesced);
     set_request_id(headers, &ex.id);
-    if let Some(answer) = &ex.cors {
-        crate::cors::apply(answer, headers);
-    }
+    crate::cors::apply(ex.cors.as_ref(), headers);
     Some(response)
 }

@@ -538,10 +538,14 @@ async fn a_follower_ends_its_stream_as_the_leaders_client_saw_it_end() {
 /// that key), and a request from an origin the upstream has not answered yet goes upstream to
 /// learn it, storing nothing over the entry that would have served it. An error answer teaches
 /// nothing. No origin, no CORS headers; an origin the upstream refused gets none on a hit either.
+/// The gateway's own errors carry the same answer, so a browser can read them.
 #[tokio::test]
 async fn hits_carry_the_upstreams_cors_answer_to_the_requests_origin() {
     let sim = sim_default().await;
-    let gw = start(config_for(sim.base_url())).await;
+    let mut config = config_for(sim.base_url());
+    // The hung upstream below is a gateway timeout in a second, not ten minutes.
+    config.first_byte_timeout_ms = 1_000;
+    let gw = start(config).await;
     let app = ("origin", "https://app.example");
     let allow = |r: &reqwest::Response| {
         r.headers()
@@ -578,6 +582,40 @@ async fn hits_carry_the_upstreams_cors_answer_to_the_requests_origin() {
     // No origin (the SDKs outside a browser): a hit, as before, with no CORS headers.
     let plain = post(&gw, &ask(false), &[]).await;
     assert_eq!((outcome(&plain), allow(&plain)), ("hit".into(), None));
+    // The gateway's own errors, in OpenAI's shape, readable by the page: a body that is not JSON
+    // (refused before anything else is read of it), and an upstream that never answers.
+    let broken = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-tenant-a")
+        .header("origin", "https://app.example")
+        .header("content-type", "application/json")
+        .body("{\"model\": ")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(broken.status(), 400);
+    assert_eq!(allow(&broken).as_deref(), Some("*"));
+    let error: Value = broken.json().await.expect("json");
+    assert!(error["error"]["message"].is_string(), "{error}");
+    let hung = post(
+        &gw,
+        &chat_body("never answered", false),
+        &[app, ("x-sim-fault", "hang")],
+    )
+    .await;
+    assert_eq!(hung.status(), 504);
+    assert_eq!(allow(&hung).as_deref(), Some("*"));
+    let unread = post(
+        &gw,
+        &chat_body("never answered", false),
+        &[("x-sim-fault", "hang")],
+    )
+    .await;
+    assert_eq!(
+        (unread.status().as_u16(), allow(&unread)),
+        (504, None),
+        "no origin"
+    );
     // Another origin: an upstream error teaches nothing; then one miss to hear the upstream's
     // answer, which leaves the entry as it was; then hits.
     let other = ("origin", "https://other.example");
