@@ -267,6 +267,19 @@ pub fn set_request_id(headers: &mut HeaderMap, request_id: &str) {
     }
 }
 
+/// Names a response the gateway made itself (a hit, a follower, an error of its own) to the client's
+/// SDK too: OpenAI's SDKs read a response's id from `x-request-id` and Anthropic's from
+/// `request-id` (`_request_id`, and in their errors). A relayed response carries the upstream's
+/// id there; this one carries the gateway's, the id `/admin/requests` and feedback know it by.
+pub fn set_own_request_id(headers: &mut HeaderMap, request_id: &str, shape: ErrorShape) {
+    set_request_id(headers, request_id);
+    let name = match shape {
+        ErrorShape::OpenAi => "x-request-id",
+        ErrorShape::Anthropic => "request-id",
+    };
+    set_header(headers, name, request_id.to_owned());
+}
+
 /// Sets `x-reprise-cache`; pass-through routes, which the cache never sees, get none.
 pub fn set_cache_outcome(headers: &mut HeaderMap, cache: CacheOutcome) {
     if cache != CacheOutcome::Pass {
@@ -288,7 +301,7 @@ pub fn set_header(headers: &mut HeaderMap, name: &'static str, value: String) {
 /// An error response in `shape` that still names its request.
 pub fn error_response(err: GatewayError, shape: ErrorShape, request_id: &str) -> Response {
     let mut response = err.into_response_for(shape);
-    set_request_id(response.headers_mut(), request_id);
+    set_own_request_id(response.headers_mut(), request_id, shape);
     response
 }
 

@@ -26,7 +26,9 @@ use crate::error::{ErrorShape, GatewayError};
 use crate::ingress::{Ingress, Provider, PASSTHROUGH};
 use crate::outcome::{CacheOutcome, Completion};
 use crate::pipeline::Exchange;
-use crate::record::{set_cache_outcome, set_request_id, Finisher, Nearest, RecordMeta};
+use crate::record::{
+    set_cache_outcome, set_own_request_id, set_request_id, Finisher, Nearest, RecordMeta,
+};
 use crate::sse::{classify, EventKind, SseFramer};
 use crate::state::AppState;
 use crate::timing::unix_ms;
@@ -259,7 +261,7 @@ fn fail_before_response(
         &clock,
     );
     let mut response = err.into_response_for(shape);
-    set_request_id(response.headers_mut(), request_id);
+    set_own_request_id(response.headers_mut(), request_id, shape);
     set_cache_outcome(response.headers_mut(), cache);
     crate::cors::apply(cors, response.headers_mut());
     response

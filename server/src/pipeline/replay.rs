@@ -16,7 +16,7 @@ use crate::error::GatewayError;
 use crate::outcome::{CacheOutcome, Completion};
 use crate::pipeline::exchange::{Found, How};
 use crate::pipeline::Exchange;
-use crate::record::{set_cache_outcome, set_header, set_request_id, Finisher, Served};
+use crate::record::{set_cache_outcome, set_header, set_own_request_id, Finisher, Served};
 use crate::render::{render, render_chunk, render_named, Fresh};
 use crate::savings::{cost_header, tokens_header};
 use crate::state::AppState;
@@ -93,7 +93,7 @@ pub(crate) fn serve(state: &AppState, ex: &Exchange, found: Found) -> Response {
         set_header(headers, "server-timing", phases.server_timing());
     }
     set_cache_outcome(headers, outcome);
-    set_request_id(headers, &ex.id);
+    set_own_request_id(headers, &ex.id, ex.route().provider().error_shape());
     crate::cors::apply(ex.cors.as_ref(), headers);
     set_header(headers, "x-reprise-entry", id.to_string());
     set_header(headers, "age", age_s.to_string());
@@ -277,7 +277,7 @@ pub(crate) async fn follow(
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(SSE));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     set_cache_outcome(headers, CacheOutcome::Coalesced);
-    set_request_id(headers, &ex.id);
+    set_own_request_id(headers, &ex.id, ex.route().provider().error_shape());
     crate::cors::apply(ex.cors.as_ref(), headers);
     Some(response)
 }

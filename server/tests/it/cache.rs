@@ -569,6 +569,12 @@ async fn hits_carry_the_upstreams_cors_answer_to_the_requests_origin() {
     for stream in [false, true] {
         let hit = post(&gw, &ask(stream), &[app]).await;
         assert_eq!(outcome(&hit), "hit", "stream {stream}");
+        // The id the page may read (the upstream exposes it) names the hit, as on a miss.
+        assert!(header(&hit, "x-request-id").is_some_and(|id| id.starts_with("req_")));
+        assert_eq!(
+            header(&hit, "x-request-id"),
+            header(&hit, "x-reprise-request-id")
+        );
         assert_eq!(allow(&hit).as_deref(), Some("*"), "stream {stream}");
         assert_eq!(
             hit.headers()
@@ -595,6 +601,10 @@ async fn hits_carry_the_upstreams_cors_answer_to_the_requests_origin() {
         .expect("send");
     assert_eq!(broken.status(), 400);
     assert_eq!(allow(&broken).as_deref(), Some("*"));
+    assert_eq!(
+        header(&broken, "x-request-id"),
+        header(&broken, "x-reprise-request-id")
+    );
     let error: Value = broken.json().await.expect("json");
     assert!(error["error"]["message"].is_string(), "{error}");
     let hung = post(

@@ -45,12 +45,24 @@ async fn stats_metrics_headers_and_cache_control_apply_to_messages() {
     let miss = create(&gw, "sk-a", &ask(QUESTION, true), &[]).await;
     assert_eq!(outcome(&miss), "miss");
     let miss_id = header(&miss, "x-reprise-request-id").expect("request id");
+    let miss_request = miss.headers().clone();
     let text = miss.text().await.expect("body");
     check_stream(&parse_typed(&text), &text);
     wait_for_entries(&gw, 1).await;
     let hit = create(&gw, "sk-a", &ask(QUESTION, true), &[]).await;
     assert_eq!(outcome(&hit), "hit");
     assert!(header(&hit, "x-reprise-entry").is_some_and(|e| e.starts_with("e_")));
+    // Anthropic's SDKs read a response's id from `request-id`: a miss relays the upstream's, a
+    // hit gives the gateway's own (the one `/admin/requests` and feedback know it by).
+    let relayed = miss_request.get("request-id").and_then(|v| v.to_str().ok());
+    assert!(
+        relayed.is_some_and(|id| id.starts_with("req_sim")),
+        "{relayed:?}"
+    );
+    assert_eq!(
+        header(&hit, "request-id"),
+        header(&hit, "x-reprise-request-id")
+    );
     assert!(header(&hit, "age").is_some_and(|a| a.parse::<u64>().is_ok()));
     let saved: f64 = header(&hit, "x-reprise-ttft-saved-ms")
         .expect("ttft saved")
