@@ -40,7 +40,7 @@ use hnsw_rs::prelude::Distance;
 use rayon::prelude::*;
 
 use super::quant::{dot_f32_f16, dot_f32_i8, encode_i8_f16};
-use super::sketch::{nearest, sketch_all, Sketch, CANDIDATES};
+use super::sketch::{nearest, Planes, Sketch, CANDIDATES};
 
 const MAGIC: &[u8; 8] = b"RPXSEAL1";
 /// Magic, dimension, rows, layers, entry row: what [`Sealed::read`] checks before it allocates.
@@ -113,21 +113,30 @@ pub struct Sealed {
     steps: Vec<f32>,
 }
 
-/// Every row's int8 code and step ([`encode_i8_f16`]), on the build threads (at a restart, a
-/// million rows after the sketches).
-fn walk_codes(codes: &[f16], dim: usize) -> (Vec<i8>, Vec<f32>) {
+/// What a segment derives from its f16 rows whenever it is made or read, never saved: every row's
+/// sign sketch and its int8 walk code and step ([`encode_i8_f16`]). One pass over the rows (768 MB
+/// at a million), on the build threads.
+fn derived(codes: &[f16], dim: usize) -> (Vec<Sketch>, Vec<i8>, Vec<f32>) {
     let dim = dim.max(1);
-    let encode = || {
-        let mut walk = vec![0i8; codes.len() / dim * dim];
-        let mut steps = vec![0.0f32; codes.len() / dim];
-        walk.par_chunks_exact_mut(dim)
+    let rows = codes.len() / dim;
+    let planes = Planes::of(dim);
+    let derive = || {
+        let mut sketches: Vec<Sketch> = vec![Sketch::default(); rows];
+        let mut walk = vec![0i8; rows * dim];
+        let mut steps = vec![0.0f32; rows];
+        sketches
+            .par_iter_mut()
+            .zip(walk.par_chunks_exact_mut(dim))
             .zip(steps.par_iter_mut())
             .zip(codes.par_chunks_exact(dim))
             .with_min_len(1_024)
-            .for_each(|((out, step), row)| *step = encode_i8_f16(row, out));
-        (walk, steps)
+            .for_each(|(((sketch, out), step), row)| {
+                *sketch = planes.sketch_row(row);
+                *step = encode_i8_f16(row, out);
+            });
+        (sketches, walk, steps)
     };
-    super::pools::on_build_threads(encode)
+    super::pools::on_build_threads(derive)
 }
 
 /// Reads one value from every cache line of `rows` of `values` (rows of `dim`) before any of them
@@ -136,10 +145,10 @@ fn walk_codes(codes: &[f16], dim: usize) -> (Vec<i8>, Vec<f32>) {
 /// on nothing, so the CPU keeps a whole neighbourhood's misses in flight at once, and the scoring
 /// that follows finds its rows in cache. (A prefetch instruction would say the same without the
 /// loads, but needs `unsafe`.)
-fn touch<T: bytemuck::Pod>(values: &[T], dim: usize, rows: &[u32]) {
+fn touch<T: bytemuck::Pod>(values: &[T], dim: usize, rows: impl IntoIterator<Item = u32>) {
     let per_line = (64 / std::mem::size_of::<T>()).max(1);
     let mut acc = 0u8;
-    for &row in rows {
+    for row in rows {
         let start = row as usize * dim;
         if let Some(row) = values.get(start..start + dim) {
             // And the last value: a row that does not start on a line spans one line more.
@@ -263,8 +272,7 @@ impl Sealed {
             layer.offsets.shrink_to_fit();
             layer.links.shrink_to_fit();
         }
-        let sketches = sketch_all(&codes, dim);
-        let (walk, steps) = walk_codes(&codes, dim);
+        let (sketches, walk, steps) = derived(&codes, dim);
         Some(Self {
             dim,
             slots,
@@ -301,7 +309,7 @@ impl Sealed {
     }
 
     /// Reads one value from every cache line of `rows`' f16 codes before any of them is scored.
-    fn touch(&self, rows: &[u32]) {
+    fn touch(&self, rows: impl IntoIterator<Item = u32>) {
         touch(&self.codes, self.dim, rows);
     }
 
@@ -369,7 +377,7 @@ impl Sealed {
                     .copied()
                     .filter(|n| visited.insert(*n)),
             );
-            touch(&self.walk, self.dim, &fresh);
+            touch(&self.walk, self.dim, fresh.iter().copied());
             for &n in &fresh {
                 let s = self.walk_scored(query, n);
                 let worst = found.peek().map_or(f32::NEG_INFINITY, |w| w.0.similarity);
@@ -386,8 +394,7 @@ impl Sealed {
         // The walk's similarities are the int8 codes' (within a few thousandths): the rows found
         // are scored again from their f16 codes, so results are ranked and reported as exactly as
         // before, and a threshold never meets the int8 form.
-        let rows: Vec<u32> = found.iter().map(|s| s.row).collect();
-        self.touch(&rows);
+        self.touch(found.iter().map(|s| s.row));
         for s in &mut found {
             *s = self.scored(query, s.row);
         }
@@ -436,7 +443,7 @@ impl Sealed {
         if all - picked.len() > CANDIDATES / 2 {
             picked = rows_of(nearest(sketches, first, sketch, CANDIDATES, live_row)).collect();
         }
-        self.touch(&picked);
+        self.touch(picked.iter().copied());
         let mut found: Vec<Scored> = picked.iter().map(|r| self.scored(query, *r)).collect();
         found.sort_unstable_by(|a, b| b.cmp(a));
         found
@@ -553,8 +560,7 @@ impl Sealed {
         if !slots.windows(2).all(|w| w[0] < w[1]) {
             return Err("slots are not in order".into());
         }
-        let sketches = sketch_all(&codes, dim);
-        let (walk, steps) = walk_codes(&codes, dim);
+        let (sketches, walk, steps) = derived(&codes, dim);
         Ok(Self {
             dim,
             slots,
