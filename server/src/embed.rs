@@ -360,7 +360,7 @@ fn default_threads(one_text_per_run: bool) -> usize {
     if one_text_per_run {
         1
     } else {
-        std::thread::available_parallelism().map_or(2, |n| n.get())
+        crate::priority::cores()
     }
 }
 
@@ -1900,8 +1900,7 @@ mod tests {
     #[test]
     fn a_model_run_one_text_at_a_time_gets_one_thread_unless_told() {
         assert_eq!(default_threads(true), 1);
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        assert_eq!(default_threads(false), cores);
+        assert_eq!(default_threads(false), crate::priority::cores());
         assert_eq!(EmbedConfig::default().threads, None);
         let zero = EmbedConfig {
             threads: Some(0),

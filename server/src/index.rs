@@ -2457,9 +2457,7 @@ fn load_graphs(
         .chain(manifest.sealed.iter().map(SegmentRef::Sealed))
         .collect();
     queue.sort_by_key(|r| std::cmp::Reverse(r.place().2));
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, queue.len().max(1));
+    let threads = crate::priority::cores().clamp(1, queue.len().max(1));
     let next = AtomicUsize::new(0);
     // One bad segment fails the load: the other threads stop taking more.
     let failed = AtomicBool::new(false);

@@ -1,7 +1,15 @@
 //! Background work's thread priority: the index dump's load and the index builds run at a nice
 //! value of 10, so the requests served meanwhile (exact hits from the first second of a start,
 //! through a rebuild that takes half an hour at a million entries) get the cores first. Threads a
-//! lowered thread starts inherit its value (Linux keeps nice values per thread).
+//! lowered thread starts inherit its value (Linux keeps nice values per thread). Also the core
+//! count that every pool and split is sized by.
+
+/// The cores this process may run on (its CPU affinity and cgroup quota, as the standard library
+/// reads them), or 1 when that cannot be read: work split across more threads than there are cores
+/// only queues, so an unknown count is taken as the smallest.
+pub(crate) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
 
 /// Lowers the calling thread to a nice value of 10, on Linux, when it runs under the normal policy
 /// at a higher priority than that; otherwise it is left alone (a thread already nicer, or under a

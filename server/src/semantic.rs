@@ -1158,8 +1158,7 @@ fn load_dump(
 /// at a time on the loading thread: past `stored / cores` a rebuild on every core is the quicker
 /// (and leaves no tombstones). Below a page (512), adding takes well under a second at any size.
 fn most_missing(stored: usize) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (stored / cores).max(PAGE)
+    (stored / crate::priority::cores()).max(PAGE)
 }
 
 /// Checks that `index` (a dump) was saved for this store, given `both`, the ids both hold. An id
@@ -2262,7 +2261,7 @@ mod tests {
         }
         let many: BTreeSet<u64> = (1..=4 * PAGE as u64).collect();
         let refused = load_dump(&behind, 8, &store, &many, None, QUICK);
-        if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+        if crate::priority::cores() > 1 {
             assert!(
                 matches!(refused, Err(DumpUnused::FarBehind { stored, .. }) if stored == many.len())
             );
