@@ -233,17 +233,7 @@ fn internal(err: sled::Error) -> GatewayError {
 impl Feedback {
     /// Opens (creating) `dir`; waits briefly for a previous gateway in this process to let go.
     pub fn open(dir: &Path) -> Result<Self, sled::Error> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let db = loop {
-            match sled::Config::new().path(dir).open() {
-                Err(e)
-                    if crate::store::is_lock_error(&e) && std::time::Instant::now() < deadline =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                other => break other?,
-            }
-        };
+        let db = crate::store::open_waiting(sled::Config::new().path(dir))?;
         Self::on(db)
     }
 

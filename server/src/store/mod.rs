@@ -61,7 +61,7 @@ pub(crate) mod stalled;
 pub use self::redis::{default_replica as redis_default_replica, RedisStore};
 #[cfg(test)]
 pub(crate) use self::sled::disk_usage_racy;
-pub(crate) use self::sled::is_lock_error;
+pub(crate) use self::sled::open_waiting;
 pub use self::sled::SledStore;
 pub use claim::{Claim, ClaimToken};
 pub use codec::CHUNK;

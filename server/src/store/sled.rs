@@ -115,26 +115,31 @@ pub(super) fn id_floor(meta: &sled::Tree) -> Result<u64, StoreError> {
 
 /// True for sled's "could not acquire lock" error: sled reports the lock held elsewhere as an
 /// `Other` I/O error that carries the `WouldBlock` only in its message.
-pub(crate) fn is_lock_error(e: &sled::Error) -> bool {
+fn is_lock_error(e: &sled::Error) -> bool {
     matches!(e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock
         || io.to_string().contains("could not acquire lock"))
 }
 
-/// Opens the sled database, waiting briefly for the lock: sled releases a closed database's file lock
-/// from its background flusher, a moment after the last handle is dropped (a restart in the same
-/// process, or a supervisor restarting the gateway at once, would otherwise fail).
+/// Opens the sled database, waiting briefly for the lock (see [`open_waiting`]).
 pub(super) fn open_db(dir: &Path) -> Result<sled::Db, StoreError> {
+    Ok(open_waiting(
+        sled::Config::new()
+            .path(dir)
+            .cache_capacity(128 * 1024 * 1024),
+    )?)
+}
+
+/// Opens a sled database, waiting up to 5 s for its file lock: sled releases a closed database's
+/// lock from its background flusher, a moment after the last handle is dropped (a restart in the
+/// same process, or a supervisor restarting the gateway at once, would otherwise fail).
+pub(crate) fn open_waiting(config: sled::Config) -> Result<sled::Db, sled::Error> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        match sled::Config::new()
-            .path(dir)
-            .cache_capacity(128 * 1024 * 1024)
-            .open()
-        {
+        match config.open() {
             Err(e) if is_lock_error(&e) && std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
-            other => return Ok(other?),
+            other => return other,
         }
     }
 }
