@@ -111,10 +111,13 @@ impl MissNotes {
 impl Exchange {
     /// The policy and key stages: reads the cache controls against the live defaults, and builds the
     /// partition, the exact key and the prompt. Fails on a control or a keyed field that is invalid.
+    /// `browser` is the request's asker ([`Asker::of`] its headers), which `handle` derives before
+    /// ingress, for its errors.
     pub(crate) fn new(
         state: &AppState,
         ingress: Ingress,
         id: String,
+        browser: Option<Asker>,
     ) -> Result<Self, GatewayError> {
         let settings = state.live.current();
         let mut policy =
@@ -123,7 +126,6 @@ impl Exchange {
         // The API's own rules (the Responses API's stored responses) may keep entries per key.
         let share = state.cache.settings.share_across_keys & api.rules(&ingress.body, &mut policy);
         let tenant = Tenant::from_headers(&ingress.headers, share);
-        let browser = Asker::of(ingress.route.provider(), &ingress.headers);
         // Read once: the hit serves what the lookup was decided on.
         let cors = browser.as_ref().and_then(|b| state.upstream.cors.answer(b));
         let keys = crate::api::keys(&KeyInput {

@@ -45,7 +45,7 @@ pub(crate) async fn handle(state: AppState, route: Route, request: Request) -> R
         Err(err) => return fail(err),
     };
     // 2. policy and 3. key
-    let mut ex = match Exchange::new(&state, ingress, id.clone()) {
+    let mut ex = match Exchange::new(&state, ingress, id.clone(), browser.clone()) {
         Ok(ex) => ex,
         Err(err) => return fail(err),
     };
