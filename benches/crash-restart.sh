@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 data=$1
 shift
 entries=1000
-bin=target/release
+bin=$(scripts/target-dir.sh)/release
 while [ $# -gt 0 ]; do
   case "$1" in
     --entries) entries=$2; shift 2 ;;

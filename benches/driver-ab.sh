@@ -23,7 +23,8 @@ done
 . scripts/lib-procs.sh
 echo "==> release build of the current tree" >&2
 cargo build --release --bins --quiet
-new=target/release/reprise-client
+release=$(scripts/target-dir.sh)/release
+new=$release/reprise-client
 
 echo "==> reprise-client at $rev (a worktree in $WORK)" >&2
 git worktree add --quiet --detach "$WORK/old" "$rev"
@@ -35,10 +36,10 @@ old="$WORK/target/release/reprise-client"
 
 sim_port=$(free_port)
 gw_port=$(free_port)
-target/release/reprise-sim --listen 127.0.0.1:"$sim_port" --ttft-ms 50 --itl-ms 2 --tokens 32 \
+"$release"/reprise-sim --listen 127.0.0.1:"$sim_port" --ttft-ms 50 --itl-ms 2 --tokens 32 \
   >"$WORK/sim.log" 2>&1 &
 PIDS+=($!)
-target/release/reprise serve --listen 127.0.0.1:"$gw_port" \
+"$release"/reprise serve --listen 127.0.0.1:"$gw_port" \
   --upstream-url http://127.0.0.1:"$sim_port"/v1 --data-dir "$WORK/data" --semantic false \
   >"$WORK/gateway.log" 2>&1 &
 PIDS+=($!)

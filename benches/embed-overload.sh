@@ -34,7 +34,7 @@ done
 scripts/provision-models.sh >/dev/null
 echo "==> release build of the current tree" >&2
 cargo build --release --bins --quiet
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+target_dir=$(scripts/target-dir.sh)
 new="$target_dir/release/reprise"
 client="$target_dir/release/reprise-client"
 sim="$target_dir/release/reprise-sim"

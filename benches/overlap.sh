@@ -35,7 +35,7 @@ done
 scripts/provision-models.sh >/dev/null
 echo "==> release build" >&2
 cargo build --release --bins --quiet
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+target_dir=$(scripts/target-dir.sh)
 bin="$target_dir/release"
 
 # Two upstreams, no jitter (whatever differs between gateway and direct is the gateway): the

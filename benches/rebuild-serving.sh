@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: benches/rebuild-serving.sh DATA_DIR [--bin DIR] [--wait S] [--keep-dump]" >&2; exit 2; }
 data=${1%/}
 shift
-bin=target/release
+bin=$(scripts/target-dir.sh)/release
 wait_s=45
 keep_dump=false
 while [ $# -gt 0 ]; do

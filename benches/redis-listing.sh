@@ -33,7 +33,7 @@ scripts/apt-install.sh redis-server >&2
 scripts/provision-models.sh >/dev/null
 echo "==> release build" >&2
 cargo build --release --quiet -p reprise-server --bin reprise -p reprise-benches --bin scale-gateway
-bin=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release
+bin=$(scripts/target-dir.sh)/release
 sides="after"
 [ -n "$before" ] && sides="before after"
 

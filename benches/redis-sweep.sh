@@ -33,7 +33,7 @@ absolute_before reprise
 scripts/apt-install.sh redis-server >&2
 echo "==> release build" >&2
 cargo build --release --quiet -p reprise-server --bin reprise
-bin=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release
+bin=$(scripts/target-dir.sh)/release
 sides="after"
 [ -n "$before" ] && sides="before after"
 

@@ -11,7 +11,7 @@ set -uo pipefail
 N=${N:-1000}
 OLD=${OLD_MODELS:?the models dir of the model that writes the store}
 NEW=${NEW_MODELS:?the models dir of the model it is restarted with}
-BIN=$(cd "$(dirname "$0")/.." && pwd)/target/debug
+BIN=$("$(dirname "$0")"/../scripts/target-dir.sh)/debug
 WORK=$(mktemp -d); D=$WORK/data
 trap 'kill ${GW:-} ${SIM:-} 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"' EXIT
 "$BIN/reprise-sim" --listen 127.0.0.1:19190 --ttft-ms 1 --itl-ms 0 --tokens 16 >"$WORK/sim.log" 2>&1 & SIM=$!

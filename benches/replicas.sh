@@ -36,7 +36,7 @@ scripts/apt-install.sh redis-server
 scripts/provision-models.sh >/dev/null
 echo "==> release build" >&2
 cargo build --release --quiet -p reprise-server -p reprise-client -p reprise-sim
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+target_dir=$(scripts/target-dir.sh)
 bin="$target_dir/release"
 model_flags=(--model-dir models/all-MiniLM-L6-v2 --ort-lib models/onnxruntime/libonnxruntime.so)
 

@@ -19,7 +19,7 @@ done
 scripts/provision-models.sh >&2
 echo "==> release build" >&2
 cargo build --release --bins --quiet
-bin=target/release
+bin=$(scripts/target-dir.sh)/release
 . scripts/lib-procs.sh
 
 # start_pair NAME SIM_PORT GW_PORT SEMANTIC SIM_FLAGS...: a simulator and a gateway in front of it.

@@ -62,7 +62,7 @@ absolute_before reprise
 scripts/provision-models.sh >/dev/null
 echo "==> release build" >&2
 cargo build --release --quiet -p reprise-server -p reprise-client -p reprise-sim -p reprise-benches --bins
-bin=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release
+bin=$(scripts/target-dir.sh)/release
 sides="after"
 [ -n "$before" ] && sides="before after"
 token=scale

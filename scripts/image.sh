@@ -86,13 +86,14 @@ fi
 
 # ---- what goes in: release binaries and the model ---------------------------------------------------
 
+bins=$(scripts/target-dir.sh)/$PROFILE
 if [ "$PROFILE" = release ]; then
   step "release build of reprise, reprise-client, reprise-sim (cargo; a no-op when current, about 11 minutes cold)"
   cargo build --release --locked -p reprise-server -p reprise-client -p reprise-sim --bins --quiet
 else
-  step "debug binaries from target/debug, as they are"
+  step "debug binaries from $bins, as they are"
   for b in reprise reprise-client reprise-sim; do
-    [ -x "target/debug/$b" ] || die "target/debug/$b is missing: run cargo test --workspace (or cargo build --bins) first"
+    [ -x "$bins/$b" ] || die "$bins/$b is missing: run cargo test --workspace (or cargo build --bins) first"
   done
 fi
 step "embedding model and ONNX Runtime (scripts/provision-models.sh; a no-op when present)"
@@ -102,7 +103,7 @@ step "staging $STAGE (binaries without debug info, the model and ONNX Runtime)"
 rm -rf "$STAGE"
 mkdir -p "$STAGE/bin" "$STAGE/models"
 for b in reprise reprise-client reprise-sim; do
-  strip --strip-debug -o "$STAGE/bin/$b" "target/$PROFILE/$b"
+  strip --strip-debug -o "$STAGE/bin/$b" "$bins/$b"
 done
 # models/ may be a symlink; the folder's own links (libonnxruntime.so -> .so.1.31.1) are kept.
 cp -a models/onnxruntime models/all-MiniLM-L6-v2 "$STAGE/models/"

@@ -71,7 +71,7 @@ scripts/provision-models.sh
 # compiles about 400 crates, some 15 minutes on two cores; later ones take seconds.
 say "building (release; the first build takes a while, later ones seconds)"
 cargo build --release --bins
-bin=target/release
+bin=$(scripts/target-dir.sh)/release
 
 pids=()
 cleanup() {

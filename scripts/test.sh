@@ -37,15 +37,16 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # so this builds them into target/debug for the process-level tests below.
 echo "==> cargo test"
 cargo test --workspace
+debug=$(scripts/target-dir.sh)/debug
 for bin in reprise reprise-sim reprise-client; do
-  [[ -x "target/debug/$bin" ]] || { echo "target/debug/$bin was not built" >&2; exit 1; }
+  [[ -x "$debug/$bin" ]] || { echo "$debug/$bin was not built" >&2; exit 1; }
 done
 
 echo "==> smoke: reprise-client bench (closed and open loop, --report, --compare)"
-REPRISE_BIN_DIR="$PWD/target/debug" scripts/smoke-bench.sh
+REPRISE_BIN_DIR="$debug" scripts/smoke-bench.sh
 
 echo "==> smoke: reprise-client eval on hand-made pairs"
-REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" scripts/smoke-eval.sh
+REPRISE_BIN_DIR="$debug" REPRISE_MODELS_DIR="$PWD/models" scripts/smoke-eval.sh
 
 # The container image's packaging (deploy/Containerfile: the user, the volume, the model, the health
 # check) with the debug binaries built above; about a minute on a fresh machine, most of it debootstrap.
@@ -54,13 +55,13 @@ echo "==> container image: scripts/image.sh with the debug binaries (buildah, a 
 PROFILE=debug scripts/image.sh
 
 echo "==> OpenAI SDK tests, the README's marked snippets and the quickstart's port checks (Python)"
-REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/sdk
+REPRISE_BIN_DIR="$debug" .venv/bin/python -m pytest -q server/tests/sdk
 
 echo "==> OpenAI SDK tests (Node)"
 (
   cd server/tests/sdk/node
   npm ci --no-audit --no-fund --silent
-  REPRISE_BIN_DIR="$OLDPWD/target/debug" node --test
+  REPRISE_BIN_DIR="$debug" node --test
 )
 
 echo "==> Dashboard tests (headless Chromium)"
@@ -68,7 +69,7 @@ scripts/chromium.sh
 (
   cd server/tests/ui
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --silent
-  REPRISE_BIN_DIR="$OLDPWD/target/debug" REPRISE_MODELS_DIR="$OLDPWD/models" \
+  REPRISE_BIN_DIR="$debug" REPRISE_MODELS_DIR="$OLDPWD/models" \
     REPRISE_ARTIFACTS_DIR="${REPRISE_ARTIFACTS_DIR:-$OLDPWD/target/artifacts}" node --test
 )
 
@@ -78,13 +79,13 @@ PROPTEST_CASES=100000 cargo test -p reprise-server --test it -- --exact \
 
 # --- Strict third-party upstream (aiohttp): the gateway must front a real, strict HTTP server. ---
 echo "==> Strict upstream tests (aiohttp)"
-REPRISE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q server/tests/strict
+REPRISE_BIN_DIR="$debug" .venv/bin/python -m pytest -q server/tests/strict
 
 # --- Prometheus and Grafana: a real Prometheus (Debian's, installed above) scrapes a gateway with the model
 # loaded over misses, hits, a semantic hit and a guard refusal; every panel query of deploy/grafana/reprise.json
 # must return data, and the rules of deploy/prometheus must evaluate cleanly on the real series. ---
 echo "==> Prometheus and Grafana tests (every dashboard panel against a live Prometheus)"
-REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" \
+REPRISE_BIN_DIR="$debug" REPRISE_MODELS_DIR="$PWD/models" \
   .venv/bin/python -m pytest -q server/tests/prometheus
 
 # ---- Framework clients: the official SDKs' helpers, LangChain, the OpenAI Agents SDK, Anthropic's SDKs ----
@@ -92,13 +93,13 @@ REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" \
 # server/tests/frameworks/node/package.json) asks a real gateway with the model loaded: a miss, an
 # exact hit, a paraphrase served as a semantic hit, and a streamed miss replayed as a streamed hit.
 echo "==> Framework tests (Python: openai and anthropic sync/async and helpers, LangChain ChatOpenAI and ChatAnthropic, Agents SDK)"
-REPRISE_BIN_DIR="$PWD/target/debug" REPRISE_MODELS_DIR="$PWD/models" \
+REPRISE_BIN_DIR="$debug" REPRISE_MODELS_DIR="$PWD/models" \
   .venv/bin/python -m pytest -q server/tests/frameworks
 echo "==> Framework tests (Node: openai create, chat.completions.stream, responses.create; @anthropic-ai/sdk create, messages.stream)"
 (
   cd server/tests/frameworks/node
   npm ci --no-audit --no-fund --silent
-  REPRISE_BIN_DIR="$OLDPWD/target/debug" REPRISE_MODELS_DIR="$OLDPWD/models" node --test
+  REPRISE_BIN_DIR="$debug" REPRISE_MODELS_DIR="$OLDPWD/models" node --test
 )
 # Claude Code (pinned: server/tests/frameworks/claude/package.json; its package's postinstall puts the
 # native binary in place) runs `claude -p` against the gateway, offline: the same prompt twice is a hit
@@ -107,7 +108,7 @@ echo "==> Framework tests (Claude Code: claude -p, a repeat and a paraphrase)"
 (
   cd server/tests/frameworks/claude
   npm ci --no-audit --no-fund --silent
-  REPRISE_BIN_DIR="$OLDPWD/target/debug" REPRISE_MODELS_DIR="$OLDPWD/models" node --test
+  REPRISE_BIN_DIR="$debug" REPRISE_MODELS_DIR="$OLDPWD/models" node --test
 )
 
 # ---- kill -9 loss rate ----
